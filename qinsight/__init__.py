@@ -1,0 +1,71 @@
+"""qinsight: typed quantization diagnostics for PyTorch.
+
+The one-step API is :func:`diagnose`; :func:`instrument` is the same for your
+own calibration loop. Both return a :class:`Report`.
+"""
+
+from qinsight._version import __version__
+from qinsight.detector import Detector
+from qinsight.detectors import (
+    DynamicStaticDetector,
+    DynamicStaticFinding,
+    PerChannelDetector,
+    PerChannelFinding,
+    Stationarity,
+)
+from qinsight.equalization import EqualizationEntry, EqualizationMapping
+from qinsight.errors import (
+    CalibrationError,
+    FrontendError,
+    InvalidParameterError,
+    ObserverError,
+    QinsightError,
+)
+from qinsight.findings import Finding
+from qinsight.pipeline import Session, default_detectors, diagnose, instrument
+from qinsight.report import DetectorFailure, DetectorResult, FailureStage, Parameter, Report, ReportMetadata
+from qinsight.sites import InsertPoint, ObserverSpec, OpKind, OpSite, Side, WeightScheme
+from qinsight.stats import ActivationStats, BatchMoments, DataCondition, Observation, ObservedStats
+from qinsight.suggestions import ActivationMode, QuantSuggestion, SuggestionConflict
+
+__all__ = [
+    "ActivationMode",
+    "ActivationStats",
+    "BatchMoments",
+    "CalibrationError",
+    "DataCondition",
+    "Detector",
+    "DetectorFailure",
+    "DetectorResult",
+    "DynamicStaticDetector",
+    "DynamicStaticFinding",
+    "EqualizationEntry",
+    "EqualizationMapping",
+    "FailureStage",
+    "Finding",
+    "FrontendError",
+    "InsertPoint",
+    "InvalidParameterError",
+    "ObservedStats",
+    "Observation",
+    "ObserverError",
+    "ObserverSpec",
+    "OpKind",
+    "OpSite",
+    "Parameter",
+    "PerChannelDetector",
+    "PerChannelFinding",
+    "QinsightError",
+    "QuantSuggestion",
+    "Report",
+    "ReportMetadata",
+    "Session",
+    "Side",
+    "Stationarity",
+    "SuggestionConflict",
+    "WeightScheme",
+    "__version__",
+    "default_detectors",
+    "diagnose",
+    "instrument",
+]

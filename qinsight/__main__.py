@@ -1,0 +1,5 @@
+import sys
+
+from qinsight.cli import main
+
+sys.exit(main())

@@ -1,0 +1,12 @@
+"""The built-in detectors."""
+
+from qinsight.detectors.dynamic_static import DynamicStaticDetector, DynamicStaticFinding, Stationarity
+from qinsight.detectors.per_channel import PerChannelDetector, PerChannelFinding
+
+__all__ = [
+    "DynamicStaticDetector",
+    "DynamicStaticFinding",
+    "PerChannelDetector",
+    "PerChannelFinding",
+    "Stationarity",
+]

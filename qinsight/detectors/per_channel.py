@@ -1,0 +1,92 @@
+"""Per-channel vs per-tensor weights (torch's PerChannelDetector).
+
+Reads only the model's sites and their qconfigs: no observers. A site is
+actionable when its backend supports per-channel weights for its kind and its
+qconfig does not already use them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, ClassVar, Final
+
+import attrs
+
+from qinsight.detector import API_VERSION, parameters_of
+from qinsight.detectors._validators import one_of
+from qinsight.findings import Finding
+from qinsight.report import DetectorResult
+from qinsight.sites import InsertPoint, OpKind, WeightScheme
+from qinsight.stats import ObservedStats
+from qinsight.suggestions import QuantSuggestion
+
+if TYPE_CHECKING:
+    from qinsight.frontends.base import ModelView
+
+# Every backend torch 2.13 knows supports per-channel weights for these kinds
+# (and their QAT/fused variants, which the frontends map to the same kinds).
+PER_CHANNEL_KINDS: Final[Mapping[str, frozenset[OpKind]]] = {
+    backend: frozenset(OpKind) for backend in ("fbgemm", "qnnpack", "onednn", "x86")
+}
+
+
+@attrs.frozen(kw_only=True)
+class PerChannelFinding(Finding):
+    kind: OpKind
+    backend: str
+    supported: bool
+    used: bool
+
+    @property
+    def verdict(self) -> str:
+        if not self.supported:
+            return "per-channel unsupported"
+        return "per-channel in use" if self.used else "per-channel recommended"
+
+    @property
+    def actionable(self) -> bool:
+        return self.supported and not self.used
+
+    def reason(self) -> str:
+        if not self.supported:
+            return f"{self.kind.value}: backend {self.backend} has no per-channel weights for it"
+        if self.used:
+            return f"{self.kind.value}: weights already quantized per channel"
+        return f"{self.kind.value}: weights not quantized per channel; backend {self.backend} supports it"
+
+
+@attrs.frozen(kw_only=True)
+class PerChannelDetector:
+    """Finds Linear/Conv weights that could be quantized per channel on ``backend``."""
+
+    id: ClassVar[str] = "qinsight.per_channel"
+    api_version: ClassVar[int] = API_VERSION
+
+    backend: str = attrs.field(default="x86", validator=one_of(PER_CHANNEL_KINDS))
+
+    def insert_points(self, view: ModelView) -> tuple[InsertPoint, ...]:
+        return ()
+
+    def analyze(self, view: ModelView, stats: ObservedStats) -> DetectorResult:
+        supported_kinds = PER_CHANNEL_KINDS[self.backend]
+        findings = []
+        suggestions = []
+        for site in view.sites:
+            supported = site.kind in supported_kinds
+            findings.append(
+                PerChannelFinding(
+                    fqn=site.fqn,
+                    kind=site.kind,
+                    backend=self.backend,
+                    supported=supported,
+                    used=site.weight_scheme is WeightScheme.PER_CHANNEL,
+                )
+            )
+            if supported:
+                suggestions.append(QuantSuggestion(fqn=site.fqn, weight=WeightScheme.PER_CHANNEL, sources=(self.id,)))
+        return DetectorResult(
+            detector=self.id,
+            parameters=parameters_of(self),
+            findings=tuple(findings),
+            suggestions=tuple(suggestions),
+        )

@@ -1,0 +1,55 @@
+"""EqualizationMapping: which modules to equalize, as a type of its own.
+
+torch expresses equalization as a QConfigMapping that gives every Linear/Conv
+the default EqualizationQConfig, whatever was recommended. This mapping holds
+only the modules where equalization is recommended; :meth:`to_torch` builds
+what ``prepare_fx(..., _equalization_config=...)`` takes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+
+if TYPE_CHECKING:
+    from torch.ao.quantization import QConfigMapping
+
+
+@attrs.frozen(kw_only=True)
+class EqualizationEntry:
+    """Equalize the input of ``fqn`` with its weight.
+
+    ``channel_share`` is the share of channels for which equalization was
+    recommended (the evidence behind the entry).
+    """
+
+    fqn: str
+    channel_share: float
+
+
+@attrs.frozen(kw_only=True)
+class EqualizationMapping:
+    entries: tuple[EqualizationEntry, ...] = ()
+
+    @property
+    def fqns(self) -> tuple[str, ...]:
+        return tuple(entry.fqn for entry in self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, fqn: object) -> bool:
+        return fqn in self.fqns
+
+    def to_torch(self) -> QConfigMapping:
+        """The ``_equalization_config`` argument of ``torch.ao.quantization.quantize_fx.prepare_fx``."""
+        from torch.ao.quantization import QConfigMapping
+        from torch.ao.quantization.fx._equalize import default_equalization_qconfig
+
+        mapping = QConfigMapping()
+        for entry in self.entries:
+            # torch stores EqualizationQConfigs in a QConfigMapping too, though
+            # its annotations only admit QConfig.
+            mapping.set_module_name(entry.fqn, default_equalization_qconfig)  # type: ignore[arg-type]
+        return mapping

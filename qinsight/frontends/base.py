@@ -1,0 +1,114 @@
+"""The contract between frontends and the rest of qinsight."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from qinsight.sites import OpSite, Side
+
+Detach = Callable[[], None]
+
+
+class ModelView(Protocol):
+    """What detectors and the instrumenter may know of a model."""
+
+    @property
+    def frontend(self) -> str:
+        """The frontend's name, recorded in the report ("fx", ...)."""
+        ...
+
+    @property
+    def model(self) -> nn.Module:
+        """The module calibration runs; observing it never changes its outputs."""
+        ...
+
+    @property
+    def sites(self) -> tuple[OpSite, ...]:
+        """The quantizable op sites, in forward order."""
+        ...
+
+    def site(self, fqn: str) -> OpSite:
+        """The site named ``fqn``; ``KeyError`` naming the known sites otherwise."""
+        ...
+
+    def weight(self, fqn: str) -> torch.Tensor:
+        """The float weight of the site ``fqn`` (detached)."""
+        ...
+
+    def attach(self, fqn: str, side: Side, observe: Callable[[torch.Tensor], object]) -> Detach:
+        """Call ``observe`` with the activation at ``side`` of ``fqn`` on every call.
+
+        Returns the function that detaches it again.
+        """
+        ...
+
+
+class ModuleView:
+    """A view whose sites are submodules: observed with forward hooks.
+
+    Hooks leave the model's code and graph untouched, so detaching them gives
+    back exactly the model the user passed. A module called several times per
+    forward is observed on every call (``OpSite.calls`` says how many).
+    """
+
+    def __init__(
+        self,
+        *,
+        frontend: str,
+        model: nn.Module,
+        sites: tuple[OpSite, ...],
+        modules: dict[str, nn.Module],
+        weights: dict[str, nn.Module],
+    ) -> None:
+        self._frontend = frontend
+        self._model = model
+        self._sites = sites
+        self._modules = modules  # fqn -> the module whose call is the site
+        self._weights = weights  # fqn -> the module holding the weight (the Linear inside a fused LinearReLU)
+
+    @property
+    def frontend(self) -> str:
+        return self._frontend
+
+    @property
+    def model(self) -> nn.Module:
+        return self._model
+
+    @property
+    def sites(self) -> tuple[OpSite, ...]:
+        return self._sites
+
+    def site(self, fqn: str) -> OpSite:
+        for site in self._sites:
+            if site.fqn == fqn:
+                return site
+        known = ", ".join(s.fqn for s in self._sites) or "none"
+        raise KeyError(f"no op site {fqn!r} in this model; sites: {known}")
+
+    def weight(self, fqn: str) -> torch.Tensor:
+        self.site(fqn)
+        weight = self._weights[fqn].weight
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(f"module {fqn} has no weight tensor")
+        return weight.detach()
+
+    def attach(self, fqn: str, side: Side, observe: Callable[[torch.Tensor], object]) -> Detach:
+        self.site(fqn)
+        module = self._modules[fqn]
+        if side is Side.PRE:
+
+            def pre_hook(_module: nn.Module, args: tuple[object, ...]) -> None:
+                if args and isinstance(args[0], torch.Tensor):
+                    observe(args[0])
+
+            return module.register_forward_pre_hook(pre_hook).remove
+
+        def post_hook(_module: nn.Module, _args: tuple[object, ...], output: object) -> None:
+            if isinstance(output, torch.Tensor):
+                observe(output)
+
+        return module.register_forward_hook(post_hook).remove

@@ -1,0 +1,134 @@
+"""The diagnostic observer: the one mutable object, and the calibration hot path.
+
+An :class:`ActivationObserver` sees every calibration batch of one activation.
+Its forward does one pass over the data for the range statistics it always
+keeps (min, max, batch range), plus only what its :class:`ObserverSpec` asks
+for: per-channel min/max (which then also yield the global min/max, so it is
+still one pass) and batch moments. State is O(channels) whatever the number of
+batches. :meth:`ActivationObserver.freeze` returns immutable
+:class:`ActivationStats`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from qinsight.errors import ObserverError
+from qinsight.sites import ObserverSpec
+from qinsight.stats import ActivationStats, BatchMoments
+
+
+def channel_extrema(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel (min, max) of ``x`` along ``axis``, reducing every other dim."""
+    axis = axis % x.ndim
+    if axis == x.ndim - 1:
+        # Channels last (Linear inputs): a free reshape, then one reduction pass.
+        mins, maxs = torch.aminmax(x.reshape(-1, x.shape[-1]), dim=0)
+        return mins, maxs
+    dims = tuple(d for d in range(x.ndim) if d != axis)
+    # amin/amax over several dims read x in place; moving the axis first
+    # would copy the whole activation on every batch.
+    return x.amin(dim=dims), x.amax(dim=dims)
+
+
+def _add_batch_moments(moments: BatchMoments, x: torch.Tensor) -> BatchMoments:
+    var, mean = (float(v) for v in torch.var_mean(x, correction=0))
+    return BatchMoments(
+        count=moments.count + 1,
+        mean_sum=moments.mean_sum + mean,
+        mean_sq_sum=moments.mean_sq_sum + mean * mean,
+        var_sum=moments.var_sum + var,
+        var_sq_sum=moments.var_sq_sum + var * var,
+    )
+
+
+class ActivationObserver(nn.Module):
+    """Accumulates :class:`ActivationStats` over calibration batches."""
+
+    def __init__(self, spec: ObserverSpec, key: str) -> None:
+        super().__init__()
+        self.spec = spec
+        self.key = key
+        self.reset()
+
+    def reset(self) -> None:
+        self._batches = 0
+        self._nonfinite_batches = 0
+        self._constant_batches = 0
+        self._min = math.inf
+        self._max = -math.inf
+        self._batch_range_sum = 0.0
+        self._channel_min: torch.Tensor | None = None
+        self._channel_max: torch.Tensor | None = None
+        self._moments = BatchMoments() if self.spec.moments else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.observe(x)
+        return x
+
+    @torch.no_grad()
+    def observe(self, x: torch.Tensor) -> None:
+        """Fold one batch into the statistics."""
+        if not isinstance(x, torch.Tensor) or x.numel() == 0:
+            return
+        x = x.detach()
+        if not x.is_floating_point():
+            x = x.float()
+        if self.spec.per_channel:
+            channel_min, channel_max = channel_extrema(x, self.spec.channel_axis)
+            lo, hi = torch.stack((channel_min.min(), channel_max.max())).tolist()
+        else:
+            lo, hi = torch.aminmax(x)
+            lo, hi = lo.item(), hi.item()
+        # NaN propagates through min/max and Inf shows in them, so the range
+        # pass already tells whether the batch is finite: no extra pass.
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            self._nonfinite_batches += 1
+            return
+        if self.spec.per_channel:
+            self._fold_channels(channel_min, channel_max)
+        if self._moments is not None:
+            self._moments = _add_batch_moments(self._moments, x)
+        self._batches += 1
+        self._constant_batches += lo == hi
+        self._min = min(self._min, lo)
+        self._max = max(self._max, hi)
+        self._batch_range_sum += hi - lo
+
+    def _fold_channels(self, channel_min: torch.Tensor, channel_max: torch.Tensor) -> None:
+        if self._channel_min is None or self._channel_max is None:
+            self._channel_min = channel_min.clone()
+            self._channel_max = channel_max.clone()
+            return
+        if channel_min.shape != self._channel_min.shape:
+            raise ObserverError(
+                f"observer {self.key}: a batch has {channel_min.numel()} channels along axis "
+                f"{self.spec.channel_axis}, earlier batches had {self._channel_min.numel()}"
+            )
+        torch.minimum(self._channel_min, channel_min, out=self._channel_min)
+        torch.maximum(self._channel_max, channel_max, out=self._channel_max)
+
+    def freeze(self) -> ActivationStats:
+        """The statistics so far, as an immutable value."""
+
+        def as_tuple(t: torch.Tensor | None) -> tuple[float, ...] | None:
+            return None if t is None else tuple(t.double().tolist())
+
+        return ActivationStats(
+            spec=self.spec,
+            batches=self._batches,
+            nonfinite_batches=self._nonfinite_batches,
+            constant_batches=self._constant_batches,
+            min=self._min,
+            max=self._max,
+            batch_range_sum=self._batch_range_sum,
+            channel_min=as_tuple(self._channel_min),
+            channel_max=as_tuple(self._channel_max),
+            moments=self._moments,
+        )
+
+    def extra_repr(self) -> str:
+        return f"key={self.key!r}, spec={self.spec}"

@@ -1,0 +1,244 @@
+"""The one-step pipeline: instrument → calibrate → analyze → remove.
+
+:func:`instrument` is the context manager for users with their own
+calibration loop; :func:`diagnose` runs that loop for them. Either way the
+observers are gone when the ``with`` block ends, also when calibration raised,
+and the model is left as it was given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.ao.quantization import QConfigMapping
+
+from qinsight._version import __version__
+from qinsight.detector import Detector
+from qinsight.detectors import DynamicStaticDetector, PerChannelDetector
+from qinsight.errors import CalibrationError, QinsightError
+from qinsight.frontends.base import ModelView
+from qinsight.frontends.fx import fx_view
+from qinsight.instrument import Instrumenter
+from qinsight.report import DetectorFailure, DetectorResult, FailureStage, Report, ReportMetadata
+from qinsight.sites import InsertPoint
+from qinsight.stats import ObservedStats
+from qinsight.suggestions import merge_suggestions
+
+Progress = Callable[[int], None]
+
+
+def default_detectors(backend: str = "x86") -> tuple[Detector, ...]:
+    """The built-in detectors with their default parameters."""
+    return (PerChannelDetector(backend=backend), DynamicStaticDetector())
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def run_batch(model: nn.Module, batch: object) -> object:
+    """Call ``model`` on one batch: a tensor, a tuple/list of positional args, or a mapping of keyword args."""
+    if isinstance(batch, torch.Tensor):
+        return model(batch)
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    raise CalibrationError(
+        f"a calibration batch must be a tensor, a tuple of positional arguments or a mapping of keyword "
+        f"arguments, not {type(batch).__name__}"
+    )
+
+
+class Session:
+    """An instrumented model: calibrate it, then ask for the :class:`Report`."""
+
+    def __init__(
+        self, view: ModelView, detectors: Sequence[Detector], *, backend: str, model_name: str, strict: bool
+    ) -> None:
+        self.view = view
+        self.detectors = tuple(detectors)
+        self._backend = backend
+        self._model_name = model_name
+        self._strict = strict
+        self._failures: list[DetectorFailure] = []
+        self._points: dict[str, tuple[InsertPoint, ...]] = {}
+        for detector in self.detectors:
+            try:
+                self._points[detector.id] = tuple(detector.insert_points(view))
+            except Exception as exc:
+                self._fail(detector, FailureStage.INSERT_POINTS, exc)
+        self._instrumenter = Instrumenter(view, (p for points in self._points.values() for p in points))
+        self._forwards = 0
+        self._frozen: ObservedStats | None = None
+
+    def _fail(self, detector: Detector, stage: FailureStage, exc: Exception) -> None:
+        if self._strict:
+            raise exc
+        self._failures.append(DetectorFailure(detector=detector.id, stage=stage, error=_describe(exc)))
+
+    @property
+    def batches(self) -> int:
+        """Forward passes of the model seen so far."""
+        return self._forwards
+
+    def _count_forward(self, _module: nn.Module, _args: tuple[object, ...]) -> None:
+        self._forwards += 1
+
+    @contextlib.contextmanager
+    def _attached(self) -> Iterator[None]:
+        remove_counter = self.view.model.register_forward_pre_hook(self._count_forward).remove
+        try:
+            self._instrumenter.attach()
+            yield
+        finally:
+            self._instrumenter.detach()
+            remove_counter()
+            self._frozen = self._instrumenter.freeze()
+
+    def calibrate(self, data: Iterable[object], progress: Progress | None = None) -> int:
+        """Run every batch of ``data`` through the model in eval mode, without gradients.
+
+        The training flags of all submodules are restored afterwards. A batch
+        that raises becomes a :class:`CalibrationError` naming its index.
+        """
+        model = self.view.model
+        modes = {module: module.training for module in model.modules()}
+        model.eval()
+        count = 0
+        try:
+            with torch.no_grad():
+                for index, batch in enumerate(data):
+                    try:
+                        run_batch(model, batch)
+                    except QinsightError:
+                        raise
+                    except Exception as exc:
+                        raise CalibrationError(
+                            f"calibration batch {index} failed: {_describe(exc)}", batch=index
+                        ) from exc
+                    count += 1
+                    if progress is not None:
+                        progress(count)
+        finally:
+            for module, training in modes.items():
+                module.training = training
+        return count
+
+    def stats(self) -> ObservedStats:
+        return self._frozen if self._frozen is not None else self._instrumenter.freeze()
+
+    def report(self) -> Report:
+        """Analyze what was observed so far; raises :class:`CalibrationError` if nothing ran."""
+        if self._forwards == 0:
+            raise CalibrationError(
+                "no calibration batches ran: the calibration data was empty or the model was never called "
+                "inside the instrument() block"
+            )
+        stats = self.stats()
+        results: list[DetectorResult] = []
+        for detector in self.detectors:
+            if detector.id not in self._points:
+                continue  # failed before calibration, already recorded
+            try:
+                results.append(detector.analyze(self.view, stats))
+            except Exception as exc:
+                self._fail(detector, FailureStage.ANALYZE, exc)
+        suggestions, conflicts = merge_suggestions(s for r in results for s in r.suggestions)
+        return Report(
+            metadata=ReportMetadata(
+                model=self._model_name,
+                frontend=self.view.frontend,
+                backend=self._backend,
+                batches=self._forwards,
+                qinsight_version=__version__,
+                torch_version=torch.__version__,
+            ),
+            sites=self.view.sites,
+            observations=stats.observations,
+            results=tuple(results),
+            suggestions=suggestions,
+            conflicts=conflicts,
+            failures=tuple(self._failures),
+        )
+
+
+def _session(
+    model: nn.Module,
+    detectors: Sequence[Detector] | None,
+    backend: str,
+    qconfig_mapping: QConfigMapping | None,
+    model_name: str | None,
+    strict: bool,
+) -> Session:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    chosen = default_detectors(backend) if detectors is None else tuple(detectors)
+    if not chosen:
+        raise ValueError("detectors is empty: pass at least one detector, or None for the defaults")
+    ids = [d.id for d in chosen]
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if repeated:
+        raise ValueError(f"each detector may run once per diagnosis; given more than once: {', '.join(repeated)}")
+    view = fx_view(model, qconfig_mapping)
+    name = model_name or type(model).__name__
+    return Session(view, chosen, backend=backend, model_name=name, strict=strict)
+
+
+@contextlib.contextmanager
+def instrument(
+    model: nn.Module,
+    *,
+    detectors: Sequence[Detector] | None = None,
+    backend: str = "x86",
+    qconfig_mapping: QConfigMapping | None = None,
+    model_name: str | None = None,
+    strict: bool = False,
+) -> Iterator[Session]:
+    """Observe ``model`` inside a ``with`` block; call ``session.report()`` inside or after it.
+
+    >>> with qinsight.instrument(model) as session:       # doctest: +SKIP
+    ...     for batch in loader:
+    ...         model(batch)
+    >>> report = session.report()                          # doctest: +SKIP
+    """
+    session = _session(model, detectors, backend, qconfig_mapping, model_name, strict)
+    with session._attached():
+        yield session
+
+
+def diagnose(
+    model: nn.Module,
+    calibration_data: Iterable[Any],
+    *,
+    detectors: Sequence[Detector] | None = None,
+    backend: str = "x86",
+    qconfig_mapping: QConfigMapping | None = None,
+    model_name: str | None = None,
+    strict: bool = False,
+    progress: Progress | None = None,
+) -> Report:
+    """Instrument ``model``, calibrate it on ``calibration_data``, and return the :class:`Report`.
+
+    ``model`` is a float ``nn.Module`` that FX can trace, or a ``prepare_fx``
+    GraphModule. ``calibration_data`` is any iterable of batches (a tensor, a
+    tuple of positional arguments, or a mapping of keyword arguments).
+    ``detectors`` defaults to :func:`default_detectors` for ``backend``.
+    ``qconfig_mapping`` is the mapping you plan to quantize with; it tells the
+    detectors what each module would get. With ``strict=True`` a failing
+    detector raises instead of being recorded in ``report.failures``.
+    """
+    with instrument(
+        model,
+        detectors=detectors,
+        backend=backend,
+        qconfig_mapping=qconfig_mapping,
+        model_name=model_name,
+        strict=strict,
+    ) as session:
+        session.calibrate(calibration_data, progress)
+    return session.report()

@@ -1,0 +1,122 @@
+"""The Report: everything one diagnosis found, as immutable values.
+
+A Report holds no tensors, modules or dicts: only frozen attrs classes,
+tuples, strings, numbers and enums, so it can be compared, saved and diffed.
+The torch configs and the text are built from it on demand by the output
+modules (:mod:`qinsight.qconfig`, :mod:`qinsight.text`); the methods here only
+delegate to them, imported lazily so this module stays torch-free.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING
+
+import attrs
+
+from qinsight.equalization import EqualizationMapping
+from qinsight.findings import Finding
+from qinsight.sites import OpSite, Side
+from qinsight.stats import Observation
+from qinsight.suggestions import QuantSuggestion, SuggestionConflict
+
+if TYPE_CHECKING:
+    from torch.ao.quantization import QConfigMapping
+
+ParameterValue = bool | int | float | str
+
+
+@attrs.frozen(kw_only=True)
+class Parameter:
+    """One parameter a detector ran with, recorded for the file and the reader."""
+
+    name: str
+    value: ParameterValue
+
+
+@attrs.frozen(kw_only=True)
+class DetectorResult:
+    """What one detector concluded: its findings and its suggestions."""
+
+    detector: str
+    parameters: tuple[Parameter, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    suggestions: tuple[QuantSuggestion, ...] = ()
+
+    def parameter(self, name: str) -> ParameterValue:
+        for parameter in self.parameters:
+            if parameter.name == name:
+                return parameter.value
+        raise KeyError(f"detector {self.detector} has no parameter {name!r}")
+
+    def finding(self, fqn: str) -> Finding:
+        for finding in self.findings:
+            if finding.fqn == fqn:
+                return finding
+        raise KeyError(f"detector {self.detector} has no finding for module {fqn!r}")
+
+
+class FailureStage(enum.Enum):
+    LOAD = "load"
+    INSERT_POINTS = "insert_points"
+    ANALYZE = "analyze"
+
+
+@attrs.frozen(kw_only=True)
+class DetectorFailure:
+    """A detector that failed; the other detectors' results still stand."""
+
+    detector: str
+    stage: FailureStage
+    error: str
+
+
+@attrs.frozen(kw_only=True)
+class ReportMetadata:
+    model: str
+    frontend: str
+    backend: str
+    batches: int
+    qinsight_version: str
+    torch_version: str
+
+
+@attrs.frozen(kw_only=True)
+class Report:
+    """The result of :func:`qinsight.diagnose`."""
+
+    metadata: ReportMetadata
+    sites: tuple[OpSite, ...]
+    observations: tuple[Observation, ...]
+    results: tuple[DetectorResult, ...]
+    suggestions: tuple[QuantSuggestion, ...]
+    conflicts: tuple[SuggestionConflict, ...] = ()
+    equalization_mapping: EqualizationMapping = EqualizationMapping()
+    failures: tuple[DetectorFailure, ...] = ()
+
+    def result(self, detector: str) -> DetectorResult:
+        for result in self.results:
+            if result.detector == detector:
+                return result
+        ran = ", ".join(r.detector for r in self.results) or "none"
+        raise KeyError(f"no result for detector {detector!r}; detectors that ran: {ran}")
+
+    def suggestion(self, fqn: str) -> QuantSuggestion | None:
+        return next((s for s in self.suggestions if s.fqn == fqn), None)
+
+    def observation(self, fqn: str, side: Side) -> Observation | None:
+        return next((o for o in self.observations if o.fqn == fqn and o.side is side), None)
+
+    def actionable(self) -> tuple[Finding, ...]:
+        return tuple(f for r in self.results for f in r.findings if f.actionable)
+
+    def to_text(self) -> str:
+        from qinsight.text import render_text
+
+        return render_text(self)
+
+    def qconfig_mapping(self, base: QConfigMapping | None = None) -> QConfigMapping:
+        """A torch QConfigMapping that applies the suggestions; see :func:`qinsight.qconfig.to_qconfig_mapping`."""
+        from qinsight.qconfig import to_qconfig_mapping
+
+        return to_qconfig_mapping(self, base=base)

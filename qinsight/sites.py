@@ -1,0 +1,131 @@
+"""Where a model can be observed: op sites, observer specs and insert points.
+
+These are plain values (no torch): a frontend describes a model as a tuple of
+:class:`OpSite`, detectors answer with :class:`InsertPoint` values saying what
+to observe where, and the instrumenter turns those into observers.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+
+class OpKind(enum.Enum):
+    """The kind of a quantizable operation."""
+
+    LINEAR = "linear"
+    CONV1D = "conv1d"
+    CONV2D = "conv2d"
+    CONV3D = "conv3d"
+
+    @property
+    def is_conv(self) -> bool:
+        return self in (OpKind.CONV1D, OpKind.CONV2D, OpKind.CONV3D)
+
+    @property
+    def channel_axis(self) -> int:
+        """The activation axis that holds channels (features) for this kind.
+
+        Linear layers act on the last dimension, so ``-1`` makes
+        (batch, sequence, features) inputs work; torch's ModelReport uses
+        axis 1 for everything, which is the sequence axis there.
+        """
+        return 1 if self.is_conv else -1
+
+
+class Side(enum.Enum):
+    """Which activation of an op site is observed."""
+
+    PRE = "pre"  # the op's input
+    POST = "post"  # the op's output
+
+
+class WeightScheme(enum.Enum):
+    """How a weight tensor is quantized."""
+
+    PER_TENSOR = "per_tensor"
+    PER_CHANNEL = "per_channel"
+
+
+@attrs.frozen(kw_only=True)
+class OpSite:
+    """One quantizable operation of a model, as a frontend found it.
+
+    ``fqn`` is the float model's module name (the parent of a fused module,
+    ``fc1`` rather than ``fc1.0``); ``calls`` is how many times one forward
+    pass runs it; ``weight_scheme`` is what the model's qconfig (or the
+    qconfig mapping the user passed) would do with its weight, ``None`` when no
+    qconfig applies.
+    """
+
+    fqn: str
+    kind: OpKind
+    module_type: str
+    calls: int = 1
+    weight_scheme: WeightScheme | None = None
+
+    @property
+    def channel_axis(self) -> int:
+        return self.kind.channel_axis
+
+
+@attrs.frozen(kw_only=True)
+class ObserverSpec:
+    """What an observer computes beyond the always-on range statistics.
+
+    ``channel_axis`` is resolved (never "default") so that two specs that
+    would observe the same data along the same axis compare equal.
+    """
+
+    channel_axis: int
+    per_channel: bool = False
+    moments: bool = False
+
+    def union(self, other: ObserverSpec) -> ObserverSpec:
+        """The spec that computes everything either spec computes."""
+        if other.channel_axis != self.channel_axis:
+            raise ValueError("specs along different channel axes cannot be combined")
+        return ObserverSpec(
+            channel_axis=self.channel_axis,
+            per_channel=self.per_channel or other.per_channel,
+            moments=self.moments or other.moments,
+        )
+
+
+@attrs.frozen(kw_only=True)
+class InsertPoint:
+    """A request to observe one side of one op site with one spec."""
+
+    fqn: str
+    side: Side
+    spec: ObserverSpec
+
+    @classmethod
+    def at(
+        cls,
+        site: OpSite,
+        side: Side,
+        *,
+        per_channel: bool = False,
+        moments: bool = False,
+        channel_axis: int | None = None,
+    ) -> InsertPoint:
+        """An insert point on ``site``, along its kind's channel axis by default."""
+        axis = site.channel_axis if channel_axis is None else channel_axis
+        spec = ObserverSpec(channel_axis=axis, per_channel=per_channel, moments=moments)
+        return cls(fqn=site.fqn, side=side, spec=spec)
+
+    @property
+    def slot(self) -> tuple[str, Side, int]:
+        """Insert points with the same slot share one observer."""
+        return (self.fqn, self.side, self.spec.channel_axis)
+
+
+def observer_key(fqn: str, side: Side, channel_axis: int, default_axis: int) -> str:
+    """A unique, readable name for the observer in one slot: ``fc1:pre``."""
+    key = f"{fqn}:{side.value}"
+    if channel_axis != default_axis:
+        key += f"[axis={channel_axis}]"
+    return key
