@@ -31,10 +31,13 @@ _KINDS: tuple[tuple[type[nn.Module], OpKind], ...] = (
 
 def classify(module: nn.Module) -> tuple[OpKind, nn.Module] | None:
     """The op kind of ``module`` and the module holding its weight, if it is a site."""
-    inner = module[0] if isinstance(module, _FusedModule) else module
-    for cls, kind in _KINDS:
-        if isinstance(inner, cls):
-            return kind, inner
+    # QAT fused modules (ConvBnReLU2d) are Convs themselves; inference fused
+    # modules (LinearReLU) hold theirs as the first child.
+    candidates = (module, module[0]) if isinstance(module, _FusedModule) else (module,)
+    for candidate in candidates:
+        for cls, kind in _KINDS:
+            if isinstance(candidate, cls):
+                return kind, candidate
     return None
 
 
@@ -70,11 +73,18 @@ def resolve_qconfig(mapping: QConfigMapping, fqn: str, module: nn.Module) -> obj
     return mapping.global_qconfig
 
 
+class _Tracer(fx.Tracer):
+    """FX's tracer, but fused modules (``LinearReLU``, ...) stay leaves, as in ``prepare_fx``."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return isinstance(m, _FusedModule) or super().is_leaf_module(m, module_qualified_name)
+
+
 def _graph_of(model: nn.Module) -> fx.Graph:
     if isinstance(model, fx.GraphModule):
         return model.graph
     try:
-        return fx.symbolic_trace(model).graph
+        return _Tracer().trace(model)
     except Exception as exc:  # tracing fails in many ways: report them all alike
         raise FrontendError(
             f"{type(model).__name__} cannot be FX-traced ({type(exc).__name__}: {exc}); "

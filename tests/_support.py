@@ -1,0 +1,108 @@
+"""Shared models, data and torch-peer helpers for the tests."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
+from torch.ao.quantization.quantize_fx import prepare_fx
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+warnings.filterwarnings("ignore", message=".*reduce_range will be deprecated.*")
+torch.set_num_threads(2)
+
+
+class MLP(nn.Module):
+    def __init__(self, dims: Sequence[int] = (16, 32, 32, 8)) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dims[0], dims[1])
+        self.relu1 = nn.ReLU()
+        self.fc2 = nn.Linear(dims[1], dims[2])
+        self.relu2 = nn.ReLU()
+        self.fc3 = nn.Linear(dims[2], dims[3])
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.fc3(self.relu2(self.fc2(self.relu1(self.fc1(x)))))
+
+
+class ConvBnReluCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.relu1 = nn.ReLU()
+        self.block = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        x = self.block(self.relu1(self.bn1(self.conv1(x))))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+class TwiceLinear(nn.Module):
+    """One Linear called twice per forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.out(self.shared(torch.relu(self.shared(x))))
+
+
+def seeded(model: nn.Module, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    for p in model.parameters():
+        nn.init.normal_(p, std=0.3)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.2, 0.2)
+            m.running_var.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+def gaussian_batches(shape: tuple[int, ...], n: int, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=g) for _ in range(n)]
+
+
+def shifting_batches(shape: tuple[int, ...], n: int, seed: int = 0) -> list[torch.Tensor]:
+    """Non-stationary data: batches alternate between [-10, 0) and [0, 10) (torch's test 12)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.rand(*shape, generator=g) * 10 - (10 if i % 2 == 0 else 0) for i in range(n)]
+
+
+def torch_model_report(
+    prepared: nn.Module, data: Iterable[torch.Tensor], detectors: set[Any]
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """torch's ModelReport run on ``prepared`` (a copy is instrumented)."""
+    from torch.ao.quantization.fx._model_report.model_report import ModelReport
+
+    report = ModelReport(copy.deepcopy(prepared), detectors)
+    calibrated = report.prepare_detailed_calibration()
+    with torch.no_grad():
+        for batch in data:
+            calibrated(batch)
+    result: dict[str, tuple[str, dict[str, Any]]] = report.generate_model_report(True)
+    return result
+
+
+def prepared_fx(model: nn.Module, example: torch.Tensor, mapping: QConfigMapping | None = None) -> nn.Module:
+    return prepare_fx(copy.deepcopy(model), mapping or get_default_qconfig_mapping("x86"), (example,))
+
+
+def torch_name(fqn: str, torch_keys: Iterable[str]) -> str:
+    """torch keys fused modules by their child (``fc1.0``); qinsight by the module called (``fc1``)."""
+    keys = set(torch_keys)
+    return fqn if fqn in keys else f"{fqn}.0"
+
+
+def hooks_left(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
