@@ -116,7 +116,7 @@ def _merge_one(fqn: str, group: list[QuantSuggestion], conflicts: list[Suggestio
         ),
         equalize=_choose(fqn, "equalize", flags("equalize"), FLAG_RANKING, conflicts),
         keep_float=_choose(fqn, "keep_float", flags("keep_float"), FLAG_RANKING, conflicts),
-        sources=tuple(dict.fromkeys(source for s in group for source in s.sources)),
+        sources=tuple(sorted({source for s in group for source in s.sources})),
     )
 
 
