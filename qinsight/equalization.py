@@ -18,18 +18,16 @@ if TYPE_CHECKING:
 
 @attrs.frozen(kw_only=True)
 class EqualizationEntry:
-    """Equalize the input of ``fqn`` with its weight.
-
-    ``channel_share`` is the share of channels for which equalization was
-    recommended (the evidence behind the entry).
-    """
+    """Equalize the input of ``fqn`` with its weight; ``sources`` are the detectors that asked."""
 
     fqn: str
-    channel_share: float
+    sources: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
 class EqualizationMapping:
+    """The modules whose suggestion says ``equalize``, in forward order."""
+
     entries: tuple[EqualizationEntry, ...] = ()
 
     @property

@@ -18,8 +18,9 @@ from torch.ao.quantization import QConfigMapping
 
 from qinsight._version import __version__
 from qinsight.detector import Detector
-from qinsight.detectors import DynamicStaticDetector, PerChannelDetector
-from qinsight.errors import CalibrationError, QinsightError
+from qinsight.detectors import DynamicStaticDetector, InputWeightEqualizationDetector, PerChannelDetector
+from qinsight.equalization import EqualizationEntry, EqualizationMapping
+from qinsight.errors import CalibrationError
 from qinsight.frontends.base import ModelView
 from qinsight.frontends.fx import fx_view
 from qinsight.instrument import Instrumenter
@@ -33,7 +34,7 @@ Progress = Callable[[int], None]
 
 def default_detectors(backend: str = "x86") -> tuple[Detector, ...]:
     """The built-in detectors with their default parameters."""
-    return (PerChannelDetector(backend=backend), DynamicStaticDetector())
+    return (PerChannelDetector(backend=backend), DynamicStaticDetector(), InputWeightEqualizationDetector())
 
 
 def _describe(exc: BaseException) -> str:
@@ -115,7 +116,7 @@ class Session:
                 for index, batch in enumerate(data):
                     try:
                         run_batch(model, batch)
-                    except QinsightError:
+                    except CalibrationError:
                         raise
                     except Exception as exc:
                         raise CalibrationError(
@@ -149,6 +150,7 @@ class Session:
             except Exception as exc:
                 self._fail(detector, FailureStage.ANALYZE, exc)
         suggestions, conflicts = merge_suggestions(s for r in results for s in r.suggestions)
+        equalize = tuple(EqualizationEntry(fqn=s.fqn, sources=s.sources) for s in suggestions if s.equalize)
         return Report(
             metadata=ReportMetadata(
                 model=self._model_name,
@@ -163,6 +165,7 @@ class Session:
             results=tuple(results),
             suggestions=suggestions,
             conflicts=conflicts,
+            equalization_mapping=EqualizationMapping(entries=equalize),
             failures=tuple(self._failures),
         )
 

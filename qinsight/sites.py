@@ -55,15 +55,16 @@ class OpSite:
 
     ``fqn`` is the float model's module name (the parent of a fused module,
     ``fc1`` rather than ``fc1.0``); ``calls`` is how many times one forward
-    pass runs it; ``weight_scheme`` is what the model's qconfig (or the
-    qconfig mapping the user passed) would do with its weight, ``None`` when no
-    qconfig applies.
+    pass runs it; ``groups`` is a convolution's group count (1 otherwise);
+    ``weight_scheme`` is what the model's qconfig (or the qconfig mapping the
+    user passed) would do with its weight, ``None`` when no qconfig applies.
     """
 
     fqn: str
     kind: OpKind
     module_type: str
     calls: int = 1
+    groups: int = 1
     weight_scheme: WeightScheme | None = None
 
     @property

@@ -118,6 +118,7 @@ def fx_view(model: nn.Module, qconfig_mapping: QConfigMapping | None = None) -> 
                 kind=kind,
                 module_type=type(module).__name__,
                 calls=count,
+                groups=int(getattr(holder, "groups", 1)),
                 weight_scheme=weight_scheme(qconfig),
             )
         )

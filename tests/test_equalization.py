@@ -1,0 +1,193 @@
+"""InputWeightEqualizationDetector: differential against torch (ranges and s_c to 1e-5,
+the inverted verdict asserted as a divergence), ported tests 19-21, grouped convs, and
+proof that the fixed verdict helps: equalizing what it recommends raises the SQNR."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.ao.quantization import get_default_qconfig_mapping
+from torch.ao.quantization.fx._model_report.detector import InputWeightEqualizationDetector as TorchEqualization
+from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+import qinsight
+from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, torch_model_report, torch_name
+from qinsight import DataCondition, EqualizationFinding, InputWeightEqualizationDetector, InvalidParameterError
+from qinsight.detectors.equalization import weight_channel_ranges
+
+
+class OutlierMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(32, 32)
+        self.relu = nn.ReLU()
+        self.fc2 = nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fc2(self.relu(self.fc1(x)))
+        return out
+
+
+def outlier_batches(n: int, seed: int) -> list[torch.Tensor]:
+    """Gaussian features, two of them at 40x scale (PEER.md (c) 3's outlier_linear)."""
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n):
+        x = torch.randn(64, 32, generator=g)
+        x[:, [3, 11]] *= 40
+        batches.append(x)
+    return batches
+
+
+def equalization(report: qinsight.Report) -> dict[str, EqualizationFinding]:
+    findings = report.result("qinsight.equalization").findings
+    return {f.fqn: f for f in findings if isinstance(f, EqualizationFinding)}
+
+
+def seeded_outlier_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return OutlierMLP().eval()
+
+
+CASES = {
+    "mlp": (lambda: seeded(MLP()), lambda: gaussian_batches((8, 16), 6)),
+    "cnn": (lambda: seeded(ConvBnReluCNN()), lambda: gaussian_batches((4, 3, 12, 12), 5)),
+    "outliers": (seeded_outlier_mlp, lambda: outlier_batches(6, 0)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_differential_against_torch(case: str) -> None:
+    build, batches = CASES[case]
+    data = batches()
+    prepared = prepared_fx(build(), data[0])
+    theirs_all = torch_model_report(prepared, data, {TorchEqualization(0.5)})["input_weight_equalization_detector"][1]
+    report = qinsight.diagnose(copy.deepcopy(prepared), data, detectors=[InputWeightEqualizationDetector()])
+    ours = equalization(report)
+    assert len(ours) == len(theirs_all) > 0
+    for fqn, finding in ours.items():
+        theirs = theirs_all[torch_name(fqn, theirs_all)]
+        input_ranges = (theirs["input_activation_per_channel_max"] - theirs["input_activation_per_channel_min"]).tolist()
+        weight_ranges = (theirs["weight_per_channel_max"] - theirs["weight_per_channel_min"]).tolist()
+        assert finding.input_ranges == pytest.approx(input_ranges, rel=1e-5, abs=1e-5)
+        assert finding.weight_ranges == pytest.approx(weight_ranges, rel=1e-5, abs=1e-5)
+        torch_scores = theirs["input_weight_channel_comparison_metrics"].tolist()
+        dead = {c for c, r in enumerate(finding.input_ranges) if r == 0.0}
+        live = [c for c in range(len(torch_scores)) if c not in dead]
+        assert [finding.scores[c] for c in live] == pytest.approx([torch_scores[c] for c in live], rel=1e-5)
+        # Divergence 1: a dead input channel (range 0, e.g. behind a ReLU) is nan here, inf in torch.
+        assert all(math.isnan(finding.scores[c]) and math.isinf(torch_scores[c]) for c in dead)
+        # Divergence 2: among live channels, torch recommends exactly the ones qinsight does not.
+        torch_recommended = {c for c, flag in enumerate(theirs["input_weight_equalization_recommended"]) if flag}
+        assert torch_recommended - dead == set(live) - set(finding.recommended_channels)
+
+
+def test_fixed_verdict_raises_sqnr_on_outlier_channels() -> None:
+    model, calibration, held_out = seeded_outlier_mlp(), outlier_batches(8, 0), outlier_batches(4, 1)
+    report = qinsight.diagnose(model, calibration)
+    assert report.equalization_mapping.fqns == ("fc1",)
+    fc1 = equalization(report)["fc1"]
+    assert fc1.recommended and fc1.channel_share >= 0.9
+    assert 3 not in fc1.recommended_channels and 11 not in fc1.recommended_channels  # the wide channels set the scale
+
+    def sqnr(**equalize: object) -> float:
+        prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), (calibration[0],), **equalize)
+        for batch in calibration:
+            prepared(batch)
+        quantized = convert_fx(prepared)
+        with torch.no_grad():
+            values = [20 * torch.log10(model(b).norm() / (model(b) - quantized(b)).norm()).item() for b in held_out]
+        return sum(values) / len(values)
+
+    plain, equalized = sqnr(), sqnr(_equalization_config=report.equalization_mapping.to_torch())
+    assert equalized > plain + 2.0  # measured: 27.5 -> 31.8 dB
+
+
+def test_balanced_gaussian_inputs_recommend_nothing() -> None:
+    report = qinsight.diagnose(seeded_outlier_mlp(), gaussian_batches((64, 32), 8))
+    assert len(report.equalization_mapping) == 0
+    assert all(f.verdict == "balanced" for f in equalization(report).values())
+
+
+class TwoBlockComplexNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block1 = nn.Sequential(nn.Conv2d(3, 3, 2), nn.ReLU(), nn.Flatten(), nn.Linear(27, 12))
+        self.conv = nn.Conv2d(3, 3, 1)
+        self.block2 = nn.Sequential(nn.Conv2d(3, 3, 2), nn.ReLU())
+        self.linear = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.block1(x).reshape(-1, 3, 2, 2)
+        x = self.block2(self.conv(x))
+        out: torch.Tensor = self.linear(torch.flatten(x, 1))
+        return out
+
+
+def test_determine_points_and_report_values() -> None:
+    # torch 19 and 20: one pre-observer per Linear/Conv, and value checks that do run
+    # (torch's test 20 checks "block1.linear", a name that does not exist, so its checks never execute).
+    model = seeded(TwoBlockComplexNet())
+    data = gaussian_batches((2, 3, 4, 4), 4)
+    detector = InputWeightEqualizationDetector(ratio_threshold=0.5)
+    with qinsight.instrument(model, detectors=[detector]) as session:
+        points = detector.insert_points(session.view)
+    assert [(p.fqn, p.side.value) for p in points] == [
+        ("block1.0", "pre"), ("block1.3", "pre"), ("conv", "pre"), ("block2.0", "pre"), ("linear", "pre")
+    ]
+    report = qinsight.diagnose(model, data, detectors=[detector])
+    finding = equalization(report)["block1.3"]
+    observation = report.observation("block1.3", qinsight.Side.PRE)
+    assert observation is not None and observation.stats.channel_min is not None and observation.stats.channel_max is not None
+    stats = observation.stats
+    weight = model.block1[3].weight.detach().double()
+    w_ranges = (weight.amax(dim=0) - weight.amin(dim=0)).tolist()
+    w_global = float(weight.max() - weight.min())
+    assert len(finding.scores) == 27
+    for c, score in enumerate(finding.scores):
+        r_i = (stats.channel_max[c] - stats.channel_min[c]) / (stats.max - stats.min)
+        if r_i == 0.0:
+            assert math.isnan(score)  # a channel the ReLU kept at 0 throughout
+            continue
+        assert score == pytest.approx(math.sqrt(w_ranges[c] / w_global) / math.sqrt(r_i), rel=1e-9)
+
+
+def test_model_without_linear_or_conv() -> None:
+    # torch 21: a ReLU-only model gives an empty result.
+    report = qinsight.diagnose(nn.Sequential(nn.ReLU()), [torch.randn(2, 3)], detectors=[InputWeightEqualizationDetector()])
+    assert equalization(report) == {}
+    assert "qinsight.equalization (ratio_threshold=0.5, channel_fraction=0.4)\n  no applicable modules" in report.to_text()
+
+
+def test_grouped_conv_pairs_channels_with_their_group() -> None:
+    conv = nn.Conv2d(4, 6, 1, groups=2, bias=False)
+    with torch.no_grad():
+        conv.weight.zero_()
+        conv.weight[0:3, 0] = torch.tensor([1.0, 2.0, 3.0]).reshape(3, 1, 1)  # group 0, input channel 0: range 2
+        conv.weight[3:6, 1] = torch.tensor([-5.0, 5.0, 0.0]).reshape(3, 1, 1)  # group 1, input channel 3: range 10
+    ranges, global_range = weight_channel_ranges(conv.weight, groups=2)
+    assert ranges == (2.0, 0.0, 0.0, 10.0) and global_range == 10.0
+    # torch tiles the (2,) ranges of in_channels/groups to (4,), mixing both groups' outputs.
+    depthwise = nn.Sequential(nn.Conv2d(8, 8, 3, groups=8)).eval()
+    report = qinsight.diagnose(depthwise, gaussian_batches((2, 8, 6, 6), 3), detectors=[InputWeightEqualizationDetector()])
+    finding = equalization(report)["0"]
+    expected = depthwise[0].weight.detach().double().reshape(8, -1)
+    assert finding.weight_ranges == pytest.approx((expected.amax(1) - expected.amin(1)).tolist())
+
+
+def test_constant_input_is_a_finding_not_an_error() -> None:
+    # torch raises "The range of the input data for module fc1.0 is 0".
+    report = qinsight.diagnose(seeded(MLP()), [torch.ones(4, 16)] * 2, detectors=[InputWeightEqualizationDetector()])
+    fc1 = equalization(report)["fc1"]
+    assert fc1.condition is DataCondition.CONSTANT and not fc1.recommended
+    assert fc1.verdict == "equalization not measurable (constant)"
+
+
+@pytest.mark.parametrize("name,value", [("ratio_threshold", 0.0), ("ratio_threshold", 1.0), ("channel_fraction", 1.5)])
+def test_invalid_parameters(name: str, value: float) -> None:
+    with pytest.raises(InvalidParameterError, match=name):
+        InputWeightEqualizationDetector(**{name: value})
