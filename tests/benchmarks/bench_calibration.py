@@ -1,0 +1,148 @@
+"""Calibration cost per batch: float forward, prepare_fx, torch's ModelReport, qinsight.
+
+All variants live in one process and run round-robin on the same batch (2
+warm-up rounds, then the median of ROUNDS), so machine noise hits them alike.
+Prints seconds per batch and the ratios. Not a test: run it by hand,
+    python tests/benchmarks/bench_calibration.py
+torch's equalization detector crashes on (batch, seq, features) Linear inputs
+(docs/divergences.md), so the transformer compares per-channel + dynamic/static.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.ao.quantization import get_default_qconfig_mapping
+from torch.ao.quantization.fx._model_report import detector as torch_detectors
+from torch.ao.quantization.fx._model_report.model_report import ModelReport
+from torch.ao.quantization.quantize_fx import prepare_fx
+
+import qinsight
+from qinsight.examples import EncoderLayer
+
+warnings.filterwarnings("ignore")
+torch.set_num_threads(2)
+ROUNDS = 5
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.down = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.relu(self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x))))) + self.down(x))
+        return out
+
+
+class ResNet18(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+        widths, blocks, cin = (64, 128, 256, 512), [], 64
+        for i, w in enumerate(widths):
+            blocks += [BasicBlock(cin, w, 1 if i == 0 else 2), BasicBlock(w, w, 1)]
+            cin = w
+        self.blocks = nn.Sequential(*blocks)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(512, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fc(torch.flatten(self.pool(self.blocks(self.stem(x))), 1))
+        return out
+
+
+class Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*(EncoderLayer(384, 12, 1536) for _ in range(6)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.layers(x)
+        return out
+
+
+def torch_report_model(prepared: nn.Module, detectors: set[object]) -> nn.Module:
+    report = ModelReport(copy.deepcopy(prepared), detectors)
+    return report.prepare_detailed_calibration()
+
+
+def bench(name: str, model: nn.Module, batch: torch.Tensor, with_equalization: bool) -> None:
+    prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), (batch,))
+    torch_set: set[object] = {torch_detectors.PerChannelDetector("x86"), torch_detectors.DynamicStaticDetector()}
+    ours: list[qinsight.Detector] = [qinsight.PerChannelDetector(), qinsight.DynamicStaticDetector()]
+    if with_equalization:
+        torch_set.add(torch_detectors.InputWeightEqualizationDetector(0.5))
+        ours.append(qinsight.InputWeightEqualizationDetector())
+    instrumented = copy.deepcopy(prepared)
+    context = qinsight.instrument(instrumented, detectors=ours)
+    session = context.__enter__()
+    variants: dict[str, Callable[[torch.Tensor], object]] = {
+        "float": model,
+        "prepare_fx": prepared,
+        "torch ModelReport": torch_report_model(prepared, torch_set),
+        "qinsight": instrumented,
+    }
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    with torch.no_grad():
+        for round_ in range(ROUNDS + 2):
+            for key, run in variants.items():
+                start = time.perf_counter()
+                run(batch)
+                if round_ >= 2:
+                    times[key].append(time.perf_counter() - start)
+    context.__exit__(None, None, None)
+    observed = {o.stats.batches for o in session.stats().observations}
+    if observed != {ROUNDS + 2}:
+        raise RuntimeError(f"qinsight's observers saw {observed} batches, expected {ROUNDS + 2}")
+    median = {k: statistics.median(v) for k, v in times.items()}
+    detectors = ", ".join(d.id for d in ours)
+    print(f"\n{name}  [{detectors}]  median of {ROUNDS} rounds, s/batch")
+    for key, value in median.items():
+        print(f"  {key:<18} {value:7.3f}")
+    observers_ours = median["qinsight"] - median["prepare_fx"]
+    observers_torch = median["torch ModelReport"] - median["prepare_fx"]
+    print(f"  torch / qinsight (whole batch):               {median['torch ModelReport'] / median['qinsight']:5.2f}x")
+    if observers_ours > 0.01 * median["prepare_fx"]:
+        print(f"  observer overhead torch / qinsight:           {observers_torch / observers_ours:5.2f}x")
+    else:
+        print(f"  observer overhead: torch {observers_torch:.3f} s, qinsight below 1% of a batch (noise)")
+    float_instrumented = copy.deepcopy(model)
+    context = qinsight.instrument(float_instrumented, detectors=[type(d)() for d in ours])
+    context.__enter__()
+    float_times, instr_times = [], []
+    with torch.no_grad():
+        for round_ in range(ROUNDS + 2):
+            for bucket, run in ((float_times, model), (instr_times, float_instrumented)):
+                start = time.perf_counter()
+                run(batch)
+                if round_ >= 2:
+                    bucket.append(time.perf_counter() - start)
+    context.__exit__(None, None, None)
+    print(f"  qinsight on the float model / float forward:  "
+          f"{statistics.median(instr_times) / statistics.median(float_times):5.2f}x")
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    bench("ResNet-18-like CNN, 8x3x224x224", ResNet18().eval(), torch.randn(8, 3, 224, 224), with_equalization=True)
+    bench("6-layer transformer encoder, d=384, seq 128, batch 8", Encoder().eval(), torch.randn(8, 128, 384), with_equalization=False)
+
+
+if __name__ == "__main__":
+    main()
