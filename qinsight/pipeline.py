@@ -70,7 +70,10 @@ class Session:
         self._points: dict[str, tuple[InsertPoint, ...]] = {}
         for detector in self.detectors:
             try:
-                self._points[detector.id] = tuple(detector.insert_points(view))
+                points = tuple(detector.insert_points(view))
+                for point in points:
+                    view.site(point.fqn)  # an unknown module fails this detector, not the session
+                self._points[detector.id] = points
             except Exception as exc:
                 self._fail(detector, FailureStage.INSERT_POINTS, exc)
         self._instrumenter = Instrumenter(view, (p for points in self._points.values() for p in points))

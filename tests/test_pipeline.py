@@ -24,7 +24,7 @@ from qinsight import (
     Side,
 )
 from qinsight.report import DetectorResult
-from qinsight.sites import InsertPoint
+from qinsight.sites import InsertPoint, ObserverSpec
 from qinsight.stats import ObservedStats
 
 
@@ -207,6 +207,20 @@ def test_failing_detector_is_recorded_and_others_stand(mlp: nn.Module, stage: Fa
     assert failure.error in ("RuntimeError: no points for you", "ZeroDivisionError: analysis went wrong")
     assert len(report.result("qinsight.dynamic_static").findings) == 3
     assert "detector test.exploding failed" in report.to_text()
+
+
+class PointsAtNothing(Exploding):
+    id = "test.points_at_nothing"
+
+    def insert_points(self, view: qinsight.frontends.ModelView) -> tuple[InsertPoint, ...]:
+        return (InsertPoint(fqn="no.such", side=Side.PRE, spec=ObserverSpec(channel_axis=-1)),)
+
+
+def test_insert_point_on_unknown_module_fails_only_that_detector(mlp: nn.Module) -> None:
+    report = qinsight.diagnose(mlp, [torch.randn(2, 16)], detectors=[PointsAtNothing(FailureStage.INSERT_POINTS), PerChannelDetector()])
+    (failure,) = report.failures
+    assert failure.stage is FailureStage.INSERT_POINTS and "no op site 'no.such'" in failure.error
+    assert len(report.result("qinsight.per_channel").findings) == 3
 
 
 def test_strict_raises(mlp: nn.Module) -> None:

@@ -20,7 +20,9 @@ import torch
 from torch import nn
 from torch.ao.quantization import get_default_qconfig_mapping
 from torch.ao.quantization.fx._model_report import detector as torch_detectors
+from torch.ao.quantization.fx._model_report.detector import DetectorBase
 from torch.ao.quantization.fx._model_report.model_report import ModelReport
+from torch.fx import GraphModule
 from torch.ao.quantization.quantize_fx import prepare_fx
 
 import qinsight
@@ -77,14 +79,17 @@ class Encoder(nn.Module):
         return out
 
 
-def torch_report_model(prepared: nn.Module, detectors: set[object]) -> nn.Module:
+def torch_report_model(prepared: GraphModule, detectors: set[DetectorBase]) -> nn.Module:
     report = ModelReport(copy.deepcopy(prepared), detectors)
     return report.prepare_detailed_calibration()
 
 
 def bench(name: str, model: nn.Module, batch: torch.Tensor, with_equalization: bool) -> None:
     prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), (batch,))
-    torch_set: set[object] = {torch_detectors.PerChannelDetector("x86"), torch_detectors.DynamicStaticDetector()}
+    torch_set: set[DetectorBase] = {
+        torch_detectors.PerChannelDetector("x86"),
+        torch_detectors.DynamicStaticDetector(),  # type: ignore[no-untyped-call]
+    }
     ours: list[qinsight.Detector] = [qinsight.PerChannelDetector(), qinsight.DynamicStaticDetector()]
     if with_equalization:
         torch_set.add(torch_detectors.InputWeightEqualizationDetector(0.5))
@@ -125,7 +130,8 @@ def bench(name: str, model: nn.Module, batch: torch.Tensor, with_equalization: b
     float_instrumented = copy.deepcopy(model)
     context = qinsight.instrument(float_instrumented, detectors=[type(d)() for d in ours])
     context.__enter__()
-    float_times, instr_times = [], []
+    float_times: list[float] = []
+    instr_times: list[float] = []
     with torch.no_grad():
         for round_ in range(ROUNDS + 2):
             for bucket, run in ((float_times, model), (instr_times, float_instrumented)):
