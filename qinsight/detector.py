@@ -10,13 +10,15 @@ classes whose fields are their parameters; :func:`parameters_of` records them.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast, runtime_checkable
 
 import attrs
 
+from qinsight.findings import Finding
 from qinsight.report import DetectorResult, Parameter
 from qinsight.sites import InsertPoint
+from qinsight.suggestions import QuantSuggestion
 from qinsight.stats import ObservedStats
 
 if TYPE_CHECKING:
@@ -51,3 +53,15 @@ def parameters_of(detector: object) -> tuple[Parameter, ...]:
         if isinstance(value, (bool, int, float, str)):
             values.append(Parameter(name=field.name, value=value))
     return tuple(values)
+
+
+def result_of(
+    detector: Detector, findings: Iterable[Finding], suggestions: Iterable[QuantSuggestion]
+) -> DetectorResult:
+    """The result of ``detector``, with its id and parameters recorded."""
+    return DetectorResult(
+        detector=detector.id,
+        parameters=parameters_of(detector),
+        findings=tuple(findings),
+        suggestions=tuple(suggestions),
+    )

@@ -49,7 +49,7 @@ def run_batch(model: nn.Module, batch: object) -> object:
         return model(**batch)
     if isinstance(batch, (tuple, list)):
         return model(*batch)
-    raise CalibrationError(
+    raise TypeError(
         f"a calibration batch must be a tensor, a tuple of positional arguments or a mapping of keyword "
         f"arguments, not {type(batch).__name__}"
     )
@@ -119,8 +119,6 @@ class Session:
                 for index, batch in enumerate(data):
                     try:
                         run_batch(model, batch)
-                    except CalibrationError:
-                        raise
                     except Exception as exc:
                         raise CalibrationError(
                             f"calibration batch {index} failed: {_describe(exc)}", batch=index

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 
-from qinsight.detector import API_VERSION, parameters_of
+from qinsight.detector import API_VERSION, result_of
 from qinsight.detectors._validators import in_open_interval
 from qinsight.findings import Finding
 from qinsight.report import DetectorResult
@@ -168,9 +168,4 @@ class DynamicStaticDetector:
                 dynamic = recommended and finding.dynamic_supported
                 mode = ActivationMode.DYNAMIC if dynamic else ActivationMode.STATIC
                 suggestions.append(QuantSuggestion(fqn=site.fqn, activation=mode, sources=(self.id,)))
-        return DetectorResult(
-            detector=self.id,
-            parameters=parameters_of(self),
-            findings=tuple(findings),
-            suggestions=tuple(suggestions),
-        )
+        return result_of(self, findings, suggestions)

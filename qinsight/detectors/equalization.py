@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, ClassVar
 import attrs
 import torch
 
-from qinsight.detector import API_VERSION, parameters_of
+from qinsight.detector import API_VERSION, result_of
 from qinsight.detectors._validators import in_open_interval
 from qinsight.findings import Finding
 from qinsight.report import DetectorResult
@@ -157,4 +157,4 @@ class InputWeightEqualizationDetector:
             for f in findings
             if f.condition is DataCondition.OK
         )
-        return DetectorResult(detector=self.id, parameters=parameters_of(self), findings=findings, suggestions=suggestions)
+        return result_of(self, findings, suggestions)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, ClassVar, Final
 
 import attrs
 
-from qinsight.detector import API_VERSION, parameters_of
+from qinsight.detector import API_VERSION, result_of
 from qinsight.detectors._validators import one_of
 from qinsight.findings import Finding
 from qinsight.report import DetectorResult
@@ -84,9 +84,4 @@ class PerChannelDetector:
             )
             if supported:
                 suggestions.append(QuantSuggestion(fqn=site.fqn, weight=WeightScheme.PER_CHANNEL, sources=(self.id,)))
-        return DetectorResult(
-            detector=self.id,
-            parameters=parameters_of(self),
-            findings=tuple(findings),
-            suggestions=tuple(suggestions),
-        )
+        return result_of(self, findings, suggestions)

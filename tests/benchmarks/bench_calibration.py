@@ -10,6 +10,7 @@ torch's equalization detector crashes on (batch, seq, features) Linear inputs
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import statistics
 import time
@@ -94,25 +95,26 @@ def bench(name: str, model: nn.Module, batch: torch.Tensor, with_equalization: b
     if with_equalization:
         torch_set.add(torch_detectors.InputWeightEqualizationDetector(0.5))
         ours.append(qinsight.InputWeightEqualizationDetector())
-    instrumented = copy.deepcopy(prepared)
-    context = qinsight.instrument(instrumented, detectors=ours)
-    session = context.__enter__()
-    variants: dict[str, Callable[[torch.Tensor], object]] = {
-        "float": model,
-        "prepare_fx": prepared,
-        "torch ModelReport": torch_report_model(prepared, torch_set),
-        "qinsight": instrumented,
-    }
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    with torch.no_grad():
-        for round_ in range(ROUNDS + 2):
-            for key, run in variants.items():
-                start = time.perf_counter()
-                run(batch)
-                if round_ >= 2:
-                    times[key].append(time.perf_counter() - start)
-    context.__exit__(None, None, None)
-    observed = {o.stats.batches for o in session.stats().observations}
+    # qinsight observes the prepared model (against torch) and the float model (against the float forward).
+    instrumented, float_instrumented = copy.deepcopy(prepared), copy.deepcopy(model)
+    with contextlib.ExitStack() as stack:
+        sessions = [stack.enter_context(qinsight.instrument(m, detectors=ours)) for m in (instrumented, float_instrumented)]
+        variants: dict[str, Callable[[torch.Tensor], object]] = {
+            "float": model,
+            "prepare_fx": prepared,
+            "torch ModelReport": torch_report_model(prepared, torch_set),
+            "qinsight": instrumented,
+            "qinsight on float": float_instrumented,
+        }
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        with torch.no_grad():
+            for round_ in range(ROUNDS + 2):
+                for key, run in variants.items():
+                    start = time.perf_counter()
+                    run(batch)
+                    if round_ >= 2:
+                        times[key].append(time.perf_counter() - start)
+    observed = {o.stats.batches for session in sessions for o in session.stats().observations}
     if observed != {ROUNDS + 2}:
         raise RuntimeError(f"qinsight's observers saw {observed} batches, expected {ROUNDS + 2}")
     median = {k: statistics.median(v) for k, v in times.items()}
@@ -127,22 +129,7 @@ def bench(name: str, model: nn.Module, batch: torch.Tensor, with_equalization: b
         print(f"  observer overhead torch / qinsight:           {observers_torch / observers_ours:5.2f}x")
     else:
         print(f"  observer overhead: torch {observers_torch:.3f} s, qinsight below 1% of a batch (noise)")
-    float_instrumented = copy.deepcopy(model)
-    context = qinsight.instrument(float_instrumented, detectors=[type(d)() for d in ours])
-    context.__enter__()
-    float_times: list[float] = []
-    instr_times: list[float] = []
-    with torch.no_grad():
-        for round_ in range(ROUNDS + 2):
-            for bucket, run in ((float_times, model), (instr_times, float_instrumented)):
-                start = time.perf_counter()
-                run(batch)
-                if round_ >= 2:
-                    bucket.append(time.perf_counter() - start)
-    context.__exit__(None, None, None)
-    print(f"  qinsight on the float model / float forward:  "
-          f"{statistics.median(instr_times) / statistics.median(float_times):5.2f}x")
-
+    print(f"  qinsight on the float model / float forward:  {median['qinsight on float'] / median['float']:5.2f}x")
 
 def main() -> None:
     torch.manual_seed(0)
