@@ -7,10 +7,13 @@ own calibration loop. Both return a :class:`Report`.
 from qinsight._version import __version__
 from qinsight.detector import Detector
 from qinsight.detectors import (
+    ChannelStatus,
     DynamicStaticDetector,
     DynamicStaticFinding,
     EqualizationFinding,
     InputWeightEqualizationDetector,
+    OutlierDetector,
+    OutlierFinding,
     PerChannelDetector,
     PerChannelFinding,
     Stationarity,
@@ -35,6 +38,7 @@ __all__ = [
     "ActivationStats",
     "BatchMoments",
     "CalibrationError",
+    "ChannelStatus",
     "DataCondition",
     "Detector",
     "DetectorFailure",
@@ -56,6 +60,8 @@ __all__ = [
     "ObserverSpec",
     "OpKind",
     "OpSite",
+    "OutlierDetector",
+    "OutlierFinding",
     "Parameter",
     "PerChannelDetector",
     "PerChannelFinding",

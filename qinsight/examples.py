@@ -32,6 +32,46 @@ class SmallCNN(nn.Module):
         return logits
 
 
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.down = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.relu(self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x))))) + self.down(x))
+        return out
+
+
+class ResNet18(nn.Module):
+    """ResNet-18's layout (torchvision's widths and strides), randomly initialized."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)
+        )
+        widths, blocks, cin = (64, 128, 256, 512), [], 64
+        for i, w in enumerate(widths):
+            blocks += [BasicBlock(cin, w, 1 if i == 0 else 2), BasicBlock(w, w, 1)]
+            cin = w
+        self.blocks = nn.Sequential(*blocks)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(512, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fc(torch.flatten(self.pool(self.blocks(self.stem(x))), 1))
+        return out
+
+
 class EncoderLayer(nn.Module):
     """A pre-norm transformer encoder layer written with plain Linear modules."""
 
@@ -89,6 +129,11 @@ def _cnn_data(batches: int) -> list[torch.Tensor]:
     return [torch.randn(8, 3, 32, 32, generator=generator) for _ in range(batches)]
 
 
+def _image_data(batches: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(3)
+    return [torch.randn(4, 3, 224, 224, generator=generator) for _ in range(batches)]
+
+
 def _encoder_data(batches: int) -> list[torch.Tensor]:
     # Each batch has its own scale and offset: the non-stationary input that
     # makes static activation ranges a poor fit.
@@ -112,6 +157,12 @@ EXAMPLES: dict[str, Example] = {
         description="2-layer transformer encoder on (batch, seq, features) inputs with shifting scale",
         model=_seeded_model(TinyEncoder),
         data=_encoder_data,
+    ),
+    "resnet18": Example(
+        name="resnet18",
+        description="ResNet-18 layout, random weights, on random 224x224 images",
+        model=_seeded_model(ResNet18),
+        data=_image_data,
     ),
 }
 

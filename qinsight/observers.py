@@ -4,8 +4,10 @@ An :class:`ActivationObserver` sees every calibration batch of one activation.
 Its forward does one pass over the data for the range statistics it always
 keeps (min, max, batch range), plus only what its :class:`ObserverSpec` asks
 for: per-channel min/max (which then also yield the global min/max, so it is
-still one pass) and batch moments. State is O(channels) whatever the number of
-batches. :meth:`ActivationObserver.freeze` returns immutable
+still one pass), batch moments, and per-channel percentile ratios. Percentiles
+are exact and found by selection (``topk``/``kthvalue``), not by sorting each
+channel as ``torch.quantile`` does, and have no size limit. State is
+O(channels) whatever the number of batches. :meth:`ActivationObserver.freeze` returns immutable
 :class:`ActivationStats`.
 """
 
@@ -13,12 +15,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 
 from qinsight.errors import ObserverError
 from qinsight.sites import ObserverSpec
-from qinsight.stats import ActivationStats, BatchMoments
+from qinsight.stats import ActivationStats, BatchMoments, PercentileStats
 
 
 def channel_extrema(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,6 +35,68 @@ def channel_extrema(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Ten
     # amin/amax over several dims read x in place; moving the axis first
     # would copy the whole activation on every batch.
     return x.amin(dim=dims), x.amax(dim=dims)
+
+
+def lower_rank(percentile: float, n: int) -> int:
+    """The 0-based ascending index of the ``percentile`` ("lower" interpolation) of ``n`` values.
+
+    Computed in float32 as ``torch.quantile`` computes it for a float32 ``q``,
+    so ties at a rank boundary resolve as in torch.
+    """
+    return math.floor(float(np.float32(percentile) * np.float32(n - 1)))
+
+
+def channel_percentile(values: torch.Tensor, percentile: float) -> torch.Tensor:
+    """The exact ``percentile`` of each row of ``values`` (channels x samples), "lower" interpolation.
+
+    A selection, not a sort: ``topk`` of the upper tail when the percentile is
+    high, else ``kthvalue``. Unlike ``torch.quantile`` there is no size limit.
+    """
+    n = values.shape[1]
+    rank = lower_rank(percentile, n)
+    above = n - rank  # values at or above the rank, counting the rank itself
+    if above <= rank:
+        return torch.topk(values, above, dim=1, sorted=False).values.amin(dim=1)
+    return torch.kthvalue(values, rank + 1, dim=1).values
+
+
+def channels_first(x: torch.Tensor, axis: int) -> torch.Tensor:
+    """``x`` as (channels, samples), contiguous per channel for selection."""
+    return x.movedim(axis % x.ndim, 0).reshape(x.shape[axis], -1).contiguous()
+
+
+# A channel is measured in a batch only when at least this share of its values
+# is non-zero: the reference percentile p of all values is then at least the
+# (2p - 1) percentile of the non-zero ones (95th for p = 0.975). In a sparser
+# channel (mostly zeros behind a ReLU) it sits low in the live values and
+# max / percentile is large without any outlier.
+MIN_NONZERO_SHARE = 0.5
+
+
+class _PercentileAccumulator:
+    """Running per-channel sums behind :class:`PercentileStats` for one percentile."""
+
+    def __init__(self, percentile: float, channels: int) -> None:
+        self.percentile = percentile
+        self.ratio_sum = torch.zeros(channels, dtype=torch.float64)
+        self.measured = torch.zeros(channels, dtype=torch.int64)
+        self.constant = torch.zeros(channels, dtype=torch.int64)
+
+    def add(self, rows: torch.Tensor, dense: torch.Tensor, batch_min: torch.Tensor, batch_max: torch.Tensor) -> None:
+        reference = channel_percentile(rows, self.percentile)
+        measured = (reference != 0) & dense
+        ratios = torch.where(measured, batch_max / torch.where(measured, reference, 1.0), 0.0)
+        self.ratio_sum += ratios.double()
+        self.measured += measured
+        self.constant += batch_max == batch_min
+
+    def freeze(self) -> PercentileStats:
+        return PercentileStats(
+            percentile=self.percentile,
+            ratio_sum=tuple(self.ratio_sum.tolist()),
+            measured_batches=tuple(int(v) for v in self.measured.tolist()),
+            constant_batches=tuple(int(v) for v in self.constant.tolist()),
+        )
 
 
 def _add_batch_moments(moments: BatchMoments, x: torch.Tensor) -> BatchMoments:
@@ -64,6 +129,7 @@ class ActivationObserver(nn.Module):
         self._channel_min: torch.Tensor | None = None
         self._channel_max: torch.Tensor | None = None
         self._moments = BatchMoments() if self.spec.moments else None
+        self._percentiles: list[_PercentileAccumulator] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.observe(x)
@@ -90,6 +156,8 @@ class ActivationObserver(nn.Module):
             return
         if self.spec.per_channel:
             self._fold_channels(channel_min, channel_max)
+        if self.spec.percentiles:
+            self._fold_percentiles(x, channel_min, channel_max)
         if self._moments is not None:
             self._moments = _add_batch_moments(self._moments, x)
         self._batches += 1
@@ -111,6 +179,15 @@ class ActivationObserver(nn.Module):
         torch.minimum(self._channel_min, channel_min, out=self._channel_min)
         torch.maximum(self._channel_max, channel_max, out=self._channel_max)
 
+    def _fold_percentiles(self, x: torch.Tensor, batch_min: torch.Tensor, batch_max: torch.Tensor) -> None:
+        if not self._percentiles:
+            channels = batch_min.numel()
+            self._percentiles = [_PercentileAccumulator(p, channels) for p in self.spec.percentiles]
+        rows = channels_first(x, self.spec.channel_axis)
+        dense = torch.count_nonzero(rows, dim=1) >= MIN_NONZERO_SHARE * rows.shape[1]
+        for accumulator in self._percentiles:
+            accumulator.add(rows, dense, batch_min, batch_max)
+
     def freeze(self) -> ActivationStats:
         """The statistics so far, as an immutable value."""
 
@@ -128,6 +205,7 @@ class ActivationObserver(nn.Module):
             channel_min=as_tuple(self._channel_min),
             channel_max=as_tuple(self._channel_max),
             moments=self._moments,
+            percentiles=tuple(a.freeze() for a in self._percentiles),
         )
 
     def extra_repr(self) -> str:

@@ -18,7 +18,12 @@ from torch.ao.quantization import QConfigMapping
 
 from qinsight._version import __version__
 from qinsight.detector import Detector
-from qinsight.detectors import DynamicStaticDetector, InputWeightEqualizationDetector, PerChannelDetector
+from qinsight.detectors import (
+    DynamicStaticDetector,
+    InputWeightEqualizationDetector,
+    OutlierDetector,
+    PerChannelDetector,
+)
 from qinsight.equalization import EqualizationEntry, EqualizationMapping
 from qinsight.errors import CalibrationError
 from qinsight.frontends.base import ModelView
@@ -34,7 +39,12 @@ Progress = Callable[[int], None]
 
 def default_detectors(backend: str = "x86") -> tuple[Detector, ...]:
     """The built-in detectors with their default parameters."""
-    return (PerChannelDetector(backend=backend), DynamicStaticDetector(), InputWeightEqualizationDetector())
+    return (
+        PerChannelDetector(backend=backend),
+        DynamicStaticDetector(),
+        InputWeightEqualizationDetector(),
+        OutlierDetector(),
+    )
 
 
 def _describe(exc: BaseException) -> str:

@@ -83,6 +83,15 @@ class ObserverSpec:
     channel_axis: int
     per_channel: bool = False
     moments: bool = False
+    # Reference percentiles (0 < p < 1) for per-channel max/percentile ratios;
+    # sorted and unique, so equal requests give equal specs. They imply per_channel.
+    percentiles: tuple[float, ...] = ()
+
+    def __attrs_post_init__(self) -> None:
+        if any(not 0.0 < p < 1.0 for p in self.percentiles) or list(self.percentiles) != sorted(set(self.percentiles)):
+            raise ValueError(f"percentiles must be sorted, unique and in (0, 1), not {self.percentiles}")
+        if self.percentiles and not self.per_channel:
+            raise ValueError("percentile statistics are per channel: set per_channel=True")
 
     def union(self, other: ObserverSpec) -> ObserverSpec:
         """The spec that computes everything either spec computes."""
@@ -92,6 +101,7 @@ class ObserverSpec:
             channel_axis=self.channel_axis,
             per_channel=self.per_channel or other.per_channel,
             moments=self.moments or other.moments,
+            percentiles=tuple(sorted(set(self.percentiles) | set(other.percentiles))),
         )
 
 
@@ -111,11 +121,21 @@ class InsertPoint:
         *,
         per_channel: bool = False,
         moments: bool = False,
+        percentile: float | None = None,
         channel_axis: int | None = None,
     ) -> InsertPoint:
-        """An insert point on ``site``, along its kind's channel axis by default."""
+        """An insert point on ``site``, along its kind's channel axis by default.
+
+        A ``percentile`` asks for per-channel max/percentile ratios (and so
+        for per-channel statistics).
+        """
         axis = site.channel_axis if channel_axis is None else channel_axis
-        spec = ObserverSpec(channel_axis=axis, per_channel=per_channel, moments=moments)
+        spec = ObserverSpec(
+            channel_axis=axis,
+            per_channel=per_channel or percentile is not None,
+            moments=moments,
+            percentiles=() if percentile is None else (percentile,),
+        )
         return cls(fqn=site.fqn, side=side, spec=spec)
 
     @property

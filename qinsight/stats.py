@@ -76,6 +76,47 @@ class BatchMoments:
         return within / (within + between) / (1.0 + cv)
 
 
+@attrs.frozen(kw_only=True)
+class PercentileStats:
+    """Per-channel ratios of the batch maximum to a reference percentile.
+
+    For each batch and channel ``c`` with reference value ``q_p != 0`` (exact,
+    "lower" interpolation as in torch) and at least half its values non-zero,
+    ``max / q_p`` is added to ``ratio_sum[c]`` and ``measured_batches[c]``
+    counts it. A dead or mostly-zero channel (e.g. behind a ReLU) is not
+    measured in that batch: torch counts it, with a ratio of 3.4e38 when
+    ``q_p`` is 0.
+    ``constant_batches[c]`` counts batches where the channel held one value.
+    """
+
+    percentile: float
+    ratio_sum: tuple[float, ...]
+    measured_batches: tuple[int, ...]
+    constant_batches: tuple[int, ...]
+
+    def mean_ratios(self) -> tuple[float | None, ...]:
+        """The mean ratio per channel, ``None`` where no batch could measure it."""
+        return tuple(total / n if n else None for total, n in zip(self.ratio_sum, self.measured_batches))
+
+    def merge(self, other: PercentileStats) -> PercentileStats:
+        if other.percentile != self.percentile or len(other.ratio_sum) != len(self.ratio_sum):
+            raise ValueError("cannot merge percentile statistics of different percentiles or channel counts")
+        return PercentileStats(
+            percentile=self.percentile,
+            ratio_sum=tuple(a + b for a, b in zip(self.ratio_sum, other.ratio_sum)),
+            measured_batches=tuple(a + b for a, b in zip(self.measured_batches, other.measured_batches)),
+            constant_batches=tuple(a + b for a, b in zip(self.constant_batches, other.constant_batches)),
+        )
+
+
+def _merge_percentiles(
+    a: tuple[PercentileStats, ...], b: tuple[PercentileStats, ...]
+) -> tuple[PercentileStats, ...]:
+    if not a or not b:  # one side saw no finite batch
+        return a or b
+    return tuple(x.merge(y) for x, y in zip(a, b))
+
+
 def _merge_channels(
     a: tuple[float, ...] | None, b: tuple[float, ...] | None, pick: Callable[[float, float], float]
 ) -> tuple[float, ...] | None:
@@ -102,6 +143,10 @@ class ActivationStats:
     channel_min: tuple[float, ...] | None = None
     channel_max: tuple[float, ...] | None = None
     moments: BatchMoments | None = None
+    percentiles: tuple[PercentileStats, ...] = ()
+
+    def percentile_stats(self, percentile: float) -> PercentileStats | None:
+        return next((p for p in self.percentiles if p.percentile == percentile), None)
 
     @property
     def condition(self) -> DataCondition:
@@ -147,6 +192,7 @@ class ActivationStats:
             channel_min=_merge_channels(self.channel_min, other.channel_min, min),
             channel_max=_merge_channels(self.channel_max, other.channel_max, max),
             moments=moments,
+            percentiles=_merge_percentiles(self.percentiles, other.percentiles),
         )
 
 

@@ -15,7 +15,7 @@ from qinsight.observers import ActivationObserver
 from qinsight.sites import ObserverSpec
 from qinsight.stats import ActivationStats, BatchMoments
 
-SPEC = ObserverSpec(channel_axis=1, per_channel=True, moments=True)
+SPEC = ObserverSpec(channel_axis=1, per_channel=True, moments=True, percentiles=(0.5, 0.9))
 
 batch = hnp.arrays(
     np.float32,
@@ -42,6 +42,10 @@ def assert_same(a: ActivationStats, b: ActivationStats) -> None:
     assert a.moments is not None and b.moments is not None
     for name in ("count", "mean_sum", "mean_sq_sum", "var_sum", "var_sq_sum"):
         assert getattr(a.moments, name) == pytest.approx(getattr(b.moments, name), rel=1e-9, abs=1e-6)
+    assert [p.percentile for p in a.percentiles] == [p.percentile for p in b.percentiles]
+    for pa, pb in zip(a.percentiles, b.percentiles):
+        assert (pa.measured_batches, pa.constant_batches) == (pb.measured_batches, pb.constant_batches)
+        assert pa.ratio_sum == pytest.approx(pb.ratio_sum, rel=1e-9, abs=1e-9)
 
 
 @settings(max_examples=60, deadline=None)

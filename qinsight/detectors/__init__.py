@@ -2,13 +2,17 @@
 
 from qinsight.detectors.dynamic_static import DynamicStaticDetector, DynamicStaticFinding, Stationarity
 from qinsight.detectors.equalization import EqualizationFinding, InputWeightEqualizationDetector
+from qinsight.detectors.outliers import ChannelStatus, OutlierDetector, OutlierFinding
 from qinsight.detectors.per_channel import PerChannelDetector, PerChannelFinding
 
 __all__ = [
+    "ChannelStatus",
     "DynamicStaticDetector",
     "DynamicStaticFinding",
     "EqualizationFinding",
     "InputWeightEqualizationDetector",
+    "OutlierDetector",
+    "OutlierFinding",
     "PerChannelDetector",
     "PerChannelFinding",
     "Stationarity",

@@ -13,10 +13,31 @@ from qinsight.errors import InvalidParameterError
 Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 
 
-def in_open_interval(low: float, high: float) -> Validator:
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def in_open_interval(low: float, high: float, *, closed_high: bool = False) -> Validator:
+    """A finite number in (low, high), or (low, high] with ``closed_high``."""
+
     def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and low < value < high):
-            raise InvalidParameterError(type(instance).__name__, attribute.name, value, f"a number in ({low}, {high})")
+        number = _number(value)
+        if number is None or not (low < number and (number <= high if closed_high else number < high)):
+            expected = f"a number in ({low}, {high}{']' if closed_high else ')'}"
+            raise InvalidParameterError(type(instance).__name__, attribute.name, value, expected)
+
+    return check
+
+
+def positive(*, minimum: float) -> Validator:
+    """A finite number at least ``minimum`` (and above 0)."""
+
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        number = _number(value)
+        if number is None or number < minimum or number <= 0.0:
+            raise InvalidParameterError(type(instance).__name__, attribute.name, value, f"a finite number >= {minimum} and > 0")
 
     return check
 

@@ -27,47 +27,11 @@ from torch.fx import GraphModule
 from torch.ao.quantization.quantize_fx import prepare_fx
 
 import qinsight
-from qinsight.examples import EncoderLayer
+from qinsight.examples import EncoderLayer, ResNet18
 
 warnings.filterwarnings("ignore")
 torch.set_num_threads(2)
 ROUNDS = 5
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.relu = nn.ReLU()
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.down = (
-            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-            if stride != 1 or cin != cout
-            else nn.Identity()
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.relu(self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x))))) + self.down(x))
-        return out
-
-
-class ResNet18(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
-        widths, blocks, cin = (64, 128, 256, 512), [], 64
-        for i, w in enumerate(widths):
-            blocks += [BasicBlock(cin, w, 1 if i == 0 else 2), BasicBlock(w, w, 1)]
-            cin = w
-        self.blocks = nn.Sequential(*blocks)
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(512, 1000)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.fc(torch.flatten(self.pool(self.blocks(self.stem(x))), 1))
-        return out
 
 
 class Encoder(nn.Module):

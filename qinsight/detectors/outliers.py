@@ -1,0 +1,180 @@
+"""Activation outliers per channel (torch's OutlierDetector, with dead and sparse channels kept apart).
+
+Observes the input of every Linear and Conv with a reference percentile ``p``.
+Per channel, the ratio is the mean over batches of ``max / p-th percentile``
+(exact, "lower" interpolation), over the batches where that percentile is not
+zero; torch's fix-up follows (``r < 0 -> -r``, then ``r < 1 -> 1 / r``). A
+channel is an outlier channel when its ratio exceeds ``ratio_threshold``.
+
+Channels without data to measure get their own status and never count as
+outliers. torch gives them a ratio of inf or 3.4e38 and flags them: 1,311
+channels of a random ResNet-18. The statuses are ``dead`` (zero in every batch),
+``constant`` (one value throughout) and ``sparse``. A channel is sparse when
+it was measurable (reference percentile non-zero, at least half its values
+non-zero: :data:`qinsight.observers.MIN_NONZERO_SHARE`) in fewer than
+``fraction_batches_used_threshold`` of the informative batches, as behind a
+ReLU; there a low reference makes ``max / percentile`` huge without any
+outlier. Informative batches are those where the activation
+was not one constant value, so an all-zero batch does not make every channel
+sparse. torch only reports the share as ``is_sufficient_batches``.
+
+The finding also gives the LLM.int8() view: the largest absolute activation,
+and the channels whose magnitude exceeds ``magnitude_threshold`` (6.0, the
+threshold bitsandbytes uses to route a feature to 16-bit).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import TYPE_CHECKING, ClassVar
+
+import attrs
+
+from qinsight.detector import API_VERSION, result_of
+from qinsight.detectors._validators import in_open_interval, positive
+from qinsight.findings import Finding
+from qinsight.report import DetectorResult
+from qinsight.sites import InsertPoint, OpKind, OpSite, Side
+from qinsight.stats import ActivationStats, DataCondition, ObservedStats, PercentileStats
+
+if TYPE_CHECKING:
+    from qinsight.frontends.base import ModelView
+
+
+class ChannelStatus(enum.Enum):
+    OK = "ok"
+    OUTLIER = "outlier"
+    DEAD = "dead"
+    CONSTANT = "constant"
+    SPARSE = "sparse"
+
+
+def fix_up(ratio: float) -> float:
+    """torch's correction for a negative reference or a ratio below 1."""
+    ratio = abs(ratio)
+    return 1.0 / ratio if 0.0 < ratio < 1.0 else ratio
+
+
+@attrs.frozen(kw_only=True)
+class OutlierFinding(Finding):
+    kind: OpKind
+    ratio_threshold: float
+    reference_percentile: float
+    magnitude_threshold: float
+    condition: DataCondition
+    batches: int
+    statuses: tuple[ChannelStatus, ...]
+    ratios: tuple[float, ...]  # fixed-up mean ratio per channel; nan where not measured
+    constant_batches: tuple[int, ...]
+    channel_abs_max: tuple[float, ...]
+
+    def channels(self, status: ChannelStatus) -> tuple[int, ...]:
+        return tuple(c for c, s in enumerate(self.statuses) if s is status)
+
+    @property
+    def outlier_channels(self) -> tuple[int, ...]:
+        return self.channels(ChannelStatus.OUTLIER)
+
+    @property
+    def magnitude_channels(self) -> tuple[int, ...]:
+        """Channels with ``|x| > magnitude_threshold`` somewhere (LLM.int8()'s outlier features)."""
+        return tuple(c for c, m in enumerate(self.channel_abs_max) if m > self.magnitude_threshold)
+
+    @property
+    def max_abs(self) -> float:
+        return max(self.channel_abs_max, default=0.0)
+
+    @property
+    def verdict(self) -> str:
+        if self.condition is DataCondition.NO_DATA:
+            return "no calibration data"
+        return "outlier channels" if self.outlier_channels else "no outliers"
+
+    @property
+    def actionable(self) -> bool:
+        return bool(self.outlier_channels) or self.condition is DataCondition.NO_DATA
+
+    def reason(self) -> str:
+        if self.condition is DataCondition.NO_DATA:
+            return "no finite activation reached it"
+        parts = []
+        outliers = self.outlier_channels
+        if outliers:
+            worst = max(outliers, key=lambda c: self.ratios[c])
+            parts.append(
+                f"{len(outliers)}/{len(self.statuses)} channels with max/p{self.reference_percentile * 100:g} > "
+                f"{self.ratio_threshold:g} (worst {self.ratios[worst]:.1f}, channel {worst})"
+            )
+        magnitude = self.magnitude_channels
+        above = f", {len(magnitude)} channels above {self.magnitude_threshold:g}" if magnitude else ""
+        parts.append(f"max |x| {self.max_abs:.3g}{above}")
+        unmeasured = [
+            f"{len(self.channels(status))} {status.value}"
+            for status in (ChannelStatus.DEAD, ChannelStatus.CONSTANT, ChannelStatus.SPARSE)
+            if self.channels(status)
+        ]
+        if unmeasured:
+            parts.append("not measurable: " + ", ".join(unmeasured))
+        return "; ".join(parts)
+
+
+@attrs.frozen(kw_only=True)
+class OutlierDetector:
+    """Finds input channels whose maximum is far beyond their typical values."""
+
+    id: ClassVar[str] = "qinsight.outliers"
+    api_version: ClassVar[int] = API_VERSION
+
+    ratio_threshold: float = attrs.field(default=3.5, validator=positive(minimum=1.0))
+    reference_percentile: float = attrs.field(default=0.975, validator=in_open_interval(0.0, 1.0))
+    fraction_batches_used_threshold: float = attrs.field(default=0.95, validator=in_open_interval(0.0, 1.0, closed_high=True))
+    magnitude_threshold: float = attrs.field(default=6.0, validator=positive(minimum=0.0))
+    ch_axis: int | None = None  # None: the kind's channel axis (last for Linear, 1 for Conv)
+
+    def _point(self, site: OpSite) -> InsertPoint:
+        return InsertPoint.at(site, Side.PRE, percentile=self.reference_percentile, channel_axis=self.ch_axis)
+
+    def insert_points(self, view: ModelView) -> tuple[InsertPoint, ...]:
+        return tuple(self._point(site) for site in view.sites)
+
+    def _status(self, lo: float, hi: float, measured_share: float, ratio: float) -> ChannelStatus:
+        if lo == hi:
+            return ChannelStatus.DEAD if hi == 0.0 else ChannelStatus.CONSTANT
+        if measured_share < self.fraction_batches_used_threshold or math.isnan(ratio):
+            return ChannelStatus.SPARSE
+        return ChannelStatus.OUTLIER if ratio > self.ratio_threshold else ChannelStatus.OK
+
+    def _finding(self, site: OpSite, stats: ActivationStats | None) -> OutlierFinding:
+        percentile = None if stats is None else stats.percentile_stats(self.reference_percentile)
+        if stats is None or percentile is None or stats.channel_min is None or stats.channel_max is None:
+            # No finite batch reached the module: a finding without channels.
+            lows: tuple[float, ...] = ()
+            highs: tuple[float, ...] = ()
+            condition, batches = DataCondition.NO_DATA, 0
+            percentile = PercentileStats(
+                percentile=self.reference_percentile, ratio_sum=(), measured_batches=(), constant_batches=()
+            )
+        else:
+            condition, batches, lows, highs = stats.condition, stats.batches, stats.channel_min, stats.channel_max
+        ratios = tuple(math.nan if m is None else fix_up(m) for m in percentile.mean_ratios())
+        informative = max(1, batches - (stats.constant_batches if stats is not None else 0))
+        shares = tuple(n / informative for n in percentile.measured_batches)
+        return OutlierFinding(
+            fqn=site.fqn,
+            kind=site.kind,
+            ratio_threshold=self.ratio_threshold,
+            reference_percentile=self.reference_percentile,
+            magnitude_threshold=self.magnitude_threshold,
+            condition=condition,
+            batches=batches,
+            statuses=tuple(self._status(lo, hi, share, r) for lo, hi, share, r in zip(lows, highs, shares, ratios)),
+            ratios=ratios,
+            constant_batches=percentile.constant_batches,
+            channel_abs_max=tuple(max(abs(lo), abs(hi)) for lo, hi in zip(lows, highs)),
+        )
+
+    def analyze(self, view: ModelView, stats: ObservedStats) -> DetectorResult:
+        # Outliers inform the user; no quantization setting follows from them alone.
+        findings = [self._finding(site, stats.for_point(self._point(site))) for site in view.sites]
+        return result_of(self, findings, ())
