@@ -86,12 +86,17 @@ class ObserverSpec:
     # Reference percentiles (0 < p < 1) for per-channel max/percentile ratios;
     # sorted and unique, so equal requests give equal specs. They imply per_channel.
     percentiles: tuple[float, ...] = ()
+    # At most this many samples per channel and batch for the percentiles
+    # (a seeded random subset); None computes them on every sample (exact).
+    percentile_samples: int | None = None
 
     def __attrs_post_init__(self) -> None:
         if any(not 0.0 < p < 1.0 for p in self.percentiles) or list(self.percentiles) != sorted(set(self.percentiles)):
             raise ValueError(f"percentiles must be sorted, unique and in (0, 1), not {self.percentiles}")
         if self.percentiles and not self.per_channel:
             raise ValueError("percentile statistics are per channel: set per_channel=True")
+        if self.percentile_samples is not None and self.percentile_samples < 1:
+            raise ValueError(f"percentile_samples must be at least 1, not {self.percentile_samples}")
 
     def union(self, other: ObserverSpec) -> ObserverSpec:
         """The spec that computes everything either spec computes."""
@@ -102,7 +107,13 @@ class ObserverSpec:
             per_channel=self.per_channel or other.per_channel,
             moments=self.moments or other.moments,
             percentiles=tuple(sorted(set(self.percentiles) | set(other.percentiles))),
+            percentile_samples=_finer(self.percentile_samples, other.percentile_samples),
         )
+
+
+def _finer(a: int | None, b: int | None) -> int | None:
+    """The more precise of two sample limits (None, exact, is the most precise)."""
+    return None if a is None or b is None else max(a, b)
 
 
 @attrs.frozen(kw_only=True)
@@ -122,6 +133,7 @@ class InsertPoint:
         per_channel: bool = False,
         moments: bool = False,
         percentile: float | None = None,
+        percentile_samples: int | None = None,
         channel_axis: int | None = None,
     ) -> InsertPoint:
         """An insert point on ``site``, along its kind's channel axis by default.
@@ -135,6 +147,7 @@ class InsertPoint:
             per_channel=per_channel or percentile is not None,
             moments=moments,
             percentiles=() if percentile is None else (percentile,),
+            percentile_samples=percentile_samples,
         )
         return cls(fqn=site.fqn, side=side, spec=spec)
 

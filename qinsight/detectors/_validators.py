@@ -50,3 +50,14 @@ def one_of(choices: Collection[str]) -> Validator:
             )
 
     return check
+
+
+def positive_or_none(*, minimum: float) -> Validator:
+    """``None``, or what :func:`positive` accepts."""
+    check_number = positive(minimum=minimum)
+
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value is not None:
+            check_number(instance, attribute, value)
+
+    return check

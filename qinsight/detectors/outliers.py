@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, ClassVar
 import attrs
 
 from qinsight.detector import API_VERSION, result_of
-from qinsight.detectors._validators import in_open_interval, positive
+from qinsight.detectors._validators import in_open_interval, positive, positive_or_none
 from qinsight.findings import Finding
 from qinsight.report import DetectorResult
 from qinsight.sites import InsertPoint, OpKind, OpSite, Side
@@ -131,9 +131,18 @@ class OutlierDetector:
     fraction_batches_used_threshold: float = attrs.field(default=0.95, validator=in_open_interval(0.0, 1.0, closed_high=True))
     magnitude_threshold: float = attrs.field(default=6.0, validator=positive(minimum=0.0))
     ch_axis: int | None = None  # None: the kind's channel axis (last for Linear, 1 for Conv)
+    # Percentiles from at most this many samples per channel and batch (None: exact);
+    # see qinsight.observers._ColumnSampler for the error bound.
+    percentile_samples: int | None = attrs.field(default=16384, validator=positive_or_none(minimum=1.0))
 
     def _point(self, site: OpSite) -> InsertPoint:
-        return InsertPoint.at(site, Side.PRE, percentile=self.reference_percentile, channel_axis=self.ch_axis)
+        return InsertPoint.at(
+            site,
+            Side.PRE,
+            percentile=self.reference_percentile,
+            percentile_samples=self.percentile_samples,
+            channel_axis=self.ch_axis,
+        )
 
     def insert_points(self, view: ModelView) -> tuple[InsertPoint, ...]:
         return tuple(self._point(site) for site in view.sites)
