@@ -1,7 +1,8 @@
 """The contract every detector implements, built-in or third-party.
 
 A detector is a small object with an ``id`` (``vendor.name``), the detector
-``api_version`` it was written against, and two methods: ``insert_points``
+``api_version`` it was written against, the ``finding_type`` of its findings
+(so report files can be read back), and two methods: ``insert_points``
 says what to observe, ``analyze`` turns the frozen statistics into a
 :class:`~qinsight.report.DetectorResult`. Built-in detectors are frozen attrs
 classes whose fields are their parameters; :func:`parameters_of` records them.
@@ -31,6 +32,7 @@ API_VERSION = 1
 class Detector(Protocol):
     id: ClassVar[str]
     api_version: ClassVar[int]
+    finding_type: ClassVar[type[Finding]]
 
     def insert_points(self, view: ModelView) -> Sequence[InsertPoint]:
         """What to observe; an empty sequence for detectors that only read weights or qconfigs."""

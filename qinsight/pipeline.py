@@ -18,19 +18,14 @@ from torch.ao.quantization import QConfigMapping
 
 from qinsight._version import __version__
 from qinsight.detector import Detector
-from qinsight.detectors import (
-    DynamicStaticDetector,
-    InputWeightEqualizationDetector,
-    OutlierDetector,
-    PerChannelDetector,
-)
 from qinsight.equalization import EqualizationEntry, EqualizationMapping
-from qinsight.errors import CalibrationError
+from qinsight.errors import CalibrationError, InvalidParameterError
 from qinsight.frontends.base import ModelView
 from qinsight.frontends.fx import fx_view
 from qinsight.instrument import Instrumenter
+from qinsight.plugins import DEFAULT_IDS, resolve_detectors
 from qinsight.report import DetectorFailure, DetectorResult, FailureStage, Report, ReportMetadata
-from qinsight.sites import InsertPoint
+from qinsight.sites import BACKENDS, InsertPoint
 from qinsight.stats import ObservedStats
 from qinsight.suggestions import merge_suggestions
 
@@ -39,12 +34,8 @@ Progress = Callable[[int], None]
 
 def default_detectors(backend: str = "x86") -> tuple[Detector, ...]:
     """The built-in detectors with their default parameters."""
-    return (
-        PerChannelDetector(backend=backend),
-        DynamicStaticDetector(),
-        InputWeightEqualizationDetector(),
-        OutlierDetector(),
-    )
+    detectors, _ = resolve_detectors(DEFAULT_IDS, backend=backend, strict=True)
+    return detectors
 
 
 def _describe(exc: BaseException) -> str:
@@ -69,14 +60,21 @@ class Session:
     """An instrumented model: calibrate it, then ask for the :class:`Report`."""
 
     def __init__(
-        self, view: ModelView, detectors: Sequence[Detector], *, backend: str, model_name: str, strict: bool
+        self,
+        view: ModelView,
+        detectors: Sequence[Detector],
+        *,
+        backend: str,
+        model_name: str,
+        strict: bool,
+        load_failures: Sequence[DetectorFailure] = (),
     ) -> None:
         self.view = view
         self.detectors = tuple(detectors)
         self._backend = backend
         self._model_name = model_name
         self._strict = strict
-        self._failures: list[DetectorFailure] = []
+        self._failures: list[DetectorFailure] = list(load_failures)
         self._points: dict[str, tuple[InsertPoint, ...]] = {}
         for detector in self.detectors:
             try:
@@ -181,9 +179,32 @@ class Session:
         )
 
 
+DetectorChoice = Detector | str
+
+
+def _choose(
+    detectors: Sequence[DetectorChoice] | None, backend: str, strict: bool
+) -> tuple[tuple[Detector, ...], tuple[DetectorFailure, ...]]:
+    """Detector instances for ``detectors``: instances as given, ids loaded from the registry."""
+    if detectors is None:
+        return resolve_detectors(None, backend=backend, strict=strict)
+    if not detectors:
+        raise ValueError("detectors is empty: pass at least one detector, or None for the defaults")
+    chosen: list[Detector] = []
+    failures: list[DetectorFailure] = []
+    for detector in detectors:
+        if isinstance(detector, str):
+            loaded, failed = resolve_detectors([detector], backend=backend, strict=strict)
+            chosen.extend(loaded)
+            failures.extend(failed)
+        else:
+            chosen.append(detector)
+    return tuple(chosen), tuple(failures)
+
+
 def _session(
     model: nn.Module,
-    detectors: Sequence[Detector] | None,
+    detectors: Sequence[DetectorChoice] | None,
     backend: str,
     qconfig_mapping: QConfigMapping | None,
     model_name: str | None,
@@ -191,23 +212,23 @@ def _session(
 ) -> Session:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
-    chosen = default_detectors(backend) if detectors is None else tuple(detectors)
-    if not chosen:
-        raise ValueError("detectors is empty: pass at least one detector, or None for the defaults")
+    if backend not in BACKENDS:
+        raise InvalidParameterError("diagnose", "backend", backend, "one of " + ", ".join(BACKENDS))
+    chosen, load_failures = _choose(detectors, backend, strict)
     ids = [d.id for d in chosen]
     repeated = sorted({i for i in ids if ids.count(i) > 1})
     if repeated:
         raise ValueError(f"each detector may run once per diagnosis; given more than once: {', '.join(repeated)}")
     view = fx_view(model, qconfig_mapping)
     name = model_name or type(model).__name__
-    return Session(view, chosen, backend=backend, model_name=name, strict=strict)
+    return Session(view, chosen, backend=backend, model_name=name, strict=strict, load_failures=load_failures)
 
 
 @contextlib.contextmanager
 def instrument(
     model: nn.Module,
     *,
-    detectors: Sequence[Detector] | None = None,
+    detectors: Sequence[DetectorChoice] | None = None,
     backend: str = "x86",
     qconfig_mapping: QConfigMapping | None = None,
     model_name: str | None = None,
@@ -229,7 +250,7 @@ def diagnose(
     model: nn.Module,
     calibration_data: Iterable[Any],
     *,
-    detectors: Sequence[Detector] | None = None,
+    detectors: Sequence[DetectorChoice] | None = None,
     backend: str = "x86",
     qconfig_mapping: QConfigMapping | None = None,
     model_name: str | None = None,
@@ -241,7 +262,10 @@ def diagnose(
     ``model`` is a float ``nn.Module`` that FX can trace, or a ``prepare_fx``
     GraphModule. ``calibration_data`` is any iterable of batches (a tensor, a
     tuple of positional arguments, or a mapping of keyword arguments).
-    ``detectors`` defaults to :func:`default_detectors` for ``backend``.
+    ``detectors`` holds detector instances or ids (``"qinsight.outliers"``,
+    or a plugin's); ``None`` means the ``QINSIGHT_DETECTORS`` allowlist if set,
+    else the four built-ins. A detector that fails to load is recorded in
+    ``report.failures`` and the others run.
     ``qconfig_mapping`` is the mapping you plan to quantize with; it tells the
     detectors what each module would get. With ``strict=True`` a failing
     detector raises instead of being recorded in ``report.failures``.

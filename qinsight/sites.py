@@ -8,8 +8,12 @@ to observe where, and the instrumenter turns those into observers.
 from __future__ import annotations
 
 import enum
+from typing import Final
 
 import attrs
+
+# The quantized backends torch 2.13's FX flow knows.
+BACKENDS: Final = ("fbgemm", "qnnpack", "onednn", "x86")
 
 
 class OpKind(enum.Enum):

@@ -135,6 +135,7 @@ class DynamicStaticDetector:
 
     id: ClassVar[str] = "qinsight.dynamic_static"
     api_version: ClassVar[int] = API_VERSION
+    finding_type: ClassVar[type[Finding]] = DynamicStaticFinding
 
     tolerance: float = attrs.field(default=0.5, validator=in_open_interval(0.0, 1.0))
     statistic: Stationarity = attrs.field(default=Stationarity.BATCH_RANGE, converter=Stationarity)

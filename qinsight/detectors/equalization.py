@@ -112,6 +112,7 @@ class InputWeightEqualizationDetector:
 
     id: ClassVar[str] = "qinsight.equalization"
     api_version: ClassVar[int] = API_VERSION
+    finding_type: ClassVar[type[Finding]] = EqualizationFinding
 
     ratio_threshold: float = attrs.field(default=0.5, validator=in_open_interval(0.0, 1.0))
     channel_fraction: float = attrs.field(default=0.4, validator=in_open_interval(0.0, 1.0))

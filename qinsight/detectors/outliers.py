@@ -125,6 +125,7 @@ class OutlierDetector:
 
     id: ClassVar[str] = "qinsight.outliers"
     api_version: ClassVar[int] = API_VERSION
+    finding_type: ClassVar[type[Finding]] = OutlierFinding
 
     ratio_threshold: float = attrs.field(default=3.5, validator=positive(minimum=1.0))
     reference_percentile: float = attrs.field(default=0.975, validator=in_open_interval(0.0, 1.0))

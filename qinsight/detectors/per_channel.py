@@ -16,7 +16,7 @@ from qinsight.detector import API_VERSION, result_of
 from qinsight.detectors._validators import one_of
 from qinsight.findings import Finding
 from qinsight.report import DetectorResult
-from qinsight.sites import InsertPoint, OpKind, WeightScheme
+from qinsight.sites import BACKENDS, InsertPoint, OpKind, WeightScheme
 from qinsight.stats import ObservedStats
 from qinsight.suggestions import QuantSuggestion
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 # Every backend torch 2.13 knows supports per-channel weights for these kinds
 # (and their QAT/fused variants, which the frontends map to the same kinds).
 PER_CHANNEL_KINDS: Final[Mapping[str, frozenset[OpKind]]] = {
-    backend: frozenset(OpKind) for backend in ("fbgemm", "qnnpack", "onednn", "x86")
+    backend: frozenset(OpKind) for backend in BACKENDS
 }
 
 
@@ -61,6 +61,7 @@ class PerChannelDetector:
 
     id: ClassVar[str] = "qinsight.per_channel"
     api_version: ClassVar[int] = API_VERSION
+    finding_type: ClassVar[type[Finding]] = PerChannelFinding
 
     backend: str = attrs.field(default="x86", validator=one_of(PER_CHANNEL_KINDS))
 
