@@ -28,7 +28,9 @@ from qinsight.errors import (
 )
 from qinsight.findings import Finding
 from qinsight.pipeline import Session, default_detectors, diagnose, instrument
+from qinsight.plugins import PluginLoadError
 from qinsight.report import DetectorFailure, DetectorResult, FailureStage, Parameter, Report, ReportMetadata
+from qinsight.serde import RawFinding, ReportFileError, ReportVersionError, load_report, save_report
 from qinsight.sites import InsertPoint, ObserverSpec, OpKind, OpSite, Side, WeightScheme
 from qinsight.stats import ActivationStats, BatchMoments, DataCondition, Observation, ObservedStats
 from qinsight.suggestions import ActivationMode, QuantSuggestion, SuggestionConflict
@@ -65,10 +67,14 @@ __all__ = [
     "Parameter",
     "PerChannelDetector",
     "PerChannelFinding",
+    "PluginLoadError",
     "QinsightError",
     "QuantSuggestion",
+    "RawFinding",
     "Report",
+    "ReportFileError",
     "ReportMetadata",
+    "ReportVersionError",
     "Session",
     "Side",
     "Stationarity",
@@ -78,4 +84,6 @@ __all__ = [
     "default_detectors",
     "diagnose",
     "instrument",
+    "load_report",
+    "save_report",
 ]

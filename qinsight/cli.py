@@ -1,18 +1,20 @@
 """The ``qinsight`` command.
 
-Exit codes: 0 fine, 2 usage error or a qinsight error (one line on stderr,
-no traceback unless ``--debug``).
+Exit codes: 0 fine, 2 usage error, file error or other qinsight error (one
+line on stderr, no traceback unless ``--debug``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 
 from qinsight.errors import QinsightError
 from qinsight.examples import EXAMPLES, example
 from qinsight.pipeline import diagnose
+from qinsight.serde import load_report, schema
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -23,6 +25,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--example", required=True, choices=sorted(EXAMPLES), help="a built-in example model")
     run.add_argument("--batches", type=int, default=8, help="calibration batches (default 8)")
     run.add_argument("--backend", default="x86", help="quantized backend (default x86)")
+    run.add_argument("--out", metavar="FILE.json", help="also write the report file")
+    show = commands.add_parser("show", help="print a saved report")
+    show.add_argument("file")
+    commands.add_parser("schema", help="print the report file schema (for the snapshot test)")
     return parser
 
 
@@ -32,13 +38,25 @@ def _diagnose(args: argparse.Namespace) -> int:
     chosen = example(args.example)
     report = diagnose(chosen.model(), chosen.data(args.batches), backend=args.backend, model_name=chosen.name)
     sys.stdout.write(report.to_text())
+    if args.out:
+        report.save(args.out)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "diagnose":
+        return _diagnose(args)
+    if args.command == "show":
+        sys.stdout.write(load_report(args.file).to_text())
+        return 0
+    print(json.dumps(schema(), indent=1))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return _diagnose(args)
+        return _run(args)
     except (QinsightError, ValueError) as exc:
         if args.debug:
             raise

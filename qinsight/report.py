@@ -10,6 +10,8 @@ delegate to them, imported lazily so this module stays torch-free.
 from __future__ import annotations
 
 import enum
+import math
+import os
 from typing import TYPE_CHECKING
 
 import attrs
@@ -26,12 +28,18 @@ if TYPE_CHECKING:
 ParameterValue = bool | int | float | str
 
 
+def _finite(_instance: object, _attribute: object, value: ParameterValue) -> None:
+    # A non-finite float would read back as the string "nan"/"inf" (the file's encoding of them).
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"a parameter value must be finite, not {value}")
+
+
 @attrs.frozen(kw_only=True)
 class Parameter:
     """One parameter a detector ran with, recorded for the file and the reader."""
 
     name: str
-    value: ParameterValue
+    value: ParameterValue = attrs.field(validator=_finite)
 
 
 @attrs.frozen(kw_only=True)
@@ -109,6 +117,19 @@ class Report:
 
     def actionable(self) -> tuple[Finding, ...]:
         return tuple(f for r in self.results for f in r.findings if f.actionable)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the report as a versioned JSON file; see :func:`qinsight.serde.save_report`."""
+        from qinsight.serde import save_report
+
+        save_report(self, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Report:
+        """Read a report file; see :func:`qinsight.serde.load_report`."""
+        from qinsight.serde import load_report
+
+        return load_report(path)
 
     def to_text(self) -> str:
         from qinsight.text import render_text
