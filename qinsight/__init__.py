@@ -18,6 +18,7 @@ from qinsight.detectors import (
     PerChannelFinding,
     Stationarity,
 )
+from qinsight.diff import ReportDiff, diff_reports
 from qinsight.equalization import EqualizationEntry, EqualizationMapping
 from qinsight.errors import (
     CalibrationError,
@@ -73,6 +74,7 @@ __all__ = [
     "RawFinding",
     "Report",
     "ReportFileError",
+    "ReportDiff",
     "ReportMetadata",
     "ReportVersionError",
     "Session",
@@ -83,6 +85,7 @@ __all__ = [
     "__version__",
     "default_detectors",
     "diagnose",
+    "diff_reports",
     "instrument",
     "load_report",
     "save_report",

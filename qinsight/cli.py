@@ -11,6 +11,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from qinsight.diff import diff_reports
 from qinsight.errors import QinsightError
 from qinsight.examples import EXAMPLES, example
 from qinsight.pipeline import diagnose
@@ -28,6 +29,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", metavar="FILE.json", help="also write the report file")
     show = commands.add_parser("show", help="print a saved report")
     show.add_argument("file")
+    diff = commands.add_parser("diff", help="what changed between two saved reports")
+    diff.add_argument("before")
+    diff.add_argument("after")
+    diff.add_argument("--rel-tol", type=float, default=0.05, help="relative change that counts (default 0.05)")
     commands.add_parser("schema", help="print the report file schema (for the snapshot test)")
     return parser
 
@@ -48,6 +53,10 @@ def _run(args: argparse.Namespace) -> int:
         return _diagnose(args)
     if args.command == "show":
         sys.stdout.write(load_report(args.file).to_text())
+        return 0
+    if args.command == "diff":
+        changes = diff_reports(load_report(args.before), load_report(args.after), rel_tol=args.rel_tol)
+        sys.stdout.write(changes.to_text())
         return 0
     print(json.dumps(schema(), indent=1))
     return 0

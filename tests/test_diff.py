@@ -1,0 +1,52 @@
+"""diff_reports: verdicts, numbers, suggestions, modules and detectors that changed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import qinsight
+from _support import MLP, gaussian_batches, seeded, shifting_batches
+from qinsight import diff_reports
+
+
+def test_same_report_has_no_differences() -> None:
+    report = qinsight.diagnose(seeded(MLP()), gaussian_batches((16, 16), 4))
+    assert diff_reports(report, report).empty
+    assert diff_reports(report, report).to_text() == "no differences\n"
+
+
+def test_changed_data_moves_verdicts_numbers_and_suggestions() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8)).eval()
+    with torch.no_grad():
+        model[0].weight.uniform_(0.1, 1.0)
+    stationary = qinsight.diagnose(model, gaussian_batches((32, 8), 8), detectors=["qinsight.dynamic_static"])
+    shifting = qinsight.diagnose(model, shifting_batches((32, 8), 8), detectors=["qinsight.dynamic_static"])
+    changes = diff_reports(stationary, shifting)
+    assert [(v.fqn, v.before, v.after) for v in changes.verdicts] == [("0", "static", "dynamic recommended")]
+    moved = {n.field for n in changes.numbers}
+    assert {"input.statistic", "output.statistic"} <= moved
+    assert [(s.before, s.after) for s in changes.suggestions] == [("activation static", "activation dynamic")]
+    assert "qinsight.dynamic_static 0: static -> dynamic recommended" in changes.to_text()
+
+
+def test_modules_and_detectors_added_and_removed() -> None:
+    small = qinsight.diagnose(torch.nn.Sequential(torch.nn.Linear(4, 4)).eval(), [torch.randn(2, 4)], detectors=["qinsight.per_channel"])
+    large = qinsight.diagnose(
+        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).eval(), [torch.randn(2, 4)], detectors=["qinsight.outliers"]
+    )
+    changes = diff_reports(small, large)
+    assert (changes.modules_added, changes.modules_removed) == (("1",), ())
+    assert (changes.detectors_added, changes.detectors_removed) == (("qinsight.outliers",), ("qinsight.per_channel",))
+
+
+def test_diff_command(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    qinsight.diagnose(seeded(MLP()), gaussian_batches((16, 16), 4)).save(a)
+    qinsight.diagnose(seeded(MLP()), gaussian_batches((16, 16), 4, seed=9) + [torch.zeros(16, 16)]).save(b)
+    out = subprocess.run([sys.executable, "-m", "qinsight", "diff", str(a), str(b)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "qinsight.dynamic_static fc1.input.constant_batches: 0 -> 1" in out.stdout
