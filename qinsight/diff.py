@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import cast
 
 import attrs
 
@@ -80,8 +81,8 @@ def _scalars(value: attrs.AttrsInstance, prefix: str = "") -> Iterator[tuple[str
             continue
         if isinstance(item, (int, float)):
             yield name, float(item)
-        elif isinstance(item, attrs.AttrsInstance):
-            yield from _scalars(item, name + ".")
+        elif attrs.has(type(item)):
+            yield from _scalars(cast(attrs.AttrsInstance, item), name + ".")
 
 
 def _moved(before: float, after: float, rel_tol: float, abs_tol: float) -> bool:
