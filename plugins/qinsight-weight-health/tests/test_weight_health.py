@@ -1,0 +1,55 @@
+"""health.weights, run through qinsight as an installed plugin would be."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import qinsight
+from qinsight_weight_health import WeightHealthDetector, WeightHealthFinding, effective_bits
+
+
+def depthwise_model() -> nn.Module:
+    """A depthwise conv whose channels differ in scale by up to 300x, as in MobileNetV2's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(16, 16, 3, groups=16, padding=1), nn.ReLU(), nn.Conv2d(16, 8, 1)).eval()
+    with torch.no_grad():
+        scales = torch.logspace(-2.5, 0, 16).reshape(16, 1, 1, 1)
+        model[0].weight.copy_(torch.randn(16, 1, 3, 3) * scales)
+        model[2].weight.normal_(0, 0.1)
+        model[2].weight[3] = 0.0  # a dead output channel
+    return model
+
+
+def test_effective_bits() -> None:
+    assert effective_bits(1.0, 1.0) == pytest.approx(7.994, abs=1e-3)
+    assert effective_bits(1.0, 16.0) == pytest.approx(7.994 - 4, abs=1e-3)
+    assert effective_bits(0.0, 1.0) == 0.0
+
+
+def test_depthwise_conv_starves_under_per_tensor_weights() -> None:
+    report = qinsight.diagnose(depthwise_model(), [torch.randn(2, 16, 8, 8)], detectors=["health.weights", "qinsight.per_channel"])
+    findings = {f.fqn: f for f in report.result("health.weights").findings}
+    depthwise, pointwise = findings["0"], findings["2"]
+    assert isinstance(depthwise, WeightHealthFinding) and isinstance(pointwise, WeightHealthFinding)
+    assert depthwise.verdict == "per-tensor weights starve channels" and len(depthwise.starved_channels) >= 4
+    assert depthwise.range_spread > 5  # widest / median channel (widest / narrowest is ~300 here)
+    assert pointwise.dead_channels == (3,) and pointwise.verdict == "unhealthy weights"
+    suggestion = report.suggestion("0")
+    assert suggestion is not None and suggestion.weight is qinsight.WeightScheme.PER_CHANNEL
+    assert "health.weights" in suggestion.sources and "qinsight.per_channel" in suggestion.sources
+
+
+def test_healthy_weights_and_round_trip(tmp_path: object) -> None:
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(32, 32)).eval()
+    report = qinsight.diagnose(model, [torch.randn(4, 32)], detectors=["health.weights"])
+    (finding,) = report.result("health.weights").findings
+    assert finding.verdict == "healthy" and not finding.actionable
+    assert qinsight.serde.report_from_json(qinsight.serde.report_to_json(report)) == report
+
+
+def test_parameters_are_validated() -> None:
+    with pytest.raises(ValueError):
+        WeightHealthDetector(min_bits=0)
