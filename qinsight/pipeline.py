@@ -9,8 +9,9 @@ and the model is left as it was given.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -19,8 +20,9 @@ from torch.ao.quantization import QConfigMapping
 from qinsight._version import __version__
 from qinsight.detector import Detector
 from qinsight.equalization import EqualizationEntry, EqualizationMapping
-from qinsight.errors import CalibrationError, InvalidParameterError
-from qinsight.frontends.base import ModelView
+from qinsight.errors import CalibrationError, FrontendError, InvalidParameterError
+from qinsight.frontends.base import ModelView, run_batch
+from qinsight.frontends.eager import eager_view
 from qinsight.frontends.fx import fx_view
 from qinsight.instrument import Instrumenter
 from qinsight.plugins import DEFAULT_IDS, resolve_detectors
@@ -30,6 +32,7 @@ from qinsight.stats import ObservedStats
 from qinsight.suggestions import merge_suggestions
 
 Progress = Callable[[int], None]
+_NOTHING = object()  # what an exhausted calibration iterator gives
 
 
 def default_detectors(backend: str = "x86") -> tuple[Detector, ...]:
@@ -40,20 +43,6 @@ def default_detectors(backend: str = "x86") -> tuple[Detector, ...]:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-def run_batch(model: nn.Module, batch: object) -> object:
-    """Call ``model`` on one batch: a tensor, a tuple/list of positional args, or a mapping of keyword args."""
-    if isinstance(batch, torch.Tensor):
-        return model(batch)
-    if isinstance(batch, Mapping):
-        return model(**batch)
-    if isinstance(batch, (tuple, list)):
-        return model(*batch)
-    raise TypeError(
-        f"a calibration batch must be a tensor, a tuple of positional arguments or a mapping of keyword "
-        f"arguments, not {type(batch).__name__}"
-    )
 
 
 class Session:
@@ -202,6 +191,25 @@ def _choose(
     return tuple(chosen), tuple(failures)
 
 
+Frontend = Literal["auto", "fx", "eager"]
+
+
+def _view(model: nn.Module, frontend: Frontend, mapping: QConfigMapping | None, example: object | None) -> ModelView:
+    """The FX view if the model traces (or ``frontend="fx"``), else the eager view from ``example``."""
+    if frontend not in ("auto", "fx", "eager"):
+        raise InvalidParameterError("diagnose", "frontend", frontend, "'auto', 'fx' or 'eager'")
+    if frontend != "eager":
+        try:
+            return fx_view(model, mapping)
+        except FrontendError as exc:
+            if frontend == "fx" or example is None:
+                hint = "" if frontend == "fx" else "; or give an example batch (example_inputs=) for the eager frontend"
+                raise FrontendError(f"{exc}{hint}") from exc.__cause__
+    if example is None:
+        raise FrontendError("the eager frontend finds a model's sites by running it: pass example_inputs=")
+    return eager_view(model, example, mapping)
+
+
 def _session(
     model: nn.Module,
     detectors: Sequence[DetectorChoice] | None,
@@ -209,6 +217,8 @@ def _session(
     qconfig_mapping: QConfigMapping | None,
     model_name: str | None,
     strict: bool,
+    frontend: Frontend = "auto",
+    example: object | None = None,
 ) -> Session:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
@@ -219,7 +229,7 @@ def _session(
     repeated = sorted({i for i in ids if ids.count(i) > 1})
     if repeated:
         raise ValueError(f"each detector may run once per diagnosis; given more than once: {', '.join(repeated)}")
-    view = fx_view(model, qconfig_mapping)
+    view = _view(model, frontend, qconfig_mapping, example)
     name = model_name or type(model).__name__
     return Session(view, chosen, backend=backend, model_name=name, strict=strict, load_failures=load_failures)
 
@@ -233,6 +243,8 @@ def instrument(
     qconfig_mapping: QConfigMapping | None = None,
     model_name: str | None = None,
     strict: bool = False,
+    frontend: Frontend = "auto",
+    example_inputs: object | None = None,
 ) -> Iterator[Session]:
     """Observe ``model`` inside a ``with`` block; call ``session.report()`` inside or after it.
 
@@ -240,8 +252,10 @@ def instrument(
     ...     for batch in loader:
     ...         model(batch)
     >>> report = session.report()                          # doctest: +SKIP
+
+    A model FX cannot trace needs ``example_inputs`` (one batch) for the eager frontend.
     """
-    session = _session(model, detectors, backend, qconfig_mapping, model_name, strict)
+    session = _session(model, detectors, backend, qconfig_mapping, model_name, strict, frontend, example_inputs)
     with session._attached():
         yield session
 
@@ -256,11 +270,13 @@ def diagnose(
     model_name: str | None = None,
     strict: bool = False,
     progress: Progress | None = None,
+    frontend: Frontend = "auto",
 ) -> Report:
     """Instrument ``model``, calibrate it on ``calibration_data``, and return the :class:`Report`.
 
-    ``model`` is a float ``nn.Module`` that FX can trace, or a ``prepare_fx``
-    GraphModule. ``calibration_data`` is any iterable of batches (a tensor, a
+    ``model`` is any ``nn.Module``: with ``frontend="auto"`` it is read through
+    FX when it traces (a float model or a ``prepare_fx`` GraphModule), else by
+    the eager frontend, which finds its sites by running the first batch. ``calibration_data`` is any iterable of batches (a tensor, a
     tuple of positional arguments, or a mapping of keyword arguments).
     ``detectors`` holds detector instances or ids (``"qinsight.outliers"``,
     or a plugin's); ``None`` means the ``QINSIGHT_DETECTORS`` allowlist if set,
@@ -270,6 +286,9 @@ def diagnose(
     detectors what each module would get. With ``strict=True`` a failing
     detector raises instead of being recorded in ``report.failures``.
     """
+    batches = iter(calibration_data)
+    first = next(batches, _NOTHING)
+    example = None if first is _NOTHING else first
     with instrument(
         model,
         detectors=detectors,
@@ -277,6 +296,8 @@ def diagnose(
         qconfig_mapping=qconfig_mapping,
         model_name=model_name,
         strict=strict,
+        frontend=frontend,
+        example_inputs=example,
     ) as session:
-        session.calibrate(calibration_data, progress)
+        session.calibrate(itertools.chain([first], batches) if example is not None else (), progress)
     return session.report()

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import qinsight
-from _support import MLP, TwiceLinear, gaussian_batches, hooks_left, prepared_fx, seeded
+from _support import TwiceLinear, gaussian_batches, hooks_left, prepared_fx, seeded
 from qinsight import (
     CalibrationError,
     DataCondition,
@@ -137,7 +137,9 @@ def test_untraceable_model_is_a_frontend_error() -> None:
             return out
 
     with pytest.raises(FrontendError, match=r"DataDependent cannot be FX-traced"):
-        qinsight.diagnose(DataDependent(), [torch.randn(2, 4)])
+        qinsight.diagnose(DataDependent(), [torch.randn(2, 4)], frontend="fx")
+    # "auto" falls back to the eager frontend (tests/test_eager.py)
+    assert qinsight.diagnose(DataDependent(), [torch.randn(2, 4)]).metadata.frontend == "eager"
 
 
 def test_batches_may_be_tuples_or_mappings() -> None:

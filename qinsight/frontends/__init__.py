@@ -6,6 +6,7 @@ only the view.
 """
 
 from qinsight.frontends.base import ModelView, ModuleView
+from qinsight.frontends.eager import eager_view
 from qinsight.frontends.fx import fx_view
 
-__all__ = ["ModelView", "ModuleView", "fx_view"]
+__all__ = ["ModelView", "ModuleView", "eager_view", "fx_view"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import torch
@@ -11,6 +11,20 @@ from torch import nn
 from qinsight.sites import OpSite, Side
 
 Detach = Callable[[], None]
+
+
+def run_batch(model: nn.Module, batch: object) -> object:
+    """Call ``model`` on one batch: a tensor, a tuple/list of positional args, or a mapping of keyword args."""
+    if isinstance(batch, torch.Tensor):
+        return model(batch)
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    raise TypeError(
+        f"a calibration batch must be a tensor, a tuple of positional arguments or a mapping of keyword "
+        f"arguments, not {type(batch).__name__}"
+    )
 
 
 class ModelView(Protocol):
