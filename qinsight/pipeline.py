@@ -21,8 +21,9 @@ from qinsight._version import __version__
 from qinsight.detector import Detector
 from qinsight.equalization import EqualizationEntry, EqualizationMapping
 from qinsight.errors import CalibrationError, FrontendError, InvalidParameterError
-from qinsight.frontends.base import ModelView, run_batch
+from qinsight.frontends.base import ModelView, eval_mode, run_batch
 from qinsight.frontends.eager import eager_view
+from qinsight.frontends.exported import exported_sites, exported_view
 from qinsight.frontends.fx import fx_view
 from qinsight.instrument import Instrumenter
 from qinsight.plugins import DEFAULT_IDS, resolve_detectors
@@ -108,24 +109,18 @@ class Session:
         that raises becomes a :class:`CalibrationError` naming its index.
         """
         model = self.view.model
-        modes = {module: module.training for module in model.modules()}
-        model.eval()
         count = 0
-        try:
-            with torch.no_grad():
-                for index, batch in enumerate(data):
-                    try:
-                        run_batch(model, batch)
-                    except Exception as exc:
-                        raise CalibrationError(
-                            f"calibration batch {index} failed: {_describe(exc)}", batch=index
-                        ) from exc
-                    count += 1
-                    if progress is not None:
-                        progress(count)
-        finally:
-            for module, training in modes.items():
-                module.training = training
+        with eval_mode(model), torch.no_grad():
+            for index, batch in enumerate(data):
+                try:
+                    run_batch(model, batch)
+                except Exception as exc:
+                    raise CalibrationError(
+                        f"calibration batch {index} failed: {_describe(exc)}", batch=index
+                    ) from exc
+                count += 1
+                if progress is not None:
+                    progress(count)
         return count
 
     def stats(self) -> ObservedStats:
@@ -191,13 +186,15 @@ def _choose(
     return tuple(chosen), tuple(failures)
 
 
-Frontend = Literal["auto", "fx", "eager"]
+Frontend = Literal["auto", "fx", "export", "eager"]
 
 
 def _view(model: nn.Module, frontend: Frontend, mapping: QConfigMapping | None, example: object | None) -> ModelView:
-    """The FX view if the model traces (or ``frontend="fx"``), else the eager view from ``example``."""
-    if frontend not in ("auto", "fx", "eager"):
-        raise InvalidParameterError("diagnose", "frontend", frontend, "'auto', 'fx' or 'eager'")
+    """The exported view for an exported graph, the FX view if the model traces, else the eager view."""
+    if frontend not in ("auto", "fx", "export", "eager"):
+        raise InvalidParameterError("diagnose", "frontend", frontend, "'auto', 'fx', 'export' or 'eager'")
+    if frontend == "export" or (frontend == "auto" and exported_sites(model)):
+        return exported_view(model, mapping)
     if frontend != "eager":
         try:
             return fx_view(model, mapping)
@@ -220,8 +217,10 @@ def _session(
     frontend: Frontend = "auto",
     example: object | None = None,
 ) -> Session:
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.module()  # the program's own graph cannot run; its module can
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+        raise TypeError(f"model must be a torch.nn.Module or an ExportedProgram, not {type(model).__name__}")
     if backend not in BACKENDS:
         raise InvalidParameterError("diagnose", "backend", backend, "one of " + ", ".join(BACKENDS))
     chosen, load_failures = _choose(detectors, backend, strict)
@@ -274,9 +273,11 @@ def diagnose(
 ) -> Report:
     """Instrument ``model``, calibrate it on ``calibration_data``, and return the :class:`Report`.
 
-    ``model`` is any ``nn.Module``: with ``frontend="auto"`` it is read through
-    FX when it traces (a float model or a ``prepare_fx`` GraphModule), else by
-    the eager frontend, which finds its sites by running the first batch. ``calibration_data`` is any iterable of batches (a tensor, a
+    ``model`` is any ``nn.Module`` or a ``torch.export`` ExportedProgram. With
+    ``frontend="auto"``: exported graphs (``ep.module()``, ``prepare_pt2e``)
+    through the exported-graph frontend, FX-traceable models and ``prepare_fx``
+    graphs through FX, anything else through the eager frontend, which finds
+    its sites by running the first batch. ``calibration_data`` is any iterable of batches (a tensor, a
     tuple of positional arguments, or a mapping of keyword arguments).
     ``detectors`` holds detector instances or ids (``"qinsight.outliers"``,
     or a plugin's); ``None`` means the ``QINSIGHT_DETECTORS`` allowlist if set,

@@ -7,6 +7,7 @@ only the view.
 
 from qinsight.frontends.base import ModelView, ModuleView
 from qinsight.frontends.eager import eager_view
+from qinsight.frontends.exported import ExportedView, exported_view
 from qinsight.frontends.fx import fx_view
 
-__all__ = ["ModelView", "ModuleView", "eager_view", "fx_view"]
+__all__ = ["ExportedView", "ModelView", "ModuleView", "eager_view", "exported_view", "fx_view"]

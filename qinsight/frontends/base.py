@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 import torch
@@ -25,6 +26,23 @@ def run_batch(model: nn.Module, batch: object) -> object:
         f"a calibration batch must be a tensor, a tuple of positional arguments or a mapping of keyword "
         f"arguments, not {type(batch).__name__}"
     )
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Every submodule in eval mode inside the block, its own training flag restored after.
+
+    Flags are set directly: ``model.eval()`` raises on an exported program's
+    module, whose mode was fixed when it was exported.
+    """
+    modes = {module: module.training for module in model.modules()}
+    try:
+        for module in modes:
+            module.training = False
+        yield
+    finally:
+        for module, training in modes.items():
+            module.training = training
 
 
 class ModelView(Protocol):

@@ -18,7 +18,7 @@ from torch import nn
 from torch.ao.quantization import QConfigMapping
 
 from qinsight.errors import FrontendError
-from qinsight.frontends.base import ModuleView, run_batch
+from qinsight.frontends.base import ModuleView, eval_mode, run_batch
 from qinsight.frontends.fx import classify, resolve_qconfig, weight_scheme
 from qinsight.sites import OpKind, OpSite
 
@@ -42,25 +42,21 @@ def eager_view(model: nn.Module, example: object, qconfig_mapping: QConfigMappin
         module.register_forward_pre_hook(lambda _m, _a, fqn=fqn: calls.update([fqn])).remove
         for fqn, (module, _, _) in candidates.items()
     ]
-    modes = {module: module.training for module in model.modules()}
     try:
-        model.eval()
-        with torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             run_batch(model, example)
     except Exception as exc:
         raise FrontendError(f"the example batch failed in {type(model).__name__}: {type(exc).__name__}: {exc}") from exc
     finally:
         for remove in removers:
             remove()
-        for module, training in modes.items():
-            module.training = training
     sites: list[OpSite] = []
     weights: dict[str, nn.Module] = {}
     for fqn, count in calls.items():  # first-call order
         module, kind, holder = candidates[fqn]
         qconfig = getattr(module, "qconfig", None)
         if qconfig is None and qconfig_mapping is not None:
-            qconfig = resolve_qconfig(qconfig_mapping, fqn, holder)
+            qconfig = resolve_qconfig(qconfig_mapping, fqn, type(holder))
         sites.append(
             OpSite(
                 fqn=fqn,

@@ -53,7 +53,7 @@ def weight_scheme(qconfig: object) -> WeightScheme | None:
     return WeightScheme.PER_CHANNEL if per_channel else WeightScheme.PER_TENSOR
 
 
-def resolve_qconfig(mapping: QConfigMapping, fqn: str, module: nn.Module) -> object:
+def resolve_qconfig(mapping: QConfigMapping, fqn: str, module_type: type) -> object:
     """The qconfig ``mapping`` gives module ``fqn``.
 
     Precedence as in torch: module name (the module or its closest named
@@ -68,7 +68,7 @@ def resolve_qconfig(mapping: QConfigMapping, fqn: str, module: nn.Module) -> obj
         if re.match(pattern, fqn):
             return qconfig
     for object_type, qconfig in mapping.object_type_qconfigs.items():
-        if type(module) in (object_type,):  # a plain `is` test narrows Callable | str to Never in mypy
+        if module_type in (object_type,):  # a plain `is` test narrows Callable | str to Never in mypy
             return qconfig
     return mapping.global_qconfig
 
@@ -111,7 +111,7 @@ def fx_view(model: nn.Module, qconfig_mapping: QConfigMapping | None = None) -> 
         kind, holder = found
         qconfig = getattr(module, "qconfig", None)
         if qconfig is None and qconfig_mapping is not None:
-            qconfig = resolve_qconfig(qconfig_mapping, fqn, holder)
+            qconfig = resolve_qconfig(qconfig_mapping, fqn, type(holder))
         sites.append(
             OpSite(
                 fqn=fqn,

@@ -1,0 +1,188 @@
+"""The exported-graph frontend: ``torch.export`` programs, their ``.module()``, and ``prepare_pt2e`` graphs.
+
+Layers are aten ``call_function`` nodes here, not modules, so hooks cannot see
+them. Sites are the ``aten.linear`` and ``aten.conv1d/2d/3d`` nodes, named after
+the module that owns their weight (``fc1`` for ``fc1.weight``), which is the
+name the float model and the FX frontend use. A functional ``F.linear`` on a
+module's parameter is a site too (torch's ModelReport cannot see it). Nodes
+sharing a weight are one site called several times. In a ``prepare_pt2e``
+graph the weight arrives through the quantizer's weight observer (BatchNorm
+already folded into it), and that observer's ``qscheme`` tells whether the
+weight is quantized per channel.
+
+Observing inserts a tap node (a ``call_module`` of a small module that calls
+the observer) after the observed value and recompiles. Detaching erases the
+taps and recompiles, which gives back the same graph and code.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import torch
+from torch import fx, nn
+from torch.ao.quantization import QConfigMapping
+
+from qinsight.errors import FrontendError
+from qinsight.frontends.base import Detach
+from qinsight.frontends.fx import resolve_qconfig, weight_scheme
+from qinsight.sites import OpKind, OpSite, Side, WeightScheme
+
+aten = torch.ops.aten
+_KINDS: dict[object, OpKind] = {
+    aten.linear.default: OpKind.LINEAR,
+    aten.conv1d.default: OpKind.CONV1D,
+    aten.conv2d.default: OpKind.CONV2D,
+    aten.conv3d.default: OpKind.CONV3D,
+}
+_MODULE_TYPES: dict[OpKind, type[nn.Module]] = {
+    OpKind.LINEAR: nn.Linear,
+    OpKind.CONV1D: nn.Conv1d,
+    OpKind.CONV2D: nn.Conv2d,
+    OpKind.CONV3D: nn.Conv3d,
+}
+_PER_CHANNEL = (torch.per_channel_affine, torch.per_channel_symmetric)
+_GROUPS_ARG = 6  # aten.convNd(input, weight, bias, stride, padding, dilation, groups)
+
+
+def _is_observer(node: fx.Node, model: fx.GraphModule) -> bool:
+    return node.op == "call_module" and hasattr(model.get_submodule(str(node.target)), "calculate_qparams")
+
+
+def _weight_source(node: fx.Node, model: fx.GraphModule) -> tuple[fx.Node | None, nn.Module | None]:
+    """The get_attr node a weight argument comes from, and the weight observer it passed, if any."""
+    weight = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
+    observer = None
+    if isinstance(weight, fx.Node) and _is_observer(weight, model):
+        observer = model.get_submodule(str(weight.target))
+        weight = weight.args[0]
+    return (weight if isinstance(weight, fx.Node) and weight.op == "get_attr" else None), observer
+
+
+def _module_name(node: fx.Node, weight: fx.Node | None) -> str:
+    if weight is not None:
+        return str(weight.target).rpartition(".")[0] or str(weight.target)
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return node.name
+    path = str(list(stack.values())[-1][0])
+    return path.removeprefix("L['self'].")
+
+
+def exported_sites(model: nn.Module) -> list[fx.Node]:
+    """The aten Linear/Conv nodes of an exported graph (empty for anything else)."""
+    if not isinstance(model, fx.GraphModule):
+        return []
+    return [n for n in model.graph.nodes if n.op == "call_function" and n.target in _KINDS]
+
+
+class _Tap(nn.Module):
+    def __init__(self, observe: Callable[[torch.Tensor], object]) -> None:
+        super().__init__()
+        self.observe = observe
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, torch.Tensor):
+            self.observe(x)
+        return x
+
+
+class ExportedView:
+    """The :class:`~qinsight.frontends.base.ModelView` of an exported GraphModule."""
+
+    _taps = itertools.count()
+
+    def __init__(self, model: fx.GraphModule, qconfig_mapping: QConfigMapping | None) -> None:
+        self._model = model
+        self._nodes: dict[str, list[fx.Node]] = {}
+        self._weights: dict[str, fx.Node | None] = {}
+        observers: dict[str, nn.Module | None] = {}
+        for node in exported_sites(model):
+            weight, observer = _weight_source(node, model)
+            fqn = _module_name(node, weight)
+            self._nodes.setdefault(fqn, []).append(node)
+            self._weights.setdefault(fqn, weight)
+            observers.setdefault(fqn, observer)
+        self._sites = tuple(self._site(fqn, observers[fqn], qconfig_mapping) for fqn in self._nodes)
+
+    def _site(self, fqn: str, observer: nn.Module | None, mapping: QConfigMapping | None) -> OpSite:
+        node = self._nodes[fqn][0]
+        kind = _KINDS[node.target]
+        scheme = None
+        if observer is not None:  # prepare_pt2e: the quantizer's weight observer decides
+            per_channel = getattr(observer, "qscheme", None) in _PER_CHANNEL
+            scheme = WeightScheme.PER_CHANNEL if per_channel else WeightScheme.PER_TENSOR
+        elif mapping is not None:
+            scheme = weight_scheme(resolve_qconfig(mapping, fqn, _MODULE_TYPES[kind]))
+        groups = node.args[_GROUPS_ARG] if kind.is_conv and len(node.args) > _GROUPS_ARG else node.kwargs.get("groups", 1)
+        return OpSite(
+            fqn=fqn,
+            kind=kind,
+            module_type=f"aten.{getattr(node.target, '__name__', str(node.target))}",
+            calls=len(self._nodes[fqn]),
+            groups=int(groups) if isinstance(groups, int) else 1,
+            weight_scheme=scheme,
+        )
+
+    @property
+    def frontend(self) -> str:
+        return "export"
+
+    @property
+    def model(self) -> nn.Module:
+        return self._model
+
+    @property
+    def sites(self) -> tuple[OpSite, ...]:
+        return self._sites
+
+    def site(self, fqn: str) -> OpSite:
+        for site in self._sites:
+            if site.fqn == fqn:
+                return site
+        known = ", ".join(s.fqn for s in self._sites) or "none"
+        raise KeyError(f"no op site {fqn!r} in this model; sites: {known}")
+
+    def weight(self, fqn: str) -> torch.Tensor:
+        self.site(fqn)
+        node = self._weights[fqn]
+        if node is None:
+            raise FrontendError(f"the weight of {fqn} is computed in the graph, not a parameter")
+        value: object = self._model
+        for part in str(node.target).split("."):
+            value = getattr(value, part)
+        if not isinstance(value, torch.Tensor):
+            raise FrontendError(f"{node.target} is not a tensor")
+        return value.detach()
+
+    def attach(self, fqn: str, side: Side, observe: Callable[[torch.Tensor], object]) -> Detach:
+        self.site(fqn)
+        graph = self._model.graph
+        taps: list[tuple[fx.Node, str]] = []
+        for node in self._nodes[fqn]:
+            value = node.args[0] if side is Side.PRE else node
+            if not isinstance(value, fx.Node):
+                continue
+            name = f"_qinsight_tap_{next(self._taps)}"
+            self._model.add_submodule(name, _Tap(observe))
+            with graph.inserting_after(value):
+                taps.append((graph.call_module(name, (value,)), name))
+        self._model.recompile()
+
+        def detach() -> None:
+            for tap, name in taps:
+                graph.erase_node(tap)
+                self._model.delete_submodule(name)
+            self._model.recompile()
+
+        return detach
+
+
+def exported_view(model: object, qconfig_mapping: QConfigMapping | None = None) -> ExportedView:
+    """The view of a ``torch.export`` ExportedProgram (its ``.module()`` is used) or of an exported GraphModule."""
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.module()
+    if not isinstance(model, fx.GraphModule) or not exported_sites(model):
+        raise FrontendError(f"{type(model).__name__} is not an exported graph with Linear/Conv ops")
+    return ExportedView(model, qconfig_mapping)
