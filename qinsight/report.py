@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import math
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -135,6 +135,12 @@ class Report:
         from qinsight.text import render_text
 
         return render_text(self)
+
+    def pt2e_quantizer(self) -> Any:
+        """A torchao PT2E quantizer applying the suggestions; see :func:`qinsight.pt2e.to_pt2e_quantizer`."""
+        from qinsight.pt2e import to_pt2e_quantizer
+
+        return to_pt2e_quantizer(self)
 
     def qconfig_mapping(self, base: QConfigMapping | None = None) -> QConfigMapping:
         """A torch QConfigMapping that applies the suggestions; see :func:`qinsight.qconfig.to_qconfig_mapping`."""

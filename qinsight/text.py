@@ -63,7 +63,10 @@ def render_text(report: Report) -> str:
         opinions = ", ".join(f"{o.detector}={o.value}" for o in conflict.opinions)
         lines.append(f"  conflict on {conflict.fqn}.{conflict.field}: {opinions}; chose {conflict.chosen}")
     if len(report.equalization_mapping):
-        lines.append(f"Equalize: {', '.join(report.equalization_mapping.fqns)}")
+        lines.append(
+            f"Equalize: {', '.join(report.equalization_mapping.fqns)} "
+            "(prepare_fx's _equalization_config; PT2E has no equalization)"
+        )
     notes = _notes(report)
     if notes:
         lines.append("")
