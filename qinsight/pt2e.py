@@ -1,8 +1,8 @@
 """From a Report to a torchao PT2E quantizer (``prepare_pt2e`` / ``convert_pt2e``).
 
 ``X86InductorQuantizer`` cannot mix static and dynamic configs: a module-level
-dynamic override under a static global config is silently left static
-(torchao 0.18). So the report's dynamic modules get a quantizer of their own
+dynamic override under a static global config is skipped with a warning and
+the module stays static (torchao 0.18). So the report's dynamic modules get a quantizer of their own
 (dynamic, those modules only), the static one excludes them, and the two are
 composed. Modules kept in float are excluded from both. A per-tensor weight
 suggestion gets a per-tensor weight spec. Every override is checked in a
