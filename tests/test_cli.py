@@ -1,27 +1,98 @@
-"""The qinsight command, run as a real subprocess."""
+"""The qinsight command, run as a real subprocess: every command and every exit code."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 
-def qinsight(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "qinsight", *args], capture_output=True, text=True, timeout=300)
+def qinsight(*args: str, cwd: Path | None = None, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    return subprocess.run(
+        [sys.executable, "-m", "qinsight", *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=env
+    )
 
 
-def test_diagnose_example_prints_the_report() -> None:
-    result = qinsight("diagnose", "--example", "encoder")
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("cli")
+    result = qinsight("diagnose", "--example", "encoder", "--out", str(folder / "a.json"), "--html", str(folder / "a.html"))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("qinsight report: encoder (fx frontend, backend x86, 8 calibration batches")
-    assert "dynamic recommended (1):" in result.stdout
-    assert "head  S_in=" in result.stdout
+    return folder
 
 
-def test_bad_arguments_exit_2_with_one_line() -> None:
-    result = qinsight("diagnose", "--example", "cnn", "--batches", "0")
+def test_diagnose_example_prints_writes_and_shows_progress(saved: Path) -> None:
+    result = qinsight("diagnose", "--example", "encoder", "--batches", "3")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("qinsight report: encoder (fx frontend, backend x86, 3 calibration batches")
+    assert "calibrating: 3/3 batches" in result.stderr and "batch/s, ETA" in result.stderr
+    assert (saved / "a.json").stat().st_size > 1000
+    assert (saved / "a.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_diagnose_a_model_from_factories(tmp_path: Path) -> None:
+    (tmp_path / "mymodels.py").write_text(
+        "import torch\n"
+        "def model():\n    torch.manual_seed(0)\n    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).eval()\n"
+        "def batches():\n    g = torch.Generator().manual_seed(0)\n    return [torch.randn(16, 4, generator=g) for _ in range(3)]\n"
+    )
+    result = qinsight("diagnose", "--model", "mymodels:model", "--data", "mymodels:batches", "--quiet",
+                      "--detectors", "qinsight.per_channel,qinsight.outliers", pythonpath=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("qinsight report: model (fx frontend") and result.stderr == ""
+    assert "qinsight.dynamic_static" not in result.stdout and "qinsight.outliers" in result.stdout
+
+
+def test_gates_exit_1_and_name_the_modules(saved: Path) -> None:
+    gated = qinsight("show", str(saved / "a.json"), "--fail-on", "dynamic recommended")
+    assert gated.returncode == 1
+    assert "qinsight: gate: qinsight.dynamic_static head: dynamic recommended" in gated.stderr
+    assert qinsight("show", str(saved / "a.json"), "--fail-on", "no such verdict").returncode == 0
+    assert qinsight("diagnose", "--example", "cnn", "--batches", "2", "--fail-on", "actionable", "--quiet").returncode == 1
+
+
+def test_show_diff_plot_detectors_schema(saved: Path) -> None:
+    shown = qinsight("show", str(saved / "a.json"))
+    assert shown.returncode == 0 and shown.stdout.startswith("qinsight report: encoder")
+    same = qinsight("diff", str(saved / "a.json"), str(saved / "a.json"))
+    assert (same.returncode, same.stdout) == (0, "no differences\n")
+    png = saved / "ratios.png"
+    plotted = qinsight("plot", str(saved / "a.json"), "--feature", "outliers.ratios", "--module", "head", "--out", str(png))
+    assert plotted.returncode == 0, plotted.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    listed = qinsight("detectors")
+    assert listed.returncode == 0 and "qinsight.outliers" in listed.stdout and "ok" in listed.stdout
+    schema = qinsight("schema")
+    assert schema.returncode == 0 and '"schema_version"' in schema.stdout
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("diagnose", "--example", "cnn", "--batches", "0"), "qinsight: error: --batches must be at least 1"),
+        (("diagnose", "--example", "cnn", "--backend", "tpu"), "backend='tpu' is invalid"),
+        (("diagnose", "--model", "nowhere:model", "--data", "nowhere:data"), "cannot load --model nowhere:model"),
+        (("diagnose", "--model", "qinsight.examples:example"), "--model needs --data"),
+        (("show", "/nonexistent/report.json"), "/nonexistent/report.json: No such file or directory"),
+        (("plot", "/nonexistent/report.json", "--feature", "x", "--out", "x.png"), "No such file or directory"),
+    ],
+)
+def test_errors_exit_2_with_one_line(args: tuple[str, ...], message: str) -> None:
+    result = qinsight(*args)
     assert result.returncode == 2
-    assert result.stderr.strip() == "qinsight: error: --batches must be at least 1"
-    result = qinsight("diagnose", "--example", "cnn", "--backend", "tpu")
-    assert result.returncode == 2
-    assert "backend='tpu' is invalid" in result.stderr and "Traceback" not in result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_usage_errors_exit_2_and_debug_shows_the_traceback(saved: Path) -> None:
+    assert qinsight("diagnose").returncode == 2  # argparse: one of --example/--model required
+    bad = saved / "bad.json"
+    bad.write_text("{")
+    debug = qinsight("--debug", "show", str(bad))
+    assert debug.returncode != 0 and "Traceback" in debug.stderr and "ReportFileError" in debug.stderr
