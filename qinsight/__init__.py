@@ -18,6 +18,7 @@ from qinsight.detectors import (
     PerChannelFinding,
     Stationarity,
 )
+from qinsight.comparison import LayerWeightComparison, WeightComparison
 from qinsight.diff import ReportDiff, diff_reports
 from qinsight.equalization import EqualizationEntry, EqualizationMapping
 from qinsight.errors import (
@@ -28,8 +29,9 @@ from qinsight.errors import (
     QinsightError,
 )
 from qinsight.findings import Finding
+from qinsight.numeric import compare_weights
 from qinsight.pipeline import Session, default_detectors, diagnose, instrument
-from qinsight.plugins import PluginLoadError
+from qinsight.errors import PluginLoadError
 from qinsight.report import DetectorFailure, DetectorResult, FailureStage, Parameter, Report, ReportMetadata
 from qinsight.serde import RawFinding, ReportFileError, ReportVersionError, load_report, save_report
 from qinsight.sites import InsertPoint, ObserverSpec, OpKind, OpSite, Side, WeightScheme
@@ -57,6 +59,7 @@ __all__ = [
     "InputWeightEqualizationDetector",
     "InsertPoint",
     "InvalidParameterError",
+    "LayerWeightComparison",
     "ObservedStats",
     "Observation",
     "ObserverError",
@@ -81,8 +84,10 @@ __all__ = [
     "Side",
     "Stationarity",
     "SuggestionConflict",
+    "WeightComparison",
     "WeightScheme",
     "__version__",
+    "compare_weights",
     "default_detectors",
     "diagnose",
     "diff_reports",

@@ -19,7 +19,8 @@ from qinsight.diff import diff_reports
 from qinsight.errors import QinsightError
 from qinsight.examples import EXAMPLES, example
 from qinsight.pipeline import diagnose
-from qinsight.plugins import PluginLoadError, installed_detectors, load_detector_class
+from qinsight.errors import PluginLoadError
+from qinsight.plugins import installed_detectors, load_detector_class
 from qinsight.report import Report
 from qinsight.serde import load_report, schema
 

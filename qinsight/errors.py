@@ -55,3 +55,16 @@ def _rebuild_calibration_error(message: str, batch: int | None) -> CalibrationEr
 
 class ObserverError(QinsightError):
     """An observer received data it cannot fold into its statistics."""
+
+
+class PluginLoadError(QinsightError):
+    """A detector or metric plugin could not be loaded or is not valid."""
+
+    def __init__(self, detector: str, source: str, reason: str) -> None:
+        super().__init__(detector, source, reason)
+        self.detector = detector
+        self.source = source
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"qinsight failed to load detector {self.detector} from {self.source}: {self.reason}"

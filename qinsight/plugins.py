@@ -20,7 +20,7 @@ from typing import Final
 import attrs
 
 from qinsight.detector import API_VERSION, Detector
-from qinsight.errors import QinsightError
+from qinsight.errors import PluginLoadError
 from qinsight.findings import Finding
 from qinsight.report import DetectorFailure, FailureStage
 
@@ -28,19 +28,6 @@ GROUP: Final = "qinsight.detectors"
 ENV_ALLOWLIST: Final = "QINSIGHT_DETECTORS"
 ID_PATTERN: Final = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
 DEFAULT_IDS: Final = ("qinsight.per_channel", "qinsight.dynamic_static", "qinsight.equalization", "qinsight.outliers")
-
-
-class PluginLoadError(QinsightError):
-    """A detector could not be loaded or is not a valid detector."""
-
-    def __init__(self, detector: str, source: str, reason: str) -> None:
-        super().__init__(detector, source, reason)
-        self.detector = detector
-        self.source = source
-        self.reason = reason
-
-    def __str__(self) -> str:
-        return f"qinsight failed to load detector {self.detector} from {self.source}: {self.reason}"
 
 
 @attrs.frozen(kw_only=True)

