@@ -18,7 +18,7 @@ from qinsight.detectors import (
     PerChannelFinding,
     Stationarity,
 )
-from qinsight.comparison import LayerWeightComparison, WeightComparison
+from qinsight.comparison import ActivationComparison, LayerActivationComparison, LayerWeightComparison, WeightComparison
 from qinsight.diff import ReportDiff, diff_reports
 from qinsight.equalization import EqualizationEntry, EqualizationMapping
 from qinsight.errors import (
@@ -29,7 +29,7 @@ from qinsight.errors import (
     QinsightError,
 )
 from qinsight.findings import Finding
-from qinsight.numeric import compare_weights
+from qinsight.numeric import compare_activations, compare_weights
 from qinsight.pipeline import Session, default_detectors, diagnose, instrument
 from qinsight.errors import PluginLoadError
 from qinsight.report import DetectorFailure, DetectorResult, FailureStage, Parameter, Report, ReportMetadata
@@ -39,6 +39,7 @@ from qinsight.stats import ActivationStats, BatchMoments, DataCondition, Observa
 from qinsight.suggestions import ActivationMode, QuantSuggestion, SuggestionConflict
 
 __all__ = [
+    "ActivationComparison",
     "ActivationMode",
     "ActivationStats",
     "BatchMoments",
@@ -59,6 +60,7 @@ __all__ = [
     "InputWeightEqualizationDetector",
     "InsertPoint",
     "InvalidParameterError",
+    "LayerActivationComparison",
     "LayerWeightComparison",
     "ObservedStats",
     "Observation",
@@ -87,6 +89,7 @@ __all__ = [
     "WeightComparison",
     "WeightScheme",
     "__version__",
+    "compare_activations",
     "compare_weights",
     "default_detectors",
     "diagnose",

@@ -8,16 +8,26 @@ comparing the unfolded weight would measure the fold, not quantization.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch import nn
 from torch.ao.nn.intrinsic.modules.fused import _FusedModule
 
-from qinsight.comparison import ChannelMetric, LayerWeightComparison, MetricValue, WeightComparison
+from qinsight.comparison import (
+    ActivationComparison,
+    ChannelMetric,
+    LayerActivationComparison,
+    LayerWeightComparison,
+    MetricValue,
+    WeightComparison,
+)
+from qinsight.frontends.base import eval_mode, run_batch
 from qinsight.frontends.eager import _candidates
 from qinsight.frontends.fx import _Tracer
-from qinsight.metrics import MetricFn, load_metrics
+from qinsight.metrics import DEFAULT, MetricFn, load_metrics
+from qinsight.sites import OpKind
 
 
 def _batchnorm_after_conv(model: nn.Module) -> dict[str, str]:
@@ -38,6 +48,77 @@ def _batchnorm_after_conv(model: nn.Module) -> dict[str, str]:
         ):
             pairs[str(node.target)] = str(user.target)
     return pairs
+
+
+_TAIL_TYPES = (nn.modules.batchnorm._BatchNorm, nn.ReLU, nn.ReLU6)
+
+
+def _fused_tails(model: nn.Module) -> dict[str, str]:
+    """Linear/Conv name -> the last module of its fusable chain (BatchNorm, ReLU) of single users."""
+    try:
+        graph = _Tracer().trace(model)
+    except Exception:  # untraceable: compare at the layer itself
+        return {}
+    tails = {}
+    for node in graph.nodes:
+        if node.op != "call_module":
+            continue
+        tail = node
+        while len(tail.users) == 1:
+            (user,) = tail.users
+            if user.op != "call_module" or not isinstance(model.get_submodule(str(user.target)), _TAIL_TYPES):
+                break
+            tail = user
+        if tail is not node:
+            tails[str(node.target)] = str(tail.target)
+    return tails
+
+
+class _ErrorSums:
+    """Sums over batches from which every built-in metric follows: O(1) memory per layer."""
+
+    def __init__(self, plugins: dict[str, MetricFn]) -> None:
+        self.ref_sq = self.err_sq = self.act_sq = self.dot = 0.0
+        self.max_abs = 0.0
+        self.count = 0
+        self.plugins = plugins
+        self.plugin_sums = dict.fromkeys(plugins, 0.0)
+        self.batches = 0
+
+    def add(self, reference: torch.Tensor, actual: torch.Tensor) -> None:
+        x, y = reference.detach().double().flatten(), actual.detach().double().flatten()
+        error = x - y
+        self.ref_sq += float(x @ x)
+        self.err_sq += float(error @ error)
+        self.act_sq += float(y @ y)
+        self.dot += float(x @ y)
+        self.max_abs = max(self.max_abs, float(error.abs().max()) if error.numel() else 0.0)
+        self.count += x.numel()
+        self.batches += 1
+        for name, fn in self.plugins.items():  # third-party metrics: the mean over batches
+            self.plugin_sums[name] += fn(reference, actual)
+
+    def values(self, names: Sequence[str]) -> tuple[MetricValue, ...]:
+        exact = self.err_sq == 0.0
+        derived = {
+            "sqnr": math.inf if exact else (-math.inf if self.ref_sq == 0.0 else 10 * math.log10(self.ref_sq / self.err_sq)),
+            "relative_l2": 0.0 if exact else (math.inf if self.ref_sq == 0.0 else math.sqrt(self.err_sq / self.ref_sq)),
+            "cosine": (1.0 if self.ref_sq == self.act_sq else 0.0)
+            if self.ref_sq == 0.0 or self.act_sq == 0.0
+            else self.dot / math.sqrt(self.ref_sq * self.act_sq),
+            "max_abs_error": self.max_abs,
+            "mse": self.err_sq / self.count if self.count else 0.0,
+        }
+        return tuple(
+            MetricValue(name=n, value=derived[n] if n in derived else self.plugin_sums[n] / max(self.batches, 1))
+            for n in names
+        )
+
+
+def _as_float(value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"expected a tensor output, got {type(value).__name__}")
+    return value.dequantize() if value.is_quantized else value
 
 
 def fold_batchnorm(weight: torch.Tensor, bn: nn.modules.batchnorm._BatchNorm) -> torch.Tensor:
@@ -116,4 +197,83 @@ def compare_weights(
     return WeightComparison(layers=tuple(layers))
 
 
-__all__ = ["compare_weights", "dequantized_weight", "fold_batchnorm"]
+
+def compare_activations(
+    float_model: nn.Module,
+    quantized_model: nn.Module,
+    data: Iterable[object],
+    *,
+    metrics: Sequence[str] | None = None,
+) -> ActivationComparison:
+    """Per Linear/Conv: the propagated and the local error of ``quantized_model`` against ``float_model``.
+
+    Both models run on every batch of ``data`` (eval mode, no gradients, hooks
+    removed afterwards). Memory is O(layers) whatever the number of batches.
+    """
+    names = tuple(DEFAULT if metrics is None else metrics)
+    plugins = {n: fn for n, fn in load_metrics(names).items() if n not in DEFAULT}
+    tails = _fused_tails(float_model)
+    layers: dict[str, tuple[OpKind, nn.Module]] = {}
+    for fqn, (_module, kind, _holder) in _candidates(float_model).items():
+        try:
+            quantized = quantized_model.get_submodule(fqn)
+        except AttributeError:
+            continue
+        if dequantized_weight(quantized) is not None:
+            layers[fqn] = (kind, quantized)
+    if not layers:
+        raise ValueError("no Linear/Conv of the float model has a same-named module in the quantized model")
+    float_in: dict[str, torch.Tensor] = {}
+    float_out: dict[str, torch.Tensor] = {}
+    quant_in: dict[str, torch.Tensor] = {}
+    quant_out: dict[str, torch.Tensor] = {}
+    removers = []
+    for fqn, (_kind, quantized) in layers.items():
+        tail = float_model.get_submodule(tails.get(fqn, fqn))
+        removers += [
+            float_model.get_submodule(fqn).register_forward_pre_hook(lambda _m, a, f=fqn: float_in.__setitem__(f, a[0])).remove,
+            tail.register_forward_hook(lambda _m, _a, out, f=fqn: float_out.__setitem__(f, out)).remove,
+            quantized.register_forward_pre_hook(lambda _m, a, f=fqn: quant_in.__setitem__(f, a[0])).remove,
+            quantized.register_forward_hook(lambda _m, _a, out, f=fqn: quant_out.__setitem__(f, out)).remove,
+        ]
+    propagated = {fqn: _ErrorSums(plugins) for fqn in layers}
+    local = {fqn: _ErrorSums(plugins) for fqn in layers}
+    try:
+        with eval_mode(float_model), eval_mode(quantized_model), torch.no_grad():
+            for batch in data:
+                run_batch(float_model, batch)
+                run_batch(quantized_model, batch)
+                for fqn, (_kind, quantized) in layers.items():
+                    if fqn not in float_out or fqn not in quant_out:
+                        continue  # not reached by this batch
+                    reference = _as_float(float_out[fqn])
+                    propagated[fqn].add(reference, _as_float(quant_out[fqn]))
+                    arrived = quant_in[fqn]
+                    shadow_input = float_in[fqn]
+                    if arrived.is_quantized:  # quantize the float input as the quantized model quantized its own
+                        shadow_input = torch.quantize_per_tensor(
+                            shadow_input, arrived.q_scale(), arrived.q_zero_point(), arrived.dtype
+                        )
+                    local[fqn].add(reference, _as_float(quantized(shadow_input)))
+                float_out.clear()
+                quant_out.clear()
+    finally:
+        for remove in removers:
+            remove()
+    return ActivationComparison(
+        layers=tuple(
+            LayerActivationComparison(
+                fqn=fqn,
+                kind=kind.value,
+                quantized_type=f"{type(quantized).__module__}.{type(quantized).__qualname__}",
+                compared_at=tails.get(fqn, fqn),
+                batches=propagated[fqn].batches,
+                propagated=propagated[fqn].values(names),
+                local=local[fqn].values(names),
+            )
+            for fqn, (kind, quantized) in layers.items()
+        )
+    )
+
+
+__all__ = ["compare_activations", "compare_weights", "dequantized_weight", "fold_batchnorm"]

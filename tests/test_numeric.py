@@ -16,6 +16,7 @@ from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 import torch.ao.ns._numeric_suite_fx as ns
 from _support import MLP, ConvBnReluCNN, gaussian_batches, seeded
+import qinsight
 from qinsight import metrics
 from qinsight.errors import PluginLoadError
 from qinsight.examples import load_mobilenet_v2
@@ -110,3 +111,58 @@ def test_metric_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert peak(torch.tensor([2.0, -4.0]), torch.tensor([2.0, -3.0])) == 0.25
     with pytest.raises(PluginLoadError, match="no such metric .*peak"):
         metrics.load_metric("nope")
+
+
+def numeric_suite(prepared: nn.Module, converted: nn.Module, batch: torch.Tensor) -> tuple[dict[str, float], dict[str, float]]:
+    """Numeric Suite FX's per-layer SQNR: unshadowed (add_loggers) and shadowed (add_shadow_loggers)."""
+    a, b = ns.add_loggers("fp32", copy.deepcopy(prepared), "int8", copy.deepcopy(converted), ns.OutputLogger)
+    a(batch)
+    b(batch)
+    plain = ns.extract_logger_info(a, b, ns.OutputLogger, "int8")
+    shadowed_model = ns.add_shadow_loggers("fp32", copy.deepcopy(prepared), "int8", copy.deepcopy(converted), ns.OutputLogger)
+    shadowed_model(batch)
+    shadowed = ns.extract_shadow_logger_info(shadowed_model, ns.OutputLogger, "int8")
+    out = []
+    for results in (plain, shadowed):
+        ns.extend_logger_results_with_comparison(results, "fp32", "int8", compute_sqnr, "sqnr")
+        out.append({v["node_output"]["int8"][0]["fqn"]: v["node_output"]["int8"][0]["sqnr"][0].item() for v in results.values()})
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_activation_errors_against_numeric_suite_fx(name: str) -> None:
+    model = seeded(MLP()) if name == "mlp" else seeded(ConvBnReluCNN())
+    data = gaussian_batches((8, 16) if name == "mlp" else (4, 3, 16, 16), 6)
+    prepared, converted = quantized(model, data)
+    plain, shadowed = numeric_suite(prepared, converted, data[0])
+    ours = qinsight.compare_activations(model, converted, [data[0]])
+    first = ours.layers[0]
+    assert first.compared_at == "relu1"  # fused conv/linear + (BN) + ReLU: compared after the ReLU
+    for layer in ours.layers:
+        # propagated error = add_loggers, to 0.1 dB (measured: equal to 0.01 dB)
+        assert layer.metric("sqnr") == pytest.approx(plain[layer.fqn], abs=0.1)
+    # Documented difference: our local error feeds the quantized layer the *float* input, so input
+    # quantization error is included and the first layer's local error equals its propagated error.
+    # add_shadow_loggers feeds the *float* layer the quantized model's input, which leaves it out:
+    assert first.metric("sqnr", local=True) == pytest.approx(first.metric("sqnr"), abs=1e-9)
+    assert shadowed[first.fqn] > first.metric("sqnr", local=True) + 0.5
+    layer_module = converted.get_submodule(first.fqn)
+    scale, zero_point = converted.get_buffer(f"{first.fqn.replace('.', '_')}_input_scale_0"), converted.get_buffer(
+        f"{first.fqn.replace('.', '_')}_input_zero_point_0"
+    )
+    q_in = torch.quantize_per_tensor(data[0], float(scale), int(zero_point), torch.quint8)
+    float_layer = prepared.get_submodule(first.fqn)
+    with torch.no_grad():
+        reproduced = metrics.sqnr(float_layer(q_in.dequantize()), layer_module(q_in).dequantize())
+    assert reproduced == pytest.approx(shadowed[first.fqn], abs=0.01)  # what add_shadow_loggers measures
+
+
+def test_activation_comparison_many_batches_and_ratio() -> None:
+    model, data = seeded(ConvBnReluCNN()), gaussian_batches((4, 3, 16, 16), 6)
+    _, converted = quantized(model, data)
+    comparison = qinsight.compare_activations(model, converted, data, metrics=["sqnr", "relative_l2"])
+    assert all(layer.batches == 6 for layer in comparison.layers)
+    assert comparison.layer("conv1").error_ratio == pytest.approx(1.0)  # the first layer inherits no error
+    fc = comparison.layer("fc")  # measured 0.98: upstream error can also partly cancel
+    assert fc.error_ratio == pytest.approx(fc.metric("relative_l2") / fc.metric("relative_l2", local=True))
+    assert comparison.worst(local=False, count=1)[0].metric("sqnr") == min(l.metric("sqnr") for l in comparison.layers)
