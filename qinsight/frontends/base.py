@@ -45,6 +45,15 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
             module.training = training
 
 
+def find_site(sites: tuple[OpSite, ...], fqn: str) -> OpSite:
+    """The site named ``fqn``; a ``KeyError`` that lists the known sites otherwise."""
+    for site in sites:
+        if site.fqn == fqn:
+            return site
+    known = ", ".join(s.fqn for s in sites) or "none"
+    raise KeyError(f"no op site {fqn!r} in this model; sites: {known}")
+
+
 class ModelView(Protocol):
     """What detectors and the instrumenter may know of a model."""
 
@@ -115,11 +124,7 @@ class ModuleView:
         return self._sites
 
     def site(self, fqn: str) -> OpSite:
-        for site in self._sites:
-            if site.fqn == fqn:
-                return site
-        known = ", ".join(s.fqn for s in self._sites) or "none"
-        raise KeyError(f"no op site {fqn!r} in this model; sites: {known}")
+        return find_site(self._sites, fqn)
 
     def weight(self, fqn: str) -> torch.Tensor:
         self.site(fqn)

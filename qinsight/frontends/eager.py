@@ -19,8 +19,8 @@ from torch.ao.quantization import QConfigMapping
 
 from qinsight.errors import FrontendError
 from qinsight.frontends.base import ModuleView, eval_mode, run_batch
-from qinsight.frontends.fx import classify, resolve_qconfig, weight_scheme
-from qinsight.sites import OpKind, OpSite
+from qinsight.frontends.fx import classify, site_for_module
+from qinsight.sites import OpKind
 
 
 def _candidates(model: nn.Module) -> dict[str, tuple[nn.Module, OpKind, nn.Module]]:
@@ -50,23 +50,9 @@ def eager_view(model: nn.Module, example: object, qconfig_mapping: QConfigMappin
     finally:
         for remove in removers:
             remove()
-    sites: list[OpSite] = []
-    weights: dict[str, nn.Module] = {}
-    for fqn, count in calls.items():  # first-call order
-        module, kind, holder = candidates[fqn]
-        qconfig = getattr(module, "qconfig", None)
-        if qconfig is None and qconfig_mapping is not None:
-            qconfig = resolve_qconfig(qconfig_mapping, fqn, type(holder))
-        sites.append(
-            OpSite(
-                fqn=fqn,
-                kind=kind,
-                module_type=type(module).__name__,
-                calls=count,
-                groups=int(getattr(holder, "groups", 1)),
-                weight_scheme=weight_scheme(qconfig),
-            )
-        )
-        weights[fqn] = holder
+    sites = tuple(  # first-call order
+        site_for_module(fqn, *candidates[fqn], count, qconfig_mapping) for fqn, count in calls.items()
+    )
     modules = {fqn: candidates[fqn][0] for fqn in calls}
-    return ModuleView(frontend="eager", model=model, sites=tuple(sites), modules=modules, weights=weights)
+    weights = {fqn: candidates[fqn][2] for fqn in calls}
+    return ModuleView(frontend="eager", model=model, sites=sites, modules=modules, weights=weights)

@@ -25,7 +25,7 @@ from torch import fx, nn
 from torch.ao.quantization import QConfigMapping
 
 from qinsight.errors import FrontendError
-from qinsight.frontends.base import Detach
+from qinsight.frontends.base import Detach, find_site
 from qinsight.frontends.fx import resolve_qconfig, weight_scheme
 from qinsight.sites import OpKind, OpSite, Side, WeightScheme
 
@@ -138,11 +138,7 @@ class ExportedView:
         return self._sites
 
     def site(self, fqn: str) -> OpSite:
-        for site in self._sites:
-            if site.fqn == fqn:
-                return site
-        known = ", ".join(s.fqn for s in self._sites) or "none"
-        raise KeyError(f"no op site {fqn!r} in this model; sites: {known}")
+        return find_site(self._sites, fqn)
 
     def weight(self, fqn: str) -> torch.Tensor:
         self.site(fqn)

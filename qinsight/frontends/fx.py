@@ -80,6 +80,23 @@ class _Tracer(fx.Tracer):
         return isinstance(m, _FusedModule) or super().is_leaf_module(m, module_qualified_name)
 
 
+def site_for_module(
+    fqn: str, module: nn.Module, kind: OpKind, holder: nn.Module, calls: int, mapping: QConfigMapping | None
+) -> OpSite:
+    """The site of a called module; its weight scheme from the module's qconfig, else from ``mapping``."""
+    qconfig = getattr(module, "qconfig", None)
+    if qconfig is None and mapping is not None:
+        qconfig = resolve_qconfig(mapping, fqn, type(holder))
+    return OpSite(
+        fqn=fqn,
+        kind=kind,
+        module_type=type(module).__name__,
+        calls=calls,
+        groups=int(getattr(holder, "groups", 1)),
+        weight_scheme=weight_scheme(qconfig),
+    )
+
+
 def _graph_of(model: nn.Module) -> fx.Graph:
     if isinstance(model, fx.GraphModule):
         return model.graph
@@ -109,19 +126,7 @@ def fx_view(model: nn.Module, qconfig_mapping: QConfigMapping | None = None) -> 
         if found is None:
             continue
         kind, holder = found
-        qconfig = getattr(module, "qconfig", None)
-        if qconfig is None and qconfig_mapping is not None:
-            qconfig = resolve_qconfig(qconfig_mapping, fqn, type(holder))
-        sites.append(
-            OpSite(
-                fqn=fqn,
-                kind=kind,
-                module_type=type(module).__name__,
-                calls=count,
-                groups=int(getattr(holder, "groups", 1)),
-                weight_scheme=weight_scheme(qconfig),
-            )
-        )
+        sites.append(site_for_module(fqn, module, kind, holder, count, qconfig_mapping))
         modules[fqn] = module
         weights[fqn] = holder
     return ModuleView(frontend="fx", model=model, sites=tuple(sites), modules=modules, weights=weights)
