@@ -74,29 +74,62 @@ def _fused_tails(model: nn.Module) -> dict[str, str]:
     return tails
 
 
+def _channels_last(tensor: torch.Tensor) -> bool:
+    return tensor.dim() == 4 and not tensor.is_contiguous() and tensor.is_contiguous(memory_format=torch.channels_last)
+
+
+def _flat(tensor: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """``tensor`` as 1-D in NCHW or NHWC element order; a view when it is already laid out that way.
+
+    Quantized convs give channels-last outputs: flattening them NHWC needs no copy.
+    """
+    tensor = tensor.detach().float()
+    if channels_last:
+        return tensor.permute(0, 2, 3, 1).reshape(-1)
+    return tensor.reshape(-1)
+
+
+class _Reference:
+    """A layer's float output for one batch, flattened once in the quantized side's element order."""
+
+    def __init__(self, output: torch.Tensor, like: torch.Tensor) -> None:
+        self.tensor = output
+        self.channels_last = _channels_last(like)
+        self.flat = _flat(output, self.channels_last)
+        self.sq = float(torch.dot(self.flat, self.flat))
+
+
 class _ErrorSums:
-    """Sums over batches from which every built-in metric follows: O(1) memory per layer."""
+    """Sums over batches from which every built-in metric follows: O(1) memory per layer.
+
+    Cosine needs no sum of its own: x·y = (|x|² + |y|² - |x - y|²) / 2.
+    """
 
     def __init__(self, plugins: dict[str, MetricFn]) -> None:
-        self.ref_sq = self.err_sq = self.act_sq = self.dot = 0.0
+        self.ref_sq = self.err_sq = self.act_sq = 0.0
         self.max_abs = 0.0
         self.count = 0
         self.plugins = plugins
         self.plugin_sums = dict.fromkeys(plugins, 0.0)
         self.batches = 0
 
-    def add(self, reference: torch.Tensor, actual: torch.Tensor) -> None:
-        x, y = reference.detach().double().flatten(), actual.detach().double().flatten()
-        error = x - y
-        self.ref_sq += float(x @ x)
-        self.err_sq += float(error @ error)
-        self.act_sq += float(y @ y)
-        self.dot += float(x @ y)
-        self.max_abs = max(self.max_abs, float(error.abs().max()) if error.numel() else 0.0)
-        self.count += x.numel()
+    def add(self, reference: _Reference, actual: torch.Tensor) -> None:
+        # float32 dot products (BLAS, blocked accumulation): no float64 copy of activations
+        # that reach 10M elements; each sum is added into a Python float (float64).
+        if reference.channels_last and not _channels_last(actual):  # same element order as the reference
+            actual = actual.contiguous(memory_format=torch.channels_last)
+        y = _flat(actual, reference.channels_last)
+        error = reference.flat - y
+        self.ref_sq += reference.sq
+        self.err_sq += float(torch.dot(error, error))
+        self.act_sq += float(torch.dot(y, y))
+        if error.numel():
+            low, high = torch.aminmax(error)
+            self.max_abs = max(self.max_abs, -float(low), float(high))
+        self.count += y.numel()
         self.batches += 1
         for name, fn in self.plugins.items():  # third-party metrics: the mean over batches
-            self.plugin_sums[name] += fn(reference, actual)
+            self.plugin_sums[name] += fn(reference.tensor, actual)
 
     def values(self, names: Sequence[str]) -> tuple[MetricValue, ...]:
         exact = self.err_sq == 0.0
@@ -105,7 +138,7 @@ class _ErrorSums:
             "relative_l2": 0.0 if exact else (math.inf if self.ref_sq == 0.0 else math.sqrt(self.err_sq / self.ref_sq)),
             "cosine": (1.0 if self.ref_sq == self.act_sq else 0.0)
             if self.ref_sq == 0.0 or self.act_sq == 0.0
-            else self.dot / math.sqrt(self.ref_sq * self.act_sq),
+            else (self.ref_sq + self.act_sq - self.err_sq) / (2 * math.sqrt(self.ref_sq * self.act_sq)),
             "max_abs_error": self.max_abs,
             "mse": self.err_sq / self.count if self.count else 0.0,
         }
@@ -246,8 +279,9 @@ def compare_activations(
                 for fqn, (_kind, quantized) in layers.items():
                     if fqn not in float_out or fqn not in quant_out:
                         continue  # not reached by this batch
-                    reference = _as_float(float_out[fqn])
-                    propagated[fqn].add(reference, _as_float(quant_out[fqn]))
+                    actual = _as_float(quant_out[fqn])
+                    reference = _Reference(_as_float(float_out[fqn]), like=actual)
+                    propagated[fqn].add(reference, actual)
                     arrived = quant_in[fqn]
                     shadow_input = float_in[fqn]
                     if arrived.is_quantized:  # quantize the float input as the quantized model quantized its own
