@@ -17,7 +17,8 @@ import qinsight
 from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, torch_model_report, torch_name
 from qinsight import ChannelStatus, DataCondition, InvalidParameterError, OutlierDetector, OutlierFinding
 from qinsight.examples import example
-from qinsight.observers import ActivationObserver, channel_percentile
+from qinsight.observers import ActivationObserver
+from qinsight.selection import _block_candidates, channel_percentile, channel_view, lower_rank
 from qinsight.sites import ObserverSpec
 
 
@@ -61,6 +62,30 @@ def test_selection_equals_torch_quantile_lower(rows: int, n: int, p: float, seed
     assert torch.equal(channel_percentile(values, p), expected)
 
 
+@settings(max_examples=120, deadline=None)
+@given(
+    before=st.integers(1, 40),
+    channels=st.integers(1, 3),
+    after=st.sampled_from([1, 1, 7, 12, 49, 64]),
+    p=st.floats(0.85, 0.999),
+    seed=st.integers(0, 2**16),
+    ties=st.booleans(),
+)
+def test_pruned_selection_equals_torch_quantile_on_any_layout(
+    before: int, channels: int, after: int, p: float, seed: int, ties: bool
+) -> None:
+    # High percentiles of (before, channels, after) tensors take the block-pruned path
+    # (blocks of rows when after == 1, strided blocks within a row otherwise); ties
+    # (few distinct values) are where a pruning bug would show.
+    g = torch.Generator().manual_seed(seed)
+    shape = (before, channels, after)
+    x = torch.randint(-2, 3, shape, generator=g).float() if ties else torch.randn(shape, generator=g)
+    rows = x.transpose(0, 1).reshape(channels, -1)
+    expected = torch.quantile(rows, torch.tensor(p), dim=1, interpolation="lower")
+    assert torch.equal(channel_percentile(x, p, axis=1), expected)
+    assert torch.equal(channel_percentile(x.squeeze(2) if after == 1 else x, p, axis=1), expected)
+
+
 def test_percentile_on_more_than_quantile_limit() -> None:
     # torch.quantile raises "input tensor is too large" past 2**24 elements.
     values = torch.zeros(1, 4097 * 4097)
@@ -77,11 +102,12 @@ def test_sampled_percentile_rank_is_within_the_documented_bound() -> None:
     rows = torch.cat([torch.randn(20, 200_000, generator=g), torch.rand(10, 200_000, generator=g) ** 4,
                       torch.distributions.StudentT(2.0).sample((10, 200_000))])
     obs = ActivationObserver(ObserverSpec(channel_axis=1, per_channel=True, percentiles=(0.975,), percentile_samples=16384), "x")
-    sampled = channel_percentile(obs._sample(rows), 0.975)
+    sample, axis = obs._sample(rows, 0)
+    sampled = channel_percentile(sample, 0.975, axis)
     ranks = (rows <= sampled[:, None]).float().mean(dim=1)
     assert torch.all((ranks - 0.975).abs() <= 0.015), ranks
     exact_obs = ActivationObserver(ObserverSpec(channel_axis=1, per_channel=True, percentiles=(0.975,)), "x")
-    assert exact_obs._sample(rows) is rows
+    assert exact_obs._sample(rows, 0)[0] is rows
 
 
 def test_spec_union_keeps_the_most_precise_sampling() -> None:
@@ -262,3 +288,13 @@ def test_random_resnet18_text_is_short_and_flags_few_channels() -> None:
 def test_invalid_parameters(params: dict[str, float]) -> None:
     with pytest.raises(InvalidParameterError, match=next(iter(params))):
         OutlierDetector(**params)  # type: ignore[arg-type]
+
+
+def test_pruning_applies_to_linear_and_conv_layouts() -> None:
+    # The speed of the outlier observers rests on the pruned path being taken for the
+    # usual layouts: channels-last Linear inputs, NCHW conv inputs, sampled channel rows.
+    for shape, axis in (((8, 128, 384), 2), ((8, 64, 56, 56), 1), ((384, 16384), 0)):
+        view = channel_view(torch.randn(shape), axis)
+        n = view.shape[0] * view.shape[2]
+        candidates = _block_candidates(view, n - lower_rank(0.975, n))
+        assert candidates is not None and candidates.shape[1] <= n // 2, shape
