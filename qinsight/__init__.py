@@ -18,7 +18,16 @@ from qinsight.detectors import (
     PerChannelFinding,
     Stationarity,
 )
-from qinsight.comparison import ActivationComparison, LayerActivationComparison, LayerWeightComparison, WeightComparison
+from qinsight.candidates import compare_configs
+from qinsight.comparison import (
+    ActivationComparison,
+    ConfigComparison,
+    ConfigScore,
+    LayerActivationComparison,
+    LayerConfigRow,
+    LayerWeightComparison,
+    WeightComparison,
+)
 from qinsight.diff import ReportDiff, diff_reports
 from qinsight.equalization import EqualizationEntry, EqualizationMapping
 from qinsight.errors import (
@@ -44,6 +53,8 @@ __all__ = [
     "ActivationStats",
     "BatchMoments",
     "CalibrationError",
+    "ConfigComparison",
+    "ConfigScore",
     "ChannelStatus",
     "DataCondition",
     "Detector",
@@ -58,6 +69,7 @@ __all__ = [
     "Finding",
     "FrontendError",
     "InputWeightEqualizationDetector",
+    "LayerConfigRow",
     "InsertPoint",
     "InvalidParameterError",
     "LayerActivationComparison",
@@ -90,6 +102,7 @@ __all__ = [
     "WeightScheme",
     "__version__",
     "compare_activations",
+    "compare_configs",
     "compare_weights",
     "default_detectors",
     "diagnose",

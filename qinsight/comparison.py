@@ -26,12 +26,14 @@ class LayerWeightComparison:
     ``quantized_type`` is the quantized module's qualified class name (a
     dynamic Linear and a static one are both called ``Linear``); ``folded_bn``
     names the BatchNorm folded into the float weight first, so the comparison
-    matches a quantized conv that absorbed it.
+    matches a quantized conv that absorbed it. ``quantized`` is False where the
+    quantized model left the layer in float.
     """
 
     fqn: str
     kind: str
     quantized_type: str
+    quantized: bool
     folded_bn: str | None
     metrics: tuple[MetricValue, ...]
     per_channel: tuple[ChannelMetric, ...]
@@ -67,11 +69,13 @@ class LayerActivationComparison:
     float layer's input (torch's shadow loggers), the error this layer makes.
     The float output is taken at ``compared_at``, the end of the fused group
     (``relu1`` for conv1 → bn1 → relu1), where the quantized module's output is.
+    ``quantized`` is False where the quantized model left the layer in float.
     """
 
     fqn: str
     kind: str
     quantized_type: str
+    quantized: bool
     compared_at: str
     batches: int
     propagated: tuple[MetricValue, ...]
@@ -106,3 +110,70 @@ class ActivationComparison:
     def worst(self, metric: str = "sqnr", *, local: bool = True, count: int = 5) -> tuple[LayerActivationComparison, ...]:
         """The layers with the lowest ``metric``: by default where the most error is made (local)."""
         return tuple(sorted(self.layers, key=lambda layer: layer.metric(metric, local=local))[:count])
+
+
+# Metrics where a larger value means a closer match; every other metric
+# (relative_l2, max_abs_error, mse, third-party ones) is an error: smaller is better.
+HIGHER_IS_BETTER = frozenset({"sqnr", "cosine"})
+
+
+@attrs.frozen(kw_only=True)
+class ConfigScore:
+    """One layer under one candidate config."""
+
+    config: str
+    quantized_type: str
+    propagated: tuple[MetricValue, ...]
+    local: tuple[MetricValue, ...]
+
+    def metric(self, name: str, *, local: bool = True) -> float:
+        for metric in self.local if local else self.propagated:
+            if metric.name == name:
+                return metric.value
+        raise KeyError(f"no metric {name!r} for config {self.config!r}")
+
+
+@attrs.frozen(kw_only=True)
+class LayerConfigRow:
+    """A layer's scores under every config, and the config with the best local ``rank_by``."""
+
+    fqn: str
+    kind: str
+    scores: tuple[ConfigScore, ...]
+    best: str
+
+    def score(self, config: str) -> ConfigScore:
+        for score in self.scores:
+            if score.config == config:
+                return score
+        raise KeyError(f"no config {config!r} for {self.fqn}; configs: {', '.join(s.config for s in self.scores)}")
+
+
+@attrs.frozen(kw_only=True)
+class ConfigComparison:
+    """Several candidate configs of one float model, layer by layer (torch's n-shadows job).
+
+    ``best`` per row ranks configs by the *local* ``rank_by`` metric: the error
+    the layer itself makes under that config, free of what earlier layers did.
+    A layer a config leaves in float has no row entry for that config.
+    """
+
+    configs: tuple[str, ...]
+    rank_by: str
+    rows: tuple[LayerConfigRow, ...]
+
+    def row(self, fqn: str) -> LayerConfigRow:
+        for row in self.rows:
+            if row.fqn == fqn:
+                return row
+        raise KeyError(f"no layer {fqn!r}; layers: {', '.join(r.fqn for r in self.rows)}")
+
+    def best(self) -> dict[str, str]:
+        """Layer name -> the config that quantizes it best."""
+        return {row.fqn: row.best for row in self.rows}
+
+
+def best_config(scores: tuple[ConfigScore, ...], rank_by: str) -> str:
+    """The config of the best score by local ``rank_by`` (the first one on ties)."""
+    sign = 1.0 if rank_by in HIGHER_IS_BETTER else -1.0
+    return max(scores, key=lambda s: sign * s.metric(rank_by)).config

@@ -8,12 +8,12 @@ comparing the unfolded weight would measure the fold, not quantization.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
-from torch.ao.nn.intrinsic.modules.fused import _FusedModule
 
 from qinsight.comparison import (
     ActivationComparison,
@@ -27,7 +27,7 @@ from qinsight.frontends.base import eval_mode, run_batch
 from qinsight.frontends.eager import _candidates
 from qinsight.frontends.fx import _Tracer
 from qinsight.metrics import DEFAULT, MetricFn, load_metrics
-from qinsight.sites import OpKind
+from qinsight.quantized_layers import QuantizedLayer, dequantize, quantized_layers
 
 
 def _batchnorm_after_conv(model: nn.Module) -> dict[str, str]:
@@ -148,12 +148,6 @@ class _ErrorSums:
         )
 
 
-def _as_float(value: object) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"expected a tensor output, got {type(value).__name__}")
-    return value.dequantize() if value.is_quantized else value
-
-
 def fold_batchnorm(weight: torch.Tensor, bn: nn.modules.batchnorm._BatchNorm) -> torch.Tensor:
     """The conv weight with BatchNorm's per-channel scale folded in, as quantization folds it."""
     if bn.running_var is None:
@@ -162,23 +156,6 @@ def fold_batchnorm(weight: torch.Tensor, bn: nn.modules.batchnorm._BatchNorm) ->
     if bn.weight is not None:
         scale = scale * bn.weight
     return weight * scale.reshape(-1, *([1] * (weight.ndim - 1)))
-
-
-def dequantized_weight(module: nn.Module) -> torch.Tensor | None:
-    """The weight a quantized (or reference, dynamic, fused, float) module computes with, as float."""
-    weight = getattr(module, "weight", None)
-    if callable(weight) and not isinstance(weight, torch.Tensor):  # quantized modules: weight() is packed
-        value: torch.Tensor = weight()
-        return value.dequantize() if value.is_quantized else value
-    get_weight = getattr(module, "get_weight", None)  # reference modules: quantize-dequantize
-    if callable(get_weight):
-        result: torch.Tensor = get_weight()
-        return result
-    if isinstance(weight, torch.Tensor):
-        return weight
-    if isinstance(module, _FusedModule):
-        return dequantized_weight(module[0])
-    return None
 
 
 def _per_channel(metrics: dict[str, MetricFn], ref: torch.Tensor, actual: torch.Tensor) -> tuple[ChannelMetric, ...]:
@@ -192,43 +169,39 @@ def _per_channel(metrics: dict[str, MetricFn], ref: torch.Tensor, actual: torch.
 def compare_weights(
     float_model: nn.Module, quantized_model: nn.Module, *, metrics: Sequence[str] | None = None
 ) -> WeightComparison:
-    """Every Linear/Conv weight of ``float_model`` against the same-named module of ``quantized_model``.
+    """Every Linear/Conv weight of ``float_model`` against its quantized version in ``quantized_model``.
 
-    ``metrics`` are names of built-in or plugin metrics (default: all built-ins).
+    ``quantized_model`` comes from ``convert_fx`` (or eager conversion), or is a
+    ``convert_pt2e`` graph. ``metrics`` are names of built-in or plugin metrics
+    (default: all built-ins).
     """
     chosen = load_metrics(metrics)
     folds = _batchnorm_after_conv(float_model)
+    holders = {fqn: holder for fqn, (_module, _kind, holder) in _candidates(float_model).items()}
     layers = []
-    for fqn, (_module, kind, holder) in _candidates(float_model).items():
-        try:
-            quantized = quantized_model.get_submodule(fqn)
-        except AttributeError:
-            continue  # not in the quantized model (removed or renamed): nothing to compare
-        actual = dequantized_weight(quantized)
-        if actual is None:
-            continue
-        float_weight = holder.weight
+    for fqn, layer in quantized_layers(float_model, quantized_model).items():
+        float_weight = holders[fqn].weight
         if not isinstance(float_weight, torch.Tensor):
             continue
         reference = float_weight.detach()
         bn_name = folds.get(fqn)
         if bn_name is not None:
             reference = fold_batchnorm(reference, float_model.get_submodule(bn_name))  # type: ignore[arg-type]
-        reference, actual = reference.detach().float(), actual.detach().float()
+        reference, actual = reference.detach().float(), layer.weight().detach().float()
         layers.append(
             LayerWeightComparison(
                 fqn=fqn,
-                kind=kind.value,
-                quantized_type=f"{type(quantized).__module__}.{type(quantized).__qualname__}",
+                kind=layer.kind.value,
+                quantized_type=layer.quantized_type,
+                quantized=layer.quantized,
                 folded_bn=bn_name,
                 metrics=tuple(MetricValue(name=n, value=fn(reference, actual)) for n, fn in chosen.items()),
                 per_channel=_per_channel(chosen, reference, actual),
             )
         )
     if not layers:
-        raise ValueError("no Linear/Conv of the float model has a same-named module with a weight in the quantized model")
+        raise ValueError("no Linear/Conv of the float model has a quantized counterpart with a weight in the quantized model")
     return WeightComparison(layers=tuple(layers))
-
 
 
 def compare_activations(
@@ -240,74 +213,117 @@ def compare_activations(
 ) -> ActivationComparison:
     """Per Linear/Conv: the propagated and the local error of ``quantized_model`` against ``float_model``.
 
-    Both models run on every batch of ``data`` (eval mode, no gradients, hooks
-    removed afterwards). Memory is O(layers) whatever the number of batches.
+    ``quantized_model`` comes from ``convert_fx`` (or eager conversion), or is a
+    ``convert_pt2e`` graph of ``float_model``. Both models run on every batch of
+    ``data`` (eval mode, no gradients, hooks and taps removed afterwards).
+    Memory is O(layers) whatever the number of batches.
+    """
+    return measure_activations(float_model, {"": quantized_model}, data, metrics=metrics)[""]
+
+
+class _FloatTaps:
+    """The float model's input and (end-of-fused-group) output of each compared layer, per batch."""
+
+    def __init__(self, float_model: nn.Module, fqns: Iterable[str]) -> None:
+        self.tails = _fused_tails(float_model)
+        self.inputs: dict[str, torch.Tensor] = {}
+        self.outputs: dict[str, torch.Tensor] = {}
+        self.removers = []
+        for fqn in fqns:
+            tail = float_model.get_submodule(self.tails.get(fqn, fqn))
+            self.removers += [
+                float_model.get_submodule(fqn).register_forward_pre_hook(
+                    lambda _m, a, f=fqn: self.inputs.__setitem__(f, a[0])
+                ).remove,
+                tail.register_forward_hook(lambda _m, _a, out, f=fqn: self.outputs.__setitem__(f, out)).remove,
+            ]
+
+    def remove(self) -> None:
+        for remove in self.removers:
+            remove()
+
+
+def measure_activations(
+    float_model: nn.Module,
+    quantized_models: Mapping[str, nn.Module],
+    data: Iterable[object],
+    *,
+    metrics: Sequence[str] | None = None,
+) -> dict[str, ActivationComparison]:
+    """:func:`compare_activations` for several quantized versions of ``float_model`` in one pass over ``data``.
+
+    Per batch the float model runs once, then each quantized model and, for the
+    local error, each of its layers on the float model's input.
     """
     names = tuple(DEFAULT if metrics is None else metrics)
     plugins = {n: fn for n, fn in load_metrics(names).items() if n not in DEFAULT}
-    tails = _fused_tails(float_model)
-    layers: dict[str, tuple[OpKind, nn.Module]] = {}
-    for fqn, (_module, kind, _holder) in _candidates(float_model).items():
-        try:
-            quantized = quantized_model.get_submodule(fqn)
-        except AttributeError:
-            continue
-        if dequantized_weight(quantized) is not None:
-            layers[fqn] = (kind, quantized)
-    if not layers:
-        raise ValueError("no Linear/Conv of the float model has a same-named module in the quantized model")
-    float_in: dict[str, torch.Tensor] = {}
-    float_out: dict[str, torch.Tensor] = {}
-    quant_in: dict[str, torch.Tensor] = {}
-    quant_out: dict[str, torch.Tensor] = {}
-    removers = []
-    for fqn, (_kind, quantized) in layers.items():
-        tail = float_model.get_submodule(tails.get(fqn, fqn))
-        removers += [
-            float_model.get_submodule(fqn).register_forward_pre_hook(lambda _m, a, f=fqn: float_in.__setitem__(f, a[0])).remove,
-            tail.register_forward_hook(lambda _m, _a, out, f=fqn: float_out.__setitem__(f, out)).remove,
-            quantized.register_forward_pre_hook(lambda _m, a, f=fqn: quant_in.__setitem__(f, a[0])).remove,
-            quantized.register_forward_hook(lambda _m, _a, out, f=fqn: quant_out.__setitem__(f, out)).remove,
-        ]
-    propagated = {fqn: _ErrorSums(plugins) for fqn in layers}
-    local = {fqn: _ErrorSums(plugins) for fqn in layers}
+    layers = {key: quantized_layers(float_model, model) for key, model in quantized_models.items()}
+    for key, found in layers.items():
+        if not found:
+            raise ValueError(f"no Linear/Conv of the float model has a counterpart in the quantized model {key!r}")
+    floats = _FloatTaps(float_model, {fqn for found in layers.values() for fqn in found})
+    outputs: dict[str, dict[str, torch.Tensor]] = {key: {} for key in layers}
+    detachers = [
+        layer.attach(_store(outputs[key], fqn)) for key, found in layers.items() for fqn, layer in found.items()
+    ]
+    sums = {key: {fqn: (_ErrorSums(plugins), _ErrorSums(plugins)) for fqn in found} for key, found in layers.items()}
     try:
-        with eval_mode(float_model), eval_mode(quantized_model), torch.no_grad():
+        with contextlib.ExitStack() as stack:
+            for model in (float_model, *quantized_models.values()):
+                stack.enter_context(eval_mode(model))
+            stack.enter_context(torch.no_grad())
             for batch in data:
+                floats.outputs.clear()
                 run_batch(float_model, batch)
-                run_batch(quantized_model, batch)
-                for fqn, (_kind, quantized) in layers.items():
-                    if fqn not in float_out or fqn not in quant_out:
-                        continue  # not reached by this batch
-                    actual = _as_float(quant_out[fqn])
-                    reference = _Reference(_as_float(float_out[fqn]), like=actual)
-                    propagated[fqn].add(reference, actual)
-                    arrived = quant_in[fqn]
-                    shadow_input = float_in[fqn]
-                    if arrived.is_quantized:  # quantize the float input as the quantized model quantized its own
-                        shadow_input = torch.quantize_per_tensor(
-                            shadow_input, arrived.q_scale(), arrived.q_zero_point(), arrived.dtype
-                        )
-                    local[fqn].add(reference, _as_float(quantized(shadow_input)))
-                float_out.clear()
-                quant_out.clear()
+                for key, model in quantized_models.items():
+                    outputs[key].clear()
+                    run_batch(model, batch)
+                    _add_batch(layers[key], floats, outputs[key], sums[key])
     finally:
-        for remove in removers:
-            remove()
-    return ActivationComparison(
-        layers=tuple(
-            LayerActivationComparison(
-                fqn=fqn,
-                kind=kind.value,
-                quantized_type=f"{type(quantized).__module__}.{type(quantized).__qualname__}",
-                compared_at=tails.get(fqn, fqn),
-                batches=propagated[fqn].batches,
-                propagated=propagated[fqn].values(names),
-                local=local[fqn].values(names),
+        floats.remove()
+        for detach in detachers:
+            detach()
+    return {
+        key: ActivationComparison(
+            layers=tuple(
+                LayerActivationComparison(
+                    fqn=fqn,
+                    kind=layer.kind.value,
+                    quantized_type=layer.quantized_type,
+                    quantized=layer.quantized,
+                    compared_at=floats.tails.get(fqn, fqn),
+                    batches=sums[key][fqn][0].batches,
+                    propagated=sums[key][fqn][0].values(names),
+                    local=sums[key][fqn][1].values(names),
+                )
+                for fqn, layer in found.items()
             )
-            for fqn, (kind, quantized) in layers.items()
         )
-    )
+        for key, found in layers.items()
+    }
 
 
-__all__ = ["compare_activations", "compare_weights", "dequantized_weight", "fold_batchnorm"]
+def _store(into: dict[str, torch.Tensor], fqn: str) -> Callable[[torch.Tensor], None]:
+    def store(output: torch.Tensor) -> None:
+        into[fqn] = output
+
+    return store
+
+
+def _add_batch(
+    layers: dict[str, QuantizedLayer],
+    floats: _FloatTaps,
+    outputs: dict[str, torch.Tensor],
+    sums: dict[str, tuple[_ErrorSums, _ErrorSums]],
+) -> None:
+    for fqn, layer in layers.items():
+        if fqn not in floats.outputs or fqn not in outputs:
+            continue  # not reached by this batch
+        actual = outputs[fqn]
+        reference = _Reference(dequantize(floats.outputs[fqn]), like=actual)
+        propagated, local = sums[fqn]
+        propagated.add(reference, actual)
+        local.add(reference, layer.local(floats.inputs[fqn]))
+
+
+__all__ = ["compare_activations", "compare_weights", "fold_batchnorm", "measure_activations"]

@@ -18,7 +18,7 @@ taps and recompiles, which gives back the same graph and code.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import fx, nn
@@ -88,10 +88,35 @@ class _Tap(nn.Module):
         return x
 
 
+_TAP_NAMES = itertools.count()
+
+
+def tap_nodes(model: fx.GraphModule, nodes: Sequence[fx.Node], observe: Callable[[torch.Tensor], object]) -> Detach:
+    """Calls ``observe`` with the value of each of ``nodes`` on every run, until the returned detach.
+
+    A tap is a pass-through module inserted after the node; detach erases it,
+    so the graph's code is what it was.
+    """
+    graph = model.graph
+    taps: list[tuple[fx.Node, str]] = []
+    for node in nodes:
+        name = f"_qinsight_tap_{next(_TAP_NAMES)}"
+        model.add_submodule(name, _Tap(observe))
+        with graph.inserting_after(node):
+            taps.append((graph.call_module(name, (node,)), name))
+    model.recompile()
+
+    def detach() -> None:
+        for tap, name in taps:
+            graph.erase_node(tap)
+            model.delete_submodule(name)
+        model.recompile()
+
+    return detach
+
+
 class ExportedView:
     """The :class:`~qinsight.frontends.base.ModelView` of an exported GraphModule."""
-
-    _taps = itertools.count()
 
     def __init__(self, model: fx.GraphModule, qconfig_mapping: QConfigMapping | None) -> None:
         self._model = model
@@ -154,25 +179,8 @@ class ExportedView:
 
     def attach(self, fqn: str, side: Side, observe: Callable[[torch.Tensor], object]) -> Detach:
         self.site(fqn)
-        graph = self._model.graph
-        taps: list[tuple[fx.Node, str]] = []
-        for node in self._nodes[fqn]:
-            value = node.args[0] if side is Side.PRE else node
-            if not isinstance(value, fx.Node):
-                continue
-            name = f"_qinsight_tap_{next(self._taps)}"
-            self._model.add_submodule(name, _Tap(observe))
-            with graph.inserting_after(value):
-                taps.append((graph.call_module(name, (value,)), name))
-        self._model.recompile()
-
-        def detach() -> None:
-            for tap, name in taps:
-                graph.erase_node(tap)
-                self._model.delete_submodule(name)
-            self._model.recompile()
-
-        return detach
+        values = [node.args[0] if side is Side.PRE else node for node in self._nodes[fqn]]
+        return tap_nodes(self._model, [v for v in values if isinstance(v, fx.Node)], observe)
 
 
 def exported_view(model: object, qconfig_mapping: QConfigMapping | None = None) -> ExportedView:

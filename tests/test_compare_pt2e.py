@@ -1,0 +1,137 @@
+"""Float vs quantized on PyTorch 2 export quantization (convert_pt2e), against the FX flow and torchao's debugger."""
+
+from __future__ import annotations
+
+import copy
+from typing import NamedTuple
+
+import pytest
+import torch
+from _support import ConvBnReluCNN, gaussian_batches, seeded
+from torch import nn
+from torch.ao.quantization import QConfig, QConfigMapping
+from torch.ao.quantization.observer import HistogramObserver, default_per_channel_weight_observer
+from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+import qinsight
+
+xiq = pytest.importorskip("torchao.quantization.pt2e.quantizer.x86_inductor_quantizer")
+from torchao.quantization.pt2e import _numeric_debugger as torchao_debugger  # noqa: E402
+from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e  # noqa: E402
+
+# What X86InductorQuantizer does, in FX terms: 8-bit histogram-calibrated activations
+# (no reduce_range, unlike FX's x86 default) and symmetric per-channel int8 weights.
+FX_LIKE_X86_INDUCTOR = QConfigMapping().set_global(
+    QConfig(activation=HistogramObserver.with_args(reduce_range=False), weight=default_per_channel_weight_observer)
+)
+
+
+def conv_bn_model() -> nn.Module:
+    model = seeded(ConvBnReluCNN())
+    for bn in (model.bn1, model.block[1]):  # BatchNorms far from identity, so an unfolded comparison shows
+        assert isinstance(bn, nn.BatchNorm2d)
+        bn.weight.data.uniform_(0.3, 2.0)
+        bn.running_var.uniform_(0.2, 3.0)
+    return model
+
+
+def pt2e_quantized(model: nn.Module, calibration: list[torch.Tensor]) -> tuple[torch.fx.GraphModule, nn.Module]:
+    """The convert_pt2e model, and torchao's debugger reference (it must come from the same export)."""
+    exported = torch.export.export(copy.deepcopy(model), (calibration[0],)).module()
+    reference = torchao_debugger.prepare_for_propagation_comparison(exported)
+    quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
+    prepared = prepare_pt2e(exported, quantizer)  # type: ignore[arg-type]
+    for batch in calibration:
+        prepared(batch)
+    converted: torch.fx.GraphModule = convert_pt2e(prepared)
+    return converted, reference
+
+
+def fx_quantized(model: nn.Module, calibration: list[torch.Tensor]) -> nn.Module:
+    prepared = prepare_fx(copy.deepcopy(model), FX_LIKE_X86_INDUCTOR, (calibration[0],))
+    for batch in calibration:
+        prepared(batch)
+    return convert_fx(prepared)
+
+
+class Flows(NamedTuple):
+    model: nn.Module
+    pt2e: torch.fx.GraphModule
+    torchao_reference: nn.Module
+    fx: nn.Module
+    data: list[torch.Tensor]
+
+
+@pytest.fixture(scope="module")
+def flows() -> Flows:
+    model = conv_bn_model()
+    calibration = gaussian_batches((4, 3, 16, 16), 6, seed=1)
+    pt2e, torchao_reference = pt2e_quantized(model, calibration)
+    data = gaussian_batches((4, 3, 16, 16), 4, seed=2)
+    return Flows(model, pt2e, torchao_reference, fx_quantized(model, calibration), data)
+
+
+def test_pt2e_weights_match_the_fx_flow_with_batchnorm_folded(flows: Flows) -> None:
+    model, pt2e, fx = flows.model, flows.pt2e, flows.fx
+    ours, theirs = qinsight.compare_weights(model, pt2e), qinsight.compare_weights(model, fx)
+    assert [layer.fqn for layer in ours.layers] == [layer.fqn for layer in theirs.layers] == ["conv1", "block.0", "fc"]
+    assert [layer.folded_bn for layer in ours.layers] == ["bn1", "block.1", None]
+    assert ours.layer("conv1").quantized_type == "aten.conv2d.default"
+    for layer in ours.layers:  # the same per-channel int8 weights either way
+        assert layer.metric("sqnr") == pytest.approx(theirs.layer(layer.fqn).metric("sqnr"), abs=0.01)
+        assert layer.metric("sqnr") > 40.0
+
+
+def test_pt2e_activation_sqnr_within_1db_of_fx(flows: Flows) -> None:
+    model, pt2e, fx, data = flows.model, flows.pt2e, flows.fx, flows.data
+    code = pt2e.code
+    ours, theirs = qinsight.compare_activations(model, pt2e, data), qinsight.compare_activations(model, fx, data)
+    assert pt2e.code == code  # the taps are gone again
+    assert [layer.compared_at for layer in ours.layers] == ["relu1", "block.2", "fc"]
+    for fqn in ("conv1", "block.0"):  # conv + BN (+ ReLU): the same computation in both flows
+        layer, other = ours.layer(fqn), theirs.layer(fqn)
+        assert layer.batches == 4
+        for local in (False, True):
+            assert layer.metric("sqnr", local=local) == pytest.approx(other.metric("sqnr", local=local), abs=1.0)
+    # The last Linear differs by design: X86InductorQuantizer leaves its output in float, FX
+    # quantizes it, so FX's fc carries one more rounding.
+    assert "quantize_per_tensor" not in str(next(iter(pt2e.graph.find_nodes(op="output"))).args)
+    for local in (False, True):
+        assert ours.layer("fc").metric("sqnr", local=local) > theirs.layer("fc").metric("sqnr", local=local)
+    # The first layer's input is the model's input: local and propagated are the same run.
+    first = ours.layer("conv1")
+    assert first.metric("sqnr", local=True) == pytest.approx(first.metric("sqnr"), abs=1e-6)
+    # Deeper, error from earlier layers adds up: propagated is below local.
+    assert ours.layer("block.0").metric("sqnr") < ours.layer("block.0").metric("sqnr", local=True)
+
+
+def test_torchao_debugger_misreports_folded_convs(flows: Flows) -> None:
+    # torchao's debugger compares the float conv *before* BatchNorm with the quantized conv that
+    # absorbed it (PEER.md (f)), so it reports a few dB where the layer is at ~40 dB. qinsight
+    # compares conv+BN+ReLU in float with the quantized conv+ReLU.
+    model, pt2e, data, reference = flows.model, flows.pt2e, flows.data, flows.torchao_reference
+    actual = torchao_debugger.prepare_for_propagation_comparison(pt2e)
+    reference(data[0])
+    actual(data[0])
+    theirs = {
+        info.name: float(summary.results[0].sqnr)
+        for info, summary in torchao_debugger.compare_results(
+            torchao_debugger.extract_results_from_loggers(reference), torchao_debugger.extract_results_from_loggers(actual)
+        ).items()
+    }
+    ours = qinsight.compare_activations(model, pt2e, data[:1])
+    for fqn, node in (("conv1", "conv2d"), ("block.0", "conv2d_1")):
+        assert ours.layer(fqn).metric("sqnr") > 30.0
+        assert theirs[node] < ours.layer(fqn).metric("sqnr") - 20.0, (node, theirs[node])
+    # Where no BatchNorm sits in between, both measure the same thing.
+    assert theirs["linear"] == pytest.approx(ours.layer("fc").metric("sqnr"), abs=0.1)
+
+
+def test_pt2e_layers_reached_by_name_and_called_ops_only() -> None:
+    model = conv_bn_model()
+    calibration = gaussian_batches((4, 3, 16, 16), 3, seed=3)
+    pt2e, _ = pt2e_quantized(model, calibration)
+    comparison = qinsight.compare_activations(model, pt2e, calibration, metrics=["sqnr", "cosine"])
+    assert [m.name for m in comparison.layer("fc").local] == ["sqnr", "cosine"]
+    with pytest.raises(ValueError, match="no Linear/Conv"):
+        qinsight.compare_activations(nn.Sequential(nn.Linear(3, 3)), pt2e, calibration)
