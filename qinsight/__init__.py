@@ -21,6 +21,7 @@ from qinsight.detectors import (
 from qinsight.candidates import compare_configs
 from qinsight.comparison import (
     ActivationComparison,
+    Comparison,
     ConfigComparison,
     ConfigScore,
     LayerActivationComparison,
@@ -39,7 +40,7 @@ from qinsight.errors import (
 )
 from qinsight.findings import Finding
 from qinsight.numeric import compare_activations, compare_weights
-from qinsight.pipeline import Session, default_detectors, diagnose, instrument
+from qinsight.pipeline import Session, comparison_report, default_detectors, diagnose, instrument
 from qinsight.errors import PluginLoadError
 from qinsight.report import DetectorFailure, DetectorResult, FailureStage, Parameter, Report, ReportMetadata
 from qinsight.serde import RawFinding, ReportFileError, ReportVersionError, load_report, save_report
@@ -53,6 +54,7 @@ __all__ = [
     "ActivationStats",
     "BatchMoments",
     "CalibrationError",
+    "Comparison",
     "ConfigComparison",
     "ConfigScore",
     "ChannelStatus",
@@ -104,6 +106,7 @@ __all__ = [
     "compare_activations",
     "compare_configs",
     "compare_weights",
+    "comparison_report",
     "default_detectors",
     "diagnose",
     "diff_reports",

@@ -177,3 +177,24 @@ def best_config(scores: tuple[ConfigScore, ...], rank_by: str) -> str:
     """The config of the best score by local ``rank_by`` (the first one on ties)."""
     sign = 1.0 if rank_by in HIGHER_IS_BETTER else -1.0
     return max(scores, key=lambda s: sign * s.metric(rank_by)).config
+
+
+@attrs.frozen(kw_only=True)
+class Comparison:
+    """What was measured of a float model against its quantized version(s): what a report file carries.
+
+    ``quantized`` says what the quantized side was (``"convert_fx"``,
+    ``"convert_pt2e"``, the candidate configs' names…), for whoever reads the
+    file later.
+    """
+
+    quantized: str = ""
+    weights: WeightComparison | None = None
+    activations: ActivationComparison | None = None
+    configs: ConfigComparison | None = None
+
+    def to_text(self, limit: int = 10) -> str:
+        """Tables, worst layers first, ``limit`` rows each."""
+        from qinsight.comparison_tables import comparison_tables, tables_as_text
+
+        return "\n".join(tables_as_text(comparison_tables(self, limit)))

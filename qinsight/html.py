@@ -2,7 +2,8 @@
 
 Sections: summary, the suggested config as code to paste, a modules ×
 detectors table of verdicts, plots of the key features, per-module detail,
-and what failed. Every text from the report is HTML-escaped.
+what failed, and the float-vs-quantized comparison when the report carries
+one. Every text from the report is HTML-escaped.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import io
 import os
 from collections.abc import Iterable
 
+from qinsight.comparison_tables import comparison_tables
 from qinsight.report import Report
 from qinsight.sites import WeightScheme
 from qinsight.suggestions import ActivationMode, QuantSuggestion
@@ -129,6 +131,22 @@ def _details(report: Report, view: ReportView) -> str:
     return "".join(parts)
 
 
+def _comparison(report: Report) -> str:
+    from qinsight.plots import plot_sqnr
+
+    if report.comparison is None:
+        return ""
+    parts = [f"<h2>Float vs quantized{_e(' (' + report.comparison.quantized + ')' if report.comparison.quantized else '')}</h2>"]
+    if report.comparison.activations is not None:
+        parts.append(_png(plot_sqnr(report.comparison.activations)))
+    for table in comparison_tables(report.comparison):
+        parts.append(f"<h3>{_e(table.title)}</h3>")
+        parts.append(_table(table.header, ([f"<td>{_e(cell)}</td>" for cell in row] for row in table.rows)))
+        if table.note:
+            parts.append(f"<p>{_e(table.note)}</p>")
+    return "\n".join(parts)
+
+
 def render_html(report: Report) -> str:
     from qinsight.plots import plot_feature
 
@@ -146,12 +164,7 @@ def render_html(report: Report) -> str:
     failures = "".join(
         f'<li class="fail">{_e(f.detector)} failed at {_e(f.stage.value)}: {_e(f.error)}</li>' for f in report.failures
     )
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>qinsight report: {_e(meta.model)}</title>
-<style>{_STYLE}</style></head><body>
-<h1>qinsight report: {_e(meta.model)}</h1>
-{summary}
-<h2>Suggested config</h2>
+    diagnosis = f"""<h2>Suggested config</h2>
 <p>Paste to quantize with <code>prepare_fx(model, mapping, example_inputs)</code>, or use
 <code>report.qconfig_mapping()</code> / <code>report.pt2e_quantizer()</code>.</p>
 <pre id="config">{_e(config_code(report))}</pre>
@@ -162,7 +175,16 @@ def render_html(report: Report) -> str:
 <h2>Detail</h2>
 {_details(report, view)}
 <h2>Failures</h2>
-{f"<ul>{failures}</ul>" if failures else "<p>None.</p>"}
+{f"<ul>{failures}</ul>" if failures else "<p>None.</p>"}"""
+    if not report.sites and report.comparison is not None:  # a file holding a comparison only
+        diagnosis = ""
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>qinsight report: {_e(meta.model)}</title>
+<style>{_STYLE}</style></head><body>
+<h1>qinsight report: {_e(meta.model)}</h1>
+{summary}
+{diagnosis}
+{_comparison(report)}
 </body></html>
 """
 

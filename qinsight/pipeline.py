@@ -18,6 +18,7 @@ from torch import nn
 from torch.ao.quantization import QConfigMapping
 
 from qinsight._version import __version__
+from qinsight.comparison import Comparison
 from qinsight.detector import Detector
 from qinsight.equalization import EqualizationEntry, EqualizationMapping
 from qinsight.errors import CalibrationError, FrontendError, InvalidParameterError
@@ -302,3 +303,26 @@ def diagnose(
     ) as session:
         session.calibrate(itertools.chain([first], batches) if example is not None else (), progress)
     return session.report()
+
+
+def comparison_report(comparison: Comparison, *, model_name: str = "model") -> Report:
+    """A report file's worth holding only ``comparison``, for when no diagnosis ran.
+
+    To keep a comparison with a diagnosis instead: ``report.with_comparison(comparison)``.
+    """
+    measured = comparison.activations.layers if comparison.activations is not None else ()
+    return Report(
+        metadata=ReportMetadata(
+            model=model_name,
+            frontend="",
+            backend="",
+            batches=max((layer.batches for layer in measured), default=0),
+            qinsight_version=__version__,
+            torch_version=torch.__version__,
+        ),
+        sites=(),
+        observations=(),
+        results=(),
+        suggestions=(),
+        comparison=comparison,
+    )

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from matplotlib.figure import Figure
 
+from qinsight.comparison import ActivationComparison
 from qinsight.view import ReportView
 
 
@@ -96,4 +97,24 @@ def plot_histogram(view: ReportView, feature: str, module: str | None = None, bi
     axes.set_xlabel(feature)
     axes.set_ylabel("count")
     axes.set_title(_title(f"{feature} ({where})", left_out))
+    return figure
+
+
+def plot_sqnr(activations: ActivationComparison) -> Figure:
+    """Local and propagated SQNR per layer in forward order: where error is made, and where it piles up."""
+    layers = activations.layers
+    if not layers:
+        return _empty("SQNR per layer", "no layers were compared")
+    figure = Figure(figsize=(max(6.0, 0.35 * len(layers)), 3.5), layout="constrained")
+    axes = figure.add_subplot()
+    left_out = 0
+    for local, label in ((True, "local (error this layer makes)"), (False, "propagated (error so far)")):
+        index, kept, dropped = _finite([layer.metric("sqnr", local=local) for layer in layers])
+        left_out += dropped
+        axes.plot(index, kept, marker="o", label=label)
+    axes.set_xticks(range(len(layers)), [layer.fqn for layer in layers], rotation=60, ha="right", fontsize=7)
+    axes.set_xlabel("layer (forward order)")
+    axes.set_ylabel("SQNR (dB)")
+    axes.legend(fontsize=8)
+    axes.set_title(_title("float vs quantized, SQNR per layer", left_out))
     return figure

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from qinsight.comparison import Comparison
 from qinsight.equalization import EqualizationMapping
 from qinsight.findings import Finding
 from qinsight.sites import OpSite, Side
@@ -101,6 +102,11 @@ class Report:
     conflicts: tuple[SuggestionConflict, ...] = ()
     equalization_mapping: EqualizationMapping = EqualizationMapping()
     failures: tuple[DetectorFailure, ...] = ()
+    comparison: Comparison | None = None
+
+    def with_comparison(self, comparison: Comparison) -> Report:
+        """This report carrying ``comparison`` (float vs quantized), to save and show together."""
+        return attrs.evolve(self, comparison=comparison)
 
     def result(self, detector: str) -> DetectorResult:
         for result in self.results:

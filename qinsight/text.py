@@ -46,6 +46,8 @@ def _result_lines(result: DetectorResult) -> list[str]:
 
 
 def render_text(report: Report) -> str:
+    if report.comparison is not None and not report.sites:  # a file holding a comparison only
+        return _comparison_lines(report) + "\n"
     meta = report.metadata
     lines = [
         f"qinsight report: {meta.model} ({meta.frontend} frontend, backend {meta.backend}, "
@@ -72,7 +74,15 @@ def render_text(report: Report) -> str:
         lines.append("")
         lines.append("Notes:")
         lines.extend(f"  {note}" for note in notes)
+    if report.comparison is not None:
+        lines.extend(["", _comparison_lines(report)])
     return "\n".join(lines) + "\n"
+
+
+def _comparison_lines(report: Report) -> str:
+    assert report.comparison is not None
+    against = f" ({report.comparison.quantized})" if report.comparison.quantized else ""
+    return f"Float vs quantized{against}: {report.metadata.model}\n\n" + report.comparison.to_text().rstrip("\n")
 
 
 def _notes(report: Report) -> list[str]:
