@@ -50,28 +50,45 @@ def _batchnorm_after_conv(model: nn.Module) -> dict[str, str]:
     return pairs
 
 
-_TAIL_TYPES = (nn.modules.batchnorm._BatchNorm, nn.ReLU, nn.ReLU6)
+_TAIL_TYPES = (nn.modules.batchnorm._BatchNorm, nn.ReLU, nn.ReLU6, nn.Hardtanh)
 
 
-def _fused_tails(model: nn.Module) -> dict[str, str]:
-    """Linear/Conv name -> the last module of its fusable chain (BatchNorm, ReLU) of single users."""
+def _tail_chains(model: nn.Module) -> dict[str, list[tuple[str, nn.Module]]]:
+    """Linear/Conv name -> the BatchNorm/ReLU modules that follow it, each the only user of the last.
+
+    Quantization may fuse these into the layer. Which of them it did depends on
+    the flow (FX fuses ReLU but not ReLU6; PT2E quantizes after either), so the
+    quantized layer decides (:meth:`QuantizedLayer.absorbs`).
+    """
     try:
         graph = _Tracer().trace(model)
     except Exception:  # untraceable: compare at the layer itself
         return {}
-    tails = {}
+    chains: dict[str, list[tuple[str, nn.Module]]] = {}
     for node in graph.nodes:
         if node.op != "call_module":
             continue
+        chain: list[tuple[str, nn.Module]] = []
         tail = node
         while len(tail.users) == 1:
             (user,) = tail.users
-            if user.op != "call_module" or not isinstance(model.get_submodule(str(user.target)), _TAIL_TYPES):
+            if user.op != "call_module" or not isinstance(module := model.get_submodule(str(user.target)), _TAIL_TYPES):
                 break
+            chain.append((str(user.target), module))
             tail = user
-        if tail is not node:
-            tails[str(node.target)] = str(tail.target)
-    return tails
+        if chain:
+            chains[str(node.target)] = chain
+    return chains
+
+
+def _compared_at(layer: QuantizedLayer, chain: list[tuple[str, nn.Module]]) -> str:
+    """Where the float output matches the quantized layer's: after the float modules it absorbed."""
+    point = layer.fqn
+    for name, module in chain:
+        if not layer.absorbs(module):
+            break
+        point = name
+    return point
 
 
 def _channels_last(tensor: torch.Tensor) -> bool:
@@ -222,21 +239,21 @@ def compare_activations(
 
 
 class _FloatTaps:
-    """The float model's input and (end-of-fused-group) output of each compared layer, per batch."""
+    """Per batch: the float model's input to each compared layer, and its output at each comparison point."""
 
-    def __init__(self, float_model: nn.Module, fqns: Iterable[str]) -> None:
-        self.tails = _fused_tails(float_model)
+    def __init__(self, float_model: nn.Module, fqns: Iterable[str], points: Iterable[str]) -> None:
         self.inputs: dict[str, torch.Tensor] = {}
         self.outputs: dict[str, torch.Tensor] = {}
-        self.removers = []
-        for fqn in fqns:
-            tail = float_model.get_submodule(self.tails.get(fqn, fqn))
-            self.removers += [
-                float_model.get_submodule(fqn).register_forward_pre_hook(
-                    lambda _m, a, f=fqn: self.inputs.__setitem__(f, a[0])
-                ).remove,
-                tail.register_forward_hook(lambda _m, _a, out, f=fqn: self.outputs.__setitem__(f, out)).remove,
-            ]
+        self.removers = [
+            float_model.get_submodule(fqn).register_forward_pre_hook(lambda _m, a, f=fqn: self.inputs.__setitem__(f, a[0])).remove
+            for fqn in fqns
+        ]
+        self.removers += [
+            float_model.get_submodule(point).register_forward_hook(
+                lambda _m, _a, out, p=point: self.outputs.__setitem__(p, out)
+            ).remove
+            for point in points
+        ]
 
     def remove(self) -> None:
         for remove in self.removers:
@@ -261,7 +278,11 @@ def measure_activations(
     for key, found in layers.items():
         if not found:
             raise ValueError(f"no Linear/Conv of the float model has a counterpart in the quantized model {key!r}")
-    floats = _FloatTaps(float_model, {fqn for found in layers.values() for fqn in found})
+    chains = _tail_chains(float_model)
+    points = {key: {fqn: _compared_at(layer, chains.get(fqn, [])) for fqn, layer in found.items()} for key, found in layers.items()}
+    floats = _FloatTaps(
+        float_model, {fqn for found in layers.values() for fqn in found}, {p for at in points.values() for p in at.values()}
+    )
     outputs: dict[str, dict[str, torch.Tensor]] = {key: {} for key in layers}
     detachers = [
         layer.attach(_store(outputs[key], fqn)) for key, found in layers.items() for fqn, layer in found.items()
@@ -278,7 +299,7 @@ def measure_activations(
                 for key, model in quantized_models.items():
                     outputs[key].clear()
                     run_batch(model, batch)
-                    _add_batch(layers[key], floats, outputs[key], sums[key])
+                    _add_batch(layers[key], points[key], floats, outputs[key], sums[key])
     finally:
         floats.remove()
         for detach in detachers:
@@ -291,7 +312,7 @@ def measure_activations(
                     kind=layer.kind.value,
                     quantized_type=layer.quantized_type,
                     quantized=layer.quantized,
-                    compared_at=floats.tails.get(fqn, fqn),
+                    compared_at=points[key][fqn],
                     batches=sums[key][fqn][0].batches,
                     propagated=sums[key][fqn][0].values(names),
                     local=sums[key][fqn][1].values(names),
@@ -312,15 +333,16 @@ def _store(into: dict[str, torch.Tensor], fqn: str) -> Callable[[torch.Tensor], 
 
 def _add_batch(
     layers: dict[str, QuantizedLayer],
+    points: dict[str, str],
     floats: _FloatTaps,
     outputs: dict[str, torch.Tensor],
     sums: dict[str, tuple[_ErrorSums, _ErrorSums]],
 ) -> None:
     for fqn, layer in layers.items():
-        if fqn not in floats.outputs or fqn not in outputs:
+        if points[fqn] not in floats.outputs or fqn not in outputs:
             continue  # not reached by this batch
         actual = outputs[fqn]
-        reference = _Reference(dequantize(floats.outputs[fqn]), like=actual)
+        reference = _Reference(dequantize(floats.outputs[points[fqn]]), like=actual)
         propagated, local = sums[fqn]
         propagated.add(reference, actual)
         local.add(reference, layer.local(floats.inputs[fqn]))

@@ -62,6 +62,10 @@ class QuantizedLayer(Protocol):
         """Calls ``on_output`` with its (dequantized) output on every run of the quantized model."""
         ...
 
+    def absorbs(self, module: nn.Module) -> bool:
+        """Whether its output already includes float ``module`` (a BatchNorm or activation after it)."""
+        ...
+
     def local(self, float_input: torch.Tensor) -> torch.Tensor:
         """Its dequantized output for the float model's input, quantized as its own input is.
 
@@ -129,6 +133,13 @@ class ModuleLayer:
 
         return detach
 
+    def absorbs(self, module: nn.Module) -> bool:
+        # convert_fx folds BatchNorm into the conv/linear and fuses ReLU (ConvReLU2d,
+        # LinearReLU), not ReLU6 or Hardtanh, which stay modules of their own.
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            return True
+        return type(module) is nn.ReLU and "ReLU" in type(self.module).__name__
+
     def local(self, float_input: torch.Tensor) -> torch.Tensor:
         arrived = self._input
         if isinstance(arrived, torch.Tensor) and arrived.is_quantized:
@@ -146,9 +157,10 @@ _QDQ = {
     _decomposed.dequantize_per_tensor.tensor2,
 }
 _QUANTIZE = {t for t in _QDQ if "dequantize" not in str(t)}
-# What FX fuses into a conv/linear: the float model's tail (BatchNorm is folded).
-_TAILS = {torch.ops.aten.relu.default, torch.ops.aten.relu_.default, torch.ops.aten.hardtanh.default,
-          torch.ops.aten.hardtanh_.default}
+# Activations a quantizer puts inside a conv/linear's quantized output (BatchNorm is folded).
+_RELU = {torch.ops.aten.relu.default, torch.ops.aten.relu_.default}
+_HARDTANH = {torch.ops.aten.hardtanh.default, torch.ops.aten.hardtanh_.default}
+_TAILS = _RELU | _HARDTANH
 
 
 def _single_user(node: fx.Node) -> fx.Node | None:
@@ -164,15 +176,23 @@ class GraphLayer:
         self.kind = _KINDS[op.target]
         self.quantized_type = str(op.target)
         self.output = self._chain_end(op)
+        self._activations = {node.target for node in self._walk_tail(op)}
         self._input, self._steps, self._constants = self._local_program()
         weight = op.args[1] if len(op.args) > 1 else op.kwargs.get("weight")
         self.quantized = isinstance(weight, fx.Node) and "dequantize" in str(weight.target)
 
     @staticmethod
-    def _chain_end(op: fx.Node) -> fx.Node:
-        end = op
+    def _walk_tail(op: fx.Node) -> list[fx.Node]:
+        """The relu/hardtanh nodes after ``op``, each the only user of the one before."""
+        walked, end = [], op
         while (user := _single_user(end)) is not None and user.target in _TAILS:
+            walked.append(user)
             end = user
+        return walked
+
+    @classmethod
+    def _chain_end(cls, op: fx.Node) -> fx.Node:
+        end = (cls._walk_tail(op) or [op])[-1]
         quantize = _single_user(end)
         if quantize is not None and quantize.target in _QUANTIZE:
             dequantize_node = _single_user(quantize)
@@ -221,6 +241,13 @@ class GraphLayer:
 
     def attach(self, on_output: OnOutput) -> Detach:
         return tap_nodes(self.model, [self.output], on_output)
+
+    def absorbs(self, module: nn.Module) -> bool:
+        # prepare_pt2e folded BatchNorm; the activations are whatever the chain walked through.
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            return True
+        wanted = _RELU if type(module) is nn.ReLU else _HARDTANH if isinstance(module, nn.Hardtanh) else set()
+        return bool(wanted & self._activations)
 
     def local(self, float_input: torch.Tensor) -> torch.Tensor:
         env: dict[fx.Node, Any] = {**self._constants, self._input: float_input}

@@ -135,3 +135,33 @@ def test_pt2e_layers_reached_by_name_and_called_ops_only() -> None:
     assert [m.name for m in comparison.layer("fc").local] == ["sqnr", "cosine"]
     with pytest.raises(ValueError, match="no Linear/Conv"):
         qinsight.compare_activations(nn.Sequential(nn.Linear(3, 3)), pt2e, calibration)
+
+
+def test_real_mobilenet_v2_in_both_flows() -> None:
+    from _support import mobilenet_v2_or_skip
+    from torch.ao.quantization import get_default_qconfig_mapping
+
+    model = mobilenet_v2_or_skip()
+    calibration, data = gaussian_batches((2, 3, 224, 224), 3, seed=1), gaussian_batches((2, 3, 224, 224), 2, seed=2)
+    pt2e, _ = pt2e_quantized(model, calibration)
+    ours = qinsight.compare_activations(model, pt2e, data)
+    eight_bit = qinsight.compare_activations(model, fx_quantized(model, calibration), data)
+    prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), (calibration[0],))
+    for batch in calibration:
+        prepared(batch)
+    reduced = qinsight.compare_activations(model, convert_fx(prepared), data)
+    assert len(ours.layers) == len(eight_bit.layers) == 53
+    # PT2E quantizes after ReLU6 (hardtanh); FX fuses ReLU but not ReLU6, so it is compared at the BatchNorm.
+    assert ours.layer("features.0.0").compared_at == "features.0.2"
+    assert eight_bit.layer("features.0.0").compared_at == "features.0.1"
+    # PT2E's reference graph computes in float after dequantizing: every layer is sound, and the
+    # layers that make the most error are late projection convs (the linear bottleneck, no ReLU6).
+    assert min(layer.metric("sqnr", local=True) for layer in ours.layers) > 25.0
+    assert all(layer.fqn.endswith(".conv.2") for layer in ours.worst(count=4)), [l.fqn for l in ours.worst(count=4)]
+    # The same 8-bit activations through FX's int8 kernels (fbgemm) saturate on depthwise convs:
+    # local SQNR below 0 dB where PT2E has > 30. The x86 default's 7-bit activations (reduce_range) avoid it.
+    depthwise = "features.3.conv.1.0"
+    assert eight_bit.layer(depthwise).metric("sqnr", local=True) < 0.0
+    assert ours.layer(depthwise).metric("sqnr", local=True) > 30.0
+    assert reduced.layer(depthwise).metric("sqnr", local=True) > 15.0
+    assert eight_bit.worst(count=1)[0].fqn in {n for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and m.groups > 1}
