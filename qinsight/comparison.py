@@ -62,7 +62,10 @@ class WeightComparison:
 
 @attrs.frozen(kw_only=True)
 class LayerActivationComparison:
-    """The output of ``fqn`` in the float model against the quantized model's, over ``batches``.
+    """The output of ``fqn`` in the float model against the quantized model's.
+
+    ``batches`` counts the outputs compared: one per batch, or one per call for a
+    module called several times per forward (each call against the same call).
 
     ``propagated``: float model vs quantized model, error accumulated from the
     input (torch's ``add_loggers``). ``local``: the quantized layer fed the

@@ -59,7 +59,7 @@ class QuantizedLayer(Protocol):
         ...
 
     def attach(self, on_output: OnOutput) -> Detach:
-        """Calls ``on_output`` with its (dequantized) output on every run of the quantized model."""
+        """Calls ``on_output`` with its output (possibly quantized: :func:`dequantize` it) on every run."""
         ...
 
     def absorbs(self, module: nn.Module) -> bool:
@@ -124,7 +124,7 @@ class ModuleLayer:
     def attach(self, on_output: OnOutput) -> Detach:
         removers = [
             self.module.register_forward_pre_hook(self._keep_input).remove,
-            self.module.register_forward_hook(lambda _m, _a, out: on_output(dequantize(out))).remove,
+            self.module.register_forward_hook(lambda _m, _a, out: on_output(out)).remove,
         ]
 
         def detach() -> None:
@@ -144,7 +144,9 @@ class ModuleLayer:
         arrived = self._input
         if isinstance(arrived, torch.Tensor) and arrived.is_quantized:
             float_input = torch.quantize_per_tensor(float_input, arrived.q_scale(), arrived.q_zero_point(), arrived.dtype)
-        return dequantize(self.module(float_input))
+        # forward, not __call__: the hooks attach() put on the module must not see this run
+        # (they would dequantize its output a second time and overwrite the kept input).
+        return dequantize(self.module.forward(float_input))
 
 
 _decomposed = torch.ops.quantized_decomposed

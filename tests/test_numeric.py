@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.ao.ns._numeric_suite_fx as ns
-from _support import MLP, ConvBnReluCNN, gaussian_batches, mobilenet_v2_or_skip, seeded
+from _support import MLP, ConvBnReluCNN, TwiceLinear, gaussian_batches, mobilenet_v2_or_skip, seeded
 from torch import nn
 from torch.ao.ns.fx.utils import compute_sqnr
 from torch.ao.quantization import (
@@ -164,3 +164,29 @@ def test_activation_comparison_many_batches_and_ratio() -> None:
     fc = comparison.layer("fc")  # measured 0.98: upstream error can also partly cancel
     assert fc.error_ratio == pytest.approx(fc.metric("relative_l2") / fc.metric("relative_l2", local=True))
     assert comparison.worst(local=False, count=1)[0].metric("sqnr") == min(l.metric("sqnr") for l in comparison.layers)
+
+
+def test_a_layer_called_twice_is_compared_call_by_call() -> None:
+    # Float activations are compared as the float forward reaches each layer, so a module
+    # called twice per forward is matched call by call: both calls count, each against
+    # the quantized model's same call.
+    model, data = seeded(TwiceLinear()), gaussian_batches((8, 8), 3)
+    _, converted = quantized(model, data)
+    comparison = qinsight.compare_activations(model, converted, data, metrics=["sqnr"])
+    shared = comparison.layer("shared")
+    assert shared.batches == 2 * len(data) and comparison.layer("out").batches == len(data)
+    floats: list[torch.Tensor] = []
+    quants: list[torch.Tensor] = []
+    hooks = [
+        model.shared.register_forward_hook(lambda _m, _a, out: floats.append(out)),
+        converted.get_submodule("shared").register_forward_hook(lambda _m, _a, out: quants.append(out.dequantize())),
+    ]
+    with torch.no_grad():
+        for batch in data:
+            model(batch)
+            converted(batch)
+    for hook in hooks:
+        hook.remove()
+    signal = sum(float((f.double() ** 2).sum()) for f in floats)
+    noise = sum(float(((f.double() - q.double()) ** 2).sum()) for f, q in zip(floats, quants))
+    assert shared.metric("sqnr") == pytest.approx(10 * math.log10(signal / noise), abs=1e-4)
