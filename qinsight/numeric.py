@@ -1,9 +1,10 @@
 """Float vs quantized, layer by layer (the Numeric Suite's job), with typed results.
 
-Layers are matched by the float model's module names, which ``convert_fx``
-keeps. A BatchNorm that directly follows a conv in the float model is folded
-into the float weight first, because the quantized conv absorbed it:
-comparing the unfolded weight would measure the fold, not quantization.
+Layers are matched by the float model's module names (:mod:`qinsight.quantized_layers`
+reads them from ``convert_fx`` modules or ``convert_pt2e`` graph nodes). A
+BatchNorm that directly follows a conv in the float model is folded into the
+float weight first, because the quantized conv absorbed it: comparing the
+unfolded weight would measure the fold, not quantization.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import Counter
-from typing import Any, TypeVar
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -178,8 +179,7 @@ class _ErrorSums:
         self.batches = 0
 
     def add(self, reference: _Reference, actual: torch.Tensor, scratch: _Scratch) -> None:
-        # Quantized convs give channels-last outputs and float ones NCHW: subtracting
-        # across layouts costs less than laying either out again.
+        # The reference is laid out as the quantized output already (_Scratch.laid_out_as).
         y = actual.detach().float()
         if y.shape != reference.tensor.shape:
             raise ValueError(f"cannot compare outputs of shapes {tuple(reference.tensor.shape)} and {tuple(y.shape)}")
@@ -312,15 +312,18 @@ class _Streamer:
             for fqn, point in at.items():
                 self._at.setdefault(point, []).append((key, fqn))
         self._users = Counter(fqn for at in points.values() for fqn in at)
-        self.removers = [
-            float_model.get_submodule(fqn).register_forward_pre_hook(self._keep_input(fqn)).remove for fqn in self._users
-        ]
-        self.removers += [
-            float_model.get_submodule(point).register_forward_hook(self._compare_at(point)).remove for point in self._at
-        ]
-        self.removers += [
-            layer.attach(self._keep_output(key, fqn)) for key, found in layers.items() for fqn, layer in found.items()
-        ]
+        self.removers: list[Callable[[], None]] = []
+        try:  # all attached, or none left behind
+            for fqn in self._users:
+                self.removers.append(float_model.get_submodule(fqn).register_forward_pre_hook(self._keep_input(fqn)).remove)
+            for point in self._at:
+                self.removers.append(float_model.get_submodule(point).register_forward_hook(self._compare_at(point)).remove)
+            for key, found in layers.items():
+                for fqn, layer in found.items():
+                    self.removers.append(layer.attach(self._keep_output(key, fqn)))
+        except BaseException:
+            self.remove()
+            raise
 
     def new_batch(self) -> None:
         for outputs in self.outputs.values():

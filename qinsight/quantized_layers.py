@@ -173,8 +173,9 @@ def _single_user(node: fx.Node) -> fx.Node | None:
 class GraphLayer:
     """A layer of a ``convert_pt2e`` graph: an aten linear/conv node between quantize/dequantize nodes."""
 
-    def __init__(self, model: fx.GraphModule, op: fx.Node, fqn: str) -> None:
+    def __init__(self, model: fx.GraphModule, op: fx.Node, fqn: str, constant: set[fx.Node]) -> None:
         self.model, self.op, self.fqn = model, op, fqn
+        self._constant = constant
         self.kind = _KINDS[op.target]
         self.quantized_type = str(op.target)
         self.output = self._chain_end(op)
@@ -221,7 +222,7 @@ class GraphLayer:
             if node in seen:
                 return
             seen.add(node)
-            if _is_constant(node):
+            if node in self._constant:
                 constants[node] = _evaluate(self.model, node)
                 return
             if node.op != "call_function":
@@ -260,13 +261,13 @@ class GraphLayer:
         return dequantize(env[self.output])
 
 
-def _is_constant(node: fx.Node) -> bool:
-    """Whether ``node`` depends on no input: parameters, buffers and what is computed from them alone."""
-    if node.op == "get_attr":
-        return True
-    if node.op != "call_function":
-        return False
-    return all(_is_constant(arg) for arg in node.all_input_nodes)
+def _constant_nodes(graph: fx.Graph) -> set[fx.Node]:
+    """Nodes that depend on no input: parameters, buffers and what is computed from them alone."""
+    constant: set[fx.Node] = set()
+    for node in graph.nodes:  # topological order: a node's inputs come before it
+        if node.op == "get_attr" or (node.op == "call_function" and all(a in constant for a in node.all_input_nodes)):
+            constant.add(node)
+    return constant
 
 
 def _evaluate(model: fx.GraphModule, node: fx.Node) -> object:
@@ -291,10 +292,11 @@ def quantized_layers(float_model: nn.Module, quantized_model: nn.Module) -> dict
     float_layers = _candidates(float_model)
     layers: dict[str, QuantizedLayer] = {}
     if isinstance(quantized_model, fx.GraphModule) and (ops := exported_sites(quantized_model)):
+        constant = _constant_nodes(quantized_model.graph)
         for op in ops:
             fqn = _module_name(op, None)
             if fqn in float_layers:
-                layers[fqn] = GraphLayer(quantized_model, op, fqn)
+                layers[fqn] = GraphLayer(quantized_model, op, fqn, constant)
         return layers
     for fqn, (_module, kind, _holder) in float_layers.items():
         try:
