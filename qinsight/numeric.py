@@ -106,6 +106,7 @@ class _Scratch:
     def __init__(self) -> None:
         self._error = torch.empty(0)
         self._reference = torch.empty(0)
+        self._actual = torch.empty(0)
 
     @staticmethod
     def _view(buffer: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,6 +126,17 @@ class _Scratch:
         self._reference, view = self._view(self._reference, like)
         return view.copy_(tensor)
 
+    def dequantize(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` as float. A large per-tensor quantized one goes to a reused buffer (valid
+        until the next call): above glibc's mmap threshold every fresh float result is new
+        pages, and their faults cost more than the two extra passes this takes."""
+        per_tensor = value.is_quantized and value.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric)
+        if not per_tensor or value.numel() < _LARGE or not _dense(value):
+            return dequantize(value)
+        self._actual, view = self._view(self._actual, value)
+        # (q - zero_point) * scale in float32, as Tensor.dequantize computes it: bit-identical
+        return view.copy_(value.int_repr()).sub_(value.q_zero_point()).mul_(value.q_scale())
+
     def difference(self, reference: torch.Tensor, actual: torch.Tensor) -> torch.Tensor:
         """``reference - actual`` laid out as ``actual`` is, returned flat (1-D, memory order).
 
@@ -136,6 +148,9 @@ class _Scratch:
         self._error, view = self._view(self._error, actual)
         torch.sub(reference, actual, out=view)
         return self._error[: actual.numel()]
+
+
+_LARGE = 2**22  # values (16 MB as float32): about where allocations leave the heap for fresh pages
 
 
 def _dense(tensor: torch.Tensor) -> bool:
@@ -359,11 +374,11 @@ class _Streamer:
                 actual, float_input = _nth(self.outputs[key].get(fqn), call), _nth(self._inputs.get(fqn), call)
                 if actual is None or float_input is None:
                     continue  # the quantized model did not reach this layer (so often)
-                actual = dequantize(actual)
+                actual = self.scratch.dequantize(actual)
                 reference = reference or _Reference(dequantize(output), like=actual, scratch=self.scratch)
                 propagated, local = self.sums[key][fqn]
-                propagated.add(reference, actual, self.scratch)
-                local.add(reference, self.layers[key][fqn].local(float_input), self.scratch)
+                propagated.add(reference, actual, self.scratch)  # done with actual: its buffer is reused next
+                local.add(reference, self.scratch.dequantize(self.layers[key][fqn].local(float_input)), self.scratch)
                 self.outputs[key][fqn][call] = None
                 self._waiting[fqn, call] -= 1
                 if not self._waiting[fqn, call]:

@@ -67,7 +67,8 @@ class QuantizedLayer(Protocol):
         ...
 
     def local(self, float_input: torch.Tensor) -> torch.Tensor:
-        """Its dequantized output for the float model's input, quantized as its own input is.
+        """Its output (possibly quantized: :func:`dequantize` it) for the float model's input,
+        quantized as its own input is.
 
         Valid after a run of the quantized model (where the input's qparams are
         read from the data, they are those of the last run).
@@ -146,7 +147,8 @@ class ModuleLayer:
             float_input = torch.quantize_per_tensor(float_input, arrived.q_scale(), arrived.q_zero_point(), arrived.dtype)
         # forward, not __call__: the hooks attach() put on the module must not see this run
         # (they would dequantize its output a second time and overwrite the kept input).
-        return dequantize(self.module.forward(float_input))
+        output: torch.Tensor = self.module.forward(float_input)
+        return output
 
 
 _decomposed = torch.ops.quantized_decomposed
@@ -258,7 +260,8 @@ class GraphLayer:
             args, kwargs = fx.map_arg((node.args, node.kwargs), lambda n: env[n])
             assert callable(node.target)
             env[node] = node.target(*args, **kwargs)
-        return dequantize(env[self.output])
+        output: torch.Tensor = env[self.output]
+        return output
 
 
 def _constant_nodes(graph: fx.Graph) -> set[fx.Node]:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import torch.ao.ns._numeric_suite_fx as ns
 from _support import MLP, ConvBnReluCNN, TwiceLinear, gaussian_batches, mobilenet_v2_or_skip, seeded
 from torch import nn
@@ -21,7 +23,7 @@ from torch.ao.quantization import (
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 import qinsight
-from qinsight import metrics
+from qinsight import metrics, numeric
 from qinsight.errors import PluginLoadError
 from qinsight.numeric import compare_weights, fold_batchnorm
 from qinsight.testing import write_distribution
@@ -190,3 +192,28 @@ def test_a_layer_called_twice_is_compared_call_by_call() -> None:
     signal = sum(float((f.double() ** 2).sum()) for f in floats)
     noise = sum(float(((f.double() - q.double()) ** 2).sum()) for f, q in zip(floats, quants))
     assert shared.metric("sqnr") == pytest.approx(10 * math.log10(signal / noise), abs=1e-4)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    shape=st.sampled_from([(2, 3, 4, 5), (3, 7), (1, 8, 2, 2)]),
+    channels_last=st.booleans(),
+    scale=st.floats(1e-4, 10.0),
+    zero_point=st.integers(0, 255),
+    signed=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_buffered_dequantize_is_bit_identical(
+    shape: tuple[int, ...], channels_last: bool, scale: float, zero_point: int, signed: bool, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Large quantized outputs are dequantized into a reused buffer; the values must be exactly
+    # Tensor.dequantize's, in the same layout. (_LARGE lowered so small tensors take that path.)
+    monkeypatch.setattr(numeric, "_LARGE", 1)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 4
+    if channels_last and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    q = torch.quantize_per_tensor(x, scale, zero_point - 128 if signed else zero_point, torch.qint8 if signed else torch.quint8)
+    scratch = numeric._Scratch()
+    scratch.dequantize(torch.quantize_per_tensor(torch.ones(64), 1.0, 0, torch.quint8))  # a buffer already in use
+    got = scratch.dequantize(q)
+    assert torch.equal(got, q.dequantize()) and got.stride() == q.dequantize().stride()
