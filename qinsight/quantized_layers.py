@@ -11,7 +11,7 @@ depends on the flow:
 - ``convert_pt2e`` graphs keep aten ops between quantize/dequantize nodes:
   ``dq(q(x)) -> conv2d(dq(w_int8), b) -> relu -> q -> dq``. A layer is the aten
   op, named by its ``nn_module_stack``; its output is the dequantize that ends
-  its chain (through relu/hardtanh, as FX fuses them); the local run replays
+  its chain (through relu/hardtanh: PT2E quantizes after them); the local run replays
   that small stretch of graph, from the input's quantize to the output's
   dequantize, on the float input. BatchNorm was folded into the conv's weight
   and bias by ``prepare_pt2e``, as by ``convert_fx``.
