@@ -23,18 +23,17 @@ from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 from qinsight.comparison import ConfigComparison, ConfigScore, LayerConfigRow, best_config
 from qinsight.errors import InvalidParameterError
-from qinsight.frontends.base import eval_mode, run_batch
+from qinsight.frontends.base import batch_arguments, eval_mode, run_batch
 from qinsight.frontends.eager import _candidates
 from qinsight.metrics import DEFAULT
 from qinsight.numeric import measure_activations
 
 
 def _example_inputs(batch: object) -> tuple[Any, ...]:
-    if isinstance(batch, torch.Tensor):
-        return (batch,)
-    if isinstance(batch, (tuple, list)):
-        return tuple(batch)
-    raise InvalidParameterError("compare_configs", "example_inputs", None, "example inputs as a tuple for keyword-argument batches")
+    args, kwargs = batch_arguments(batch)
+    if kwargs:
+        raise InvalidParameterError("compare_configs", "example_inputs", None, "example inputs as a tuple for keyword-argument batches")
+    return args
 
 
 def _prepare(model: nn.Module, config: object, example_inputs: tuple[Any, ...]) -> tuple[nn.Module, bool]:

@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
 import attrs
+
+T = TypeVar("T")
+
+
+def _find(items: Sequence[T], key: Callable[[T], str], wanted: str, what: str) -> T:
+    """The item whose ``key`` is ``wanted``; a KeyError listing the others if none is."""
+    for item in items:
+        if key(item) == wanted:
+            return item
+    raise KeyError(f"no {what} {wanted!r}; {what}s: {', '.join(key(i) for i in items)}")
 
 
 @attrs.frozen(kw_only=True)
 class MetricValue:
     name: str
     value: float
+
+
+def _metric(metrics: Sequence[MetricValue], name: str) -> float:
+    return _find(metrics, lambda m: m.name, name, "metric").value
 
 
 @attrs.frozen(kw_only=True)
@@ -39,10 +56,7 @@ class LayerWeightComparison:
     per_channel: tuple[ChannelMetric, ...]
 
     def metric(self, name: str) -> float:
-        for metric in self.metrics:
-            if metric.name == name:
-                return metric.value
-        raise KeyError(f"no metric {name!r} for {self.fqn}; metrics: {', '.join(m.name for m in self.metrics)}")
+        return _metric(self.metrics, name)
 
 
 @attrs.frozen(kw_only=True)
@@ -50,10 +64,7 @@ class WeightComparison:
     layers: tuple[LayerWeightComparison, ...]
 
     def layer(self, fqn: str) -> LayerWeightComparison:
-        for layer in self.layers:
-            if layer.fqn == fqn:
-                return layer
-        raise KeyError(f"no layer {fqn!r}; layers: {', '.join(l.fqn for l in self.layers)}")
+        return _find(self.layers, lambda layer: layer.fqn, fqn, "layer")
 
     def worst(self, metric: str = "sqnr", count: int = 5) -> tuple[LayerWeightComparison, ...]:
         """The layers with the lowest ``metric`` (for SQNR: the most error)."""
@@ -85,10 +96,7 @@ class LayerActivationComparison:
     local: tuple[MetricValue, ...]
 
     def metric(self, name: str, *, local: bool = False) -> float:
-        for metric in self.local if local else self.propagated:
-            if metric.name == name:
-                return metric.value
-        raise KeyError(f"no metric {name!r} for {self.fqn}")
+        return _metric(self.local if local else self.propagated, name)
 
     @property
     def error_ratio(self) -> float:
@@ -105,10 +113,7 @@ class ActivationComparison:
     layers: tuple[LayerActivationComparison, ...]
 
     def layer(self, fqn: str) -> LayerActivationComparison:
-        for layer in self.layers:
-            if layer.fqn == fqn:
-                return layer
-        raise KeyError(f"no layer {fqn!r}; layers: {', '.join(l.fqn for l in self.layers)}")
+        return _find(self.layers, lambda layer: layer.fqn, fqn, "layer")
 
     def worst(self, metric: str = "sqnr", *, local: bool = True, count: int = 5) -> tuple[LayerActivationComparison, ...]:
         """The layers with the lowest ``metric``: by default where the most error is made (local)."""
@@ -130,10 +135,7 @@ class ConfigScore:
     local: tuple[MetricValue, ...]
 
     def metric(self, name: str, *, local: bool = True) -> float:
-        for metric in self.local if local else self.propagated:
-            if metric.name == name:
-                return metric.value
-        raise KeyError(f"no metric {name!r} for config {self.config!r}")
+        return _metric(self.local if local else self.propagated, name)
 
 
 @attrs.frozen(kw_only=True)
@@ -146,10 +148,7 @@ class LayerConfigRow:
     best: str
 
     def score(self, config: str) -> ConfigScore:
-        for score in self.scores:
-            if score.config == config:
-                return score
-        raise KeyError(f"no config {config!r} for {self.fqn}; configs: {', '.join(s.config for s in self.scores)}")
+        return _find(self.scores, lambda score: score.config, config, "config")
 
 
 @attrs.frozen(kw_only=True)
@@ -166,10 +165,7 @@ class ConfigComparison:
     rows: tuple[LayerConfigRow, ...]
 
     def row(self, fqn: str) -> LayerConfigRow:
-        for row in self.rows:
-            if row.fqn == fqn:
-                return row
-        raise KeyError(f"no layer {fqn!r}; layers: {', '.join(r.fqn for r in self.rows)}")
+        return _find(self.rows, lambda row: row.fqn, fqn, "layer")
 
     def best(self) -> dict[str, str]:
         """Layer name -> the config that quantizes it best."""

@@ -35,26 +35,6 @@ from qinsight.quantized_layers import QuantizedLayer, dequantize, quantized_laye
 T = TypeVar("T")
 
 
-def _batchnorm_after_conv(model: nn.Module) -> dict[str, str]:
-    """conv name -> name of the BatchNorm that is its only user, from an FX trace (empty if untraceable)."""
-    try:
-        graph = _Tracer().trace(model)
-    except Exception:  # untraceable: compare unfolded weights
-        return {}
-    pairs = {}
-    for node in graph.nodes:
-        if node.op != "call_module" or len(node.users) != 1:
-            continue
-        (user,) = node.users
-        if user.op != "call_module":
-            continue
-        if isinstance(model.get_submodule(str(node.target)), nn.modules.conv._ConvNd) and isinstance(
-            model.get_submodule(str(user.target)), nn.modules.batchnorm._BatchNorm
-        ):
-            pairs[str(node.target)] = str(user.target)
-    return pairs
-
-
 _TAIL_TYPES = (nn.modules.batchnorm._BatchNorm, nn.ReLU, nn.ReLU6, nn.Hardtanh)
 
 
@@ -84,6 +64,16 @@ def _tail_chains(model: nn.Module) -> dict[str, list[tuple[str, nn.Module]]]:
         if chain:
             chains[str(node.target)] = chain
     return chains
+
+
+def _batchnorm_after_conv(model: nn.Module) -> dict[str, str]:
+    """conv name -> name of the BatchNorm that is its only user (the start of its tail chain)."""
+    return {
+        fqn: chain[0][0]
+        for fqn, chain in _tail_chains(model).items()
+        if isinstance(model.get_submodule(fqn), nn.modules.conv._ConvNd)
+        and isinstance(chain[0][1], nn.modules.batchnorm._BatchNorm)
+    }
 
 
 def _compared_at(layer: QuantizedLayer, chain: list[tuple[str, nn.Module]]) -> str:

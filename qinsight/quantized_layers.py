@@ -29,7 +29,7 @@ from torch.ao.nn.intrinsic.modules.fused import _FusedModule
 from qinsight.errors import FrontendError
 from qinsight.frontends.base import Detach
 from qinsight.frontends.eager import _candidates
-from qinsight.frontends.exported import _KINDS, _module_name, exported_sites, tap_nodes
+from qinsight.frontends.exported import _KINDS, _module_name, exported_sites, fetch_attr, tap_nodes, weight_argument
 from qinsight.sites import OpKind
 
 OnOutput = Callable[[torch.Tensor], None]
@@ -180,11 +180,12 @@ class GraphLayer:
         self._constant = constant
         self.kind = _KINDS[op.target]
         self.quantized_type = str(op.target)
-        self.output = self._chain_end(op)
-        self._activations = {node.target for node in self._walk_tail(op)}
+        tail = self._walk_tail(op)
+        self._activations = {node.target for node in tail}
+        self.output = self._dequantized(tail[-1] if tail else op)
         self._input, self._steps, self._constants = self._local_program()
-        weight = op.args[1] if len(op.args) > 1 else op.kwargs.get("weight")
-        self.quantized = isinstance(weight, fx.Node) and "dequantize" in str(weight.target)
+        self._weight = weight_argument(op)
+        self.quantized = isinstance(self._weight, fx.Node) and "dequantize" in str(self._weight.target)
 
     @staticmethod
     def _walk_tail(op: fx.Node) -> list[fx.Node]:
@@ -195,9 +196,9 @@ class GraphLayer:
             end = user
         return walked
 
-    @classmethod
-    def _chain_end(cls, op: fx.Node) -> fx.Node:
-        end = (cls._walk_tail(op) or [op])[-1]
+    @staticmethod
+    def _dequantized(end: fx.Node) -> fx.Node:
+        """The dequantize after ``end``'s quantize, where its value leaves the quantized domain, else ``end``."""
         quantize = _single_user(end)
         if quantize is not None and quantize.target in _QUANTIZE:
             dequantize_node = _single_user(quantize)
@@ -237,10 +238,9 @@ class GraphLayer:
         return start, steps, constants
 
     def weight(self) -> torch.Tensor:
-        weight = self.op.args[1] if len(self.op.args) > 1 else self.op.kwargs.get("weight")
-        if not isinstance(weight, fx.Node) or weight not in self._constants:
+        if not isinstance(self._weight, fx.Node) or self._weight not in self._constants:
             raise FrontendError(f"{self.fqn}: the weight is not a constant of the graph")
-        value = self._constants[weight]
+        value = self._constants[self._weight]
         assert isinstance(value, torch.Tensor)
         return value
 
@@ -276,10 +276,7 @@ def _constant_nodes(graph: fx.Graph) -> set[fx.Node]:
 def _evaluate(model: fx.GraphModule, node: fx.Node) -> object:
     """The value of a constant node (a get_attr, or ops on get_attrs such as a weight's dequantize)."""
     if node.op == "get_attr":
-        value: object = model
-        for part in str(node.target).split("."):
-            value = getattr(value, part)
-        return value
+        return fetch_attr(model, str(node.target))
     value_of: Callable[[fx.Node], Any] = lambda n: _evaluate(model, n)  # noqa: E731
     args, kwargs = fx.map_arg((node.args, node.kwargs), value_of)
     assert callable(node.target)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
-from torch.ao.quantization.quantize_fx import prepare_fx
+from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 warnings.filterwarnings("ignore", message=".*reduce_range will be deprecated.*")
@@ -138,6 +138,16 @@ def torch_model_report(
 
 def prepared_fx(model: nn.Module, example: torch.Tensor, mapping: QConfigMapping | None = None) -> nn.Module:
     return prepare_fx(copy.deepcopy(model), mapping or get_default_qconfig_mapping("x86"), (example,))
+
+
+def quantized_fx(
+    model: nn.Module, data: list[torch.Tensor], mapping: QConfigMapping | None = None
+) -> tuple[nn.Module, nn.Module]:
+    """A copy of ``model`` prepared with ``mapping`` (default x86) and calibrated on ``data``, and its convert_fx."""
+    prepared = prepared_fx(model, data[0], mapping)
+    for batch in data:
+        prepared(batch)
+    return prepared, convert_fx(copy.deepcopy(prepared))
 
 
 def torch_name(fqn: str, torch_keys: Iterable[str]) -> str:

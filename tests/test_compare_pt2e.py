@@ -7,11 +7,10 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from _support import ConvBnReluCNN, gaussian_batches, seeded
+from _support import ConvBnReluCNN, gaussian_batches, quantized_fx, seeded
 from torch import nn
 from torch.ao.quantization import QConfig, QConfigMapping
 from torch.ao.quantization.observer import HistogramObserver, default_per_channel_weight_observer
-from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 import qinsight
 
@@ -48,10 +47,7 @@ def pt2e_quantized(model: nn.Module, calibration: list[torch.Tensor]) -> tuple[t
 
 
 def fx_quantized(model: nn.Module, calibration: list[torch.Tensor]) -> nn.Module:
-    prepared = prepare_fx(copy.deepcopy(model), FX_LIKE_X86_INDUCTOR, (calibration[0],))
-    for batch in calibration:
-        prepared(batch)
-    return convert_fx(prepared)
+    return quantized_fx(model, calibration, FX_LIKE_X86_INDUCTOR)[1]
 
 
 class Flows(NamedTuple):
@@ -139,17 +135,13 @@ def test_pt2e_layers_reached_by_name_and_called_ops_only() -> None:
 
 def test_real_mobilenet_v2_in_both_flows() -> None:
     from _support import mobilenet_v2_or_skip
-    from torch.ao.quantization import get_default_qconfig_mapping
 
     model = mobilenet_v2_or_skip()
     calibration, data = gaussian_batches((2, 3, 224, 224), 3, seed=1), gaussian_batches((2, 3, 224, 224), 2, seed=2)
     pt2e, _ = pt2e_quantized(model, calibration)
     ours = qinsight.compare_activations(model, pt2e, data)
     eight_bit = qinsight.compare_activations(model, fx_quantized(model, calibration), data)
-    prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), (calibration[0],))
-    for batch in calibration:
-        prepared(batch)
-    reduced = qinsight.compare_activations(model, convert_fx(prepared), data)
+    reduced = qinsight.compare_activations(model, quantized_fx(model, calibration)[1], data)
     assert len(ours.layers) == len(eight_bit.layers) == 53
     # PT2E quantizes after ReLU6 (hardtanh); FX fuses ReLU but not ReLU6, so it is compared at the BatchNorm.
     assert ours.layer("features.0.0").compared_at == "features.0.2"

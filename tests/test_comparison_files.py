@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
 import attrs
 import pytest
-from _support import ConvBnReluCNN, gaussian_batches, seeded
+from _support import ConvBnReluCNN, gaussian_batches, quantized_fx, seeded
 from test_cli import qinsight as run_cli
-from torch.ao.quantization import QConfig, QConfigMapping, get_default_qconfig, get_default_qconfig_mapping
+from torch.ao.quantization import QConfig, QConfigMapping, get_default_qconfig
 from torch.ao.quantization.observer import default_weight_observer
-from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 import qinsight
 from qinsight.comparison import MetricValue
@@ -24,10 +22,7 @@ from qinsight.serde import report_from_json, report_to_dict
 def cnn_comparison() -> tuple[qinsight.Report, qinsight.Comparison]:
     model = seeded(ConvBnReluCNN())
     data = gaussian_batches((4, 3, 16, 16), 4)
-    prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), (data[0],))
-    for batch in data:
-        prepared(batch)
-    quantized = convert_fx(prepared)
+    _, quantized = quantized_fx(model, data)
     x86 = get_default_qconfig("x86")
     configs = {
         "x86": QConfigMapping().set_global(x86),

@@ -11,29 +11,20 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 import torch.ao.ns._numeric_suite_fx as ns
-from _support import MLP, ConvBnReluCNN, TwiceLinear, gaussian_batches, mobilenet_v2_or_skip, seeded
+from _support import MLP, ConvBnReluCNN, TwiceLinear, gaussian_batches, mobilenet_v2_or_skip, quantized_fx, seeded
 from torch import nn
 from torch.ao.ns.fx.utils import compute_sqnr
 from torch.ao.quantization import (
     QConfigMapping,
     default_dynamic_qconfig,
     get_default_qconfig,
-    get_default_qconfig_mapping,
 )
-from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 import qinsight
 from qinsight import metrics, numeric
 from qinsight.errors import PluginLoadError
 from qinsight.numeric import compare_weights, fold_batchnorm
 from qinsight.testing import write_distribution
-
-
-def quantized(model: nn.Module, data: list[torch.Tensor], mapping: QConfigMapping | None = None) -> tuple[nn.Module, nn.Module]:
-    prepared = prepare_fx(copy.deepcopy(model), mapping or get_default_qconfig_mapping("x86"), (data[0],))
-    for batch in data:
-        prepared(batch)
-    return prepared, convert_fx(copy.deepcopy(prepared))
 
 
 def test_metric_edge_values() -> None:
@@ -60,7 +51,7 @@ def test_sqnr_agrees_with_torch_where_both_are_defined() -> None:
 def test_weight_sqnr_matches_numeric_suite_fx(name: str) -> None:
     model = seeded(MLP()) if name == "mlp" else seeded(ConvBnReluCNN())
     data = gaussian_batches((8, 16) if name == "mlp" else (4, 3, 16, 16), 6)
-    prepared, converted = quantized(model, data)
+    prepared, converted = quantized_fx(model, data)
     results = ns.extract_weights("fp32", prepared, "int8", converted)
     ns.extend_logger_results_with_comparison(results, "fp32", "int8", compute_sqnr, "sqnr")
     theirs = {v["weight"]["int8"][0]["fqn"]: v["weight"]["int8"][0]["sqnr"][0].item() for v in results.values()}
@@ -80,7 +71,7 @@ def test_weight_sqnr_matches_numeric_suite_fx(name: str) -> None:
 
 def test_dynamic_modules_and_worst_layers() -> None:
     model, data = seeded(MLP()), gaussian_batches((8, 16), 3)
-    _, converted = quantized(model, data, QConfigMapping().set_global(default_dynamic_qconfig))
+    _, converted = quantized_fx(model, data, QConfigMapping().set_global(default_dynamic_qconfig))
     comparison = compare_weights(model, converted, metrics=["sqnr", "cosine"])
     assert all(".dynamic." in layer.quantized_type for layer in comparison.layers)
     worst = comparison.worst("sqnr", count=2)
@@ -92,7 +83,7 @@ def test_real_mobilenet_v2_per_tensor_weights_hurt_depthwise_convs_most() -> Non
     model = mobilenet_v2_or_skip()
     data = gaussian_batches((2, 3, 224, 224), 2)
     per_tensor = QConfigMapping().set_global(get_default_qconfig("qnnpack"))  # per-tensor weights
-    _, converted = quantized(model, data, per_tensor)
+    _, converted = quantized_fx(model, data, per_tensor)
     comparison = compare_weights(model, converted, metrics=["sqnr"])
     groups = {fqn: m.groups for fqn, m in model.named_modules() if isinstance(m, nn.Conv2d)}
     # measured: the 3 worst are depthwise (31.2-32.3 dB); medians 35.9 dB depthwise vs 38.3 dB for the rest
@@ -133,7 +124,7 @@ def numeric_suite(prepared: nn.Module, converted: nn.Module, batch: torch.Tensor
 def test_activation_errors_against_numeric_suite_fx(name: str) -> None:
     model = seeded(MLP()) if name == "mlp" else seeded(ConvBnReluCNN())
     data = gaussian_batches((8, 16) if name == "mlp" else (4, 3, 16, 16), 6)
-    prepared, converted = quantized(model, data)
+    prepared, converted = quantized_fx(model, data)
     plain, shadowed = numeric_suite(prepared, converted, data[0])
     ours = qinsight.compare_activations(model, converted, [data[0]])
     first = ours.layers[0]
@@ -159,7 +150,7 @@ def test_activation_errors_against_numeric_suite_fx(name: str) -> None:
 
 def test_activation_comparison_many_batches_and_ratio() -> None:
     model, data = seeded(ConvBnReluCNN()), gaussian_batches((4, 3, 16, 16), 6)
-    _, converted = quantized(model, data)
+    _, converted = quantized_fx(model, data)
     comparison = qinsight.compare_activations(model, converted, data, metrics=["sqnr", "relative_l2"])
     assert all(layer.batches == 6 for layer in comparison.layers)
     assert comparison.layer("conv1").error_ratio == pytest.approx(1.0)  # the first layer inherits no error
@@ -173,7 +164,7 @@ def test_a_layer_called_twice_is_compared_call_by_call() -> None:
     # called twice per forward is matched call by call: both calls count, each against
     # the quantized model's same call.
     model, data = seeded(TwiceLinear()), gaussian_batches((8, 8), 3)
-    _, converted = quantized(model, data)
+    _, converted = quantized_fx(model, data)
     comparison = qinsight.compare_activations(model, converted, data, metrics=["sqnr"])
     shared = comparison.layer("shared")
     assert shared.batches == 2 * len(data) and comparison.layer("out").batches == len(data)

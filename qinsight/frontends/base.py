@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -14,18 +14,25 @@ from qinsight.sites import OpSite, Side
 Detach = Callable[[], None]
 
 
-def run_batch(model: nn.Module, batch: object) -> object:
-    """Call ``model`` on one batch: a tensor, a tuple/list of positional args, or a mapping of keyword args."""
+def batch_arguments(batch: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The positional and keyword arguments a batch stands for: a tensor, a tuple/list of positional
+    args, or a mapping of keyword args."""
     if isinstance(batch, torch.Tensor):
-        return model(batch)
+        return (batch,), {}
     if isinstance(batch, Mapping):
-        return model(**batch)
+        return (), dict(batch)
     if isinstance(batch, (tuple, list)):
-        return model(*batch)
+        return tuple(batch), {}
     raise TypeError(
         f"a calibration batch must be a tensor, a tuple of positional arguments or a mapping of keyword "
         f"arguments, not {type(batch).__name__}"
     )
+
+
+def run_batch(model: nn.Module, batch: object) -> object:
+    """Call ``model`` on one batch (see :func:`batch_arguments`)."""
+    args, kwargs = batch_arguments(batch)
+    return model(*args, **kwargs)
 
 
 @contextlib.contextmanager
@@ -88,7 +95,30 @@ class ModelView(Protocol):
         ...
 
 
-class ModuleView:
+class SitesOfModel:
+    """What every view shares: the frontend's name, the model, and the sites found in it."""
+
+    _frontend: str
+    _model: nn.Module
+    _sites: tuple[OpSite, ...]
+
+    @property
+    def frontend(self) -> str:
+        return self._frontend
+
+    @property
+    def model(self) -> nn.Module:
+        return self._model
+
+    @property
+    def sites(self) -> tuple[OpSite, ...]:
+        return self._sites
+
+    def site(self, fqn: str) -> OpSite:
+        return find_site(self._sites, fqn)
+
+
+class ModuleView(SitesOfModel):
     """A view whose sites are submodules: observed with forward hooks.
 
     Hooks leave the model's code and graph untouched, so detaching them gives
@@ -110,21 +140,6 @@ class ModuleView:
         self._sites = sites
         self._modules = modules  # fqn -> the module whose call is the site
         self._weights = weights  # fqn -> the module holding the weight (the Linear inside a fused LinearReLU)
-
-    @property
-    def frontend(self) -> str:
-        return self._frontend
-
-    @property
-    def model(self) -> nn.Module:
-        return self._model
-
-    @property
-    def sites(self) -> tuple[OpSite, ...]:
-        return self._sites
-
-    def site(self, fqn: str) -> OpSite:
-        return find_site(self._sites, fqn)
 
     def weight(self, fqn: str) -> torch.Tensor:
         self.site(fqn)

@@ -25,7 +25,7 @@ from torch import fx, nn
 from torch.ao.quantization import QConfigMapping
 
 from qinsight.errors import FrontendError
-from qinsight.frontends.base import Detach, find_site
+from qinsight.frontends.base import Detach, SitesOfModel
 from qinsight.frontends.fx import resolve_qconfig, weight_scheme
 from qinsight.sites import OpKind, OpSite, Side, WeightScheme
 
@@ -50,9 +50,22 @@ def _is_observer(node: fx.Node, model: fx.GraphModule) -> bool:
     return node.op == "call_module" and hasattr(model.get_submodule(str(node.target)), "calculate_qparams")
 
 
+def weight_argument(node: fx.Node) -> object:
+    """The weight argument of an aten linear/conv node, positional or keyword."""
+    return node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
+
+
+def fetch_attr(model: fx.GraphModule, target: str) -> object:
+    """What a get_attr node of ``model`` reads (a dotted path of attributes)."""
+    value: object = model
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
 def _weight_source(node: fx.Node, model: fx.GraphModule) -> tuple[fx.Node | None, nn.Module | None]:
     """The get_attr node a weight argument comes from, and the weight observer it passed, if any."""
-    weight = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
+    weight = weight_argument(node)
     observer = None
     if isinstance(weight, fx.Node) and _is_observer(weight, model):
         observer = model.get_submodule(str(weight.target))
@@ -115,8 +128,11 @@ def tap_nodes(model: fx.GraphModule, nodes: Sequence[fx.Node], observe: Callable
     return detach
 
 
-class ExportedView:
+class ExportedView(SitesOfModel):
     """The :class:`~qinsight.frontends.base.ModelView` of an exported GraphModule."""
+
+    _frontend = "export"
+    _model: fx.GraphModule
 
     def __init__(self, model: fx.GraphModule, qconfig_mapping: QConfigMapping | None) -> None:
         self._model = model
@@ -150,29 +166,12 @@ class ExportedView:
             weight_scheme=scheme,
         )
 
-    @property
-    def frontend(self) -> str:
-        return "export"
-
-    @property
-    def model(self) -> nn.Module:
-        return self._model
-
-    @property
-    def sites(self) -> tuple[OpSite, ...]:
-        return self._sites
-
-    def site(self, fqn: str) -> OpSite:
-        return find_site(self._sites, fqn)
-
     def weight(self, fqn: str) -> torch.Tensor:
         self.site(fqn)
         node = self._weights[fqn]
         if node is None:
             raise FrontendError(f"the weight of {fqn} is computed in the graph, not a parameter")
-        value: object = self._model
-        for part in str(node.target).split("."):
-            value = getattr(value, part)
+        value = fetch_attr(self._model, str(node.target))
         if not isinstance(value, torch.Tensor):
             raise FrontendError(f"{node.target} is not a tensor")
         return value.detach()
