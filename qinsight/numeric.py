@@ -158,7 +158,7 @@ class _KeptOutputs:
 
     def _copy(self, slot: tuple[str, str, int], raw: _Raw) -> _Raw:
         values = raw.values
-        if not isinstance(values, torch.Tensor) or values.is_quantized or not _dense(values):
+        if values.is_quantized or not _dense(values):  # per-channel and strided outputs: kept as they are
             return raw
         numel, dtype = values.numel(), values.dtype
         buffer = self._buffers.get(slot)
