@@ -41,7 +41,7 @@ from qinsight.plugins import finding_type
 from qinsight.report import DetectorResult, ParameterValue, Report
 
 FORMAT: Final = "qinsight.report"
-SCHEMA_VERSION: Final = (1, 1)
+SCHEMA_VERSION: Final = (1, 2)
 MAX_BYTES: Final = 256 * 1024 * 1024
 _RESERVED: Final = ("type", "summary")  # keys a finding's own fields may not use
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -62,6 +63,32 @@ def test_linear_model_without_per_channel() -> None:
     assert sorted(findings) == ["fc1", "fc2", "fc3"]
     assert all(f.supported and not f.used and f.actionable for f in findings.values())
     assert "per-channel recommended (3)" in report.to_text()
+
+
+def test_without_a_plan_per_channel_is_recommended_not_said_missing() -> None:
+    # No qconfig mapping and no qconfig on the modules: how the weights will be quantized is
+    # unknown, so the finding recommends per-channel without claiming it is not used.
+    x = torch.randn(4, 16)
+    report = run(seeded(MLP()), [x], "x86")
+    findings = per_channel(report)
+    assert all(f.actionable and not f.used and not f.plan_known for f in findings.values())
+    reason = findings["fc1"].reason()
+    assert "no qconfig mapping given" in reason and "not quantized per channel" not in reason
+    planned = per_channel(run(seeded(MLP()), [x], "x86", get_default_qconfig_mapping("x86")))
+    assert all(f.plan_known and f.used and not f.actionable for f in planned.values())
+    per_tensor = per_channel(run(seeded(MLP()), [x], "x86", QConfigMapping().set_global(get_default_qconfig("qnnpack"))))
+    assert all(f.plan_known and "not quantized per channel" in f.reason() for f in per_tensor.values())
+
+
+def test_files_of_schema_1_1_read_plan_known_as_true() -> None:
+    # 1.2 added plan_known; a 1.1 file has none and means a known plan (the only kind it wrote).
+    data = qinsight.serde.report_to_dict(run(seeded(MLP()), [torch.randn(4, 16)], "x86"))
+    data["schema_version"] = [1, 1]
+    for result in data["results"]:
+        for finding in result["findings"]:
+            finding.pop("plan_known", None)
+    loaded = qinsight.serde.report_from_json(json.dumps(data))
+    assert all(f.plan_known for f in per_channel(loaded).values())
 
 
 def test_multiple_qconfig_options() -> None:

@@ -36,6 +36,9 @@ class PerChannelFinding(Finding):
     backend: str
     supported: bool
     used: bool
+    # False when neither a qconfig on the module nor a qconfig mapping said how its weight
+    # will be quantized: "used" is then not known to be false, only not known to be true.
+    plan_known: bool = True
 
     @property
     def verdict(self) -> str:
@@ -52,6 +55,11 @@ class PerChannelFinding(Finding):
             return f"{self.kind.value}: backend {self.backend} has no per-channel weights for it"
         if self.used:
             return f"{self.kind.value}: weights already quantized per channel"
+        if not self.plan_known:
+            return (
+                f"{self.kind.value}: quantize its weights per channel; backend {self.backend} supports it "
+                "(no qconfig mapping given, so how you plan to quantize them is unknown)"
+            )
         return f"{self.kind.value}: weights not quantized per channel; backend {self.backend} supports it"
 
 
@@ -81,6 +89,7 @@ class PerChannelDetector:
                     backend=self.backend,
                     supported=supported,
                     used=site.weight_scheme is WeightScheme.PER_CHANNEL,
+                    plan_known=site.weight_scheme is not None,
                 )
             )
             if supported:
