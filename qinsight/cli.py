@@ -11,14 +11,19 @@ import importlib
 import json
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence, Sized
 
 from torch import nn
+from torch.ao.quantization import get_default_qconfig_mapping
 
+from qinsight.candidates import quantize_candidates
+from qinsight.comparison import Comparison
 from qinsight.diff import diff_reports
 from qinsight.errors import QinsightError
 from qinsight.examples import EXAMPLES, example
-from qinsight.pipeline import diagnose
+from qinsight.numeric import compare_activations, compare_weights
+from qinsight.pipeline import comparison_report, diagnose
 from qinsight.errors import PluginLoadError
 from qinsight.plugins import installed_detectors, load_detector_class
 from qinsight.report import Report
@@ -37,15 +42,18 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("diagnose", help="diagnose a model and print the report")
-    source = run.add_mutually_exclusive_group(required=True)
-    source.add_argument("--example", choices=sorted(EXAMPLES), help="a built-in example model")
-    source.add_argument("--model", metavar="PKG.MOD:FACTORY", help="a function returning the model")
-    run.add_argument("--data", metavar="PKG.MOD:FACTORY", help="with --model: a function returning the batches")
-    run.add_argument("--batches", type=int, default=8, help="calibration batches of an example (default 8)")
+    _model_source(run)
     run.add_argument("--backend", default="x86", help="quantized backend (default x86)")
     run.add_argument("--detectors", help="comma-separated detector ids (default: QINSIGHT_DETECTORS or the built-ins)")
     run.add_argument("--quiet", action="store_true", help="no progress line")
     _outputs(run)
+
+    compare = commands.add_parser("compare", help="quantize a model and compare it with the float one, layer by layer")
+    _model_source(compare)
+    compare.add_argument("--flow", choices=("fx", "pt2e"), default="fx", help="prepare_fx/convert_fx (default) or PT2E")
+    compare.add_argument("--backend", default="x86", help="FX qconfig backend (default x86; PT2E quantizes for x86)")
+    compare.add_argument("--out", metavar="FILE.json", help="write the comparison as a report file")
+    compare.add_argument("--html", metavar="FILE.html", help="write it as a self-contained page")
 
     show = commands.add_parser("show", help="print a saved report")
     show.add_argument("file")
@@ -66,6 +74,14 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("detectors", help="installed detectors, their versions and load failures")
     commands.add_parser("schema", help="print the report file schema (for the snapshot test)")
     return parser
+
+
+def _model_source(command: argparse.ArgumentParser) -> None:
+    source = command.add_mutually_exclusive_group(required=True)
+    source.add_argument("--example", choices=sorted(EXAMPLES), help="a built-in example model")
+    source.add_argument("--model", metavar="PKG.MOD:FACTORY", help="a function returning the model")
+    command.add_argument("--data", metavar="PKG.MOD:FACTORY", help="with --model: a function returning the batches")
+    command.add_argument("--batches", type=int, default=8, help="calibration batches of an example (default 8)")
 
 
 def _outputs(command: argparse.ArgumentParser, save: bool = True) -> None:
@@ -107,7 +123,7 @@ class _Progress:
         print(f"\rcalibrating: {done}{of} batches, {rate:.1f} batch/s{eta}", end=end, file=sys.stderr, flush=True)
 
 
-def _diagnose(args: argparse.Namespace) -> Report:
+def _model_and_data(args: argparse.Namespace) -> tuple[nn.Module, Iterable[object], str]:
     model: object
     data: object
     if args.example:
@@ -124,10 +140,47 @@ def _diagnose(args: argparse.Namespace) -> Report:
         raise UsageError(f"--model gave {type(model).__name__}, not a torch.nn.Module")
     if not isinstance(data, Iterable):
         raise UsageError(f"--data gave {type(data).__name__}, not an iterable of batches")
+    return model, data, name
+
+
+def _diagnose(args: argparse.Namespace) -> Report:
+    model, data, name = _model_and_data(args)
     total = len(data) if isinstance(data, Sized) else None
     detectors = [d.strip() for d in args.detectors.split(",") if d.strip()] if args.detectors else None
     progress = None if args.quiet else _Progress(total)
     return diagnose(model, data, backend=args.backend, model_name=name, detectors=detectors, progress=progress)
+
+
+def _quantizer(flow: str, backend: str) -> object:
+    """torch's default config for ``flow``: a QConfigMapping for FX, X86InductorQuantizer for PT2E."""
+    if flow == "fx":
+        return get_default_qconfig_mapping(backend)
+    if backend != "x86":
+        raise UsageError(f"--flow pt2e quantizes for x86 (X86InductorQuantizer), not {backend}")
+    try:
+        import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
+    except ImportError as exc:
+        raise UsageError("--flow pt2e needs torchao: pip install 'qinsight[pt2e]'") from exc
+    return x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """Quantizes the model with torch's default for the flow, calibrated on the batches, and
+    compares it with the float model on the same batches."""
+    model, data, name = _model_and_data(args)
+    batches = list(data)  # calibration, then comparison
+    if not batches:
+        raise UsageError("no batches to calibrate and compare on")
+    config = _quantizer(args.flow, args.backend)
+    with warnings.catch_warnings():  # torch's and torchao's deprecation notices: nothing the user can act on
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|torchao)(\.|$)")
+        quantized = quantize_candidates(model, {args.flow: config}, batches)[args.flow]
+        comparison = Comparison(
+            quantized=f"convert_{args.flow} ({'x86' if args.flow == 'pt2e' else args.backend} default)",
+            weights=compare_weights(model, quantized),
+            activations=compare_activations(model, quantized, batches),
+        )
+    return _finish(comparison_report(comparison, model_name=name), args)
 
 
 def _finish(report: Report, args: argparse.Namespace) -> int:
@@ -138,11 +191,12 @@ def _finish(report: Report, args: argparse.Namespace) -> int:
         from qinsight.html import save_html
 
         save_html(report, args.html)
+    gates = getattr(args, "fail_on", [])  # compare has no findings to gate on
     tripped = [
         (result.detector, finding)
         for result in report.results
         for finding in result.findings
-        if finding.verdict in args.fail_on or (ACTIONABLE in args.fail_on and finding.actionable)
+        if finding.verdict in gates or (ACTIONABLE in gates and finding.actionable)
     ]
     for detector, finding in tripped:
         print(f"qinsight: gate: {detector} {finding.fqn}: {finding.verdict}", file=sys.stderr)
@@ -180,6 +234,8 @@ def _plot(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.command == "diagnose":
         return _finish(_diagnose(args), args)
+    if args.command == "compare":
+        return _compare(args)
     if args.command == "show":
         return _finish(load_report(args.file), args)
     if args.command == "diff":

@@ -5,9 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
+from torch.ao.quantization import get_default_qconfig_mapping
+
+import qinsight as api
+from qinsight.candidates import quantize_candidates
+from qinsight.examples import example
 
 
 def qinsight(*args: str, cwd: Path | None = None, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -72,9 +78,41 @@ def test_show_diff_plot_detectors_schema(saved: Path) -> None:
     assert schema.returncode == 0 and '"schema_version"' in schema.stdout
 
 
+def test_compare_quantizes_compares_and_writes_what_show_prints(tmp_path: Path) -> None:
+    out, page = tmp_path / "c.json", tmp_path / "c.html"
+    result = qinsight("compare", "--example", "cnn", "--batches", "3", "--out", str(out), "--html", str(page))
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.startswith("Float vs quantized (convert_fx (x86 default)): cnn")
+    assert qinsight("show", str(out)).stdout == result.stdout
+    assert "Float vs quantized" in page.read_text()
+    # The same numbers as the API on the same batches: calibrated on them, then compared on them.
+    chosen = example("cnn")
+    model, batches = chosen.model(), chosen.data(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantized = quantize_candidates(model, {"fx": get_default_qconfig_mapping("x86")}, batches)["fx"]
+        expected = api.compare_activations(model, quantized, batches)
+    saved = api.load_report(out).comparison
+    assert saved is not None and saved.activations is not None
+    assert [(layer.fqn, layer.metric("sqnr", local=True), layer.metric("sqnr")) for layer in saved.activations.layers] == [
+        (layer.fqn, layer.metric("sqnr", local=True), layer.metric("sqnr")) for layer in expected.layers
+    ]
+    assert saved.weights is not None and {layer.fqn for layer in saved.weights.layers} == {"conv1", "block.0", "fc"}
+
+
+def test_compare_in_the_pt2e_flow() -> None:
+    pytest.importorskip("torchao")
+    result = qinsight("compare", "--example", "cnn", "--batches", "2", "--flow", "pt2e")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Float vs quantized (convert_pt2e (x86 default)): cnn")
+    assert "block.0" in result.stdout and "conv1" in result.stdout
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
+        (("compare", "--example", "cnn", "--flow", "pt2e", "--backend", "fbgemm"), "--flow pt2e quantizes for x86"),
+        (("compare", "--model", "qinsight.examples:example"), "--model needs --data"),
         (("diagnose", "--example", "cnn", "--batches", "0"), "qinsight: error: --batches must be at least 1"),
         (("diagnose", "--example", "cnn", "--backend", "tpu"), "backend='tpu' is invalid"),
         (("diagnose", "--model", "nowhere:model", "--data", "nowhere:data"), "cannot load --model nowhere:model"),
