@@ -11,6 +11,7 @@ config that makes the least local error per layer.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
@@ -71,14 +72,12 @@ def quantize_candidates(
         raise InvalidParameterError("compare_configs", "calibration", "no batches", "at least one batch")
     example = example_inputs if example_inputs is not None else _example_inputs(first)
     prepared = {name: _prepare(model, config, example) for name, config in configs.items()}
-    with torch.no_grad():
+    with torch.no_grad(), contextlib.ExitStack() as stack:
+        for module, _pt2e in prepared.values():
+            stack.enter_context(eval_mode(module))
         for batch in itertools.chain([first], batches):
-            for module, pt2e in prepared.values():
-                if pt2e:
-                    run_batch(module, batch)  # exported graphs have no train/eval switch to set
-                else:
-                    with eval_mode(module):
-                        run_batch(module, batch)
+            for module, _pt2e in prepared.values():
+                run_batch(module, batch)
     return {name: _convert(module, pt2e) for name, (module, pt2e) in prepared.items()}
 
 

