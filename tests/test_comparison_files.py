@@ -13,9 +13,9 @@ from torch.ao.quantization import QConfig, QConfigMapping, get_default_qconfig
 from torch.ao.quantization.observer import default_weight_observer
 
 import qinsight
-from qinsight.comparison import MetricValue
-from qinsight.html import render_html
-from qinsight.serde import report_from_json, report_to_dict
+from qinsight.core.comparison import MetricValue
+from qinsight.outputs.html import render_html
+from qinsight.outputs.serde import report_from_json, report_to_dict
 
 
 @pytest.fixture(scope="module")

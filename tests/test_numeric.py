@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -21,10 +22,10 @@ from torch.ao.quantization import (
 )
 
 import qinsight
-from qinsight import metrics, numeric
-from qinsight.errors import PluginLoadError
-from qinsight.numeric import compare_weights, fold_batchnorm
-from qinsight.testing import write_distribution
+from qinsight.compare import accumulate, metrics
+from qinsight.compare.weights import compare_weights, fold_batchnorm
+from qinsight.core.errors import PluginLoadError
+from qinsight.plugin.testing import write_distribution
 
 
 def test_metric_edge_values() -> None:
@@ -205,7 +206,7 @@ def test_kept_outputs_dequantize_bit_identically(
         x = x.contiguous(memory_format=torch.channels_last)
     q = torch.quantize_per_tensor(x, scale, zero_point - 128 if signed else zero_point, torch.qint8 if signed else torch.quint8)
     expected = q.dequantize()
-    kept = numeric._KeptOutputs(copied=True)
+    kept = accumulate.KeptOutputs(copied=True)
     kept.keep("", "layer", torch.quantize_per_tensor(torch.ones(256), 1.0, 0, q.dtype))  # an earlier batch
     kept.new_batch()  # plans room for it
     kept.keep("", "layer", q)
@@ -240,18 +241,31 @@ def test_chunked_sums_equal_whole_tensor_sums(
     if quantized:
         output = torch.quantize_per_tensor(output, 0.05, 100, torch.quint8)
     y = output.dequantize() if quantized else output
-    old_chunk = numeric._CHUNK
-    numeric._CHUNK = chunk  # buffers are sized when the scratch is made
-    try:
-        scratch = numeric._Scratch()
-        raw = numeric._raw(output)
-        reference = numeric._Reference(x, like=raw.values, scratch=scratch)
-        sums = numeric._chunk_sums(reference, raw, scratch)
-    finally:
-        numeric._CHUNK = old_chunk
+    scratch = accumulate.Scratch(chunk=chunk)
+    raw = accumulate.split_output(output)
+    reference = accumulate.Reference(x, like=raw.values, scratch=scratch)
+    sums = accumulate.chunk_sums(reference, raw, scratch)
     error = x.double() - y.double()
     assert raw.scale is not None if quantized else raw.scale is None
     assert sums.err_sq == pytest.approx(float((error**2).sum()), rel=1e-5, abs=1e-9)
     assert sums.act_sq == pytest.approx(float((y.double() ** 2).sum()), rel=1e-5, abs=1e-9)
     assert sums.ref_sq == reference.sq == pytest.approx(float((x.double() ** 2).sum()), rel=1e-5, abs=1e-9)
     assert sums.max_abs == pytest.approx(float(error.abs().max()) if error.numel() else 0.0, rel=1e-5, abs=1e-6)
+
+
+def test_qinsight_compare_traces_the_float_model_once(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # compare_weights and compare_activations share one reading of the float model's structure
+    from qinsight.cli import main
+    from qinsight.frontends import LeafTracer
+
+    traced: list[str] = []
+    trace = LeafTracer.trace
+
+    def counting(self: LeafTracer, root: Any, *args: Any, **kwargs: Any) -> Any:
+        traced.append(type(root).__name__)
+        return trace(self, root, *args, **kwargs)
+
+    monkeypatch.setattr(LeafTracer, "trace", counting)
+    assert main(["compare", "--example", "cnn", "--batches", "2"]) == 0
+    assert "Float vs quantized" in capsys.readouterr().out
+    assert traced == ["SmallCNN"]

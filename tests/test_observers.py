@@ -10,10 +10,10 @@ import torch
 from torch import nn
 from torch.ao.quantization.fx._model_report.model_report_observer import ModelReportObserver
 
-from qinsight.errors import ObserverError
-from qinsight.observers import ActivationObserver
-from qinsight.sites import ObserverSpec
-from qinsight.stats import DataCondition
+from qinsight.core.errors import ObserverError
+from qinsight.observe.observers import ActivationObserver
+from qinsight.core.sites import ObserverSpec
+from qinsight.core.stats import DataCondition
 
 
 def observer(axis: int = 1, per_channel: bool = True, moments: bool = False) -> ActivationObserver:

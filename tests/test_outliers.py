@@ -17,9 +17,9 @@ import qinsight
 from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, torch_model_report, torch_name
 from qinsight import ChannelStatus, DataCondition, InvalidParameterError, OutlierDetector, OutlierFinding
 from qinsight.examples import example
-from qinsight.observers import ActivationObserver
-from qinsight.selection import _block_candidates, channel_percentile, channel_view, lower_rank
-from qinsight.sites import ObserverSpec
+from qinsight.observe.observers import ActivationObserver
+from qinsight.observe.selection import _block_candidates, channel_percentile, channel_view, lower_rank
+from qinsight.core.sites import ObserverSpec
 
 
 def outliers(report: qinsight.Report) -> dict[str, OutlierFinding]:

@@ -16,9 +16,9 @@ import pytest
 import qinsight
 from _support import MLP, gaussian_batches, seeded
 from qinsight.examples import example
-from qinsight.html import config_code, render_html
-from qinsight.plots import plot_channels, plot_feature, plot_histogram
-from qinsight.view import ReportView
+from qinsight.outputs.html import config_code, render_html
+from qinsight.outputs.plots import plot_channels, plot_feature, plot_histogram
+from qinsight.outputs.view import ReportView
 
 
 @pytest.fixture(scope="module")

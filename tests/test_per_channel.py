@@ -19,6 +19,7 @@ from torch.ao.quantization import (
 from torch.ao.quantization.fx._model_report.detector import PerChannelDetector as TorchPerChannel
 
 import qinsight
+from qinsight.outputs.serde import report_from_json, report_to_dict
 from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, torch_model_report, torch_name
 from qinsight import InvalidParameterError, PerChannelDetector, PerChannelFinding
 
@@ -82,12 +83,12 @@ def test_without_a_plan_per_channel_is_recommended_not_said_missing() -> None:
 
 def test_files_of_schema_1_1_read_plan_known_as_true() -> None:
     # 1.2 added plan_known; a 1.1 file has none and means a known plan (the only kind it wrote).
-    data = qinsight.serde.report_to_dict(run(seeded(MLP()), [torch.randn(4, 16)], "x86"))
+    data = report_to_dict(run(seeded(MLP()), [torch.randn(4, 16)], "x86"))
     data["schema_version"] = [1, 1]
     for result in data["results"]:
         for finding in result["findings"]:
             finding.pop("plan_known", None)
-    loaded = qinsight.serde.report_from_json(json.dumps(data))
+    loaded = report_from_json(json.dumps(data))
     assert all(f.plan_known for f in per_channel(loaded).values())
 
 

@@ -23,9 +23,9 @@ from qinsight import (
     PerChannelDetector,
     Side,
 )
-from qinsight.report import DetectorResult
-from qinsight.sites import InsertPoint, ObserverSpec
-from qinsight.stats import ObservedStats
+from qinsight.core.report import DetectorResult
+from qinsight.core.sites import InsertPoint, ObserverSpec
+from qinsight.core.stats import ObservedStats
 
 
 def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:

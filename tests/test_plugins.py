@@ -11,15 +11,15 @@ import torch
 import qinsight
 from _support import MLP, gaussian_batches, seeded
 from qinsight import FailureStage
-from qinsight.errors import PluginLoadError
-from qinsight.plugins import DEFAULT_IDS, installed_detectors, resolve_detectors
-from qinsight.testing import write_distribution
+from qinsight.core.errors import PluginLoadError
+from qinsight.plugin.discovery import DEFAULT_IDS, installed_detectors, resolve_detectors
+from qinsight.plugin.testing import write_distribution
 
 WIDTHS = '''
 from typing import ClassVar
 import attrs
 from qinsight import Finding
-from qinsight.detector import result_of
+from qinsight.plugin.detector import result_of
 
 @attrs.frozen(kw_only=True)
 class WidthFinding(Finding):

@@ -127,5 +127,5 @@ def test_without_torchao_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> Non
     for name in [m for m in sys.modules if m == "torchao" or m.startswith("torchao.")]:
         monkeypatch.setitem(sys.modules, name, None)  # type: ignore[arg-type]
     report = qinsight.diagnose(torch.export.export(model, (data[0],)).module(), data)  # the rest works
-    with pytest.raises(qinsight.pt2e.MissingExtraError, match=r"needs torchao: pip install 'qinsight\[pt2e\]'"):
+    with pytest.raises(qinsight.MissingExtraError, match=r"needs torchao: pip install 'qinsight\[pt2e\]'"):
         report.pt2e_quantizer()

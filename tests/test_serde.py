@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import qinsight
 from _support import MLP, gaussian_batches, seeded
 from qinsight.examples import example
-from qinsight.serde import (
+from qinsight.outputs.serde import (
     _STRICT,
     FORMAT,
     SCHEMA_VERSION,
@@ -33,7 +33,7 @@ from qinsight.serde import (
     save_report,
     schema,
 )
-from qinsight.testing import write_distribution
+from qinsight.plugin.testing import write_distribution
 from test_plugins import WIDTHS
 
 SNAPSHOT = Path(__file__).parent / "data" / "report_schema.json"
@@ -68,7 +68,7 @@ st.register_type_strategy(
 def all_classes() -> list[type]:
     names = set(schema()["classes"])
     found: dict[str, type] = {}
-    for module in ("qinsight", "qinsight.detectors.dynamic_static", "qinsight.stats", "qinsight.suggestions", "qinsight.report", "qinsight.equalization", "qinsight.comparison"):
+    for module in ("qinsight", "qinsight.detectors.dynamic_static", "qinsight.core.stats", "qinsight.core.suggestions", "qinsight.core.report", "qinsight.core.equalization", "qinsight.core.comparison"):
         mod = importlib.import_module(module)
         for name in names:
             if hasattr(mod, name):

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from qinsight.observers import ActivationObserver
-from qinsight.sites import ObserverSpec
-from qinsight.stats import ActivationStats, BatchMoments
+from qinsight.observe.observers import ActivationObserver
+from qinsight.core.sites import ObserverSpec
+from qinsight.core.stats import ActivationStats, BatchMoments
 
 SPEC = ObserverSpec(channel_axis=1, per_channel=True, moments=True, percentiles=(0.5, 0.9))
 

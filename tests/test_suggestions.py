@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from qinsight import ActivationMode, QuantSuggestion, WeightScheme
-from qinsight.suggestions import Opinion, SuggestionConflict, merge_suggestions
+from qinsight.core.suggestions import Opinion, SuggestionConflict, merge_suggestions
 
 
 def s(fqn: str, source: str, **fields: object) -> QuantSuggestion:

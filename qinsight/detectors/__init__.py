@@ -1,7 +1,14 @@
 """The built-in detectors."""
 
-from qinsight.detectors.dynamic_static import DynamicStaticDetector, DynamicStaticFinding, Stationarity
-from qinsight.detectors.equalization import EqualizationFinding, InputWeightEqualizationDetector
+from qinsight.detectors.dynamic_static import (
+    DynamicStaticDetector,
+    DynamicStaticFinding,
+    Stationarity,
+)
+from qinsight.detectors.equalization import (
+    EqualizationFinding,
+    InputWeightEqualizationDetector,
+)
 from qinsight.detectors.outliers import ChannelStatus, OutlierDetector, OutlierFinding
 from qinsight.detectors.per_channel import PerChannelDetector, PerChannelFinding
 

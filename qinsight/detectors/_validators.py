@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from qinsight.errors import InvalidParameterError
+from qinsight.core.errors import InvalidParameterError
 
 Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 

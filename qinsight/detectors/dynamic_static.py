@@ -11,7 +11,7 @@ Two statistics are offered:
 * ``Stationarity.BATCH_RANGE`` (default, torch's): S = mean batch range /
   epoch range.
 * ``Stationarity.VARIANCE``: the variance-based statistic of
-  :meth:`qinsight.stats.BatchMoments.stationarity`, which one outlier cannot
+  :meth:`qinsight.core.stats.BatchMoments.stationarity`, which one outlier cannot
   swing the way it swings the epoch range.
 """
 
@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 
-from qinsight.detector import API_VERSION, result_of
+from qinsight.core.findings import Finding
+from qinsight.core.report import DetectorResult
+from qinsight.core.sites import InsertPoint, OpKind, OpSite, Side
+from qinsight.core.stats import ActivationStats, DataCondition, ObservedStats
+from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 from qinsight.detectors._validators import in_open_interval
-from qinsight.findings import Finding
-from qinsight.report import DetectorResult
-from qinsight.sites import InsertPoint, OpKind, OpSite, Side
-from qinsight.stats import ActivationStats, DataCondition, ObservedStats
-from qinsight.suggestions import ActivationMode, QuantSuggestion
+from qinsight.plugin.detector import API_VERSION, result_of
 
 if TYPE_CHECKING:
-    from qinsight.frontends.base import ModelView
+    from qinsight.plugin.detector import ModelView
 
 DYNAMIC_SUPPORTED = frozenset({OpKind.LINEAR})
 

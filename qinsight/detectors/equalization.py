@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING, ClassVar
 import attrs
 import torch
 
-from qinsight.detector import API_VERSION, result_of
+from qinsight.core.findings import Finding
+from qinsight.core.report import DetectorResult
+from qinsight.core.sites import InsertPoint, OpKind, OpSite, Side
+from qinsight.core.stats import ActivationStats, DataCondition, ObservedStats
+from qinsight.core.suggestions import QuantSuggestion
 from qinsight.detectors._validators import in_open_interval
-from qinsight.findings import Finding
-from qinsight.report import DetectorResult
-from qinsight.sites import InsertPoint, OpKind, OpSite, Side
-from qinsight.stats import ActivationStats, DataCondition, ObservedStats
-from qinsight.suggestions import QuantSuggestion
+from qinsight.plugin.detector import API_VERSION, result_of
 
 if TYPE_CHECKING:
-    from qinsight.frontends.base import ModelView
+    from qinsight.plugin.detector import ModelView
 
 
 def weight_channel_ranges(weight: torch.Tensor, groups: int) -> tuple[tuple[float, ...], float]:

@@ -11,7 +11,7 @@ outliers. torch gives them a ratio of inf or 3.4e38 and flags them: 1,311
 channels of a random ResNet-18. The statuses are ``dead`` (zero in every batch),
 ``constant`` (one value throughout) and ``sparse``. A channel is sparse when
 it was measurable (reference percentile non-zero, at least half its values
-non-zero: :data:`qinsight.observers.MIN_NONZERO_SHARE`) in fewer than
+non-zero: :data:`qinsight.observe.observers.MIN_NONZERO_SHARE`) in fewer than
 ``fraction_batches_used_threshold`` of the informative batches, as behind a
 ReLU; there a low reference makes ``max / percentile`` huge without any
 outlier. Informative batches are those where the activation
@@ -31,15 +31,20 @@ from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 
-from qinsight.detector import API_VERSION, result_of
+from qinsight.core.findings import Finding
+from qinsight.core.report import DetectorResult
+from qinsight.core.sites import InsertPoint, OpKind, OpSite, Side
+from qinsight.core.stats import (
+    ActivationStats,
+    DataCondition,
+    ObservedStats,
+    PercentileStats,
+)
 from qinsight.detectors._validators import in_open_interval, positive, positive_or_none
-from qinsight.findings import Finding
-from qinsight.report import DetectorResult
-from qinsight.sites import InsertPoint, OpKind, OpSite, Side
-from qinsight.stats import ActivationStats, DataCondition, ObservedStats, PercentileStats
+from qinsight.plugin.detector import API_VERSION, result_of
 
 if TYPE_CHECKING:
-    from qinsight.frontends.base import ModelView
+    from qinsight.plugin.detector import ModelView
 
 
 class ChannelStatus(enum.Enum):
@@ -131,9 +136,9 @@ class OutlierDetector:
     reference_percentile: float = attrs.field(default=0.975, validator=in_open_interval(0.0, 1.0))
     fraction_batches_used_threshold: float = attrs.field(default=0.95, validator=in_open_interval(0.0, 1.0, closed_high=True))
     magnitude_threshold: float = attrs.field(default=6.0, validator=positive(minimum=0.0))
-    ch_axis: int | None = None  # None: the kind's channel axis (last for Linear, 1 for Conv)
+    channel_axis: int | None = None  # None: the kind's channel axis (last for Linear, 1 for Conv)
     # Percentiles from at most this many samples per channel and batch (None: exact);
-    # see qinsight.observers._ColumnSampler for the error bound.
+    # see qinsight.observe.observers._ColumnSampler for the error bound.
     percentile_samples: int | None = attrs.field(default=16384, validator=positive_or_none(minimum=1.0))
 
     def _point(self, site: OpSite) -> InsertPoint:
@@ -142,7 +147,7 @@ class OutlierDetector:
             Side.PRE,
             percentile=self.reference_percentile,
             percentile_samples=self.percentile_samples,
-            channel_axis=self.ch_axis,
+            channel_axis=self.channel_axis,
         )
 
     def insert_points(self, view: ModelView) -> tuple[InsertPoint, ...]:

@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, ClassVar, Final
 
 import attrs
 
-from qinsight.detector import API_VERSION, result_of
+from qinsight.core.findings import Finding
+from qinsight.core.report import DetectorResult
+from qinsight.core.sites import BACKENDS, InsertPoint, OpKind, WeightScheme
+from qinsight.core.stats import ObservedStats
+from qinsight.core.suggestions import QuantSuggestion
 from qinsight.detectors._validators import one_of
-from qinsight.findings import Finding
-from qinsight.report import DetectorResult
-from qinsight.sites import BACKENDS, InsertPoint, OpKind, WeightScheme
-from qinsight.stats import ObservedStats
-from qinsight.suggestions import QuantSuggestion
+from qinsight.plugin.detector import API_VERSION, result_of
 
 if TYPE_CHECKING:
-    from qinsight.frontends.base import ModelView
+    from qinsight.plugin.detector import ModelView
 
 # Every backend torch 2.13 knows supports per-channel weights for these kinds
 # (and their QAT/fused variants, which the frontends map to the same kinds).

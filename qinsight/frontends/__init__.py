@@ -1,13 +1,79 @@
-"""Frontends: the only code that knows how a kind of model is represented.
+"""Every way of reading a model, behind one public module.
 
-A frontend turns a model into a :class:`~qinsight.frontends.base.ModelView`:
-its op sites, their weights, and a way to attach observers. Detectors see
-only the view.
+The rest of qinsight imports from here, never from the files inside:
+
+- views for detectors and the instrumenter: :func:`view_of` picks one of
+  :func:`fx_view`, :func:`exported_view`, :func:`eager_view`;
+- what a model is made of (:mod:`.modules`): :func:`quantizable_modules`,
+  :func:`classify`, :func:`resolve_qconfig`, :func:`weight_scheme`,
+  :func:`tail_chains` and :func:`model_structure` (both read with one trace);
+- exported graphs (:mod:`.exported`): their aten sites, names and taps;
+- running a model (:mod:`.base`): :func:`run_batch`, :func:`eval_mode`.
 """
 
-from qinsight.frontends.base import ModelView, ModuleView
+from qinsight.frontends.base import (
+    ModelViewBase,
+    ModuleView,
+    batch_arguments,
+    eval_mode,
+    find_site,
+    run_batch,
+)
 from qinsight.frontends.eager import eager_view
-from qinsight.frontends.exported import ExportedView, exported_view
+from qinsight.frontends.exported import (
+    ATEN_KINDS,
+    ExportedView,
+    exported_sites,
+    exported_view,
+    fetch_attr,
+    module_name_of,
+    tap_nodes,
+    weight_argument,
+)
 from qinsight.frontends.fx import fx_view
+from qinsight.frontends.modules import (
+    LeafTracer,
+    ModelStructure,
+    QuantizableModule,
+    TailChain,
+    classify,
+    model_structure,
+    quantizable_modules,
+    resolve_qconfig,
+    site_for_module,
+    tail_chains,
+    weight_scheme,
+)
+from qinsight.frontends.select import Frontend, view_of
 
-__all__ = ["ExportedView", "ModelView", "ModuleView", "eager_view", "exported_view", "fx_view"]
+__all__ = [
+    "ATEN_KINDS",
+    "ExportedView",
+    "Frontend",
+    "LeafTracer",
+    "ModelStructure",
+    "ModuleView",
+    "QuantizableModule",
+    "ModelViewBase",
+    "TailChain",
+    "batch_arguments",
+    "classify",
+    "eager_view",
+    "eval_mode",
+    "exported_sites",
+    "exported_view",
+    "fetch_attr",
+    "find_site",
+    "fx_view",
+    "model_structure",
+    "module_name_of",
+    "quantizable_modules",
+    "resolve_qconfig",
+    "run_batch",
+    "site_for_module",
+    "tail_chains",
+    "tap_nodes",
+    "view_of",
+    "weight_argument",
+    "weight_scheme",
+]

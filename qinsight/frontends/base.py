@@ -1,17 +1,20 @@
-"""The contract between frontends and the rest of qinsight."""
+"""What every frontend shares: running a model on a batch, eval mode, and the module-hook view.
+
+The contract a view satisfies, :class:`~qinsight.plugin.ModelView`, lives with
+the detector contract, since detectors are what read views.
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
-from qinsight.sites import OpSite, Side
-
-Detach = Callable[[], None]
+from qinsight.core.sites import OpSite, Side
+from qinsight.plugin.detector import Detach
 
 
 def batch_arguments(batch: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -61,41 +64,7 @@ def find_site(sites: tuple[OpSite, ...], fqn: str) -> OpSite:
     raise KeyError(f"no op site {fqn!r} in this model; sites: {known}")
 
 
-class ModelView(Protocol):
-    """What detectors and the instrumenter may know of a model."""
-
-    @property
-    def frontend(self) -> str:
-        """The frontend's name, recorded in the report ("fx", ...)."""
-        ...
-
-    @property
-    def model(self) -> nn.Module:
-        """The module calibration runs; observing it never changes its outputs."""
-        ...
-
-    @property
-    def sites(self) -> tuple[OpSite, ...]:
-        """The quantizable op sites, in forward order."""
-        ...
-
-    def site(self, fqn: str) -> OpSite:
-        """The site named ``fqn``; ``KeyError`` naming the known sites otherwise."""
-        ...
-
-    def weight(self, fqn: str) -> torch.Tensor:
-        """The float weight of the site ``fqn`` (detached)."""
-        ...
-
-    def attach(self, fqn: str, side: Side, observe: Callable[[torch.Tensor], object]) -> Detach:
-        """Call ``observe`` with the activation at ``side`` of ``fqn`` on every call.
-
-        Returns the function that detaches it again.
-        """
-        ...
-
-
-class SitesOfModel:
+class ModelViewBase:
     """What every view shares: the frontend's name, the model, and the sites found in it."""
 
     _frontend: str
@@ -118,7 +87,7 @@ class SitesOfModel:
         return find_site(self._sites, fqn)
 
 
-class ModuleView(SitesOfModel):
+class ModuleView(ModelViewBase):
     """A view whose sites are submodules: observed with forward hooks.
 
     Hooks leave the model's code and graph untouched, so detaching them gives

@@ -17,30 +17,18 @@ import torch
 from torch import nn
 from torch.ao.quantization import QConfigMapping
 
-from qinsight.errors import FrontendError
+from qinsight.core.errors import FrontendError
 from qinsight.frontends.base import ModuleView, eval_mode, run_batch
-from qinsight.frontends.fx import classify, site_for_module
-from qinsight.sites import OpKind
-
-
-def _candidates(model: nn.Module) -> dict[str, tuple[nn.Module, OpKind, nn.Module]]:
-    """(module, kind, weight holder) of each Linear/Conv by name, not descending into one
-    (the Linear inside a LinearReLU is not a site of its own)."""
-    found: dict[str, tuple[nn.Module, OpKind, nn.Module]] = {}
-    for fqn, module in model.named_modules():
-        classified = classify(module)
-        if fqn and classified is not None and not any(fqn.startswith(f"{known}.") for known in found):
-            found[fqn] = (module, *classified)
-    return found
+from qinsight.frontends.modules import quantizable_modules, site_for_module
 
 
 def eager_view(model: nn.Module, example: object, qconfig_mapping: QConfigMapping | None = None) -> ModuleView:
     """The view of ``model``, with sites discovered by calling it on ``example`` (one batch)."""
-    candidates = _candidates(model)
+    candidates = quantizable_modules(model)
     calls: Counter[str] = Counter()
     removers = [
-        module.register_forward_pre_hook(lambda _m, _a, fqn=fqn: calls.update([fqn])).remove
-        for fqn, (module, _, _) in candidates.items()
+        found.module.register_forward_pre_hook(lambda _m, _a, fqn=fqn: calls.update([fqn])).remove
+        for fqn, found in candidates.items()
     ]
     try:
         with eval_mode(model), torch.no_grad():
@@ -51,8 +39,9 @@ def eager_view(model: nn.Module, example: object, qconfig_mapping: QConfigMappin
         for remove in removers:
             remove()
     sites = tuple(  # first-call order
-        site_for_module(fqn, *candidates[fqn], count, qconfig_mapping) for fqn, count in calls.items()
+        site_for_module(fqn, candidates[fqn].module, candidates[fqn].kind, candidates[fqn].holder, count, qconfig_mapping)
+        for fqn, count in calls.items()
     )
-    modules = {fqn: candidates[fqn][0] for fqn in calls}
-    weights = {fqn: candidates[fqn][2] for fqn in calls}
+    modules = {fqn: candidates[fqn].module for fqn in calls}
+    weights = {fqn: candidates[fqn].holder for fqn in calls}
     return ModuleView(frontend="eager", model=model, sites=sites, modules=modules, weights=weights)

@@ -24,13 +24,14 @@ import torch
 from torch import fx, nn
 from torch.ao.quantization import QConfigMapping
 
-from qinsight.errors import FrontendError
-from qinsight.frontends.base import Detach, SitesOfModel
-from qinsight.frontends.fx import resolve_qconfig, weight_scheme
-from qinsight.sites import OpKind, OpSite, Side, WeightScheme
+from qinsight.core.errors import FrontendError
+from qinsight.core.sites import OpKind, OpSite, Side, WeightScheme
+from qinsight.frontends.base import ModelViewBase
+from qinsight.frontends.modules import resolve_qconfig, weight_scheme
+from qinsight.plugin.detector import Detach
 
 aten = torch.ops.aten
-_KINDS: dict[object, OpKind] = {
+ATEN_KINDS: dict[object, OpKind] = {
     aten.linear.default: OpKind.LINEAR,
     aten.conv1d.default: OpKind.CONV1D,
     aten.conv2d.default: OpKind.CONV2D,
@@ -73,7 +74,8 @@ def _weight_source(node: fx.Node, model: fx.GraphModule) -> tuple[fx.Node | None
     return (weight if isinstance(weight, fx.Node) and weight.op == "get_attr" else None), observer
 
 
-def _module_name(node: fx.Node, weight: fx.Node | None) -> str:
+def module_name_of(node: fx.Node, weight: fx.Node | None = None) -> str:
+    """The float model's name for an aten op: the module owning its weight, else the innermost module of its stack."""
     if weight is not None:
         return str(weight.target).rpartition(".")[0] or str(weight.target)
     stack = node.meta.get("nn_module_stack") or {}
@@ -87,7 +89,7 @@ def exported_sites(model: nn.Module) -> list[fx.Node]:
     """The aten Linear/Conv nodes of an exported graph (empty for anything else)."""
     if not isinstance(model, fx.GraphModule):
         return []
-    return [n for n in model.graph.nodes if n.op == "call_function" and n.target in _KINDS]
+    return [n for n in model.graph.nodes if n.op == "call_function" and n.target in ATEN_KINDS]
 
 
 class _Tap(nn.Module):
@@ -128,7 +130,7 @@ def tap_nodes(model: fx.GraphModule, nodes: Sequence[fx.Node], observe: Callable
     return detach
 
 
-class ExportedView(SitesOfModel):
+class ExportedView(ModelViewBase):
     """The :class:`~qinsight.frontends.base.ModelView` of an exported GraphModule."""
 
     _frontend = "export"
@@ -141,7 +143,7 @@ class ExportedView(SitesOfModel):
         observers: dict[str, nn.Module | None] = {}
         for node in exported_sites(model):
             weight, observer = _weight_source(node, model)
-            fqn = _module_name(node, weight)
+            fqn = module_name_of(node, weight)
             self._nodes.setdefault(fqn, []).append(node)
             self._weights.setdefault(fqn, weight)
             observers.setdefault(fqn, observer)
@@ -149,7 +151,7 @@ class ExportedView(SitesOfModel):
 
     def _site(self, fqn: str, observer: nn.Module | None, mapping: QConfigMapping | None) -> OpSite:
         node = self._nodes[fqn][0]
-        kind = _KINDS[node.target]
+        kind = ATEN_KINDS[node.target]
         scheme = None
         if observer is not None:  # prepare_pt2e: the quantizer's weight observer decides
             per_channel = getattr(observer, "qscheme", None) in _PER_CHANNEL

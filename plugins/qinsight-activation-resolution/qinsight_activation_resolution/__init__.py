@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import attrs
 
-from qinsight import Finding, InsertPoint, OpKind, QuantSuggestion, Side
-from qinsight.detector import API_VERSION, result_of
-from qinsight.report import DetectorResult
-from qinsight.stats import ObservedStats
+from qinsight.plugin import (
+    API_VERSION,
+    DetectorResult,
+    Finding,
+    InsertPoint,
+    ModelView,
+    ObservedStats,
+    OpKind,
+    QuantSuggestion,
+    Side,
+    result_of,
+)
 
 __all__ = ["ActivationResolutionDetector", "ActivationResolutionFinding"]
 
@@ -61,10 +69,10 @@ class ActivationResolutionDetector:
     min_bits: float = attrs.field(default=4.0, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(8.0)))
     starved_share: float = attrs.field(default=0.25, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(1.0)))
 
-    def insert_points(self, view: Any) -> tuple[InsertPoint, ...]:
+    def insert_points(self, view: ModelView) -> tuple[InsertPoint, ...]:
         return tuple(InsertPoint.at(site, Side.PRE, per_channel=True) for site in view.sites)
 
-    def analyze(self, view: Any, stats: ObservedStats) -> DetectorResult:
+    def analyze(self, view: ModelView, stats: ObservedStats) -> DetectorResult:
         findings = []
         for site, point in zip(view.sites, self.insert_points(view)):
             observed = stats.for_point(point)

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import attrs
 import torch
 
-from qinsight import Finding, OpKind, QuantSuggestion, WeightScheme
-from qinsight.detector import API_VERSION, result_of
-from qinsight.report import DetectorResult
-from qinsight.stats import ObservedStats
+from qinsight.plugin import (
+    API_VERSION,
+    DetectorResult,
+    Finding,
+    ModelView,
+    ObservedStats,
+    OpKind,
+    QuantSuggestion,
+    WeightScheme,
+    result_of,
+)
 
 __all__ = ["WeightHealthDetector", "WeightHealthFinding", "effective_bits"]
 
@@ -72,7 +79,7 @@ class WeightHealthDetector:
     starved_share: float = attrs.field(default=0.1, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(1.0)))
     exploding_factor: float = attrs.field(default=100.0, validator=attrs.validators.gt(1.0))
 
-    def insert_points(self, view: Any) -> tuple[()]:
+    def insert_points(self, view: ModelView) -> tuple[()]:
         return ()
 
     def _finding(self, fqn: str, kind: OpKind, weight: torch.Tensor) -> WeightHealthFinding:
@@ -98,7 +105,7 @@ class WeightHealthDetector:
             range_spread=live[-1] / live[len(live) // 2] if live[len(live) // 2] > 0 else 0.0,
         )
 
-    def analyze(self, view: Any, stats: ObservedStats) -> DetectorResult:
+    def analyze(self, view: ModelView, stats: ObservedStats) -> DetectorResult:
         findings = [self._finding(site.fqn, site.kind, view.weight(site.fqn)) for site in view.sites]
         suggestions = [
             QuantSuggestion(fqn=f.fqn, weight=WeightScheme.PER_CHANNEL, sources=(self.id,))

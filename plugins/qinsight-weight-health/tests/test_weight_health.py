@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import qinsight
+from qinsight.outputs.serde import report_from_json, report_to_json
 from qinsight_weight_health import WeightHealthDetector, WeightHealthFinding, effective_bits
 
 
@@ -47,7 +48,7 @@ def test_healthy_weights_and_round_trip(tmp_path: object) -> None:
     report = qinsight.diagnose(model, [torch.randn(4, 32)], detectors=["health.weights"])
     (finding,) = report.result("health.weights").findings
     assert finding.verdict == "healthy" and not finding.actionable
-    assert qinsight.serde.report_from_json(qinsight.serde.report_to_json(report)) == report
+    assert report_from_json(report_to_json(report)) == report
 
 
 def test_parameters_are_validated() -> None:

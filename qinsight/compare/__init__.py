@@ -1,0 +1,28 @@
+"""Float vs quantized, layer by layer, for FX and PT2E quantization.
+
+- :mod:`.metrics`: the built-in metrics and plugin metrics (``qinsight.metrics`` entry points);
+- :mod:`.layers`: a quantized model's Linear/Conv layers behind one interface
+  (``convert_fx`` modules, ``convert_pt2e`` graph nodes);
+- :mod:`.accumulate`: kept outputs and error sums over batches (the hot path);
+- :mod:`.weights`: :func:`compare_weights`;
+- :mod:`.activations`: :func:`compare_activations`, :func:`measure_activations`;
+- :mod:`.configs`: :func:`compare_configs`, several candidate configs in one pass.
+
+The results are the torch-free types of :mod:`qinsight.core.comparison`.
+"""
+
+from qinsight.compare.activations import compare_activations, measure_activations
+from qinsight.compare.configs import compare_configs, quantize_candidates
+from qinsight.compare.metrics import load_metric, load_metrics
+from qinsight.compare.weights import compare_weights, fold_batchnorm
+
+__all__ = [
+    "compare_activations",
+    "compare_configs",
+    "compare_weights",
+    "fold_batchnorm",
+    "load_metric",
+    "load_metrics",
+    "measure_activations",
+    "quantize_candidates",
+]

@@ -1,0 +1,198 @@
+"""Float vs quantized activations, layer by layer (the Numeric Suite's job): propagated and local error.
+
+Layers are matched by the float model's module names (:mod:`qinsight.compare.layers`
+reads them from ``convert_fx`` modules or ``convert_pt2e`` graph nodes). The
+error sums live in :mod:`qinsight.compare.accumulate`; this module decides what
+runs when.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from qinsight.compare.accumulate import ErrorSums, KeptOutputs, Reference, Scratch
+from qinsight.compare.layers import QuantizedLayer, dequantize, quantized_layers
+from qinsight.compare.metrics import DEFAULT, load_metrics
+from qinsight.core.comparison import ActivationComparison, LayerActivationComparison
+from qinsight.frontends import (
+    ModelStructure,
+    TailChain,
+    eval_mode,
+    model_structure,
+    run_batch,
+)
+
+
+def _compared_at(layer: QuantizedLayer, chain: TailChain) -> str:
+    """Where the float output matches the quantized layer's: after the float modules it absorbed."""
+    point = layer.fqn
+    for name, module in chain:
+        if not layer.absorbs(module):
+            break
+        point = name
+    return point
+
+
+def compare_activations(
+    float_model: nn.Module,
+    quantized_model: nn.Module,
+    data: Iterable[object],
+    *,
+    metrics: Sequence[str] | None = None,
+    structure: ModelStructure | None = None,
+) -> ActivationComparison:
+    """Per Linear/Conv: the propagated and the local error of ``quantized_model`` against ``float_model``.
+
+    ``quantized_model`` comes from ``convert_fx`` (or eager conversion), or is a
+    ``convert_pt2e`` graph of ``float_model``. Both models run on every batch of
+    ``data`` (eval mode, no gradients, hooks and taps removed afterwards).
+    Memory is O(layers) whatever the number of batches.
+    """
+    return measure_activations(float_model, {"": quantized_model}, data, metrics=metrics, structure=structure)[""]
+
+
+class _Streamer:
+    """Compares each layer the moment the float forward reaches its comparison point.
+
+    The quantized models run first and keep their layers' outputs. The float
+    model runs last. When it enters a layer, each quantized version of the layer
+    runs on the float input (the local error) and that output is kept too, so
+    the float input is let go as in a plain forward. At the layer's comparison
+    point both kept outputs are compared with the float output. Kept outputs are
+    quantized (1 byte per value) where the layer's are. A layer called several
+    times is compared call by call.
+    """
+
+    def __init__(
+        self,
+        float_model: nn.Module,
+        layers: dict[str, dict[str, QuantizedLayer]],
+        points: dict[str, dict[str, str]],
+        sums: dict[str, dict[str, tuple[ErrorSums, ErrorSums]]],
+    ) -> None:
+        self.layers, self.sums, self.scratch = layers, sums, Scratch()
+        # local outputs wait only from the layer's call to its comparison point
+        self.outputs, self.local_outputs = KeptOutputs(copied=True), KeptOutputs(copied=False)
+        self._compared: Counter[tuple[str, str]] = Counter()
+        self._at: dict[str, list[tuple[str, str]]] = {}
+        self._versions: dict[str, list[str]] = {}
+        for key, at in points.items():
+            for fqn, point in at.items():
+                self._at.setdefault(point, []).append((key, fqn))
+                self._versions.setdefault(fqn, []).append(key)
+        self.removers: list[Callable[[], None]] = []
+        try:  # all attached, or none left behind
+            for fqn in self._versions:
+                self.removers.append(float_model.get_submodule(fqn).register_forward_pre_hook(self._run_local(fqn)).remove)
+            for point in self._at:
+                self.removers.append(float_model.get_submodule(point).register_forward_hook(self._compare_at(point)).remove)
+            for key, found in layers.items():
+                for fqn, layer in found.items():
+                    self.removers.append(layer.attach(self._keep_output(key, fqn)))
+        except BaseException:
+            self.remove()
+            raise
+
+    def new_batch(self) -> None:
+        self.outputs.new_batch()
+        self.local_outputs.new_batch()
+        self._compared.clear()
+
+    def remove(self) -> None:
+        for remove in self.removers:
+            remove()
+
+    def _keep_output(self, key: str, fqn: str) -> Callable[[torch.Tensor], None]:
+        def keep(output: torch.Tensor) -> None:
+            self.outputs.keep(key, fqn, output)
+
+        return keep
+
+    def _run_local(self, fqn: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+        def run(_module: nn.Module, args: tuple[Any, ...]) -> None:
+            for key in self._versions[fqn]:
+                self.local_outputs.keep(key, fqn, self.layers[key][fqn].local(args[0]))
+
+        return run
+
+    def _compare_at(self, point: str) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
+        def compare(_module: nn.Module, _args: tuple[Any, ...], output: Any) -> None:
+            reference = None
+            for key, fqn in self._at[point]:
+                call = self._compared[key, fqn]
+                self._compared[key, fqn] += 1
+                kept, local_kept = self.outputs.take(key, fqn, call), self.local_outputs.take(key, fqn, call)
+                if kept is None or local_kept is None:
+                    continue  # the quantized model did not reach this layer (so often)
+                reference = reference or Reference(dequantize(output), like=kept.values, scratch=self.scratch)
+                propagated, local = self.sums[key][fqn]
+                propagated.add(reference, kept, self.scratch)
+                local.add(reference, local_kept, self.scratch)
+
+        return compare
+
+
+def measure_activations(
+    float_model: nn.Module,
+    quantized_models: Mapping[str, nn.Module],
+    data: Iterable[object],
+    *,
+    metrics: Sequence[str] | None = None,
+    structure: ModelStructure | None = None,
+) -> dict[str, ActivationComparison]:
+    """:func:`compare_activations` for several quantized versions of ``float_model`` in one pass over ``data``.
+
+    Per batch each quantized model runs once, then the float model, and, for the
+    local error, each quantized layer on the float model's input.
+    """
+    chosen = load_metrics(tuple(DEFAULT if metrics is None else metrics))
+    structure = structure if structure is not None else model_structure(float_model)
+    layers = {key: quantized_layers(float_model, model, structure) for key, model in quantized_models.items()}
+    for key, found in layers.items():
+        if not found:
+            raise ValueError(f"no Linear/Conv of the float model has a counterpart in the quantized model {key!r}")
+    points = {
+        key: {fqn: _compared_at(layer, structure.chains.get(fqn, ())) for fqn, layer in found.items()}
+        for key, found in layers.items()
+    }
+    sums = {key: {fqn: (ErrorSums(chosen), ErrorSums(chosen)) for fqn in found} for key, found in layers.items()}
+    streamer = _Streamer(float_model, layers, points, sums)
+    try:
+        with contextlib.ExitStack() as stack:
+            for model in (float_model, *quantized_models.values()):
+                stack.enter_context(eval_mode(model))
+            stack.enter_context(torch.no_grad())
+            for batch in data:
+                streamer.new_batch()
+                for model in quantized_models.values():
+                    run_batch(model, batch)
+                run_batch(float_model, batch)
+    finally:
+        streamer.remove()
+    return {
+        key: ActivationComparison(
+            layers=tuple(
+                LayerActivationComparison(
+                    fqn=fqn,
+                    kind=layer.kind.value,
+                    quantized_type=layer.quantized_type,
+                    quantized=layer.quantized,
+                    compared_at=points[key][fqn],
+                    batches=sums[key][fqn][0].batches,
+                    propagated=sums[key][fqn][0].values(),
+                    local=sums[key][fqn][1].values(),
+                )
+                for fqn, layer in found.items()
+            )
+        )
+        for key, found in layers.items()
+    }
+
+
+__all__ = ["compare_activations", "measure_activations"]

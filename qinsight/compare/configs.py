@@ -1,0 +1,138 @@
+"""Several candidate quantization configs of one model, compared layer by layer (torch's n-shadows job).
+
+Each candidate is a torch ``QConfigMapping`` (FX: ``prepare_fx``/``convert_fx``)
+or a torchao PT2E ``Quantizer`` (``torch.export`` then
+``prepare_pt2e``/``convert_pt2e``). All candidates calibrate in one pass over
+the calibration data, then one pass over the evaluation data measures every
+layer under every candidate (:func:`qinsight.compare.activations.measure_activations`):
+the float model runs once per batch. The result is one typed table, with the
+config that makes the least local error per layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.ao.quantization import QConfigMapping
+from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+from qinsight.compare.activations import measure_activations
+from qinsight.compare.metrics import DEFAULT
+from qinsight.core.comparison import (
+    ConfigComparison,
+    ConfigScore,
+    LayerConfigRow,
+    best_config,
+)
+from qinsight.core.errors import InvalidParameterError
+from qinsight.frontends import batch_arguments, eval_mode, model_structure, run_batch
+
+
+def _example_inputs(batch: object) -> tuple[Any, ...]:
+    args, kwargs = batch_arguments(batch)
+    if kwargs:
+        raise InvalidParameterError("compare_configs", "example_inputs", None, "example inputs as a tuple for keyword-argument batches")
+    return args
+
+
+def _prepare(model: nn.Module, config: object, example_inputs: tuple[Any, ...]) -> tuple[nn.Module, bool]:
+    """The prepared copy of ``model``, and whether it is a PT2E graph."""
+    if isinstance(config, QConfigMapping):
+        return prepare_fx(copy.deepcopy(model).eval(), config, example_inputs), False
+    if callable(getattr(config, "annotate", None)):  # a torchao Quantizer: PT2E
+        from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+        exported = torch.export.export(copy.deepcopy(model).eval(), example_inputs).module()
+        return prepare_pt2e(exported, config), True
+    raise InvalidParameterError("compare_configs", "configs", type(config).__name__, "a QConfigMapping or a torchao Quantizer per name")
+
+
+def _convert(prepared: nn.Module, pt2e: bool) -> nn.Module:
+    if pt2e:
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+        converted: nn.Module = convert_pt2e(prepared)
+        return converted
+    return convert_fx(prepared)  # type: ignore[arg-type]
+
+
+def quantize_candidates(
+    model: nn.Module,
+    configs: Mapping[str, object],
+    calibration: Iterable[object],
+    *,
+    example_inputs: tuple[Any, ...] | None = None,
+) -> dict[str, nn.Module]:
+    """``model`` quantized under each config, all calibrated in one pass over ``calibration``."""
+    batches = iter(calibration)
+    first = next(batches, None)
+    if first is None:
+        raise InvalidParameterError("compare_configs", "calibration", "no batches", "at least one batch")
+    example = example_inputs if example_inputs is not None else _example_inputs(first)
+    prepared = {name: _prepare(model, config, example) for name, config in configs.items()}
+    with torch.no_grad(), contextlib.ExitStack() as stack:
+        for module, _pt2e in prepared.values():
+            stack.enter_context(eval_mode(module))
+        for batch in itertools.chain([first], batches):
+            for module, _pt2e in prepared.values():
+                run_batch(module, batch)
+    return {name: _convert(module, pt2e) for name, (module, pt2e) in prepared.items()}
+
+
+def compare_configs(
+    float_model: nn.Module,
+    configs: Mapping[str, object],
+    calibration: Iterable[object],
+    data: Iterable[object] | None = None,
+    *,
+    example_inputs: tuple[Any, ...] | None = None,
+    metrics: Sequence[str] | None = None,
+    rank_by: str = "sqnr",
+) -> ConfigComparison:
+    """Every Linear/Conv of ``float_model`` under each of ``configs``, and the best config per layer.
+
+    ``configs`` maps a name to a ``QConfigMapping`` or a torchao ``Quantizer``.
+    They calibrate on ``calibration``; errors are measured on ``data``
+    (default: the calibration batches again, which must then be a sequence,
+    not a one-shot iterator). ``rank_by`` is the local metric that picks the
+    best config (SQNR: the highest).
+    """
+    if not configs:
+        raise InvalidParameterError("compare_configs", "configs", {}, "at least one config")
+    names = tuple(DEFAULT if metrics is None else metrics)
+    if rank_by not in names:
+        raise InvalidParameterError("compare_configs", "rank_by", rank_by, f"one of the measured metrics: {', '.join(names)}")
+    if data is None:
+        if iter(calibration) is calibration:
+            raise InvalidParameterError(
+                "compare_configs", "data", None, "evaluation batches, or calibration as a sequence (an iterator is used up)"
+            )
+        data = calibration
+    quantized = quantize_candidates(float_model, configs, calibration, example_inputs=example_inputs)
+    structure = model_structure(float_model)
+    measured = measure_activations(float_model, quantized, data, metrics=names, structure=structure)
+    by_layer = {name: {layer.fqn: layer for layer in comparison.layers} for name, comparison in measured.items()}
+    rows = []
+    for fqn, found in structure.modules.items():
+        scores = tuple(
+            ConfigScore(
+                config=name,
+                quantized_type=layers[fqn].quantized_type,
+                propagated=layers[fqn].propagated,
+                local=layers[fqn].local,
+            )
+            for name, layers in by_layer.items()
+            if fqn in layers and layers[fqn].quantized and layers[fqn].batches
+        )
+        if scores:
+            rows.append(LayerConfigRow(fqn=fqn, kind=found.kind.value, scores=scores, best=best_config(scores, rank_by)))
+    return ConfigComparison(configs=tuple(configs), rank_by=rank_by, rows=tuple(rows))
+
+
+__all__ = ["compare_configs", "quantize_candidates"]

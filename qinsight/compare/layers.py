@@ -1,0 +1,322 @@
+"""The Linear/Conv layers of a quantized model, one interface for both quantization flows.
+
+The comparisons need three things of each quantized layer: the weight it
+computes with (dequantized), its output on every batch, and its output when it
+is fed the *float* model's input instead (the local error). Where those live
+depends on the flow:
+
+- ``convert_fx`` (and eager) models keep modules named like the float ones:
+  a quantized module's weight is packed, its input arrives quantized with the
+  qparams to reuse, its output is a hook away.
+- ``convert_pt2e`` graphs keep aten ops between quantize/dequantize nodes:
+  ``dq(q(x)) -> conv2d(dq(w_int8), b) -> relu -> q -> dq``. A layer is the aten
+  op, named by its ``nn_module_stack``; its output is the dequantize that ends
+  its chain (through relu/hardtanh: PT2E quantizes after them); the local run replays
+  that small stretch of graph, from the input's quantize to the output's
+  dequantize, on the float input. BatchNorm was folded into the conv's weight
+  and bias by ``prepare_pt2e``, as by ``convert_fx``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+import torch.ao.quantization.quantize_fx  # noqa: F401  registers the quantized_decomposed ops read below
+from torch import fx, nn
+from torch.ao.nn.intrinsic.modules.fused import _FusedModule
+
+from qinsight.core.errors import FrontendError
+from qinsight.core.sites import OpKind
+from qinsight.frontends import (
+    ATEN_KINDS,
+    ModelStructure,
+    exported_sites,
+    fetch_attr,
+    module_name_of,
+    quantizable_modules,
+    tap_nodes,
+    weight_argument,
+)
+from qinsight.plugin import Detach
+
+OnOutput = Callable[[torch.Tensor], None]
+
+
+class QuantizedLayer(Protocol):
+    """One Linear/Conv of a quantized model, matched to the float model's module ``fqn``."""
+
+    @property
+    def fqn(self) -> str: ...
+
+    @property
+    def kind(self) -> OpKind: ...
+
+    @property
+    def quantized_type(self) -> str:
+        """What computes it: a module's qualified class name, or an aten op."""
+        ...
+
+    @property
+    def quantized(self) -> bool:
+        """False where the quantized model left this layer in float."""
+        ...
+
+    def weight(self) -> torch.Tensor:
+        """The weight it computes with, dequantized."""
+        ...
+
+    def attach(self, on_output: OnOutput) -> Detach:
+        """Calls ``on_output`` with its output (possibly quantized: :func:`dequantize` it) on every run."""
+        ...
+
+    def absorbs(self, module: nn.Module) -> bool:
+        """Whether its output already includes float ``module`` (a BatchNorm or activation after it)."""
+        ...
+
+    def local(self, float_input: torch.Tensor) -> torch.Tensor:
+        """Its output (possibly quantized: :func:`dequantize` it) for the float model's input,
+        quantized as its own input is.
+
+        Valid after a run of the quantized model (where the input's qparams are
+        read from the data, they are those of the last run).
+        """
+        ...
+
+
+def dequantize(value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"expected a tensor output, got {type(value).__name__}")
+    return value.dequantize() if value.is_quantized else value
+
+
+def dequantized_weight(module: nn.Module) -> torch.Tensor | None:
+    """The weight a quantized (or reference, dynamic, fused, float) module computes with, as float."""
+    weight = getattr(module, "weight", None)
+    if callable(weight) and not isinstance(weight, torch.Tensor):  # quantized modules: weight() is packed
+        value: torch.Tensor = weight()
+        return value.dequantize() if value.is_quantized else value
+    get_weight = getattr(module, "get_weight", None)  # reference modules: quantize-dequantize
+    if callable(get_weight):
+        result: torch.Tensor = get_weight()
+        return result
+    if isinstance(weight, torch.Tensor):
+        return weight
+    if isinstance(module, _FusedModule):
+        return dequantized_weight(module[0])
+    return None
+
+
+def _qualified_name(obj: object) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+class ModuleLayer:
+    """A layer of a ``convert_fx`` (or eager-converted) model: a module named like the float one."""
+
+    def __init__(self, fqn: str, kind: OpKind, module: nn.Module) -> None:
+        self.fqn, self.kind, self.module = fqn, kind, module
+        self.quantized_type = _qualified_name(module)
+        # torch.ao.nn.quantized, .quantized.dynamic, .quantized.reference, .intrinsic.quantized
+        self.quantized = ".quantized" in type(module).__module__
+        self._input: torch.Tensor | None = None
+
+    def weight(self) -> torch.Tensor:
+        weight = dequantized_weight(self.module)
+        if weight is None:
+            raise FrontendError(f"{self.fqn} ({self.quantized_type}) has no weight")
+        return weight
+
+    def _keep_input(self, _module: nn.Module, args: tuple[Any, ...]) -> None:
+        self._input = args[0]
+
+    def attach(self, on_output: OnOutput) -> Detach:
+        removers = [
+            self.module.register_forward_pre_hook(self._keep_input).remove,
+            self.module.register_forward_hook(lambda _m, _a, out: on_output(out)).remove,
+        ]
+
+        def detach() -> None:
+            for remove in removers:
+                remove()
+
+        return detach
+
+    def absorbs(self, module: nn.Module) -> bool:
+        # convert_fx folds BatchNorm into the conv/linear and fuses ReLU (ConvReLU2d,
+        # LinearReLU), not ReLU6 or Hardtanh, which stay modules of their own.
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            return True
+        return type(module) is nn.ReLU and "ReLU" in type(self.module).__name__
+
+    def local(self, float_input: torch.Tensor) -> torch.Tensor:
+        arrived = self._input
+        if isinstance(arrived, torch.Tensor) and arrived.is_quantized:
+            float_input = torch.quantize_per_tensor(float_input, arrived.q_scale(), arrived.q_zero_point(), arrived.dtype)
+        # forward, not __call__: the hooks attach() put on the module must not see this run
+        # (they would dequantize its output a second time and overwrite the kept input).
+        output: torch.Tensor = self.module.forward(float_input)
+        return output
+
+
+_decomposed = torch.ops.quantized_decomposed
+_QDQ = {
+    _decomposed.quantize_per_tensor.default,
+    _decomposed.quantize_per_tensor.tensor,
+    _decomposed.quantize_per_tensor.tensor2,
+    _decomposed.dequantize_per_tensor.default,
+    _decomposed.dequantize_per_tensor.tensor,
+    _decomposed.dequantize_per_tensor.tensor2,
+}
+_QUANTIZE = {t for t in _QDQ if "dequantize" not in str(t)}
+# Activations a quantizer puts inside a conv/linear's quantized output (BatchNorm is folded).
+_RELU = {torch.ops.aten.relu.default, torch.ops.aten.relu_.default}
+_HARDTANH = {torch.ops.aten.hardtanh.default, torch.ops.aten.hardtanh_.default}
+_TAILS = _RELU | _HARDTANH
+
+
+def _single_user(node: fx.Node) -> fx.Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 and users[0].op == "call_function" else None
+
+
+class GraphLayer:
+    """A layer of a ``convert_pt2e`` graph: an aten linear/conv node between quantize/dequantize nodes."""
+
+    def __init__(self, model: fx.GraphModule, op: fx.Node, fqn: str, constant: set[fx.Node]) -> None:
+        self.model, self.op, self.fqn = model, op, fqn
+        self._constant = constant
+        self.kind = ATEN_KINDS[op.target]
+        self.quantized_type = str(op.target)
+        tail = self._walk_tail(op)
+        self._activations = {node.target for node in tail}
+        self.output = self._dequantized(tail[-1] if tail else op)
+        self._input, self._steps, self._constants = self._local_program()
+        self._weight = weight_argument(op)
+        self.quantized = isinstance(self._weight, fx.Node) and "dequantize" in str(self._weight.target)
+
+    @staticmethod
+    def _walk_tail(op: fx.Node) -> list[fx.Node]:
+        """The relu/hardtanh nodes after ``op``, each the only user of the one before."""
+        walked, end = [], op
+        while (user := _single_user(end)) is not None and user.target in _TAILS:
+            walked.append(user)
+            end = user
+        return walked
+
+    @staticmethod
+    def _dequantized(end: fx.Node) -> fx.Node:
+        """The dequantize after ``end``'s quantize, where its value leaves the quantized domain, else ``end``."""
+        quantize = _single_user(end)
+        if quantize is not None and quantize.target in _QUANTIZE:
+            dequantize_node = _single_user(quantize)
+            if dequantize_node is not None and dequantize_node.target in _QDQ:
+                return dequantize_node
+        return end
+
+    def _activation_input(self) -> fx.Node:
+        node = self.op.args[0]
+        while isinstance(node, fx.Node) and node.target in _QDQ:
+            node = node.args[0]
+        if not isinstance(node, fx.Node):
+            raise FrontendError(f"{self.fqn}: no activation input in the graph")
+        return node
+
+    def _local_program(self) -> tuple[fx.Node, list[fx.Node], dict[fx.Node, object]]:
+        """The nodes from the activation input to the output, in order, and the constants they read."""
+        start = self._activation_input()
+        steps: list[fx.Node] = []
+        constants: dict[fx.Node, object] = {}
+        seen: set[fx.Node] = {start}
+
+        def visit(node: fx.Node) -> None:
+            if node in seen:
+                return
+            seen.add(node)
+            if node in self._constant:
+                constants[node] = _evaluate(self.model, node)
+                return
+            if node.op != "call_function":
+                raise FrontendError(f"{self.fqn}: its output depends on {node.name}, not only on its input")
+            for arg in node.all_input_nodes:
+                visit(arg)
+            steps.append(node)
+
+        visit(self.output)
+        return start, steps, constants
+
+    def weight(self) -> torch.Tensor:
+        if not isinstance(self._weight, fx.Node) or self._weight not in self._constants:
+            raise FrontendError(f"{self.fqn}: the weight is not a constant of the graph")
+        value = self._constants[self._weight]
+        assert isinstance(value, torch.Tensor)
+        return value
+
+    def attach(self, on_output: OnOutput) -> Detach:
+        return tap_nodes(self.model, [self.output], on_output)
+
+    def absorbs(self, module: nn.Module) -> bool:
+        # prepare_pt2e folded BatchNorm; the activations are whatever the chain walked through.
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            return True
+        wanted = _RELU if type(module) is nn.ReLU else _HARDTANH if isinstance(module, nn.Hardtanh) else set()
+        return bool(wanted & self._activations)
+
+    def local(self, float_input: torch.Tensor) -> torch.Tensor:
+        env: dict[fx.Node, Any] = {**self._constants, self._input: float_input}
+        for node in self._steps:
+            args, kwargs = fx.map_arg((node.args, node.kwargs), lambda n: env[n])
+            assert callable(node.target)
+            env[node] = node.target(*args, **kwargs)
+        output: torch.Tensor = env[self.output]
+        return output
+
+
+def _constant_nodes(graph: fx.Graph) -> set[fx.Node]:
+    """Nodes that depend on no input: parameters, buffers and what is computed from them alone."""
+    constant: set[fx.Node] = set()
+    for node in graph.nodes:  # topological order: a node's inputs come before it
+        if node.op == "get_attr" or (node.op == "call_function" and all(a in constant for a in node.all_input_nodes)):
+            constant.add(node)
+    return constant
+
+
+def _evaluate(model: fx.GraphModule, node: fx.Node) -> object:
+    """The value of a constant node (a get_attr, or ops on get_attrs such as a weight's dequantize)."""
+    if node.op == "get_attr":
+        return fetch_attr(model, str(node.target))
+    value_of: Callable[[fx.Node], Any] = lambda n: _evaluate(model, n)  # noqa: E731
+    args, kwargs = fx.map_arg((node.args, node.kwargs), value_of)
+    assert callable(node.target)
+    return node.target(*args, **kwargs)
+
+
+def quantized_layers(
+    float_model: nn.Module, quantized_model: nn.Module, structure: ModelStructure | None = None
+) -> dict[str, QuantizedLayer]:
+    """The layers of ``quantized_model`` that match a Linear/Conv of ``float_model`` by name.
+
+    A ``convert_pt2e`` graph is read as aten ops named by their module stack
+    (a module called several times: its last call); anything else as modules.
+    """
+    float_layers = structure.modules if structure is not None else quantizable_modules(float_model)
+    layers: dict[str, QuantizedLayer] = {}
+    if isinstance(quantized_model, fx.GraphModule) and (ops := exported_sites(quantized_model)):
+        constant = _constant_nodes(quantized_model.graph)
+        for op in ops:
+            fqn = module_name_of(op)
+            if fqn in float_layers:
+                layers[fqn] = GraphLayer(quantized_model, op, fqn, constant)
+        return layers
+    for fqn, found in float_layers.items():
+        try:
+            module = quantized_model.get_submodule(fqn)
+        except AttributeError:
+            continue  # not in the quantized model (removed or renamed): nothing to compare
+        if dequantized_weight(module) is not None:
+            layers[fqn] = ModuleLayer(fqn, found.kind, module)
+    return layers
+
+
+__all__ = ["GraphLayer", "ModuleLayer", "QuantizedLayer", "dequantize", "dequantized_weight", "quantized_layers"]

@@ -1,0 +1,225 @@
+"""Typed results of comparing a float model with its quantized version (torch-free)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import attrs
+
+T = TypeVar("T")
+
+
+def _find(items: Sequence[T], key: Callable[[T], str], wanted: str, what: str) -> T:
+    """The item whose ``key`` is ``wanted``; a KeyError listing the others if none is."""
+    for item in items:
+        if key(item) == wanted:
+            return item
+    raise KeyError(f"no {what} {wanted!r}; {what}s: {', '.join(key(i) for i in items)}")
+
+
+def _legacy_direction(value: MetricValue) -> bool:
+    # Files before schema 1.3 did not record a metric's direction: then SQNR and cosine were
+    # the metrics where higher is better, and every other metric, plugins' included, an error.
+    return value.name in ("sqnr", "cosine")
+
+
+@attrs.frozen(kw_only=True)
+class MetricValue:
+    """A metric's value, with the direction its metric declared (:class:`qinsight.plugin.Metric`)."""
+
+    name: str
+    value: float
+    higher_is_better: bool = attrs.field(default=attrs.Factory(_legacy_direction, takes_self=True))
+
+    @property
+    def goodness(self) -> float:
+        """The value signed so that larger is always better: what worst-first orders sort by."""
+        return self.value if self.higher_is_better else -self.value
+
+
+def _value(metrics: Sequence[MetricValue], name: str) -> MetricValue:
+    return _find(metrics, lambda m: m.name, name, "metric")
+
+
+def _metric(metrics: Sequence[MetricValue], name: str) -> float:
+    return _value(metrics, name).value
+
+
+@attrs.frozen(kw_only=True)
+class ChannelMetric:
+    """One metric per output channel."""
+
+    name: str
+    values: tuple[float, ...]
+
+
+@attrs.frozen(kw_only=True)
+class LayerWeightComparison:
+    """The float weight of ``fqn`` against the quantized model's dequantized one.
+
+    ``quantized_type`` is the quantized module's qualified class name (a
+    dynamic Linear and a static one are both called ``Linear``); ``folded_bn``
+    names the BatchNorm folded into the float weight first, so the comparison
+    matches a quantized conv that absorbed it. ``quantized`` is False where the
+    quantized model left the layer in float.
+    """
+
+    fqn: str
+    kind: str
+    quantized_type: str
+    quantized: bool
+    folded_bn: str | None
+    metrics: tuple[MetricValue, ...]
+    per_channel: tuple[ChannelMetric, ...]
+
+    def metric(self, name: str) -> float:
+        return _metric(self.metrics, name)
+
+    def metric_value(self, name: str) -> MetricValue:
+        return _value(self.metrics, name)
+
+
+@attrs.frozen(kw_only=True)
+class WeightComparison:
+    layers: tuple[LayerWeightComparison, ...]
+
+    def layer(self, fqn: str) -> LayerWeightComparison:
+        return _find(self.layers, lambda layer: layer.fqn, fqn, "layer")
+
+    def worst(self, metric: str = "sqnr", count: int | None = 5) -> tuple[LayerWeightComparison, ...]:
+        """The ``count`` layers where ``metric`` is worst (lowest SQNR, highest error), worst first."""
+        return tuple(sorted(self.layers, key=lambda layer: layer.metric_value(metric).goodness)[:count])
+
+
+@attrs.frozen(kw_only=True)
+class LayerActivationComparison:
+    """The output of ``fqn`` in the float model against the quantized model's.
+
+    ``batches`` counts the outputs compared: one per batch, or one per call for a
+    module called several times per forward (each call against the same call).
+
+    ``propagated``: float model vs quantized model, error accumulated from the
+    input (torch's ``add_loggers``). ``local``: the quantized layer fed the
+    float layer's input (torch's shadow loggers), the error this layer makes.
+    The float output is taken at ``compared_at``, the end of the fused group
+    (``relu1`` for conv1 → bn1 → relu1), where the quantized module's output is.
+    ``quantized`` is False where the quantized model left the layer in float.
+    """
+
+    fqn: str
+    kind: str
+    quantized_type: str
+    quantized: bool
+    compared_at: str
+    batches: int
+    propagated: tuple[MetricValue, ...]
+    local: tuple[MetricValue, ...]
+
+    def metric(self, name: str, *, local: bool = False) -> float:
+        return _metric(self.local if local else self.propagated, name)
+
+    def metric_value(self, name: str, *, local: bool = False) -> MetricValue:
+        return _value(self.local if local else self.propagated, name)
+
+    @property
+    def error_ratio(self) -> float:
+        """Propagated / local relative L2 error: above 1, error from earlier layers is amplified here."""
+        local = self.metric("relative_l2", local=True)
+        propagated = self.metric("relative_l2")
+        if local == 0.0:
+            return float("inf") if propagated > 0.0 else 1.0
+        return propagated / local
+
+
+@attrs.frozen(kw_only=True)
+class ActivationComparison:
+    layers: tuple[LayerActivationComparison, ...]
+
+    def layer(self, fqn: str) -> LayerActivationComparison:
+        return _find(self.layers, lambda layer: layer.fqn, fqn, "layer")
+
+    def worst(
+        self, metric: str = "sqnr", *, local: bool = True, count: int | None = 5
+    ) -> tuple[LayerActivationComparison, ...]:
+        """The ``count`` layers where ``metric`` is worst, worst first: by default where the most error is made (local)."""
+        return tuple(sorted(self.layers, key=lambda layer: layer.metric_value(metric, local=local).goodness)[:count])
+
+
+@attrs.frozen(kw_only=True)
+class ConfigScore:
+    """One layer under one candidate config."""
+
+    config: str
+    quantized_type: str
+    propagated: tuple[MetricValue, ...]
+    local: tuple[MetricValue, ...]
+
+    def metric(self, name: str, *, local: bool = True) -> float:
+        return _metric(self.local if local else self.propagated, name)
+
+    def metric_value(self, name: str, *, local: bool = True) -> MetricValue:
+        return _value(self.local if local else self.propagated, name)
+
+
+@attrs.frozen(kw_only=True)
+class LayerConfigRow:
+    """A layer's scores under every config, and the config with the best local ``rank_by``."""
+
+    fqn: str
+    kind: str
+    scores: tuple[ConfigScore, ...]
+    best: str
+
+    def score(self, config: str) -> ConfigScore:
+        return _find(self.scores, lambda score: score.config, config, "config")
+
+
+@attrs.frozen(kw_only=True)
+class ConfigComparison:
+    """Several candidate configs of one float model, layer by layer (torch's n-shadows job).
+
+    ``best`` per row ranks configs by the *local* ``rank_by`` metric: the error
+    the layer itself makes under that config, free of what earlier layers did.
+    A layer a config leaves in float has no row entry for that config.
+    """
+
+    configs: tuple[str, ...]
+    rank_by: str
+    rows: tuple[LayerConfigRow, ...]
+
+    def row(self, fqn: str) -> LayerConfigRow:
+        return _find(self.rows, lambda row: row.fqn, fqn, "layer")
+
+    def best(self) -> dict[str, str]:
+        """Layer name -> the config that quantizes it best."""
+        return {row.fqn: row.best for row in self.rows}
+
+
+def best_config(scores: tuple[ConfigScore, ...], rank_by: str) -> str:
+    """The config of the best score by local ``rank_by`` (the first one on ties), in the metric's direction."""
+    return max(scores, key=lambda s: s.metric_value(rank_by).goodness).config
+
+
+@attrs.frozen(kw_only=True)
+class Comparison:
+    """What was measured of a float model against its quantized version(s): what a report file carries.
+
+    ``quantized`` says what the quantized side was (``"convert_fx"``,
+    ``"convert_pt2e"``, the candidate configs' names…), for whoever reads the
+    file later.
+    """
+
+    quantized: str = ""
+    weights: WeightComparison | None = None
+    activations: ActivationComparison | None = None
+    configs: ConfigComparison | None = None
+
+    def to_text(self, limit: int = 10) -> str:
+        """Tables, worst layers first, ``limit`` rows each."""
+        from qinsight.outputs.tables import (  # a convenience: outputs import the core
+            comparison_tables,
+            tables_as_text,
+        )
+
+        return "\n".join(tables_as_text(comparison_tables(self, limit)))

@@ -1,0 +1,125 @@
+"""Every exception qinsight raises, in one place.
+
+Every error is a :class:`QinsightError`; each says in one sentence what is wrong
+and where (the parameter, module, batch or file at fault) and keeps that data on
+attributes, so programs need not parse the message.
+"""
+
+from __future__ import annotations
+
+
+class QinsightError(Exception):
+    """Root of every error qinsight raises on purpose."""
+
+
+class InvalidParameterError(QinsightError, ValueError):
+    """A detector or pipeline parameter is outside its valid range."""
+
+    def __init__(self, owner: str, name: str, value: object, expected: str) -> None:
+        super().__init__(owner, name, value, expected)
+        self.owner = owner
+        self.name = name
+        self.value = value
+        self.expected = expected
+
+    def __str__(self) -> str:
+        return f"{self.owner}: {self.name}={self.value!r} is invalid; expected {self.expected}"
+
+
+class FrontendError(QinsightError):
+    """The model cannot be read by the frontend that was asked to read it."""
+
+
+class CalibrationError(QinsightError):
+    """Calibration could not run or produced nothing to analyze.
+
+    ``batch`` is the index of the calibration batch at fault, or ``None`` when
+    the problem is not tied to one batch (for example, no batches at all).
+    """
+
+    def __init__(self, message: str, *, batch: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.batch = batch
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_calibration_error, (self.message, self.batch))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild_calibration_error(message: str, batch: int | None) -> CalibrationError:
+    return CalibrationError(message, batch=batch)
+
+
+class ObserverError(QinsightError):
+    """An observer received data it cannot fold into its statistics."""
+
+
+class PluginLoadError(QinsightError):
+    """A detector or metric plugin could not be loaded or is not valid.
+
+    ``name`` is the plugin's name (a detector id or a metric name) and ``kind``
+    says which of the two it is.
+    """
+
+    def __init__(self, name: str, source: str, reason: str, *, kind: str = "detector") -> None:
+        super().__init__(name, source, reason)
+        self.name = name
+        self.source = source
+        self.reason = reason
+        self.kind = kind
+
+    @property
+    def detector(self) -> str:
+        """The plugin's name (kept for programs written when only detectors were plugins)."""
+        return self.name
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_plugin_load_error, (self.name, self.source, self.reason, self.kind))
+
+    def __str__(self) -> str:
+        return f"qinsight failed to load {self.kind} {self.name} from {self.source}: {self.reason}"
+
+
+def _rebuild_plugin_load_error(name: str, source: str, reason: str, kind: str) -> PluginLoadError:
+    return PluginLoadError(name, source, reason, kind=kind)
+
+
+class MissingExtraError(QinsightError, ImportError):
+    """An optional dependency is not installed; the message says which extra to install."""
+
+
+class UsageError(QinsightError):
+    """The command line was used wrongly (a bad option value, a missing option)."""
+
+
+class ReportFileError(QinsightError):
+    """A report file that cannot be read: names the file and, where known, the JSON path."""
+
+    def __init__(self, source: str, problem: str, location: str | None = None) -> None:
+        super().__init__(source, problem, location)
+        self.source = source
+        self.problem = problem
+        self.location = location
+
+    def __str__(self) -> str:
+        where = f" @ {self.location}" if self.location else ""
+        return f"{self.source}: {self.problem}{where}"
+
+
+class ReportVersionError(ReportFileError):
+    """A file of a schema major version this qinsight cannot read (``readable``: the version it reads)."""
+
+    def __init__(self, source: str, found: tuple[int, int], readable: tuple[int, int]) -> None:
+        problem = (
+            f"written with report schema {found[0]}.{found[1]}; this qinsight reads major version "
+            f"{readable[0]} (schema {readable[0]}.{readable[1]})"
+        )
+        super().__init__(source, problem, "$.schema_version")
+        self.found = found
+        self.readable = readable
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (ReportVersionError, (self.source, self.found, self.readable))

@@ -1,0 +1,155 @@
+"""The Report: everything one diagnosis found, as immutable values.
+
+A Report holds no tensors, modules or dicts: only frozen attrs classes,
+tuples, strings, numbers and enums, so it can be compared, saved and diffed.
+The torch configs and the text are built from it on demand by the output
+modules (:mod:`qinsight.outputs.qconfig`, :mod:`qinsight.outputs.text`); the methods here only
+delegate to them, imported lazily so this module stays torch-free.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from qinsight.core.comparison import Comparison
+from qinsight.core.equalization import EqualizationMapping
+from qinsight.core.findings import Finding
+from qinsight.core.sites import OpSite, Side
+from qinsight.core.stats import Observation
+from qinsight.core.suggestions import QuantSuggestion, SuggestionConflict
+
+if TYPE_CHECKING:
+    from torch.ao.quantization import QConfigMapping
+
+ParameterValue = bool | int | float | str
+
+
+def _finite(_instance: object, _attribute: object, value: ParameterValue) -> None:
+    # A non-finite float would read back as the string "nan"/"inf" (the file's encoding of them).
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"a parameter value must be finite, not {value}")
+
+
+@attrs.frozen(kw_only=True)
+class Parameter:
+    """One parameter a detector ran with, recorded for the file and the reader."""
+
+    name: str
+    value: ParameterValue = attrs.field(validator=_finite)
+
+
+@attrs.frozen(kw_only=True)
+class DetectorResult:
+    """What one detector concluded: its findings and its suggestions."""
+
+    detector: str
+    parameters: tuple[Parameter, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    suggestions: tuple[QuantSuggestion, ...] = ()
+
+    def parameter(self, name: str) -> ParameterValue:
+        for parameter in self.parameters:
+            if parameter.name == name:
+                return parameter.value
+        raise KeyError(f"detector {self.detector} has no parameter {name!r}")
+
+    def finding(self, fqn: str) -> Finding:
+        for finding in self.findings:
+            if finding.fqn == fqn:
+                return finding
+        raise KeyError(f"detector {self.detector} has no finding for module {fqn!r}")
+
+
+class FailureStage(enum.Enum):
+    LOAD = "load"
+    INSERT_POINTS = "insert_points"
+    ANALYZE = "analyze"
+
+
+@attrs.frozen(kw_only=True)
+class DetectorFailure:
+    """A detector that failed; the other detectors' results still stand."""
+
+    detector: str
+    stage: FailureStage
+    error: str
+
+
+@attrs.frozen(kw_only=True)
+class ReportMetadata:
+    model: str
+    frontend: str
+    backend: str
+    batches: int
+    qinsight_version: str
+    torch_version: str
+
+
+@attrs.frozen(kw_only=True)
+class Report:
+    """The result of :func:`qinsight.diagnose`."""
+
+    metadata: ReportMetadata
+    sites: tuple[OpSite, ...]
+    observations: tuple[Observation, ...]
+    results: tuple[DetectorResult, ...]
+    suggestions: tuple[QuantSuggestion, ...]
+    conflicts: tuple[SuggestionConflict, ...] = ()
+    equalization_mapping: EqualizationMapping = EqualizationMapping()
+    failures: tuple[DetectorFailure, ...] = ()
+    comparison: Comparison | None = None
+
+    def with_comparison(self, comparison: Comparison) -> Report:
+        """This report carrying ``comparison`` (float vs quantized), to save and show together."""
+        return attrs.evolve(self, comparison=comparison)
+
+    def result(self, detector: str) -> DetectorResult:
+        for result in self.results:
+            if result.detector == detector:
+                return result
+        ran = ", ".join(r.detector for r in self.results) or "none"
+        raise KeyError(f"no result for detector {detector!r}; detectors that ran: {ran}")
+
+    def suggestion(self, fqn: str) -> QuantSuggestion | None:
+        return next((s for s in self.suggestions if s.fqn == fqn), None)
+
+    def observation(self, fqn: str, side: Side) -> Observation | None:
+        return next((o for o in self.observations if o.fqn == fqn and o.side is side), None)
+
+    def actionable(self) -> tuple[Finding, ...]:
+        return tuple(f for r in self.results for f in r.findings if f.actionable)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the report as a versioned JSON file; see :func:`qinsight.outputs.serde.save_report`."""
+        from qinsight.outputs.serde import save_report
+
+        save_report(self, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Report:
+        """Read a report file; see :func:`qinsight.outputs.serde.load_report`."""
+        from qinsight.outputs.serde import load_report
+
+        return load_report(path)
+
+    def to_text(self) -> str:
+        from qinsight.outputs.text import render_text
+
+        return render_text(self)
+
+    def pt2e_quantizer(self) -> Any:
+        """A torchao PT2E quantizer applying the suggestions; see :func:`qinsight.outputs.pt2e.to_pt2e_quantizer`."""
+        from qinsight.outputs.pt2e import to_pt2e_quantizer
+
+        return to_pt2e_quantizer(self)
+
+    def qconfig_mapping(self, base: QConfigMapping | None = None) -> QConfigMapping:
+        """A torch QConfigMapping that applies the suggestions; see :func:`qinsight.outputs.qconfig.to_qconfig_mapping`."""
+        from qinsight.outputs.qconfig import to_qconfig_mapping
+
+        return to_qconfig_mapping(self, base=base)

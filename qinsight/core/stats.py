@@ -1,0 +1,225 @@
+"""Frozen activation statistics: what an observer knows after calibration.
+
+:class:`ActivationStats` is torch-free and mergeable: the statistics of batches
+A then B equal ``merge(stats(A), stats(B))`` (up to float summation order), so
+calibration can be split across processes or machines.
+
+Batches holding NaN or Inf are counted in ``nonfinite_batches`` and left out of
+every other statistic: one bad batch must not turn every verdict into NaN.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+
+import attrs
+
+from qinsight.core.sites import InsertPoint, ObserverSpec, Side
+
+
+class DataCondition(enum.Enum):
+    """Whether an activation's statistics can carry a verdict."""
+
+    OK = "ok"
+    NO_DATA = "no_data"  # never ran, or every batch held NaN/Inf
+    CONSTANT = "constant"  # the same single value in every batch
+
+
+@attrs.frozen(kw_only=True)
+class BatchMoments:
+    """Sums of per-batch means and variances, for the variance-based stationarity.
+
+    ``count`` batches contributed; ``mean_sum``/``mean_sq_sum`` are the sum of
+    batch means and of their squares, ``var_sum``/``var_sq_sum`` likewise for
+    the (population) batch variances.
+    """
+
+    count: int = 0
+    mean_sum: float = 0.0
+    mean_sq_sum: float = 0.0
+    var_sum: float = 0.0
+    var_sq_sum: float = 0.0
+
+    def merge(self, other: BatchMoments) -> BatchMoments:
+        return BatchMoments(
+            count=self.count + other.count,
+            mean_sum=self.mean_sum + other.mean_sum,
+            mean_sq_sum=self.mean_sq_sum + other.mean_sq_sum,
+            var_sum=self.var_sum + other.var_sum,
+            var_sq_sum=self.var_sq_sum + other.var_sq_sum,
+        )
+
+    def stationarity(self) -> float | None:
+        """The variance-based stationarity statistic, in [0, 1]; see docs/detectors.md.
+
+        ``W`` is the mean within-batch variance, ``B`` the variance of the
+        batch means and ``cv`` the coefficient of variation of the batch
+        variances (the "variance of variance"). The statistic is
+        ``W / (W + B) / (1 + cv)``: the share of the activation's total
+        variance that a single batch sees, discounted when the batches'
+        spread itself changes. Every term is an average over batches, so one
+        outlier moves it by its share of the data instead of setting it, as an
+        outlier sets the epoch range in ``S = mean batch range / epoch range``.
+        ``None`` when undefined (no batches, or zero variance throughout).
+        """
+        if self.count == 0:
+            return None
+        n = self.count
+        within = self.var_sum / n
+        if within <= 0.0:
+            return None
+        between = max(0.0, self.mean_sq_sum / n - (self.mean_sum / n) ** 2)
+        var_of_var = max(0.0, self.var_sq_sum / n - within**2)
+        cv = math.sqrt(var_of_var) / within
+        return within / (within + between) / (1.0 + cv)
+
+
+@attrs.frozen(kw_only=True)
+class PercentileStats:
+    """Per-channel ratios of the batch maximum to a reference percentile.
+
+    For each batch and channel ``c`` with reference value ``q_p != 0`` (exact,
+    "lower" interpolation as in torch) and at least half its values non-zero,
+    ``max / q_p`` is added to ``ratio_sum[c]`` and ``measured_batches[c]``
+    counts it. A dead or mostly-zero channel (e.g. behind a ReLU) is not
+    measured in that batch: torch counts it, with a ratio of 3.4e38 when
+    ``q_p`` is 0.
+    ``constant_batches[c]`` counts batches where the channel held one value.
+    """
+
+    percentile: float
+    ratio_sum: tuple[float, ...]
+    measured_batches: tuple[int, ...]
+    constant_batches: tuple[int, ...]
+
+    def mean_ratios(self) -> tuple[float | None, ...]:
+        """The mean ratio per channel, ``None`` where no batch could measure it."""
+        return tuple(total / n if n else None for total, n in zip(self.ratio_sum, self.measured_batches))
+
+    def merge(self, other: PercentileStats) -> PercentileStats:
+        if other.percentile != self.percentile or len(other.ratio_sum) != len(self.ratio_sum):
+            raise ValueError("cannot merge percentile statistics of different percentiles or channel counts")
+        return PercentileStats(
+            percentile=self.percentile,
+            ratio_sum=tuple(a + b for a, b in zip(self.ratio_sum, other.ratio_sum)),
+            measured_batches=tuple(a + b for a, b in zip(self.measured_batches, other.measured_batches)),
+            constant_batches=tuple(a + b for a, b in zip(self.constant_batches, other.constant_batches)),
+        )
+
+
+def _merge_percentiles(
+    a: tuple[PercentileStats, ...], b: tuple[PercentileStats, ...]
+) -> tuple[PercentileStats, ...]:
+    if not a or not b:  # one side saw no finite batch
+        return a or b
+    return tuple(x.merge(y) for x, y in zip(a, b))
+
+
+def _merge_channels(
+    a: tuple[float, ...] | None, b: tuple[float, ...] | None, pick: Callable[[float, float], float]
+) -> tuple[float, ...] | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    if len(a) != len(b):
+        raise ValueError(f"cannot merge per-channel statistics of {len(a)} and {len(b)} channels")
+    return tuple(pick(x, y) for x, y in zip(a, b))
+
+
+@attrs.frozen(kw_only=True)
+class ActivationStats:
+    """Statistics of one observed activation over all calibration batches."""
+
+    spec: ObserverSpec
+    batches: int = 0
+    nonfinite_batches: int = 0
+    constant_batches: int = 0
+    min: float = math.inf
+    max: float = -math.inf
+    batch_range_sum: float = 0.0
+    channel_min: tuple[float, ...] | None = None
+    channel_max: tuple[float, ...] | None = None
+    moments: BatchMoments | None = None
+    percentiles: tuple[PercentileStats, ...] = ()
+
+    def percentile_stats(self, percentile: float) -> PercentileStats | None:
+        return next((p for p in self.percentiles if p.percentile == percentile), None)
+
+    @property
+    def condition(self) -> DataCondition:
+        if self.batches == 0:
+            return DataCondition.NO_DATA
+        if self.max == self.min:
+            return DataCondition.CONSTANT
+        return DataCondition.OK
+
+    @property
+    def epoch_range(self) -> float:
+        return self.max - self.min if self.batches else 0.0
+
+    @property
+    def mean_batch_range(self) -> float:
+        return self.batch_range_sum / self.batches if self.batches else 0.0
+
+    def batch_to_epoch_ratio(self) -> float | None:
+        """torch's stationarity statistic S = mean batch range / epoch range.
+
+        ``None`` where torch raises or returns garbage: no data (torch: -0.0)
+        and a constant activation (torch: ``ValueError``).
+        """
+        if self.condition is not DataCondition.OK:
+            return None
+        return self.mean_batch_range / self.epoch_range
+
+    def merge(self, other: ActivationStats) -> ActivationStats:
+        """The statistics of both halves' batches together."""
+        if other.spec != self.spec:
+            raise ValueError(f"cannot merge statistics of different specs: {self.spec} vs {other.spec}")
+        moments = self.moments
+        if other.moments is not None:
+            moments = other.moments if moments is None else moments.merge(other.moments)
+        return ActivationStats(
+            spec=self.spec,
+            batches=self.batches + other.batches,
+            nonfinite_batches=self.nonfinite_batches + other.nonfinite_batches,
+            constant_batches=self.constant_batches + other.constant_batches,
+            min=min(self.min, other.min),
+            max=max(self.max, other.max),
+            batch_range_sum=self.batch_range_sum + other.batch_range_sum,
+            channel_min=_merge_channels(self.channel_min, other.channel_min, min),
+            channel_max=_merge_channels(self.channel_max, other.channel_max, max),
+            moments=moments,
+            percentiles=_merge_percentiles(self.percentiles, other.percentiles),
+        )
+
+
+@attrs.frozen(kw_only=True)
+class Observation:
+    """The statistics of the observer at ``key`` (``fc1:pre``)."""
+
+    key: str
+    fqn: str
+    side: Side
+    stats: ActivationStats
+
+
+@attrs.frozen(kw_only=True)
+class ObservedStats:
+    """All observations of one calibration, looked up by what a detector asked for."""
+
+    observations: tuple[Observation, ...]
+
+    def get(self, fqn: str, side: Side, channel_axis: int) -> ActivationStats | None:
+        """The statistics observed at ``side`` of ``fqn`` along ``channel_axis``."""
+        for observation in self.observations:
+            stats = observation.stats
+            if observation.fqn == fqn and observation.side is side and stats.spec.channel_axis == channel_axis:
+                return stats
+        return None
+
+    def for_point(self, point: InsertPoint) -> ActivationStats | None:
+        """The statistics of the observer that served ``point``."""
+        return self.get(point.fqn, point.side, point.spec.channel_axis)

@@ -1,0 +1,173 @@
+"""What a model is made of, as the flows see it: quantizable modules, their kinds and qconfigs, fusable tails.
+
+Every frontend and the comparison read models through these functions, so
+"which modules are Linear/Conv layers" and "what follows a layer that a flow
+may fuse into it" have one answer.
+"""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+from torch import fx, nn
+from torch.ao.nn.intrinsic.modules.fused import _FusedModule
+from torch.ao.quantization import FakeQuantize, QConfig, QConfigMapping
+from torch.ao.quantization.observer import ObserverBase
+
+from qinsight.core.sites import OpKind, OpSite, WeightScheme
+
+MODULE_KINDS: tuple[tuple[type[nn.Module], OpKind], ...] = (
+    (nn.Linear, OpKind.LINEAR),
+    (nn.Conv1d, OpKind.CONV1D),
+    (nn.Conv2d, OpKind.CONV2D),
+    (nn.Conv3d, OpKind.CONV3D),
+)
+
+
+def classify(module: nn.Module) -> tuple[OpKind, nn.Module] | None:
+    """The op kind of ``module`` and the module holding its weight, if it is a site."""
+    # QAT fused modules (ConvBnReLU2d) are Convs themselves; inference fused
+    # modules (LinearReLU) hold theirs as the first child.
+    candidates = (module, module[0]) if isinstance(module, _FusedModule) else (module,)
+    for candidate in candidates:
+        for cls, kind in MODULE_KINDS:
+            if isinstance(candidate, cls):
+                return kind, candidate
+    return None
+
+
+def weight_scheme(qconfig: object) -> WeightScheme | None:
+    """What ``qconfig`` does with a weight, with torch's ModelReport's rule."""
+    if not isinstance(qconfig, QConfig):
+        return None
+    weight_obs = qconfig.weight()
+    if isinstance(weight_obs, FakeQuantize):
+        per_channel = bool(getattr(weight_obs, "is_per_channel", False))
+    else:
+        per_channel = isinstance(weight_obs, ObserverBase) and hasattr(weight_obs, "ch_axis")
+    return WeightScheme.PER_CHANNEL if per_channel else WeightScheme.PER_TENSOR
+
+
+def resolve_qconfig(mapping: QConfigMapping, fqn: str, module_type: type) -> object:
+    """The qconfig ``mapping`` gives module ``fqn``.
+
+    Precedence as in torch: module name (the module or its closest named
+    parent), then name regex, then object type, then global.
+    """
+    parts = fqn.split(".")
+    for end in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:end])
+        if prefix in mapping.module_name_qconfigs:
+            return mapping.module_name_qconfigs[prefix]
+    for pattern, qconfig in mapping.module_name_regex_qconfigs.items():
+        if re.match(pattern, fqn):
+            return qconfig
+    for object_type, qconfig in mapping.object_type_qconfigs.items():
+        if module_type in (object_type,):  # a plain `is` test narrows Callable | str to Never in mypy
+            return qconfig
+    return mapping.global_qconfig
+
+
+class LeafTracer(fx.Tracer):
+    """FX's tracer, but fused modules (``LinearReLU``, ...) stay leaves, as in ``prepare_fx``."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return isinstance(m, _FusedModule) or super().is_leaf_module(m, module_qualified_name)
+
+
+def site_for_module(
+    fqn: str, module: nn.Module, kind: OpKind, holder: nn.Module, calls: int, mapping: QConfigMapping | None
+) -> OpSite:
+    """The site of a called module; its weight scheme from the module's qconfig, else from ``mapping``."""
+    qconfig = getattr(module, "qconfig", None)
+    if qconfig is None and mapping is not None:
+        qconfig = resolve_qconfig(mapping, fqn, type(holder))
+    return OpSite(
+        fqn=fqn,
+        kind=kind,
+        module_type=type(module).__name__,
+        calls=calls,
+        groups=int(getattr(holder, "groups", 1)),
+        weight_scheme=weight_scheme(qconfig),
+    )
+
+
+@attrs.frozen
+class QuantizableModule:
+    """A Linear/Conv module of a model: the module called, its kind, and the module holding its weight
+    (the Linear inside a fused ``LinearReLU``)."""
+
+    module: nn.Module
+    kind: OpKind
+    holder: nn.Module
+
+
+def quantizable_modules(model: nn.Module) -> dict[str, QuantizableModule]:
+    """Each Linear/Conv of ``model`` by name, not descending into one
+    (the Linear inside a LinearReLU is not a site of its own)."""
+    found: dict[str, QuantizableModule] = {}
+    for fqn, module in model.named_modules():
+        classified = classify(module)
+        if fqn and classified is not None and not any(fqn.startswith(f"{known}.") for known in found):
+            found[fqn] = QuantizableModule(module, *classified)
+    return found
+
+
+TAIL_TYPES = (nn.modules.batchnorm._BatchNorm, nn.ReLU, nn.ReLU6, nn.Hardtanh)
+
+
+TailChain = tuple[tuple[str, nn.Module], ...]
+
+
+def tail_chains(model: nn.Module) -> dict[str, TailChain]:
+    """Linear/Conv name -> the BatchNorm/ReLU modules that follow it, each the only user of the last.
+
+    Quantization may fuse these into the layer. Which of them it did depends on
+    the flow (FX fuses ReLU but not ReLU6; PT2E quantizes after either), so the
+    quantized layer decides (:meth:`QuantizedLayer.absorbs`).
+    """
+    try:
+        graph = LeafTracer().trace(model)
+    except Exception:  # untraceable: compare at the layer itself
+        return {}
+    chains: dict[str, TailChain] = {}
+    for node in graph.nodes:
+        if node.op != "call_module":
+            continue
+        chain: list[tuple[str, nn.Module]] = []
+        tail = node
+        while len(tail.users) == 1:
+            (user,) = tail.users
+            if user.op != "call_module" or not isinstance(module := model.get_submodule(str(user.target)), TAIL_TYPES):
+                break
+            chain.append((str(user.target), module))
+            tail = user
+        if chain:
+            chains[str(node.target)] = tuple(chain)
+    return chains
+
+
+@attrs.frozen
+class ModelStructure:
+    """A float model's quantizable modules and their tail chains, read once and shared by comparisons."""
+
+    modules: dict[str, QuantizableModule]
+    chains: dict[str, TailChain]
+
+    def batchnorm_after_conv(self) -> dict[str, str]:
+        """conv name -> name of the BatchNorm that is its only user (the start of its tail chain)."""
+        return {
+            fqn: chain[0][0]
+            for fqn, chain in self.chains.items()
+            if fqn in self.modules
+            and isinstance(self.modules[fqn].module, nn.modules.conv._ConvNd)
+            and isinstance(chain[0][1], nn.modules.batchnorm._BatchNorm)
+        }
+
+
+def model_structure(model: nn.Module) -> ModelStructure:
+    """:func:`quantizable_modules` and :func:`tail_chains` of ``model`` (one trace)."""
+    return ModelStructure(modules=quantizable_modules(model), chains=tail_chains(model))
+
+

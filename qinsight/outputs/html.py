@@ -1,0 +1,194 @@
+"""One self-contained HTML page per report: no network, plots embedded as PNG.
+
+Sections: summary, the suggested config as code to paste, a modules ×
+detectors table of verdicts, plots of the key features, per-module detail,
+what failed, and the float-vs-quantized comparison when the report carries
+one. Every text from the report is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+from collections.abc import Iterable
+
+from qinsight.core.report import Report
+from qinsight.core.sites import WeightScheme
+from qinsight.core.suggestions import ActivationMode, QuantSuggestion
+from qinsight.outputs.tables import comparison_tables
+from qinsight.outputs.view import ReportView
+
+KEY_FEATURES = (
+    "dynamic_static.output.statistic",
+    "equalization.scores",
+    "outliers.ratios",
+    "outliers.channel_abs_max",
+)
+MAX_DETAIL_PLOTS = 12  # per-channel plots, for the first actionable modules
+
+_STYLE = """
+body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1200px}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ccc}
+table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
+td.act{background:#ffe8c2}pre{background:#f5f5f5;padding:1em;overflow-x:auto;font-size:.85em}
+img{max-width:100%}details{margin:.3em 0}.fail{color:#a00}
+"""
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text))
+
+
+def _png(figure: object) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=80)  # type: ignore[attr-defined]
+    return f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
+
+
+def _qconfig_expression(suggestion: QuantSuggestion) -> str:
+    if suggestion.keep_float:
+        return "None"
+    activation = "default_dynamic_quant_observer" if suggestion.activation is ActivationMode.DYNAMIC else "default.activation"
+    weight = {
+        WeightScheme.PER_CHANNEL: "default_per_channel_weight_observer",
+        WeightScheme.PER_TENSOR: "default_weight_observer",
+        None: "default.weight",
+    }[suggestion.weight]
+    return f"QConfig(activation={activation}, weight={weight})"
+
+
+def config_code(report: Report) -> str:
+    """Python that builds the same QConfigMapping as ``report.qconfig_mapping()``."""
+    backend = report.metadata.backend
+    lines = [
+        "from torch.ao.quantization import (",
+        "    QConfig, default_dynamic_quant_observer, default_per_channel_weight_observer,",
+        "    default_weight_observer, get_default_qconfig, get_default_qconfig_mapping,",
+        ")",
+        "",
+        f"default = get_default_qconfig({backend!r})",
+        f"mapping = get_default_qconfig_mapping({backend!r})",
+    ]
+    lines += [f"mapping.set_module_name({s.fqn!r}, {_qconfig_expression(s)})" for s in report.suggestions]
+    if len(report.equalization_mapping):
+        lines += [
+            "",
+            "# input-weight equalization: prepare_fx(..., _equalization_config=equalization)",
+            "from torch.ao.quantization import QConfigMapping",
+            "from torch.ao.quantization.fx._equalize import default_equalization_qconfig",
+            "equalization = QConfigMapping()",
+        ]
+        lines += [f"equalization.set_module_name({fqn!r}, default_equalization_qconfig)" for fqn in report.equalization_mapping.fqns]
+    return "\n".join(lines) + "\n"
+
+
+def _table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join(f"<tr>{''.join(rows_cells)}</tr>" for rows_cells in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _verdict_table(report: Report) -> str:
+    detectors = [r.detector for r in report.results]
+    findings = {(r.detector, f.fqn): f for r in report.results for f in r.findings}
+    rows = []
+    for site in report.sites:
+        cells = [f"<td>{_e(site.fqn)}</td>", f"<td>{_e(site.kind.value)}</td>"]
+        for detector in detectors:
+            finding = findings.get((detector, site.fqn))
+            if finding is None:
+                cells.append("<td></td>")
+            else:
+                css = ' class="act"' if finding.actionable else ""
+                cells.append(f'<td{css} title="{_e(finding.reason())}">{_e(finding.verdict)}</td>')
+        rows.append(cells)
+    return _table(["module", "kind", *detectors], rows)
+
+
+def _details(report: Report, view: ReportView) -> str:
+    from qinsight.outputs.plots import plot_channels
+
+    parts = []
+    plots_left = MAX_DETAIL_PLOTS
+    for site in report.sites:
+        findings = [(r.detector, f) for r in report.results for f in r.findings if f.fqn == site.fqn]
+        actionable = [f for _, f in findings if f.actionable]
+        lines = "".join(
+            f"<li{' class=act' if f.actionable else ''}><b>{_e(d)}</b>: {_e(f.verdict)}: {_e(f.reason())}</li>"
+            for d, f in findings
+        )
+        plot = ""
+        if actionable and plots_left > 0:
+            row = view.row(site.fqn)
+            for feature in ("outliers.ratios", "equalization.scores"):
+                if row.feature(feature) is not None:
+                    plot += _png(plot_channels(view, site.fqn, feature))
+            plots_left -= 1
+        mark = f" ({len(actionable)} to act on)" if actionable else ""
+        parts.append(f"<details><summary>{_e(site.fqn)}{_e(mark)}</summary><ul>{lines}</ul>{plot}</details>")
+    return "".join(parts)
+
+
+def _comparison(report: Report) -> str:
+    from qinsight.outputs.plots import plot_sqnr
+
+    if report.comparison is None:
+        return ""
+    parts = [f"<h2>Float vs quantized{_e(' (' + report.comparison.quantized + ')' if report.comparison.quantized else '')}</h2>"]
+    if report.comparison.activations is not None:
+        parts.append(_png(plot_sqnr(report.comparison.activations)))
+    for table in comparison_tables(report.comparison):
+        parts.append(f"<h3>{_e(table.title)}</h3>")
+        parts.append(_table(table.header, ([f"<td>{_e(cell)}</td>" for cell in row] for row in table.rows)))
+        if table.note:
+            parts.append(f"<p>{_e(table.note)}</p>")
+    return "\n".join(parts)
+
+
+def render_html(report: Report) -> str:
+    from qinsight.outputs.plots import plot_feature
+
+    meta = report.metadata
+    view = ReportView.of(report)
+    actionable = report.actionable()
+    summary = _table(
+        ["model", "frontend", "backend", "batches", "modules", "to act on", "qinsight", "torch"],
+        [[f"<td>{_e(v)}</td>" for v in (
+            meta.model, meta.frontend, meta.backend, meta.batches, len(report.sites), len(actionable),
+            meta.qinsight_version, meta.torch_version,
+        )]],
+    )
+    plots = "".join(_png(plot_feature(view, feature)) for feature in KEY_FEATURES if feature in view.feature_names())
+    failures = "".join(
+        f'<li class="fail">{_e(f.detector)} failed at {_e(f.stage.value)}: {_e(f.error)}</li>' for f in report.failures
+    )
+    diagnosis = f"""<h2>Suggested config</h2>
+<p>Paste to quantize with <code>prepare_fx(model, mapping, example_inputs)</code>, or use
+<code>report.qconfig_mapping()</code> / <code>report.pt2e_quantizer()</code>.</p>
+<pre id="config">{_e(config_code(report))}</pre>
+<h2>Modules</h2>
+{_verdict_table(report)}
+<h2>Plots</h2>
+{plots or "<p>No plottable features.</p>"}
+<h2>Detail</h2>
+{_details(report, view)}
+<h2>Failures</h2>
+{f"<ul>{failures}</ul>" if failures else "<p>None.</p>"}"""
+    if not report.sites and report.comparison is not None:  # a file holding a comparison only
+        diagnosis = ""
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>qinsight report: {_e(meta.model)}</title>
+<style>{_STYLE}</style></head><body>
+<h1>qinsight report: {_e(meta.model)}</h1>
+{summary}
+{diagnosis}
+{_comparison(report)}
+</body></html>
+"""
+
+
+def save_html(report: Report, path: str | os.PathLike[str]) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(render_html(report))

@@ -1,0 +1,340 @@
+"""Report files: versioned JSON through one cattrs converter.
+
+This is the only module that imports cattrs. A file is a JSON object::
+
+    {"format": "qinsight.report", "schema_version": [1, 0],
+     "metadata": {...}, "sites": [...], "observations": [...], "results": [...],
+     "suggestions": [...], "conflicts": [...], "equalization_mapping": {...}, "failures": [...]}
+
+Files are data, never code: JSON only, no pickle. Each finding is written
+with its fields, its ``type`` and a ``summary`` (verdict, actionable, reason)
+so that a reader without the detector's plugin can still show it. It is read
+back through the detector id of its result, and becomes a :class:`RawFinding`
+that keeps its JSON verbatim when that detector is not installed. Non-finite
+floats are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"``, so a
+file is strict JSON. Versioning rules: docs/file-format.md.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import os
+import re
+import tempfile
+import typing
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+import cattrs
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+from cattrs.preconf.json import make_converter
+from cattrs.v import format_exception
+
+from qinsight.core.errors import ReportFileError, ReportVersionError
+from qinsight.core.findings import Finding
+from qinsight.core.report import DetectorResult, ParameterValue, Report
+from qinsight.plugin.discovery import finding_type
+
+FORMAT: Final = "qinsight.report"
+SCHEMA_VERSION: Final = (1, 3)
+MAX_BYTES: Final = 256 * 1024 * 1024
+_RESERVED: Final = ("type", "summary")  # keys a finding's own fields may not use
+
+
+@attrs.frozen(kw_only=True)
+class RawFinding(Finding):
+    """A finding whose detector is not installed here: its JSON, kept verbatim."""
+
+    detector: str
+    data: str  # the finding object as it stood in the file, as JSON text
+
+    def _summary(self) -> dict[str, Any]:
+        summary = json.loads(self.data).get("summary")
+        return summary if isinstance(summary, dict) else {}
+
+    @property
+    def verdict(self) -> str:
+        return str(self._summary().get("verdict", "unknown"))
+
+    @property
+    def actionable(self) -> bool:
+        return self._summary().get("actionable") is True
+
+    def reason(self) -> str:
+        return str(self._summary().get("reason", f"finding of {self.detector}, which is not installed"))
+
+
+# -- scalar hooks: strict, so a wrong type is an error rather than a silent conversion
+
+
+def _float_out(value: float) -> float | str:
+    if math.isfinite(value):
+        return value
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+_NON_FINITE: Final = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _float_in(value: object, _: object) -> float:
+    if isinstance(value, str) and value in _NON_FINITE:
+        return _NON_FINITE[value]  # the same NaN object every time, so reports compare equal
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected a number or one of 'nan', 'inf', '-inf', not {value!r}")
+    return float(value)
+
+
+def _exactly(kind: type) -> Callable[[object, object], Any]:
+    def structure(value: object, _: object) -> Any:
+        if type(value) is not kind:
+            raise TypeError(f"expected {kind.__name__}, not {type(value).__name__} {value!r}")
+        return value
+
+    return structure
+
+
+def _parameter_in(value: object, _: object) -> ParameterValue:
+    if not isinstance(value, (bool, int, float, str)):
+        raise TypeError(f"expected a bool, number or string, not {type(value).__name__}")
+    return value
+
+
+def _converter(*, strict: bool) -> cattrs.Converter:
+    converter = make_converter(forbid_extra_keys=strict)
+    converter.register_unstructure_hook(float, _float_out)
+    converter.register_structure_hook(float, _float_in)
+    for kind in (str, int, bool):
+        converter.register_structure_hook(kind, _exactly(kind))
+    converter.register_structure_hook_func(lambda t: t == ParameterValue, _parameter_in)
+    _register_results(converter, strict=strict)
+    return converter
+
+
+# -- findings: tagged by type, decoded through their detector's finding_type
+
+
+def _finding_out(converter: cattrs.Converter, finding: Finding) -> dict[str, Any]:
+    if isinstance(finding, RawFinding):
+        data: dict[str, Any] = json.loads(finding.data)
+        return data
+    fields = converter.unstructure(finding, unstructure_as=type(finding))
+    clash = set(_RESERVED) & set(fields)
+    if clash:
+        raise TypeError(f"{type(finding).__name__} may not have fields named {sorted(clash)}")
+    summary = {"verdict": finding.verdict, "actionable": finding.actionable, "reason": finding.reason()}
+    return {"type": type(finding).__name__, **fields, "summary": summary}
+
+
+def _finding_in(converter: cattrs.Converter, detector: str, data: object, known: type[Finding] | None) -> Finding:
+    if not isinstance(data, dict) or not isinstance(data.get("fqn"), str):
+        raise TypeError("a finding must be an object with a string 'fqn'")
+    if known is None or data.get("type") != known.__name__:
+        return RawFinding(fqn=data["fqn"], detector=detector, data=json.dumps(data, allow_nan=False))
+    fields = {k: v for k, v in data.items() if k not in _RESERVED}
+    finding: Finding = converter.structure(fields, known)
+    return finding
+
+
+def _register_results(converter: cattrs.Converter, *, strict: bool) -> None:
+    unstructure_rest = make_dict_unstructure_fn(DetectorResult, converter, findings=override(omit=True))
+    structure_rest = make_dict_structure_fn(
+        DetectorResult, converter, findings=override(omit=True), _cattrs_forbid_extra_keys=strict
+    )
+
+    def result_out(result: DetectorResult) -> dict[str, Any]:
+        data = unstructure_rest(result)
+        data["findings"] = [_finding_out(converter, f) for f in result.findings]
+        return data
+
+    def result_in(data: object, _: object) -> DetectorResult:
+        if not isinstance(data, dict) or not isinstance(data.get("findings", []), list):
+            raise TypeError("a detector result must be an object with a list of findings")
+        result = structure_rest({k: v for k, v in data.items() if k != "findings"}, DetectorResult)
+        known = finding_type(result.detector)
+        findings = tuple(_finding_in(converter, result.detector, f, known) for f in data.get("findings", []))
+        return attrs.evolve(result, findings=findings)
+
+    converter.register_unstructure_hook(DetectorResult, result_out)
+    converter.register_structure_hook(DetectorResult, result_in)
+
+
+_STRICT = _converter(strict=True)
+_LENIENT = _converter(strict=False)  # for files of a newer minor version: unknown fields are ignored
+
+
+# -- the file
+
+
+def report_to_dict(report: Report) -> dict[str, Any]:
+    body: dict[str, Any] = _STRICT.unstructure(report)
+    return {"format": FORMAT, "schema_version": list(SCHEMA_VERSION), **body}
+
+
+def report_to_json(report: Report) -> str:
+    return json.dumps(report_to_dict(report), allow_nan=False, indent=1) + "\n"
+
+
+def save_report(report: Report, path: str | os.PathLike[str]) -> None:
+    """Write ``report`` to ``path`` as JSON; the file is replaced whole or not at all."""
+    target = Path(path)
+    text = report_to_json(report)
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=target.parent, delete=False, suffix=".tmp") as tmp:
+        tmp.write(text)
+    os.replace(tmp.name, target)
+
+
+def _version(data: dict[str, Any], source: str) -> tuple[int, int]:
+    version = data.get("schema_version")
+    if not (
+        isinstance(version, list)
+        and len(version) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in version)
+    ):
+        raise ReportFileError(source, f"schema_version must be [major, minor], not {version!r}", "$.schema_version")
+    return version[0], version[1]
+
+
+def _describe(exc: BaseException, expected: type | None) -> str:
+    # cattrs' default says "invalid value for type, expected float" and drops why; keep the why.
+    if isinstance(exc, (KeyError, cattrs.ForbiddenExtraKeysError)):
+        return format_exception(exc, expected)
+    name = getattr(expected, "__name__", None) or str(expected)
+    return f"invalid {name}: {exc}"
+
+
+def _first_error(exc: Exception) -> tuple[str, str | None]:
+    """cattrs' error tree flattened to its first line, split into (problem, JSON path)."""
+    if isinstance(exc, cattrs.BaseValidationError):
+        lines = cattrs.transform_error(exc, path="$", format_exception=_describe)
+    else:
+        lines = [str(exc)]
+    first = lines[0] if lines else str(exc)
+    problem, _, location = first.rpartition(" @ ")
+    return (problem, location) if problem else (first, None)
+
+
+def report_from_dict(data: object, *, source: str = "<report>") -> Report:
+    if not isinstance(data, dict):
+        raise ReportFileError(source, f"the top level is {type(data).__name__}, not a JSON object", "$")
+    if data.get("format") != FORMAT:
+        raise ReportFileError(source, f"not a qinsight report: format is {data.get('format')!r}", "$.format")
+    version = _version(data, source)
+    if version[0] != SCHEMA_VERSION[0]:
+        raise ReportVersionError(source, version, SCHEMA_VERSION)
+    converter = _STRICT
+    if version[1] > SCHEMA_VERSION[1]:
+        warnings.warn(
+            f"{source} was written with report schema {version[0]}.{version[1]}, newer than this qinsight's "
+            f"{SCHEMA_VERSION[0]}.{SCHEMA_VERSION[1]}; fields it does not know are ignored",
+            stacklevel=3,
+        )
+        converter = _LENIENT
+    body = {k: v for k, v in data.items() if k not in ("format", "schema_version")}
+    try:
+        report: Report = converter.structure(body, Report)
+    except Exception as exc:  # cattrs wraps hook errors; anything else is a malformed file too
+        problem, location = _first_error(exc)
+        raise ReportFileError(source, problem, location) from None
+    return report
+
+
+def report_from_json(text: str, *, source: str = "<string>") -> Report:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ReportFileError(source, f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    except RecursionError:
+        raise ReportFileError(source, "not a report: JSON nested deeper than the parser allows") from None
+    return report_from_dict(data, source=source)
+
+
+def load_report(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> Report:
+    """Read a report file written by :func:`save_report`."""
+    source = os.fspath(path)
+    try:
+        size = Path(source).stat().st_size
+        if size > max_bytes:
+            raise ReportFileError(source, f"{size} bytes is larger than the {max_bytes}-byte limit (max_bytes=)")
+        text = Path(source).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReportFileError(source, f"not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ReportFileError(source, exc.strerror or str(exc)) from None
+    return report_from_json(text, source=source)
+
+
+# -- the schema, for the snapshot test (tests/data/report_schema.json)
+
+
+def _type_name(hint: object) -> str:
+    if isinstance(hint, type):
+        return hint.__name__
+    return re.sub(r"\b(?:[A-Za-z_][\w]*\.)+([A-Za-z_]\w*)", r"\1", str(hint))
+
+
+def schema() -> dict[str, Any]:
+    """Every class and enum a report file can hold, with its fields' types: the file's schema."""
+    from qinsight.plugin.discovery import DEFAULT_IDS
+
+    described: dict[str, Any] = {}
+
+    def visit(hint: object) -> None:
+        for arg in typing.get_args(hint):
+            visit(arg)
+        if not isinstance(hint, type) or hint.__name__ in described:
+            return
+        if issubclass(hint, enum.Enum):
+            described[hint.__name__] = {"values": [member.value for member in hint]}
+        elif attrs.has(hint):
+            attrs.resolve_types(hint)
+            fields = attrs.fields(hint)
+            described[hint.__name__] = {
+                "fields": {f.name: {"type": _type_name(f.type), "required": f.default is attrs.NOTHING} for f in fields}
+            }
+            for f in fields:
+                visit(f.type)
+
+    visit(Report)
+    for detector_id in DEFAULT_IDS:
+        visit(finding_type(detector_id))
+    return {"schema_version": list(SCHEMA_VERSION), "classes": dict(sorted(described.items()))}
+
+
+def compatibility(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(breaking, compatible) changes from schema ``old`` to ``new`` (their "classes" parts).
+
+    Breaking, needing a major bump: a class, field or enum value removed, a
+    field's type changed, a field that became required or a new required field.
+    Compatible, needing a minor bump: a new optional field, class or enum value.
+    """
+    breaking: list[str] = []
+    compatible: list[str] = []
+    for name, was in old.items():
+        now = new.get(name)
+        if now is None:
+            breaking.append(f"{name} removed")
+            continue
+        for value in set(was.get("values", [])) - set(now.get("values", [])):
+            breaking.append(f"{name} value {value!r} removed")
+        for value in set(now.get("values", [])) - set(was.get("values", [])):
+            compatible.append(f"{name} value {value!r} added")
+        old_fields, new_fields = was.get("fields", {}), now.get("fields", {})
+        for field, spec in old_fields.items():
+            if field not in new_fields:
+                breaking.append(f"{name}.{field} removed")
+            elif new_fields[field]["type"] != spec["type"]:
+                breaking.append(f"{name}.{field} retyped {spec['type']} -> {new_fields[field]['type']}")
+            elif new_fields[field]["required"] and not spec["required"]:
+                breaking.append(f"{name}.{field} became required")
+        for field, spec in new_fields.items():
+            if field not in old_fields:
+                (breaking if spec["required"] else compatible).append(
+                    f"{name}.{field} added" + (" (required)" if spec["required"] else "")
+                )
+    compatible.extend(f"{name} added" for name in new if name not in old)
+    return breaking, compatible

@@ -1,0 +1,101 @@
+"""The report as text for people: per detector, one line per actionable module.
+
+Findings that need no action are summarized in one line per verdict; the full
+detail stays in the typed findings and the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from qinsight.core.findings import Finding
+from qinsight.core.report import DetectorResult, Report
+
+MAX_NAMES = 8  # modules named on a summary line before "and N more"
+
+
+def _names(findings: Sequence[Finding]) -> str:
+    names = [f.fqn for f in findings[:MAX_NAMES]]
+    more = len(findings) - len(names)
+    return ", ".join(names) + (f" and {more} more" if more > 0 else "")
+
+
+def _group(findings: Sequence[Finding]) -> dict[str, list[Finding]]:
+    groups: dict[str, list[Finding]] = {}
+    for finding in findings:
+        groups.setdefault(finding.verdict, []).append(finding)
+    return groups
+
+
+def _result_lines(result: DetectorResult) -> list[str]:
+    params = ", ".join(f"{p.name}={p.value}" for p in result.parameters)
+    lines = [f"{result.detector}" + (f" ({params})" if params else "")]
+    if not result.findings:
+        lines.append("  no applicable modules")
+    for verdict, group in _group(result.findings).items():
+        reasons = {f.reason() for f in group}
+        if group[0].actionable and len(reasons) == 1 and len(group) > 1:
+            lines.append(f"  {verdict} ({len(group)}): {_names(group)} -- {reasons.pop()}")
+        elif group[0].actionable:
+            lines.append(f"  {verdict} ({len(group)}):")
+            width = max(len(f.fqn) for f in group)
+            lines.extend(f"    {f.fqn:<{width}}  {f.reason()}" for f in group)
+        else:
+            lines.append(f"  {verdict} ({len(group)}): {_names(group)}")
+    return lines
+
+
+def render_text(report: Report) -> str:
+    if report.comparison is not None and not report.sites:  # a file holding a comparison only
+        return _comparison_lines(report) + "\n"
+    meta = report.metadata
+    lines = [
+        f"qinsight report: {meta.model} ({meta.frontend} frontend, backend {meta.backend}, "
+        f"{meta.batches} calibration batches, {len(report.sites)} quantizable modules)",
+        "",
+    ]
+    for result in report.results:
+        lines.extend(_result_lines(result))
+        lines.append("")
+    lines.append(f"Suggested config ({len(report.suggestions)} modules):")
+    if report.suggestions:
+        width = max(len(s.fqn) for s in report.suggestions)
+        lines.extend(f"  {s.fqn:<{width}}  {s.describe()}" for s in report.suggestions)
+    for conflict in report.conflicts:
+        opinions = ", ".join(f"{o.detector}={o.value}" for o in conflict.opinions)
+        lines.append(f"  conflict on {conflict.fqn}.{conflict.field}: {opinions}; chose {conflict.chosen}")
+    if len(report.equalization_mapping):
+        lines.append(
+            f"Equalize: {', '.join(report.equalization_mapping.fqns)} "
+            "(prepare_fx's _equalization_config; PT2E has no equalization)"
+        )
+    notes = _notes(report)
+    if notes:
+        lines.append("")
+        lines.append("Notes:")
+        lines.extend(f"  {note}" for note in notes)
+    if report.comparison is not None:
+        lines.extend(["", _comparison_lines(report)])
+    return "\n".join(lines) + "\n"
+
+
+def _comparison_lines(report: Report) -> str:
+    assert report.comparison is not None
+    against = f" ({report.comparison.quantized})" if report.comparison.quantized else ""
+    return f"Float vs quantized{against}: {report.metadata.model}\n\n" + report.comparison.to_text().rstrip("\n")
+
+
+def _notes(report: Report) -> list[str]:
+    notes = [
+        f"{site.fqn} runs {site.calls} times per forward; its statistics cover every call"
+        for site in report.sites
+        if site.calls > 1
+    ]
+    notes.extend(
+        f"{o.key}: {o.stats.nonfinite_batches} of {o.stats.batches + o.stats.nonfinite_batches} batches held "
+        "NaN/Inf and were left out of its statistics"
+        for o in report.observations
+        if o.stats.nonfinite_batches
+    )
+    notes.extend(f"detector {f.detector} failed at {f.stage.value}: {f.error}" for f in report.failures)
+    return notes

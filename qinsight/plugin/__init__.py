@@ -1,0 +1,71 @@
+"""The contract a plugin is written against: import everything from here.
+
+A detector plugin implements :class:`Detector` (its ``insert_points`` and
+``analyze`` read a :class:`ModelView` and the frozen :class:`ObservedStats`)
+and returns a :class:`DetectorResult` of its own :class:`Finding` subclass and
+:class:`QuantSuggestion`\\ s. A metric plugin is a :class:`Metric`. Both are
+registered as entry points (``qinsight.detectors``, ``qinsight.metrics``);
+docs/plugins.md says how. Nothing here imports torch.
+"""
+
+from qinsight.core.findings import Finding
+from qinsight.core.report import (
+    DetectorFailure,
+    DetectorResult,
+    FailureStage,
+    Parameter,
+)
+from qinsight.core.sites import (
+    InsertPoint,
+    ObserverSpec,
+    OpKind,
+    OpSite,
+    Side,
+    WeightScheme,
+)
+from qinsight.core.stats import (
+    ActivationStats,
+    DataCondition,
+    Observation,
+    ObservedStats,
+    PercentileStats,
+)
+from qinsight.core.suggestions import ActivationMode, QuantSuggestion
+from qinsight.plugin.detector import (
+    API_VERSION,
+    Detach,
+    Detector,
+    ModelView,
+    parameters_of,
+    result_of,
+)
+from qinsight.plugin.metric import ErrorTotals, Metric
+
+__all__ = [
+    "API_VERSION",
+    "ActivationMode",
+    "ActivationStats",
+    "DataCondition",
+    "Detach",
+    "Detector",
+    "DetectorFailure",
+    "DetectorResult",
+    "ErrorTotals",
+    "FailureStage",
+    "Finding",
+    "InsertPoint",
+    "Metric",
+    "ModelView",
+    "Observation",
+    "ObservedStats",
+    "ObserverSpec",
+    "OpKind",
+    "OpSite",
+    "Parameter",
+    "PercentileStats",
+    "QuantSuggestion",
+    "Side",
+    "WeightScheme",
+    "parameters_of",
+    "result_of",
+]

@@ -1,0 +1,50 @@
+"""The metric contract: how a float tensor and its quantized version are compared, and which way is better.
+
+A :class:`Metric` has a name, a direction (``higher_is_better``: SQNR and
+cosine; errors such as relative L2 are better lower) and two forms:
+
+- ``on_tensors(reference, actual) -> float`` on whole tensors: a weight, one
+  output channel, one batch's activation;
+- ``from_totals(ErrorTotals) -> float``, optional: the metric over every batch
+  at once, from running sums (O(1) memory per layer). Without it, an
+  activation comparison takes the mean of ``on_tensors`` over batches.
+
+The direction is what ``worst()``, the best config per layer and the tables
+sort by, and it is written into report files with every value, so a file
+reads right where the plugin is not installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import attrs
+
+if TYPE_CHECKING:
+    import torch
+
+    TensorMetric = Callable[[torch.Tensor, torch.Tensor], float]
+
+
+@attrs.frozen(kw_only=True)
+class ErrorTotals:
+    """Sums over every value compared, across all batches, for a reference x and an actual y."""
+
+    ref_sq: float  # sum of x²
+    act_sq: float  # sum of y²
+    err_sq: float  # sum of (x - y)²
+    max_abs: float  # max |x - y|
+    count: int  # values compared
+    batches: int
+
+
+@attrs.frozen(kw_only=True)
+class Metric:
+    name: str
+    higher_is_better: bool
+    on_tensors: TensorMetric
+    from_totals: Callable[[ErrorTotals], float] | None = None
+
+    def __call__(self, reference: torch.Tensor, actual: torch.Tensor) -> float:
+        return self.on_tensors(reference, actual)

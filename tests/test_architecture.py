@@ -1,0 +1,195 @@
+"""The package's layers, as docs/architecture.md draws them, checked on the source.
+
+Each subpackage is a layer; a module may import from its own layer and the ones
+below it, never from a layer above, and the module-level imports form no loop.
+The core and the plugin contract load no torch, numpy, cattrs or matplotlib.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "qinsight"
+
+# Lowest first: what a layer may import is itself and everything before it.
+LAYERS = ("core", "plugin", "observe", "frontends", "detectors", "compare", "pipeline", "outputs", "examples", "cli")
+
+# Imports inside a function of a lower layer that reach up on purpose: the conveniences on the core's
+# types (report.save(), report.to_text(), ...), each importing its output module when called.
+CONVENIENCES = {
+    ("qinsight.core.report", "qinsight.outputs.serde"),
+    ("qinsight.core.report", "qinsight.outputs.text"),
+    ("qinsight.core.report", "qinsight.outputs.pt2e"),
+    ("qinsight.core.report", "qinsight.outputs.qconfig"),
+    ("qinsight.core.comparison", "qinsight.outputs.tables"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def layer(module: str) -> int | None:
+    """The layer index of a qinsight module; None for the top-level facade and _version/__main__."""
+    parts = module.split(".")
+    if len(parts) < 2 or parts[1] in ("_version", "__main__"):
+        return None
+    return LAYERS.index(parts[1])
+
+
+def imports(path: Path, known: dict[str, Path]) -> Iterator[tuple[str, list[str], bool]]:
+    """(imported qinsight module, names taken from it, whether the import runs at module load)."""
+    tree = ast.parse(path.read_text())
+    deferred = {id(node) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) for node in ast.walk(fn)}
+    type_only = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+        for node in ast.walk(block)
+    }
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("qinsight"):
+            names = [alias.name for alias in node.names]
+            submodules = [f"{node.module}.{n}" for n in names if f"{node.module}.{n}" in known]
+            for target in submodules or [node.module]:
+                yield target, names, id(node) not in deferred
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("qinsight"):
+                    yield alias.name, [], id(node) not in deferred
+
+
+def edges() -> list[tuple[str, str, list[str], bool]]:
+    known = modules()
+    return [(source, target, names, eager) for source, path in known.items() for target, names, eager in imports(path, known)]
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for module in modules():
+        assert module == "qinsight" or layer(module) is not None or module.split(".")[1] in ("_version", "__main__"), module
+
+
+def test_no_module_imports_from_a_higher_layer() -> None:
+    upward = [
+        (source, target)
+        for source, target, _names, _eager in edges()
+        if (low := layer(source)) is not None
+        and (high := layer(target)) is not None
+        and high > low
+        and (source, target) not in CONVENIENCES
+    ]
+    assert upward == []
+
+
+def test_conveniences_are_still_needed() -> None:
+    # an allowance nobody uses any more is removed from the list, so the list stays the truth
+    used = {(source, target) for source, target, _names, _eager in edges()}
+    assert CONVENIENCES <= used
+
+
+def find_loop(graph: dict[str, set[str]]) -> list[str]:
+    """A cycle of ``graph`` as the modules along it, or [] if it has none."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str]:
+        if node in path:
+            return path[path.index(node) :] + [node]
+        if node in done:
+            return []
+        for nxt in sorted(graph.get(node, ())):
+            if loop := visit(nxt, path + [node]):
+                return loop
+        done.add(node)
+        return []
+
+    for node in sorted(graph):
+        if loop := visit(node, []):
+            return loop
+    return []
+
+
+def import_graph(*, deferred: bool) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for source, target, _names, eager in edges():
+        if source != target and (eager or deferred) and (source, target) not in CONVENIENCES:
+            graph.setdefault(source, set()).add(target)
+    return graph
+
+
+def test_find_loop_finds_loops() -> None:
+    assert find_loop({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_loop({"a": {"b", "c"}, "b": {"c"}}) == []
+
+
+def test_imports_form_no_loop() -> None:
+    # module-level imports, and also the ones inside functions: only the conveniences may close a loop
+    assert find_loop(import_graph(deferred=False)) == []
+    assert find_loop(import_graph(deferred=True)) == []
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    private = [
+        (source, target, name)
+        for source, target, names, _eager in edges()
+        for name in names
+        if name.startswith("_") and not name.startswith("__") and target != source
+    ]
+    assert private == []
+
+
+def test_no_module_is_long() -> None:
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > 400}
+    assert long == {}
+
+
+HEAVY = ("torch", "numpy", "cattrs", "matplotlib")
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import qinsight",
+        "import qinsight.core.report, qinsight.core.comparison, qinsight.core.stats, qinsight.core.errors",
+        "import qinsight.plugin",
+        "from qinsight import Report, Finding, OpSite, QuantSuggestion, Comparison, EqualizationMapping, QinsightError",
+    ],
+)
+def test_the_core_loads_nothing_heavy(statement: str) -> None:
+    probe = f"import sys; {statement}; print(','.join(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))))"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == ""
+
+
+def test_lazy_names_resolve_to_their_homes() -> None:
+    probe = (
+        "import qinsight, sys; assert 'qinsight.pipeline' not in sys.modules; "
+        "assert qinsight.diagnose.__module__ == 'qinsight.pipeline'; "
+        "missing = [n for n in qinsight.__all__ if getattr(qinsight, n, None) is None]; "
+        "assert set(qinsight.__all__) <= set(dir(qinsight)); print(missing)"
+    )
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    import qinsight
+
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        qinsight.nope  # noqa: B018
+
+
+def test_instrument_is_the_function_and_the_instrumenter_is_reachable() -> None:
+    import qinsight
+    from qinsight.observe.instrumenter import Instrumenter
+
+    assert callable(qinsight.instrument) and not isinstance(qinsight.instrument, type(sys))
+    assert Instrumenter.__module__ == "qinsight.observe.instrumenter"
