@@ -33,7 +33,7 @@ from qinsight.core.stats import ObservedStats
 from qinsight.core.suggestions import merge_suggestions
 from qinsight.frontends import Frontend, eval_mode, run_batch, view_of
 from qinsight.observe.instrumenter import Instrumenter
-from qinsight.plugin.detector import Detector, ModelView
+from qinsight.plugin.detector import Detector, ModelView, check_result
 from qinsight.plugin.discovery import DEFAULT_IDS, resolve_detectors
 
 Progress = Callable[[int], None]
@@ -48,6 +48,17 @@ def default_detectors(backend: str = "x86") -> tuple[Detector, ...]:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def _next_batch(batches: Iterator[object], index: int) -> object:
+    """The next batch, ``_NOTHING`` at the end; the data's own error as a :class:`CalibrationError`."""
+    try:
+        batch = next(batches, _NOTHING)
+    except Exception as exc:
+        raise CalibrationError(f"the calibration data raised at batch {index}: {_describe(exc)}", batch=index) from exc
+    if batch is None:
+        raise CalibrationError(f"calibration batch {index} is None, not a tensor, tuple or mapping", batch=index)
+    return batch
 
 
 class Session:
@@ -104,7 +115,8 @@ class Session:
         finally:
             self._instrumenter.detach()
             remove_counter()
-            self._frozen = self._instrumenter.freeze()
+        # frozen only when the block ended normally: an error inside it is the one to see
+        self._frozen = self._instrumenter.freeze()
 
     def calibrate(self, data: Iterable[object], progress: Progress | None = None) -> int:
         """Run every batch of ``data`` through the model in eval mode, without gradients.
@@ -114,18 +126,29 @@ class Session:
         """
         model = self.view.model
         count = 0
+        batches = iter(data)
         with eval_mode(model), torch.no_grad():
-            for index, batch in enumerate(data):
+            for index in itertools.count():
+                batch = _next_batch(batches, index)
+                if batch is _NOTHING:
+                    break
                 try:
                     run_batch(model, batch)
                 except Exception as exc:
-                    raise CalibrationError(
-                        f"calibration batch {index} failed: {_describe(exc)}", batch=index
-                    ) from exc
+                    seen = self._instrumenter.take_error()
+                    also = f" (and {seen})" if seen is not None else ""
+                    raise CalibrationError(f"calibration batch {index} failed: {_describe(exc)}{also}", batch=index) from exc
+                self._raise_observer_error(index)
                 count += 1
                 if progress is not None:
                     progress(count)
         return count
+
+    def _raise_observer_error(self, batch: int | None) -> None:
+        seen = self._instrumenter.take_error()
+        if seen is not None:
+            where = f"calibration batch {batch}" if batch is not None else "a calibration batch"
+            raise CalibrationError(f"{where} failed: {_describe(seen)}", batch=batch) from seen
 
     def stats(self) -> ObservedStats:
         return self._frozen if self._frozen is not None else self._instrumenter.freeze()
@@ -137,13 +160,14 @@ class Session:
                 "no calibration batches ran: the calibration data was empty or the model was never called "
                 "inside the instrument() block"
             )
+        self._raise_observer_error(None)  # from the user's own loop under instrument()
         stats = self.stats()
         results: list[DetectorResult] = []
         for detector in self.detectors:
             if detector.id not in self._points:
                 continue  # failed before calibration, already recorded
             try:
-                results.append(detector.analyze(self.view, stats))
+                results.append(check_result(detector, detector.analyze(self.view, stats)))
             except Exception as exc:
                 self._fail(detector, FailureStage.ANALYZE, exc)
         suggestions, conflicts = merge_suggestions(s for r in results for s in r.suggestions)
@@ -271,7 +295,7 @@ def diagnose(
     detector raises instead of being recorded in ``report.failures``.
     """
     batches = iter(calibration_data)
-    first = next(batches, _NOTHING)
+    first = _next_batch(batches, 0)
     example = None if first is _NOTHING else first
     with instrument(
         model,

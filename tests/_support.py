@@ -154,3 +154,13 @@ def torch_name(fqn: str, torch_keys: Iterable[str]) -> str:
 
 def hooks_left(model: nn.Module) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def json_paths(value: Any, prefix: tuple[Any, ...] = (), *, leaves: bool = False) -> list[tuple[Any, ...]]:
+    """The paths (keys and indices) of every node of a JSON value, or of its leaves only."""
+    nested = isinstance(value, (dict, list))
+    found = [] if leaves and nested else [prefix]
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found += json_paths(item, (*prefix, key), leaves=leaves)
+    return found

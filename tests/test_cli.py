@@ -59,7 +59,8 @@ def test_gates_exit_1_and_name_the_modules(saved: Path) -> None:
     gated = qinsight("show", str(saved / "a.json"), "--fail-on", "dynamic recommended")
     assert gated.returncode == 1
     assert "qinsight: gate: qinsight.dynamic_static head: dynamic recommended" in gated.stderr
-    assert qinsight("show", str(saved / "a.json"), "--fail-on", "no such verdict").returncode == 0
+    typo = qinsight("show", str(saved / "a.json"), "--fail-on", "no such verdict")  # a gate that could never trip
+    assert typo.returncode == 2 and "is no verdict of these detectors; valid: 'actionable'" in typo.stderr
     assert qinsight("diagnose", "--example", "cnn", "--batches", "2", "--fail-on", "actionable", "--quiet").returncode == 1
 
 
@@ -81,7 +82,7 @@ def test_show_diff_plot_detectors_schema(saved: Path) -> None:
 def test_compare_quantizes_compares_and_writes_what_show_prints(tmp_path: Path) -> None:
     out, page = tmp_path / "c.json", tmp_path / "c.html"
     result = qinsight("compare", "--example", "cnn", "--batches", "3", "--out", str(out), "--html", str(page))
-    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.returncode == 0 and result.stderr == f"qinsight: wrote {out}\nqinsight: wrote {page}\n", result.stderr
     assert result.stdout.startswith("Float vs quantized (convert_fx (x86 default)): cnn")
     assert qinsight("show", str(out)).stdout == result.stdout
     assert "Float vs quantized" in page.read_text()

@@ -33,8 +33,56 @@ from qinsight.outputs.serde import (
     save_report,
     schema,
 )
+from qinsight.core.comparison import LayerActivationComparison, MetricValue
+from qinsight.core.report import ReportMetadata
+from qinsight.core.sites import OpSite
+from qinsight.core.stats import ActivationStats, BatchMoments, PercentileStats
 from qinsight.plugin.testing import write_distribution
 from test_plugins import WIDTHS
+
+# Values the classes accept: counts are >= 0 and per-channel tuples have one entry per channel, which
+# their validators check; hypothesis cannot read validators, so the valid values are spelled out.
+COUNTS = st.integers(min_value=0, max_value=2**40)
+FLOATS = st.floats(allow_nan=False)
+
+
+def _percentiles(channels: int) -> st.SearchStrategy[PercentileStats]:
+    return st.builds(
+        PercentileStats,
+        percentile=FLOATS,
+        ratio_sum=st.tuples(*[FLOATS] * channels),
+        measured_batches=st.tuples(*[COUNTS] * channels),
+        constant_batches=st.tuples(*[COUNTS] * channels),
+    )
+
+
+def _activation_stats(channels: int) -> st.SearchStrategy[ActivationStats]:
+    per_channel = st.tuples(*[FLOATS] * channels)
+    return st.builds(
+        ActivationStats,
+        spec=st.from_type(qinsight.ObserverSpec),
+        batches=COUNTS,
+        nonfinite_batches=COUNTS,
+        constant_batches=COUNTS,
+        channel_min=per_channel,
+        channel_max=per_channel,
+        moments=st.none() | st.from_type(BatchMoments),
+        percentiles=st.lists(_percentiles(channels), max_size=2).map(tuple),
+    )
+
+
+for _cls in (BatchMoments, PercentileStats, ActivationStats, OpSite, ReportMetadata, LayerActivationComparison, MetricValue):
+    attrs.resolve_types(_cls)  # string annotations (from __future__), which builds() must see as types
+st.register_type_strategy(BatchMoments, st.builds(BatchMoments, count=COUNTS))
+st.register_type_strategy(PercentileStats, st.integers(0, 4).flatmap(_percentiles))
+st.register_type_strategy(ActivationStats, st.integers(0, 4).flatmap(_activation_stats))
+st.register_type_strategy(OpSite, st.builds(OpSite, calls=COUNTS, groups=st.integers(1, 2**20)))
+st.register_type_strategy(ReportMetadata, st.builds(ReportMetadata, batches=COUNTS))
+METRIC_VALUES = st.lists(st.builds(MetricValue, value=FLOATS, higher_is_better=st.booleans()), max_size=3).map(tuple)
+st.register_type_strategy(
+    LayerActivationComparison,
+    st.builds(LayerActivationComparison, batches=COUNTS, propagated=METRIC_VALUES, local=METRIC_VALUES),
+)
 
 SNAPSHOT = Path(__file__).parent / "data" / "report_schema.json"
 

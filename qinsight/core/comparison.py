@@ -112,7 +112,7 @@ class LayerActivationComparison:
     quantized_type: str
     quantized: bool
     compared_at: str
-    batches: int
+    batches: int = attrs.field(validator=attrs.validators.ge(0))
     propagated: tuple[MetricValue, ...]
     local: tuple[MetricValue, ...]
 

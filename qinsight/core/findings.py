@@ -7,12 +7,21 @@ HTML and diffs can treat findings of detectors they have never seen alike.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import attrs
 
 
 @attrs.frozen(kw_only=True)
 class Finding:
-    """A detector's verdict on the module ``fqn``."""
+    """A detector's verdict on the module ``fqn``.
+
+    ``verdicts`` lists every verdict the class can give, so a gate such as
+    ``qinsight diagnose --fail-on VERDICT`` can refuse a verdict no detector
+    gives (a typo would otherwise never trip). Empty means not declared.
+    """
+
+    verdicts: ClassVar[tuple[str, ...]] = ()
 
     fqn: str
 

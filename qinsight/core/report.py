@@ -9,6 +9,7 @@ delegate to them, imported lazily so this module stays torch-free.
 
 from __future__ import annotations
 
+import collections
 import enum
 import math
 import os
@@ -85,7 +86,7 @@ class ReportMetadata:
     model: str
     frontend: str
     backend: str
-    batches: int
+    batches: int = attrs.field(validator=attrs.validators.ge(0))
     qinsight_version: str
     torch_version: str
 
@@ -103,6 +104,16 @@ class Report:
     equalization_mapping: EqualizationMapping = EqualizationMapping()
     failures: tuple[DetectorFailure, ...] = ()
     comparison: Comparison | None = None
+
+    def __attrs_post_init__(self) -> None:
+        for what, names in (
+            ("site", [s.fqn for s in self.sites]),
+            ("observation key", [o.key for o in self.observations]),
+            ("detector result", [r.detector for r in self.results]),
+        ):
+            repeated = sorted(n for n, count in collections.Counter(names).items() if count > 1)
+            if repeated:
+                raise ValueError(f"each {what} may appear once; repeated: {', '.join(repeated[:5])}")
 
     def with_comparison(self, comparison: Comparison) -> Report:
         """This report carrying ``comparison`` (float vs quantized), to save and show together."""
@@ -137,10 +148,11 @@ class Report:
 
         return load_report(path)
 
-    def to_text(self) -> str:
+    def to_text(self, *, everything: bool = False) -> str:
+        """The report for people; ``everything`` names every module instead of the first few per line."""
         from qinsight.outputs.text import render_text
 
-        return render_text(self)
+        return render_text(self, everything=everything)
 
     def pt2e_quantizer(self) -> Any:
         """A torchao PT2E quantizer applying the suggestions; see :func:`qinsight.outputs.pt2e.to_pt2e_quantizer`."""

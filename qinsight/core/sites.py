@@ -67,8 +67,8 @@ class OpSite:
     fqn: str
     kind: OpKind
     module_type: str
-    calls: int = 1
-    groups: int = 1
+    calls: int = attrs.field(default=1, validator=attrs.validators.ge(0))
+    groups: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     weight_scheme: WeightScheme | None = None
 
     @property

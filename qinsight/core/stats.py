@@ -36,7 +36,7 @@ class BatchMoments:
     the (population) batch variances.
     """
 
-    count: int = 0
+    count: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     mean_sum: float = 0.0
     mean_sq_sum: float = 0.0
     var_sum: float = 0.0
@@ -91,8 +91,13 @@ class PercentileStats:
 
     percentile: float
     ratio_sum: tuple[float, ...]
-    measured_batches: tuple[int, ...]
-    constant_batches: tuple[int, ...]
+    measured_batches: tuple[int, ...] = attrs.field(validator=attrs.validators.deep_iterable(attrs.validators.ge(0)))
+    constant_batches: tuple[int, ...] = attrs.field(validator=attrs.validators.deep_iterable(attrs.validators.ge(0)))
+
+    def __attrs_post_init__(self) -> None:
+        lengths = {len(self.ratio_sum), len(self.measured_batches), len(self.constant_batches)}
+        if len(lengths) > 1:
+            raise ValueError(f"ratio_sum, measured_batches and constant_batches must have one length per channel, not {sorted(lengths)}")
 
     def mean_ratios(self) -> tuple[float | None, ...]:
         """The mean ratio per channel, ``None`` where no batch could measure it."""
@@ -134,9 +139,9 @@ class ActivationStats:
     """Statistics of one observed activation over all calibration batches."""
 
     spec: ObserverSpec
-    batches: int = 0
-    nonfinite_batches: int = 0
-    constant_batches: int = 0
+    batches: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    nonfinite_batches: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    constant_batches: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     min: float = math.inf
     max: float = -math.inf
     batch_range_sum: float = 0.0
@@ -144,6 +149,15 @@ class ActivationStats:
     channel_max: tuple[float, ...] | None = None
     moments: BatchMoments | None = None
     percentiles: tuple[PercentileStats, ...] = ()
+
+    def __attrs_post_init__(self) -> None:
+        if (self.channel_min is None) != (self.channel_max is None) or (
+            self.channel_min is not None and self.channel_max is not None and len(self.channel_min) != len(self.channel_max)
+        ):
+            raise ValueError("channel_min and channel_max must both be absent or have one value per channel each")
+        channels = len(self.channel_min) if self.channel_min is not None else None
+        if channels is not None and any(len(p.ratio_sum) != channels for p in self.percentiles):
+            raise ValueError(f"percentile statistics must have one value per channel ({channels})")
 
     def percentile_stats(self, percentile: float) -> PercentileStats | None:
         return next((p for p in self.percentiles if p.percentile == percentile), None)

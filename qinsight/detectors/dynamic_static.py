@@ -70,6 +70,8 @@ class ActivationVerdict:
 
 @attrs.frozen(kw_only=True)
 class DynamicStaticFinding(Finding):
+    verdicts: ClassVar[tuple[str, ...]] = ("no calibration data", "static", "dynamic recommended", "non-stationary, dynamic unsupported")
+
     kind: OpKind
     statistic: Stationarity
     tolerance: float

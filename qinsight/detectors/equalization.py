@@ -24,7 +24,6 @@ import math
 from typing import TYPE_CHECKING, ClassVar
 
 import attrs
-import torch
 
 from qinsight.core.findings import Finding
 from qinsight.core.report import DetectorResult
@@ -35,6 +34,8 @@ from qinsight.detectors._validators import in_open_interval
 from qinsight.plugin.detector import API_VERSION, result_of
 
 if TYPE_CHECKING:
+    import torch
+
     from qinsight.plugin.detector import ModelView
 
 
@@ -49,6 +50,12 @@ def weight_channel_ranges(weight: torch.Tensor, groups: int) -> tuple[tuple[floa
 
 @attrs.frozen(kw_only=True)
 class EqualizationFinding(Finding):
+    verdicts: ClassVar[tuple[str, ...]] = (
+        "equalization recommended",
+        "balanced",
+        *(f"equalization not measurable ({c.value})" for c in DataCondition if c is not DataCondition.OK),
+    )
+
     kind: OpKind
     ratio_threshold: float
     channel_fraction: float

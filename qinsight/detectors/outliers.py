@@ -63,6 +63,8 @@ def fix_up(ratio: float) -> float:
 
 @attrs.frozen(kw_only=True)
 class OutlierFinding(Finding):
+    verdicts: ClassVar[tuple[str, ...]] = ("no calibration data", "outlier channels", "no outliers")
+
     kind: OpKind
     ratio_threshold: float
     reference_percentile: float

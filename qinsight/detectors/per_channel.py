@@ -32,6 +32,8 @@ PER_CHANNEL_KINDS: Final[Mapping[str, frozenset[OpKind]]] = {
 
 @attrs.frozen(kw_only=True)
 class PerChannelFinding(Finding):
+    verdicts: ClassVar[tuple[str, ...]] = ("per-channel unsupported", "per-channel in use", "per-channel recommended")
+
     kind: OpKind
     backend: str
     supported: bool

@@ -9,8 +9,11 @@ detector of a ``set`` win). Slots are kept in the order detectors asked.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
+import torch
+
+from qinsight.core.errors import ObserverError
 from qinsight.core.sites import InsertPoint, ObserverSpec, Side, observer_key
 from qinsight.core.stats import Observation, ObservedStats
 from qinsight.observe.observers import ActivationObserver
@@ -32,6 +35,7 @@ class Instrumenter:
             key = observer_key(fqn, side, axis, view.site(fqn).channel_axis)
             self._observers[(fqn, side, axis)] = ActivationObserver(spec, key)
         self._detach: list[Detach] = []
+        self._errors: list[ObserverError] = []
 
     @property
     def observers(self) -> tuple[ActivationObserver, ...]:
@@ -40,10 +44,27 @@ class Instrumenter:
     def attach(self) -> None:
         try:
             for (fqn, side, _), observer in self._observers.items():
-                self._detach.append(self._view.attach(fqn, side, observer.observe))
+                self._detach.append(self._view.attach(fqn, side, self._guarded(observer)))
         except BaseException:
             self.detach()
             raise
+
+    def _guarded(self, observer: ActivationObserver) -> Callable[[torch.Tensor], None]:
+        """``observer.observe``, keeping an :class:`ObserverError` instead of raising it inside the model's
+        forward: when the batch is wrong the model's own error says more (a shape mismatch, in its words)."""
+
+        def observe(x: torch.Tensor) -> None:
+            try:
+                observer.observe(x)
+            except ObserverError as exc:
+                self._errors.append(exc)
+
+        return observe
+
+    def take_error(self) -> ObserverError | None:
+        """The first observer error since the last call, if any."""
+        errors, self._errors = self._errors, []
+        return errors[0] if errors else None
 
     def detach(self) -> None:
         """Remove every observer; safe to call more than once."""

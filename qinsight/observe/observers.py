@@ -27,6 +27,8 @@ from qinsight.observe.selection import channel_percentile, channel_view
 def channel_extrema(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel (min, max) of ``x`` along ``axis``, reducing every other dim."""
     dims = tuple(d for d in range(x.ndim) if d != axis % x.ndim)
+    if not dims:  # an unbatched 1-D input: each value is its own channel (amin over () would reduce all)
+        return x, x
     # amin and amax read x in place. Moving the axis first would copy the
     # activation, and torch.aminmax(dim=0) on channels-last data measured 10x
     # slower than these two reductions (torch 2.13, CPU).

@@ -1,22 +1,25 @@
-"""What changed between two reports: a typed diff for review.
+"""What changed between two reports: a typed diff for review, and gates for CI.
 
-Modules added or removed, detectors added or removed, verdicts that changed,
-suggestions that changed, and numbers that moved beyond a tolerance. Numbers
-are the scalar fields of findings of the same class (nested ones by dotted
-name, ``input.statistic``); per-channel tuples are summarized by the verdicts
-they lead to, not diffed element by element.
+Modules and detectors added or removed, verdicts and suggestions that changed,
+numbers of findings that moved beyond a tolerance, comparison metrics per
+layer, and every other field of the file (metadata, observations, conflicts,
+failures, equalization, comparison tables…) as ``FieldChange``\\ s at their
+JSON path. Two reports that differ in anything give a non-empty diff when the
+tolerances are zero.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import cast
+from typing import Any, cast
 
 import attrs
 
+from qinsight.core.comparison import Comparison
 from qinsight.core.findings import Finding
 from qinsight.core.report import Report
+from qinsight.outputs.fields import field_changes
 
 
 @attrs.frozen(kw_only=True)
@@ -25,6 +28,8 @@ class VerdictChange:
     fqn: str
     before: str
     after: str
+    actionable_before: bool = False
+    actionable_after: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -44,6 +49,26 @@ class SuggestionChange:
 
 
 @attrs.frozen(kw_only=True)
+class MetricChange:
+    """A comparison metric of one layer: ``section`` is ``weights``, ``activations`` or ``activations (local)``."""
+
+    section: str
+    fqn: str
+    metric: str
+    before: float
+    after: float
+
+
+@attrs.frozen(kw_only=True)
+class FieldChange:
+    """Any other field that differs, at its JSON path in the report file (``None``: absent on that side)."""
+
+    path: str
+    before: str | None
+    after: str | None
+
+
+@attrs.frozen(kw_only=True)
 class ReportDiff:
     modules_added: tuple[str, ...] = ()
     modules_removed: tuple[str, ...] = ()
@@ -52,10 +77,17 @@ class ReportDiff:
     verdicts: tuple[VerdictChange, ...] = ()
     numbers: tuple[NumberChange, ...] = ()
     suggestions: tuple[SuggestionChange, ...] = ()
+    metrics: tuple[MetricChange, ...] = ()
+    fields: tuple[FieldChange, ...] = ()
 
     @property
     def empty(self) -> bool:
         return not any(attrs.astuple(self, recurse=False))
+
+    def sqnr_drops(self) -> tuple[tuple[MetricChange, float], ...]:
+        """Each SQNR that fell, with its drop in dB, largest first."""
+        drops = [(m, m.before - m.after) for m in self.metrics if m.metric == "sqnr" and m.after < m.before]
+        return tuple(sorted(drops, key=lambda item: -item[1] if not math.isnan(item[1]) else 0.0))
 
     def to_text(self) -> str:
         if self.empty:
@@ -69,7 +101,13 @@ class ReportDiff:
         lines += [f"{v.detector} {v.fqn}: {v.before} -> {v.after}" for v in self.verdicts]
         lines += [f"suggestion {s.fqn}: {s.before} -> {s.after}" for s in self.suggestions]
         lines += [f"{n.detector} {n.fqn}.{n.field}: {n.before:.4g} -> {n.after:.4g}" for n in self.numbers]
+        lines += [f"{m.section} {m.fqn} {m.metric}: {m.before:.4g} -> {m.after:.4g}" for m in self.metrics]
+        lines += [f"{f.path}: {_shown(f.before)} -> {_shown(f.after)}" for f in self.fields]
         return "\n".join(lines) + "\n"
+
+
+def _shown(value: str | None) -> str:
+    return "(absent)" if value is None else value
 
 
 def _scalars(value: attrs.AttrsInstance, prefix: str = "") -> Iterator[tuple[str, float]]:
@@ -88,6 +126,8 @@ def _scalars(value: attrs.AttrsInstance, prefix: str = "") -> Iterator[tuple[str
 def _moved(before: float, after: float, rel_tol: float, abs_tol: float) -> bool:
     if math.isnan(before) or math.isnan(after):
         return math.isnan(before) != math.isnan(after)
+    if math.isinf(before) or math.isinf(after):
+        return before != after
     return not math.isclose(before, after, rel_tol=rel_tol, abs_tol=abs_tol)
 
 
@@ -95,20 +135,25 @@ def _findings(report: Report) -> dict[tuple[str, str], Finding]:
     return {(r.detector, f.fqn): f for r in report.results for f in r.findings}
 
 
-def diff_reports(a: Report, b: Report, *, rel_tol: float = 0.05, abs_tol: float = 1e-6) -> ReportDiff:
-    """How ``b`` differs from ``a``; numbers count as moved beyond ``rel_tol`` (and ``abs_tol``)."""
-    sites_a, sites_b = [s.fqn for s in a.sites], [s.fqn for s in b.sites]
-    detectors_a, detectors_b = [r.detector for r in a.results], [r.detector for r in b.results]
-    findings_a, findings_b = _findings(a), _findings(b)
+def _finding_changes(a: Report, b: Report, rel_tol: float, abs_tol: float) -> tuple[list[VerdictChange], list[NumberChange]]:
+    findings_b = _findings(b)
     verdicts: list[VerdictChange] = []
     numbers: list[NumberChange] = []
-    for key, before in findings_a.items():
-        after = findings_b.get(key)
+    for (detector, fqn), before in _findings(a).items():
+        after = findings_b.get((detector, fqn))
         if after is None:
             continue
-        detector, fqn = key
         if before.verdict != after.verdict:
-            verdicts.append(VerdictChange(detector=detector, fqn=fqn, before=before.verdict, after=after.verdict))
+            verdicts.append(
+                VerdictChange(
+                    detector=detector,
+                    fqn=fqn,
+                    before=before.verdict,
+                    after=after.verdict,
+                    actionable_before=before.actionable,
+                    actionable_after=after.actionable,
+                )
+            )
         if type(before) is type(after):
             new_values = dict(_scalars(after))
             numbers.extend(
@@ -116,6 +161,35 @@ def diff_reports(a: Report, b: Report, *, rel_tol: float = 0.05, abs_tol: float 
                 for name, old in _scalars(before)
                 if name in new_values and _moved(old, new_values[name], rel_tol, abs_tol)
             )
+    return verdicts, numbers
+
+
+def _metric_changes(a: Comparison | None, b: Comparison | None, rel_tol: float, abs_tol: float) -> list[MetricChange]:
+    changes: list[MetricChange] = []
+    if a is None or b is None:
+        return changes
+    sections: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    if a.weights is not None and b.weights is not None:
+        sections.append(("weights", {l.fqn: l.metrics for l in a.weights.layers}, {l.fqn: l.metrics for l in b.weights.layers}))
+    if a.activations is not None and b.activations is not None:
+        sections.append(("activations", {l.fqn: l.propagated for l in a.activations.layers}, {l.fqn: l.propagated for l in b.activations.layers}))
+        sections.append(("activations (local)", {l.fqn: l.local for l in a.activations.layers}, {l.fqn: l.local for l in b.activations.layers}))
+    for section, before, after in sections:
+        for fqn, values in before.items():
+            now = {v.name: v.value for v in after.get(fqn, ())}
+            changes.extend(
+                MetricChange(section=section, fqn=fqn, metric=v.name, before=v.value, after=now[v.name])
+                for v in values
+                if v.name in now and _moved(v.value, now[v.name], rel_tol, abs_tol)
+            )
+    return changes
+
+
+def diff_reports(a: Report, b: Report, *, rel_tol: float = 0.05, abs_tol: float = 1e-6) -> ReportDiff:
+    """How ``b`` differs from ``a``; numbers count as moved beyond ``rel_tol`` (and ``abs_tol``)."""
+    sites_a, sites_b = [s.fqn for s in a.sites], [s.fqn for s in b.sites]
+    detectors_a, detectors_b = [r.detector for r in a.results], [r.detector for r in b.results]
+    verdicts, numbers = _finding_changes(a, b, rel_tol, abs_tol)
     suggested_b = {s.fqn: s.describe() for s in b.suggestions}
     suggestions = [
         SuggestionChange(fqn=s.fqn, before=s.describe(), after=suggested_b[s.fqn])
@@ -130,4 +204,6 @@ def diff_reports(a: Report, b: Report, *, rel_tol: float = 0.05, abs_tol: float 
         verdicts=tuple(verdicts),
         numbers=tuple(numbers),
         suggestions=tuple(suggestions),
+        metrics=tuple(_metric_changes(a.comparison, b.comparison, rel_tol, abs_tol)),
+        fields=tuple(FieldChange(path=p, before=x, after=y) for p, x, y in field_changes(a, b, rel_tol, abs_tol)),
     )

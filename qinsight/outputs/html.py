@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from qinsight.core.report import Report
 from qinsight.core.sites import WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
+from qinsight.outputs.files import write_atomically
 from qinsight.outputs.tables import comparison_tables
 from qinsight.outputs.view import ReportView
 
@@ -190,5 +191,5 @@ def render_html(report: Report) -> str:
 
 
 def save_html(report: Report, path: str | os.PathLike[str]) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(render_html(report))
+    """Write the page; rendered whole first, so a render error leaves ``path`` as it was."""
+    write_atomically(path, render_html(report))

@@ -27,14 +27,20 @@ def _finite(values: Sequence[float | None]) -> tuple[list[int], list[float], int
 def _empty(title: str, reason: str) -> Figure:
     figure = Figure(figsize=(6, 2.5))
     axes = figure.add_subplot()
-    axes.set_title(title)
-    axes.text(0.5, 0.5, reason, ha="center", va="center", transform=axes.transAxes)
+    axes.set_title(_plain(title))
+    axes.text(0.5, 0.5, _plain(reason), ha="center", va="center", transform=axes.transAxes)
     axes.set_axis_off()
     return figure
 
 
+def _plain(text: str) -> str:
+    """``text`` shown as written: matplotlib reads ``$...$`` as math, and a module name like ``$\\frac{a$``
+    made the whole page fail."""
+    return text.replace("$", r"\$")
+
+
 def _title(name: str, left_out: int) -> str:
-    return name + (f" ({left_out} non-finite values not shown)" if left_out else "")
+    return _plain(name + (f" ({left_out} non-finite values not shown)" if left_out else ""))
 
 
 def plot_feature(view: ReportView, feature: str) -> Figure:
@@ -56,7 +62,7 @@ def plot_feature(view: ReportView, feature: str) -> Figure:
     figure = Figure(figsize=(max(6.0, 0.35 * len(rows)), 3.5), layout="constrained")
     axes = figure.add_subplot()
     axes.plot(index, kept, marker="o", label=f"max over channels of {feature}" if per_channel else feature)
-    axes.set_xticks(range(len(rows)), [row.fqn for row in rows], rotation=60, ha="right", fontsize=7)
+    axes.set_xticks(range(len(rows)), [_plain(row.fqn) for row in rows], rotation=60, ha="right", fontsize=7)
     axes.set_xlabel("module (forward order)")
     axes.set_ylabel(f"{feature} (channel max)" if per_channel else feature)
     axes.set_title(_title(feature, left_out))
@@ -112,7 +118,7 @@ def plot_sqnr(activations: ActivationComparison) -> Figure:
         index, kept, dropped = _finite([layer.metric("sqnr", local=local) for layer in layers])
         left_out += dropped
         axes.plot(index, kept, marker="o", label=label)
-    axes.set_xticks(range(len(layers)), [layer.fqn for layer in layers], rotation=60, ha="right", fontsize=7)
+    axes.set_xticks(range(len(layers)), [_plain(layer.fqn) for layer in layers], rotation=60, ha="right", fontsize=7)
     axes.set_xlabel("layer (forward order)")
     axes.set_ylabel("SQNR (dB)")
     axes.legend(fontsize=8)

@@ -6,6 +6,7 @@ detail stays in the typed findings and the file.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from qinsight.core.findings import Finding
@@ -13,11 +14,25 @@ from qinsight.core.report import DetectorResult, Report
 
 MAX_NAMES = 8  # modules named on a summary line before "and N more"
 
+# Terms the detectors' reasons use (the text that marks them, the term, its meaning), explained
+# once below the report where they appear.
+LEGEND = (
+    ("S_in=", "S_in, S_out", "how stable the input's/output's range is from batch to batch (1: the same every batch)"),
+    (" s_c ", "s_c", "sqrt(weight range / input range) of a channel, both normalized: the scale equalization applies"),
+    ("max/p", "max/pNN", "a channel's max |x| over its NN-th percentile: large ratios are outliers"),
+)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
-def _names(findings: Sequence[Finding]) -> str:
-    names = [f.fqn for f in findings[:MAX_NAMES]]
-    more = len(findings) - len(names)
-    return ", ".join(names) + (f" and {more} more" if more > 0 else "")
+
+def printable(text: str) -> str:
+    """``text`` with control characters (terminal escapes included) shown as ``\\xNN``, newlines and tabs kept."""
+    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+
+
+def _names(findings: Sequence[Finding], everything: bool = False) -> str:
+    shown = findings if everything or len(findings) <= MAX_NAMES + 1 else findings[:MAX_NAMES]
+    more = len(findings) - len(shown)
+    return ", ".join(f.fqn for f in shown) + (f" and {more} more (--all lists them)" if more > 0 else "")
 
 
 def _group(findings: Sequence[Finding]) -> dict[str, list[Finding]]:
@@ -27,7 +42,7 @@ def _group(findings: Sequence[Finding]) -> dict[str, list[Finding]]:
     return groups
 
 
-def _result_lines(result: DetectorResult) -> list[str]:
+def _result_lines(result: DetectorResult, everything: bool) -> list[str]:
     params = ", ".join(f"{p.name}={p.value}" for p in result.parameters)
     lines = [f"{result.detector}" + (f" ({params})" if params else "")]
     if not result.findings:
@@ -35,17 +50,18 @@ def _result_lines(result: DetectorResult) -> list[str]:
     for verdict, group in _group(result.findings).items():
         reasons = {f.reason() for f in group}
         if group[0].actionable and len(reasons) == 1 and len(group) > 1:
-            lines.append(f"  {verdict} ({len(group)}): {_names(group)} -- {reasons.pop()}")
+            lines.append(f"  {verdict} ({len(group)}): {_names(group, everything)} -- {reasons.pop()}")
         elif group[0].actionable:
             lines.append(f"  {verdict} ({len(group)}):")
             width = max(len(f.fqn) for f in group)
             lines.extend(f"    {f.fqn:<{width}}  {f.reason()}" for f in group)
         else:
-            lines.append(f"  {verdict} ({len(group)}): {_names(group)}")
+            lines.append(f"  {verdict} ({len(group)}): {_names(group, everything)}")
     return lines
 
 
-def render_text(report: Report) -> str:
+def render_text(report: Report, *, everything: bool = False) -> str:
+    """The report for people; ``everything`` names every module instead of the first few per line."""
     if report.comparison is not None and not report.sites:  # a file holding a comparison only
         return _comparison_lines(report) + "\n"
     meta = report.metadata
@@ -55,7 +71,7 @@ def render_text(report: Report) -> str:
         "",
     ]
     for result in report.results:
-        lines.extend(_result_lines(result))
+        lines.extend(_result_lines(result, everything))
         lines.append("")
     lines.append(f"Suggested config ({len(report.suggestions)} modules):")
     if report.suggestions:
@@ -76,7 +92,13 @@ def render_text(report: Report) -> str:
         lines.extend(f"  {note}" for note in notes)
     if report.comparison is not None:
         lines.extend(["", _comparison_lines(report)])
+    lines.extend(_legend("\n".join(lines)))
     return "\n".join(lines) + "\n"
+
+
+def _legend(text: str) -> list[str]:
+    used = [f"  {term}: {meaning}" for mark, term, meaning in LEGEND if mark in text]
+    return ["", "Terms (docs/detectors.md has each detector's rule):", *used] if used else []
 
 
 def _comparison_lines(report: Report) -> str:

@@ -105,3 +105,27 @@ def result_of(
         findings=tuple(findings),
         suggestions=tuple(suggestions),
     )
+
+
+def check_result(detector: Detector, result: object) -> DetectorResult:
+    """``result`` if it is a :class:`DetectorResult` whose findings answer what every finding must.
+
+    A plugin's result is checked where it enters the report, so a bad one is
+    that detector's failure, not an error later in ``to_text``, ``save`` or the page.
+    """
+    if not isinstance(result, DetectorResult):
+        raise TypeError(f"analyze() returned {type(result).__name__}, not a DetectorResult")
+    for finding in result.findings:
+        if not isinstance(finding, Finding):
+            raise TypeError(f"a finding is {type(finding).__name__}, not a qinsight Finding")
+        try:
+            answers = (finding.verdict, finding.actionable, finding.reason())
+        except Exception as exc:
+            raise TypeError(f"its finding for {finding.fqn!r} cannot say its verdict or reason: {type(exc).__name__}: {exc}") from exc
+        if not (isinstance(answers[0], str) and isinstance(answers[1], bool) and isinstance(answers[2], str)):
+            raise TypeError(f"its finding for {finding.fqn!r} gives verdict, actionable, reason() of types "
+                            f"{', '.join(type(a).__name__ for a in answers)}, not str, bool, str")
+    for suggestion in result.suggestions:
+        if not isinstance(suggestion, QuantSuggestion):
+            raise TypeError(f"a suggestion is {type(suggestion).__name__}, not a QuantSuggestion")
+    return result

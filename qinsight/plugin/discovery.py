@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import re
+import sys
 from collections.abc import Sequence
 from typing import Final
 
@@ -62,8 +63,34 @@ class PluginEntry:
         return f"{self.distribution} {self.version} [{self.target}]"
 
 
+def _path_state() -> tuple[tuple[str, int], ...]:
+    """sys.path with each folder's modification time: installing or removing a distribution changes it."""
+    state = []
+    for folder in sys.path:
+        try:
+            state.append((folder, os.stat(folder or ".").st_mtime_ns))
+        except OSError:
+            state.append((folder, -1))
+    return tuple(state)
+
+
+_SCANS: dict[tuple[str, tuple[tuple[str, int], ...]], tuple[PluginEntry, ...]] = {}
+
+
 def installed(group: str) -> tuple[PluginEntry, ...]:
-    """The plugins of ``group`` installed here, sorted by name; the first distribution on sys.path wins a name."""
+    """The plugins of ``group`` installed here, sorted by name; the first distribution on sys.path wins a name.
+
+    Scanning every distribution's metadata takes milliseconds, and a report file
+    asks once per result: scans are kept until sys.path or one of its folders changes.
+    """
+    key = (group, _path_state())
+    if key not in _SCANS:
+        _SCANS.clear()
+        _SCANS[key] = _scan(group)
+    return _SCANS[key]
+
+
+def _scan(group: str) -> tuple[PluginEntry, ...]:
     entries: dict[str, PluginEntry] = {}
     for dist in importlib.metadata.distributions():
         for ep in dist.entry_points:
@@ -91,7 +118,7 @@ def load_entry(entry: PluginEntry, *, kind: str) -> object:
     """Import the object ``entry`` names; any failure is a :class:`PluginLoadError` of that plugin."""
     try:
         return importlib.metadata.EntryPoint(name=entry.name, value=entry.target, group=entry.group).load()
-    except Exception as exc:  # an import error of any kind is the plugin's, reported alike
+    except (Exception, SystemExit) as exc:  # an import error of any kind is the plugin's, sys.exit() included
         raise PluginLoadError(entry.name, entry.source, f"{type(exc).__name__}: {exc}", kind=kind) from exc
 
 

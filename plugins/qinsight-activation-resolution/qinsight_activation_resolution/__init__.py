@@ -25,6 +25,8 @@ __all__ = ["ActivationResolutionDetector", "ActivationResolutionFinding"]
 
 @attrs.frozen(kw_only=True)
 class ActivationResolutionFinding(Finding):
+    verdicts: ClassVar[tuple[str, ...]] = ("no live channels", "channels starved per-tensor", "resolution fine")
+
     kind: OpKind
     live_channels: int
     starved_channels: tuple[int, ...]

@@ -32,6 +32,8 @@ def effective_bits(channel_range: float, tensor_range: float, levels: int = 256)
 
 @attrs.frozen(kw_only=True)
 class WeightHealthFinding(Finding):
+    verdicts: ClassVar[tuple[str, ...]] = ("unhealthy weights", "per-tensor weights starve channels", "healthy")
+
     kind: OpKind
     channels: int
     dead_channels: tuple[int, ...]

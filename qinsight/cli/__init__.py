@@ -1,0 +1,131 @@
+"""The ``qinsight`` command: its arguments and its one error boundary.
+
+Exit codes: 0 fine; 1 a ``--fail-on`` gate tripped; 2 anything else that went
+wrong, as one line on stderr (``--debug`` shows the traceback); 130 Ctrl-C.
+Commands that only read files (``show``, ``diff``, ``plot``, ``schema``) do
+not import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+from collections.abc import Sequence
+
+from qinsight._version import __version__
+from qinsight.cli.output import error_line
+from qinsight.core.errors import QinsightError
+from qinsight.core.sites import BACKENDS
+
+ACTIONABLE = "actionable"  # --fail-on value matching every finding that asks for action
+EXAMPLE_NAMES = ("cnn", "encoder", "resnet18")  # qinsight.examples.EXAMPLES, named here so --help needs no torch
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line like every other error (``--help`` shows the usage)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        error_line(f"{message} (see {self.prog} --help)")
+        sys.exit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="qinsight", description="Quantization diagnostics for PyTorch models.")
+    parser.add_argument("--version", action="version", version=f"qinsight {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("diagnose", help="diagnose a model and print the report")
+    _model_source(run)
+    run.add_argument("--backend", default="x86", help=f"quantized backend: {', '.join(BACKENDS)} (default x86)")
+    run.add_argument(
+        "--qconfig", default="default", metavar="default|none|PKG.MOD:FACTORY",
+        help="the plan the findings are judged against: the backend's default QConfigMapping (default), "
+        "none, or a function returning your QConfigMapping",
+    )
+    run.add_argument("--detectors", help="comma-separated detector ids (default: QINSIGHT_DETECTORS or the built-ins)")
+    run.add_argument("--quiet", action="store_true", help="no progress line")
+    _outputs(run)
+
+    compare = commands.add_parser("compare", help="quantize a model and compare it with the float one, layer by layer")
+    _model_source(compare)
+    compare.add_argument("--flow", choices=("fx", "pt2e"), default="fx", help="prepare_fx/convert_fx (default) or PT2E")
+    compare.add_argument("--backend", default="x86", help="FX qconfig backend (default x86; PT2E quantizes for x86)")
+    compare.add_argument("--out", metavar="FILE.json", help="write the comparison as a report file")
+    compare.add_argument("--html", metavar="FILE.html", help="write it as a self-contained page")
+
+    show = commands.add_parser("show", help="print a saved report")
+    show.add_argument("file")
+    _outputs(show, save=False)
+
+    diff = commands.add_parser("diff", help="what changed between two saved reports")
+    diff.add_argument("before")
+    diff.add_argument("after")
+    diff.add_argument("--rel-tol", type=float, default=0.05, help="relative change that counts (default 0.05)")
+    diff.add_argument(
+        "--fail-on", action="append", default=[], metavar="GATE",
+        help="exit 1 on: 'any' difference, a 'verdict' change, a finding becoming 'actionable', "
+        "or 'sqnr-drop=DB' (a layer's SQNR falling by more than DB); repeatable",
+    )
+
+    plot = commands.add_parser("plot", help="plot a feature of a saved report (without --feature: list the features)")
+    plot.add_argument("file")
+    plot.add_argument("--feature")
+    plot.add_argument("--module", help="plot this module's channels (a histogram with --hist)")
+    plot.add_argument("--hist", action="store_true", help="a histogram instead of a line")
+    plot.add_argument("--out", metavar="X.png")
+
+    commands.add_parser("detectors", help="installed detectors, their versions and load failures")
+    commands.add_parser("schema", help="print the report file schema (for the snapshot test)")
+    return parser
+
+
+def _model_source(command: argparse.ArgumentParser) -> None:
+    source = command.add_mutually_exclusive_group(required=True)
+    source.add_argument("--example", choices=EXAMPLE_NAMES, help="a built-in example model")
+    source.add_argument("--model", metavar="PKG.MOD:FACTORY", help="a function returning the model (modules in the current folder are found)")
+    command.add_argument("--data", metavar="PKG.MOD:FACTORY", help="with --model: a function returning the batches")
+    command.add_argument("--batches", type=int, default=8, help="calibration batches of an example (default 8)")
+
+
+def _outputs(command: argparse.ArgumentParser, save: bool = True) -> None:
+    if save:
+        command.add_argument("--out", metavar="FILE.json", help="write the report file")
+    command.add_argument("--html", metavar="FILE.html", help="write the report as a self-contained page")
+    command.add_argument("--all", action="store_true", help="name every module (not the first few per verdict)")
+    command.add_argument(
+        "--fail-on", action="append", default=[], metavar="VERDICT",
+        help=f"exit 1 if a finding has this verdict ('{ACTIONABLE}': any finding to act on); repeatable",
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, QinsightError):
+        return str(exc)
+    if isinstance(exc, KeyError) and exc.args:
+        return str(exc.args[0])
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    return f"{type(exc).__name__}: {exc}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)  # argparse itself exits 2 on bad usage, 0 on --help and --version
+    from qinsight.cli.commands import run
+
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        error_line("interrupted")
+        return 130
+    except SystemExit as exc:  # sys.exit in a --model/--data factory or a plugin: not ours to exit with
+        if args.debug:
+            raise
+        error_line(f"something the command ran called sys.exit({exc.code!r})")
+        return 2
+    except Exception as exc:
+        if args.debug:
+            raise
+        error_line(_describe(exc))
+        return 2

@@ -1,0 +1,255 @@
+"""The commands of ``qinsight``; torch is imported only by those that run a model."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import io
+import json
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterable, Sized
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from qinsight.cli.gates import check_verdict_gates, parse_diff_gates, tripped_diff, tripped_findings
+from qinsight.cli.output import Progress, check_targets, note, write, wrote
+from qinsight.core.errors import InvalidParameterError, PluginLoadError, UsageError
+from qinsight.core.report import Report
+from qinsight.core.sites import BACKENDS
+from qinsight.outputs.diff import diff_reports
+from qinsight.outputs.files import write_atomically
+from qinsight.outputs.serde import load_report, schema
+from qinsight.plugin.discovery import DETECTORS, find_entry, installed, load_detector_class, requested_ids
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.ao.quantization import QConfigMapping
+
+
+def _load(target: str, what: str) -> Callable[[], object]:
+    """The function ``package.module:function``, found in the current folder too (like ``python -m``)."""
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise UsageError(f"{what} must look like package.module:factory, not {target!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        factory = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"cannot load {what} {target}: {type(exc).__name__}: {exc}") from exc
+    if not callable(factory):
+        raise UsageError(f"{what} {target} is not callable")
+    return factory  # type: ignore[no-any-return]
+
+
+def _model_and_data(args: argparse.Namespace) -> tuple[nn.Module, Iterable[object], str]:
+    from torch import nn
+
+    model: object
+    data: object
+    if args.example:
+        from qinsight.examples import example
+
+        if args.batches < 1:
+            raise UsageError("--batches must be at least 1")
+        chosen = example(args.example)
+        model, data, name = chosen.model(), chosen.data(args.batches), chosen.name
+    else:
+        if not args.data:
+            raise UsageError("--model needs --data (a function returning the calibration batches)")
+        model, data = _load(args.model, "--model")(), _load(args.data, "--data")()
+        name = args.model.rpartition(":")[2]
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"--model gave {type(model).__name__}, not a torch.nn.Module")
+    if not isinstance(data, Iterable):
+        raise UsageError(f"--data gave {type(data).__name__}, not an iterable of batches")
+    return model, data, name
+
+
+def _detector_ids(args: argparse.Namespace) -> list[str] | None:
+    """The ``--detectors`` ids, each installed (an unknown id is an error, not an empty report)."""
+    if not args.detectors:
+        return None
+    ids = [d.strip() for d in args.detectors.split(",") if d.strip()]
+    for detector in ids:
+        if find_entry(DETECTORS, detector) is None:
+            known = ", ".join(e.name for e in installed(DETECTORS))
+            raise UsageError(f"--detectors: no detector {detector!r} is installed; installed: {known}")
+    return ids
+
+
+def _check_backend(command: str, backend: str) -> None:
+    if backend not in BACKENDS:
+        raise InvalidParameterError(command, "backend", backend, "one of " + ", ".join(BACKENDS))
+
+
+def _qconfig_mapping(args: argparse.Namespace) -> QConfigMapping | None:
+    from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
+
+    _check_backend("diagnose", args.backend)
+    if args.qconfig == "none":
+        return None
+    if args.qconfig == "default":
+        return get_default_qconfig_mapping(args.backend)
+    mapping = _load(args.qconfig, "--qconfig")()
+    if not isinstance(mapping, QConfigMapping):
+        raise UsageError(f"--qconfig gave {type(mapping).__name__}, not a torch QConfigMapping")
+    return mapping
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    from qinsight.pipeline import diagnose
+
+    detectors = _detector_ids(args)
+    for line in check_verdict_gates(args.fail_on, detectors or requested_ids(None)):
+        note(line)
+    check_targets([args.out, args.html], [])
+    mapping = _qconfig_mapping(args)
+    model, data, name = _model_and_data(args)
+    progress = None if args.quiet else Progress(len(data) if isinstance(data, Sized) else None)
+    try:
+        report = diagnose(
+            model, data, backend=args.backend, model_name=name, detectors=detectors, progress=progress, qconfig_mapping=mapping
+        )
+    finally:
+        if progress is not None:
+            progress.finish()
+    return _finish(report, args)
+
+
+def _quantizer(flow: str, backend: str) -> object:
+    """torch's default config for ``flow``: a QConfigMapping for FX, X86InductorQuantizer for PT2E."""
+    from torch.ao.quantization import get_default_qconfig_mapping
+
+    if flow == "fx":
+        return get_default_qconfig_mapping(backend)
+    if backend != "x86":
+        raise UsageError(f"--flow pt2e quantizes for x86 (X86InductorQuantizer), not {backend}")
+    from qinsight.outputs.pt2e import default_x86_quantizer  # torchao only for this flow
+
+    return default_x86_quantizer()
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """Quantizes the model with torch's default for the flow, calibrated on the batches, and
+    compares it with the float model on the same batches."""
+    from qinsight.compare import compare_activations, compare_weights, quantize_candidates
+    from qinsight.core.comparison import Comparison
+    from qinsight.frontends import model_structure
+    from qinsight.pipeline import comparison_report
+
+    check_targets([args.out, args.html], [])
+    _check_backend("compare", args.backend)
+    model, data, name = _model_and_data(args)
+    batches = list(data)  # calibration, then comparison
+    if not batches:
+        raise UsageError("no batches to calibrate and compare on")
+    config = _quantizer(args.flow, args.backend)
+    with warnings.catch_warnings():  # torch's and torchao's deprecation notices: nothing the user can act on
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|torchao)(\.|$)")
+        quantized = quantize_candidates(model, {args.flow: config}, batches)[args.flow]
+        structure = model_structure(model)  # one trace for both comparisons
+        comparison = Comparison(
+            quantized=f"convert_{args.flow} ({'x86' if args.flow == 'pt2e' else args.backend} default)",
+            weights=compare_weights(model, quantized, structure=structure),
+            activations=compare_activations(model, quantized, batches, structure=structure),
+        )
+    return _finish(comparison_report(comparison, model_name=name), args)
+
+
+def _show(args: argparse.Namespace) -> int:
+    check_targets([args.html], [args.file])
+    report = load_report(args.file)
+    for line in check_verdict_gates(args.fail_on, [r.detector for r in report.results]):
+        note(line)
+    return _finish(report, args)
+
+
+def _finish(report: Report, args: argparse.Namespace) -> int:
+    write(report.to_text(everything=getattr(args, "all", False)))
+    if getattr(args, "out", None):
+        report.save(args.out)
+        wrote(args.out)
+    if args.html:
+        from qinsight.outputs.html import save_html
+
+        save_html(report, args.html)
+        wrote(args.html)
+    gates = getattr(args, "fail_on", [])  # compare has no findings to gate on
+    if gates and report.failures:
+        failed = "; ".join(f"{f.detector} failed at {f.stage.value}: {f.error}" for f in report.failures)
+        raise UsageError(f"--fail-on cannot be judged: {failed}")
+    tripped = tripped_findings(report, gates)
+    for detector, finding in tripped:
+        note(f"gate: {detector} {finding.fqn}: {finding.verdict}")
+    return 1 if tripped else 0
+
+
+def _diff(args: argparse.Namespace) -> int:
+    gates = parse_diff_gates(args.fail_on)
+    diff = diff_reports(load_report(args.before), load_report(args.after), rel_tol=args.rel_tol)
+    write(diff.to_text())
+    tripped = tripped_diff(diff, gates)
+    for line in tripped:
+        note(f"gate: {line}")
+    return 1 if tripped else 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from qinsight.outputs.view import ReportView
+
+    view = ReportView.of(load_report(args.file))
+    if args.feature is None:
+        write("".join(f"{name}\n" for name in view.feature_names()))
+        return 0
+    if args.feature not in view.feature_names():
+        raise UsageError(f"no feature {args.feature!r}; features: {', '.join(view.feature_names())}")
+    if not args.out:
+        raise UsageError("--feature needs --out FILE.png")
+    check_targets([args.out], [args.file])
+    from qinsight.outputs.plots import plot_channels, plot_feature, plot_histogram
+
+    if args.hist:
+        figure = plot_histogram(view, args.feature, args.module)
+    elif args.module:
+        figure = plot_channels(view, args.module, args.feature)
+    else:
+        figure = plot_feature(view, args.feature)
+    image = io.BytesIO()
+    figure.savefig(image, format=Path(args.out).suffix.lstrip(".") or "png")
+    write_atomically(args.out, image.getvalue())
+    wrote(args.out)
+    return 0
+
+
+def _detectors() -> int:
+    for entry in installed(DETECTORS):
+        try:
+            load_detector_class(entry.name)
+            status = "ok"
+        except PluginLoadError as exc:
+            status = f"FAILED: {exc.reason}"
+        write(f"{entry.name:<28} {entry.distribution} {entry.version}  {status}\n")
+    return 0
+
+
+def _schema() -> int:
+    write(json.dumps(schema(), indent=1) + "\n")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    commands: dict[str, Callable[[], int]] = {
+        "diagnose": lambda: _diagnose(args),
+        "compare": lambda: _compare(args),
+        "show": lambda: _show(args),
+        "diff": lambda: _diff(args),
+        "plot": lambda: _plot(args),
+        "detectors": _detectors,
+        "schema": _schema,
+    }
+    return commands[args.command]()
+
+

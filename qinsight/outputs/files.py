@@ -1,0 +1,56 @@
+"""Reading and writing the files qinsight makes: bounded reads, atomic writes.
+
+Every output (report files, HTML pages, plots) is written to a temporary file
+in the target's folder and renamed over the target, so a failed render never
+leaves a truncated or empty file, and no temporary file is left behind on any
+error. Reads stop at a size limit whatever the file is: a regular file, a
+pipe, a device or standard input.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+_CHUNK = 1 << 20
+
+
+def read_capped(path: str | os.PathLike[str], max_bytes: int) -> bytes:
+    """The bytes of ``path``; ``ValueError`` once more than ``max_bytes`` arrive (``/dev/zero`` included)."""
+    parts: list[bytes] = []
+    size = 0
+    with open(path, "rb") as stream:
+        while chunk := stream.read(min(_CHUNK, max_bytes + 1 - size)):
+            parts.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
+                raise ValueError(f"larger than the {max_bytes}-byte limit (max_bytes=)")
+    return b"".join(parts)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_atomically(path: str | os.PathLike[str], content: str | bytes) -> None:
+    """Replace ``path`` with ``content`` whole, or leave it as it was.
+
+    The file gets the mode a plain ``open(path, "w")`` would give it (0666 less
+    the umask), not the temporary file's 0600.
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise IsADirectoryError(21, "is a folder, not a file", os.fspath(target))
+    data = content.encode("utf-8") if isinstance(content, str) else content
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+        os.chmod(temporary, 0o666 & ~_umask())
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
