@@ -25,14 +25,13 @@ from qinsight.outputs.serde import (
     RawFinding,
     ReportFileError,
     ReportVersionError,
-    compatibility,
     load_report,
     report_from_json,
     report_to_dict,
     report_to_json,
     save_report,
-    schema,
 )
+from qinsight.outputs.schema import compatibility, schema
 from qinsight.core.comparison import LayerActivationComparison, MetricValue
 from qinsight.core.report import ReportMetadata
 from qinsight.core.sites import OpSite

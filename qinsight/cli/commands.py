@@ -20,7 +20,8 @@ from qinsight.core.report import Report
 from qinsight.core.sites import BACKENDS
 from qinsight.outputs.diff import diff_reports
 from qinsight.outputs.files import write_atomically
-from qinsight.outputs.serde import load_report, schema
+from qinsight.outputs.schema import schema
+from qinsight.outputs.serde import load_report
 from qinsight.plugin.discovery import DETECTORS, find_entry, installed, load_detector_class, requested_ids
 
 if TYPE_CHECKING:
