@@ -20,7 +20,7 @@ from torch.ao.quantization import QConfigMapping
 from qinsight._version import __version__
 from qinsight.core.comparison import Comparison
 from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
-from qinsight.core.errors import CalibrationError, InvalidParameterError
+from qinsight.core.errors import CalibrationError
 from qinsight.core.report import (
     DetectorFailure,
     DetectorResult,
@@ -28,7 +28,7 @@ from qinsight.core.report import (
     Report,
     ReportMetadata,
 )
-from qinsight.core.sites import BACKENDS, InsertPoint
+from qinsight.core.sites import InsertPoint, check_backend
 from qinsight.core.stats import ObservedStats
 from qinsight.core.suggestions import merge_suggestions
 from qinsight.frontends import Frontend, eval_mode, run_batch, view_of
@@ -228,8 +228,7 @@ def _session(
         model = model.module()  # the program's own graph cannot run; its module can
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module or an ExportedProgram, not {type(model).__name__}")
-    if backend not in BACKENDS:
-        raise InvalidParameterError("diagnose", "backend", backend, "one of " + ", ".join(BACKENDS))
+    check_backend("diagnose", backend)
     chosen, load_failures = _choose(detectors, backend, strict)
     ids = [d.id for d in chosen]
     repeated = sorted({i for i in ids if ids.count(i) > 1})

@@ -123,13 +123,8 @@ class DictDetector:
 
 
 @attrs.frozen
-class BrokenReasonDetector:
+class BrokenReasonDetector(DictDetector):
     id: ClassVar[str] = "acme.broken"
-    api_version: ClassVar[int] = 1
-    finding_type: ClassVar[type[Finding]] = BrokenFinding
-
-    def insert_points(self, view: ModelView) -> tuple[()]:
-        return ()
 
     def analyze(self, view: ModelView, stats: ObservedStats) -> DetectorResult:
         return result_of(self, [BrokenFinding(fqn=view.sites[0].fqn)], ())

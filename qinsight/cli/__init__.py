@@ -14,11 +14,11 @@ import typing
 from collections.abc import Sequence
 
 from qinsight._version import __version__
+from qinsight.cli.gates import ACTIONABLE
 from qinsight.cli.output import error_line
 from qinsight.core.errors import QinsightError
 from qinsight.core.sites import BACKENDS
 
-ACTIONABLE = "actionable"  # --fail-on value matching every finding that asks for action
 EXAMPLE_NAMES = ("cnn", "encoder", "resnet18")  # qinsight.examples.EXAMPLES, named here so --help needs no torch
 
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 from qinsight.cli.gates import check_verdict_gates, parse_diff_gates, tripped_diff, tripped_findings
 from qinsight.cli.output import Progress, check_targets, note, write, wrote
-from qinsight.core.errors import InvalidParameterError, PluginLoadError, UsageError
+from qinsight.core.errors import PluginLoadError, UsageError
 from qinsight.core.report import Report
-from qinsight.core.sites import BACKENDS
+from qinsight.core.sites import check_backend
 from qinsight.outputs.diff import diff_reports
 from qinsight.outputs.files import write_atomically
 from qinsight.outputs.schema import schema
@@ -81,15 +81,10 @@ def _detector_ids(args: argparse.Namespace) -> list[str] | None:
     return ids
 
 
-def _check_backend(command: str, backend: str) -> None:
-    if backend not in BACKENDS:
-        raise InvalidParameterError(command, "backend", backend, "one of " + ", ".join(BACKENDS))
-
-
 def _qconfig_mapping(args: argparse.Namespace) -> QConfigMapping | None:
     from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
 
-    _check_backend("diagnose", args.backend)
+    check_backend("diagnose", args.backend)
     if args.qconfig == "none":
         return None
     if args.qconfig == "default":
@@ -142,7 +137,7 @@ def _compare(args: argparse.Namespace) -> int:
     from qinsight.pipeline import comparison_report
 
     check_targets([args.out, args.html], [])
-    _check_backend("compare", args.backend)
+    check_backend("compare", args.backend)
     model, data, name = _model_and_data(args)
     batches = list(data)  # calibration, then comparison
     if not batches:

@@ -19,7 +19,7 @@ from qinsight.core.report import Report
 from qinsight.outputs.diff import ReportDiff
 from qinsight.plugin.discovery import finding_type
 
-ACTIONABLE = "actionable"
+ACTIONABLE = "actionable"  # --fail-on value matching every finding that asks for action
 DIFF_GATES = ("any", "verdict", "actionable", "sqnr-drop=DB")
 
 

@@ -42,10 +42,6 @@ def _value(metrics: Sequence[MetricValue], name: str) -> MetricValue:
     return _find(metrics, lambda m: m.name, name, "metric")
 
 
-def _metric(metrics: Sequence[MetricValue], name: str) -> float:
-    return _value(metrics, name).value
-
-
 @attrs.frozen(kw_only=True)
 class ChannelMetric:
     """One metric per output channel."""
@@ -74,7 +70,7 @@ class LayerWeightComparison:
     per_channel: tuple[ChannelMetric, ...]
 
     def metric(self, name: str) -> float:
-        return _metric(self.metrics, name)
+        return self.metric_value(name).value
 
     def metric_value(self, name: str) -> MetricValue:
         return _value(self.metrics, name)
@@ -117,7 +113,7 @@ class LayerActivationComparison:
     local: tuple[MetricValue, ...]
 
     def metric(self, name: str, *, local: bool = False) -> float:
-        return _metric(self.local if local else self.propagated, name)
+        return self.metric_value(name, local=local).value
 
     def metric_value(self, name: str, *, local: bool = False) -> MetricValue:
         return _value(self.local if local else self.propagated, name)
@@ -156,7 +152,7 @@ class ConfigScore:
     local: tuple[MetricValue, ...]
 
     def metric(self, name: str, *, local: bool = True) -> float:
-        return _metric(self.local if local else self.propagated, name)
+        return self.metric_value(name, local=local).value
 
     def metric_value(self, name: str, *, local: bool = True) -> MetricValue:
         return _value(self.local if local else self.propagated, name)

@@ -38,3 +38,22 @@ class Finding:
     def reason(self) -> str:
         """One line with the numbers behind the verdict."""
         raise NotImplementedError(f"{type(self).__name__} must define reason()")
+
+
+def check_finding(finding: object) -> None:
+    """``TypeError`` unless ``finding`` is a Finding that can say its verdict, whether it is actionable and why.
+
+    Checked where findings enter a report (a plugin's result, a report file),
+    so a bad one fails there and not later in the text, the file or the page.
+    """
+    if not isinstance(finding, Finding):
+        raise TypeError(f"a finding is {type(finding).__name__}, not a qinsight Finding")
+    try:
+        answers = (finding.verdict, finding.actionable, finding.reason())
+    except Exception as exc:
+        raise TypeError(f"its finding for {finding.fqn!r} cannot say its verdict or reason: {type(exc).__name__}: {exc}") from exc
+    if not (isinstance(answers[0], str) and isinstance(answers[1], bool) and isinstance(answers[2], str)):
+        raise TypeError(
+            f"its finding for {finding.fqn!r} gives verdict, actionable, reason() of types "
+            f"{', '.join(type(a).__name__ for a in answers)}, not str, bool, str"
+        )

@@ -12,8 +12,16 @@ from typing import Final
 
 import attrs
 
+from qinsight.core.errors import InvalidParameterError
+
 # The quantized backends torch 2.13's FX flow knows.
 BACKENDS: Final = ("fbgemm", "qnnpack", "onednn", "x86")
+
+
+def check_backend(owner: str, backend: str) -> None:
+    """:class:`InvalidParameterError` unless ``backend`` is one of :data:`BACKENDS`."""
+    if backend not in BACKENDS:
+        raise InvalidParameterError(owner, "backend", backend, "one of " + ", ".join(BACKENDS))
 
 
 class OpKind(enum.Enum):

@@ -19,7 +19,7 @@ import attrs
 from qinsight.core.comparison import Comparison
 from qinsight.core.findings import Finding
 from qinsight.core.report import Report
-from qinsight.outputs.fields import field_changes
+from qinsight.outputs.fields import field_changes, numbers_differ
 
 
 @attrs.frozen(kw_only=True)
@@ -123,14 +123,6 @@ def _scalars(value: attrs.AttrsInstance, prefix: str = "") -> Iterator[tuple[str
             yield from _scalars(cast(attrs.AttrsInstance, item), name + ".")
 
 
-def _moved(before: float, after: float, rel_tol: float, abs_tol: float) -> bool:
-    if math.isnan(before) or math.isnan(after):
-        return math.isnan(before) != math.isnan(after)
-    if math.isinf(before) or math.isinf(after):
-        return before != after
-    return not math.isclose(before, after, rel_tol=rel_tol, abs_tol=abs_tol)
-
-
 def _findings(report: Report) -> dict[tuple[str, str], Finding]:
     return {(r.detector, f.fqn): f for r in report.results for f in r.findings}
 
@@ -159,7 +151,7 @@ def _finding_changes(a: Report, b: Report, rel_tol: float, abs_tol: float) -> tu
             numbers.extend(
                 NumberChange(detector=detector, fqn=fqn, field=name, before=old, after=new_values[name])
                 for name, old in _scalars(before)
-                if name in new_values and _moved(old, new_values[name], rel_tol, abs_tol)
+                if name in new_values and numbers_differ(old, new_values[name], rel_tol, abs_tol)
             )
     return verdicts, numbers
 
@@ -180,7 +172,7 @@ def _metric_changes(a: Comparison | None, b: Comparison | None, rel_tol: float, 
             changes.extend(
                 MetricChange(section=section, fqn=fqn, metric=v.name, before=v.value, after=now[v.name])
                 for v in values
-                if v.name in now and _moved(v.value, now[v.name], rel_tol, abs_tol)
+                if v.name in now and numbers_differ(v.value, now[v.name], rel_tol, abs_tol)
             )
     return changes
 

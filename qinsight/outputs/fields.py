@@ -44,12 +44,13 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _same_number(a: float, b: float, rel_tol: float, abs_tol: float) -> bool:
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    if math.isinf(a) or math.isinf(b):
-        return a == b
-    return math.isclose(a, b, rel_tol=rel_tol, abs_tol=abs_tol)
+def numbers_differ(before: float, after: float, rel_tol: float, abs_tol: float) -> bool:
+    """Whether a number moved beyond the tolerances; NaN equals NaN, infinities equal only themselves."""
+    if math.isnan(before) or math.isnan(after):
+        return math.isnan(before) != math.isnan(after)
+    if math.isinf(before) or math.isinf(after):
+        return before != after
+    return not math.isclose(before, after, rel_tol=rel_tol, abs_tol=abs_tol)
 
 
 def _text(value: Any) -> str:
@@ -64,7 +65,7 @@ class _Walk:
     def same(self, a: Any, b: Any) -> bool:
         x, y = _number(a), _number(b)
         if x is not None and y is not None:
-            return _same_number(x, y, self.rel_tol, self.abs_tol)
+            return not numbers_differ(x, y, self.rel_tol, self.abs_tol)
         return bool(a == b)
 
     def changes(self, path: str, a: Any, b: Any) -> Iterator[Change]:

@@ -33,7 +33,7 @@ from cattrs.preconf.json import make_converter
 from cattrs.v import format_exception
 
 from qinsight.core.errors import ReportFileError, ReportVersionError
-from qinsight.core.findings import Finding
+from qinsight.core.findings import Finding, check_finding
 from qinsight.core.report import DetectorResult, ParameterValue, Report
 from qinsight.outputs.files import read_capped, write_atomically
 from qinsight.plugin.discovery import finding_type
@@ -175,10 +175,7 @@ def _finding_in(converter: cattrs.Converter, detector: str, data: object, known:
         return RawFinding(fqn=data["fqn"], detector=detector, data=json.dumps(data, allow_nan=False))
     fields = {k: v for k, v in data.items() if k not in _RESERVED}
     finding: Finding = converter.structure(fields, known)
-    try:  # values each valid alone may still not make a finding (per-channel tuples of two lengths)
-        finding.verdict, finding.actionable, finding.reason()
-    except Exception as exc:
-        raise ValueError(f"its values do not make a {known.__name__}: {type(exc).__name__}: {exc}") from None
+    check_finding(finding)  # values each valid alone may still not make a finding (per-channel tuples of two lengths)
     return finding
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast, runtime_checkab
 
 import attrs
 
-from qinsight.core.findings import Finding
+from qinsight.core.findings import Finding, check_finding
 from qinsight.core.report import DetectorResult, Parameter
 from qinsight.core.sites import InsertPoint, OpSite, Side
 from qinsight.core.stats import ObservedStats
@@ -116,15 +116,7 @@ def check_result(detector: Detector, result: object) -> DetectorResult:
     if not isinstance(result, DetectorResult):
         raise TypeError(f"analyze() returned {type(result).__name__}, not a DetectorResult")
     for finding in result.findings:
-        if not isinstance(finding, Finding):
-            raise TypeError(f"a finding is {type(finding).__name__}, not a qinsight Finding")
-        try:
-            answers = (finding.verdict, finding.actionable, finding.reason())
-        except Exception as exc:
-            raise TypeError(f"its finding for {finding.fqn!r} cannot say its verdict or reason: {type(exc).__name__}: {exc}") from exc
-        if not (isinstance(answers[0], str) and isinstance(answers[1], bool) and isinstance(answers[2], str)):
-            raise TypeError(f"its finding for {finding.fqn!r} gives verdict, actionable, reason() of types "
-                            f"{', '.join(type(a).__name__ for a in answers)}, not str, bool, str")
+        check_finding(finding)
     for suggestion in result.suggestions:
         if not isinstance(suggestion, QuantSuggestion):
             raise TypeError(f"a suggestion is {type(suggestion).__name__}, not a QuantSuggestion")
