@@ -15,9 +15,9 @@ from torch.ao.quantization.fx._model_report.detector import InputWeightEqualizat
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 import qinsight
+from qinsight.observe.instrumenter import weight_rows
 from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, torch_model_report, torch_name
 from qinsight import DataCondition, EqualizationFinding, InputWeightEqualizationDetector, InvalidParameterError
-from qinsight.detectors.equalization import weight_channel_ranges
 
 
 class OutlierMLP(nn.Module):
@@ -129,15 +129,15 @@ class TwoBlockComplexNet(nn.Module):
 
 
 def test_determine_points_and_report_values() -> None:
-    # torch 19 and 20: one pre-observer per Linear/Conv, and value checks that do run
-    # (torch's test 20 checks "block1.linear", a name that does not exist, so its checks never execute).
+    # torch 19 and 20: one pre-observer per Linear/Conv (and its weight, read once), and value checks
+    # that do run (torch's test 20 checks "block1.linear", a name that does not exist, so its checks never execute).
     model = seeded(TwoBlockComplexNet())
     data = gaussian_batches((2, 3, 4, 4), 4)
     detector = InputWeightEqualizationDetector(ratio_threshold=0.5)
     with qinsight.instrument(model, detectors=[detector]) as session:
         points = detector.insert_points(session.view)
     assert [(p.fqn, p.side.value) for p in points] == [
-        ("block1.0", "pre"), ("block1.3", "pre"), ("conv", "pre"), ("block2.0", "pre"), ("linear", "pre")
+        (fqn, side) for fqn in ("block1.0", "block1.3", "conv", "block2.0", "linear") for side in ("pre", "weight")
     ]
     report = qinsight.diagnose(model, data, detectors=[detector])
     finding = equalization(report)["block1.3"]
@@ -169,8 +169,8 @@ def test_grouped_conv_pairs_channels_with_their_group() -> None:
         conv.weight.zero_()
         conv.weight[0:3, 0] = torch.tensor([1.0, 2.0, 3.0]).reshape(3, 1, 1)  # group 0, input channel 0: range 2
         conv.weight[3:6, 1] = torch.tensor([-5.0, 5.0, 0.0]).reshape(3, 1, 1)  # group 1, input channel 3: range 10
-    ranges, global_range = weight_channel_ranges(conv.weight, groups=2)
-    assert ranges == (2.0, 0.0, 0.0, 10.0) and global_range == 10.0
+    rows = weight_rows(conv.weight, groups=2)
+    assert (rows.amax(1) - rows.amin(1)).tolist() == [2.0, 0.0, 0.0, 10.0] and float(rows.max() - rows.min()) == 10.0
     # torch tiles the (2,) ranges of in_channels/groups to (4,), mixing both groups' outputs.
     depthwise = nn.Sequential(nn.Conv2d(8, 8, 3, groups=8)).eval()
     report = qinsight.diagnose(depthwise, gaussian_batches((2, 8, 6, 6), 3), detectors=[InputWeightEqualizationDetector()])

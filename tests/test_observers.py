@@ -4,6 +4,7 @@ test against ModelReportObserver, and the cases torch gets wrong."""
 from __future__ import annotations
 
 import math
+import pickle
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from torch import nn
 from torch.ao.quantization.fx._model_report.model_report_observer import ModelReportObserver
 
 from qinsight.core.errors import ObserverError
+from qinsight.observe import observers
 from qinsight.observe.observers import ActivationObserver
 from qinsight.core.sites import ObserverSpec
 from qinsight.core.stats import DataCondition
@@ -95,6 +97,55 @@ def test_memory_is_flat_in_the_number_of_batches() -> None:
         obs(torch.randn(4, 6, 3))
     state = [v for v in vars(obs).values() if isinstance(v, torch.Tensor)]
     assert sum(t.numel() for t in state) == 2 * 6  # per-channel min and max, nothing per batch
+
+
+def _state_bytes(obs: ActivationObserver) -> int:
+    """Bytes of every tensor the observer keeps, its percentile accumulators' included."""
+    values = list(vars(obs).values())
+    values += [v for acc in getattr(obs, "_percentiles") for v in vars(acc).values()]
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+
+
+def test_state_after_10_and_100_batches_is_the_same_size() -> None:
+    spec = ObserverSpec(channel_axis=1, per_channel=True, moments=True, percentiles=(0.5, 0.975), percentile_samples=256)
+    obs = ActivationObserver(spec, "x")
+    sizes = {}
+    for batch in range(1, 101):
+        obs(torch.randn(4, 6, 30, 30))  # 3,600 values per channel: sampled
+        if batch in (10, 100):
+            sizes[batch] = (_state_bytes(obs), len(pickle.dumps(obs.freeze())))
+    assert sizes[10] == sizes[100] and sizes[10][0] == 6 * (4 + 4 + 2 * (8 + 8 + 8))
+
+
+@pytest.mark.parametrize("per_channel_values", [3_000, 40_000])
+def test_chunked_percentile_work_gives_the_unchunked_statistics(per_channel_values: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The percentile work runs over groups of channels so its scratch memory stays small;
+    # how the channels are grouped must not change a single value.
+    x = torch.randn(per_channel_values // 10, 10, 24) * torch.linspace(0.1, 3.0, 24)
+    x[x < 0.2] = 0.0
+    frozen = []
+    for chunk in (2**40, 1_000, 1):
+        monkeypatch.setattr(observers, "CHUNK_VALUES", chunk)
+        spec = ObserverSpec(channel_axis=2, per_channel=True, percentiles=(0.3, 0.975), percentile_samples=16384)
+        obs = ActivationObserver(spec, "x")
+        for scale in (1.0, 2.0):
+            obs(x * scale)
+        frozen.append(obs.freeze())
+    assert frozen[0] == frozen[1] == frozen[2]
+
+
+@pytest.mark.parametrize("device", ["cpu", *(["cuda"] if torch.cuda.is_available() else [])])
+def test_state_stays_on_the_model_device(device: str) -> None:
+    spec = ObserverSpec(channel_axis=1, per_channel=True, moments=True, percentiles=(0.975,), percentile_samples=100)
+    obs = ActivationObserver(spec, "x")
+    x = torch.randn(8, 4, 30, device=device)
+    obs(x)
+    obs(x)
+    kept = [v for v in vars(obs).values() if isinstance(v, torch.Tensor)]
+    kept += [v for acc in getattr(obs, "_percentiles") for v in vars(acc).values() if isinstance(v, torch.Tensor)]
+    assert kept and all(t.device == x.device for t in kept)
+    stats = obs.freeze()  # only the frozen statistics leave the device, as plain numbers
+    assert stats.batches == 2 and stats.channel_max == tuple(float(v) for v in x.amax(dim=(0, 2)).cpu())
 
 
 def test_nonfinite_batches_are_counted_and_left_out() -> None:

@@ -17,7 +17,7 @@ import qinsight
 from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, torch_model_report, torch_name
 from qinsight import ChannelStatus, DataCondition, InvalidParameterError, OutlierDetector, OutlierFinding
 from qinsight.examples import example
-from qinsight.observe.observers import ActivationObserver
+from qinsight.observe.observers import ActivationObserver, sampled_view
 from qinsight.observe.selection import _block_candidates, channel_percentile, channel_view, lower_rank
 from qinsight.core.sites import ObserverSpec
 
@@ -102,22 +102,22 @@ def test_sampled_percentile_rank_is_within_the_documented_bound() -> None:
     rows = torch.cat([torch.randn(20, 200_000, generator=g), torch.rand(10, 200_000, generator=g) ** 4,
                       torch.distributions.StudentT(2.0).sample((10, 200_000))])
     obs = ActivationObserver(ObserverSpec(channel_axis=1, per_channel=True, percentiles=(0.975,), percentile_samples=16384), "x")
-    sample, axis = obs._sample(rows, 0)
-    sampled = channel_percentile(sample, 0.975, axis)
+    columns = obs._sampler.columns(rows.shape[1], rows.device)
+    sampled = channel_percentile(sampled_view(channel_view(rows, 0), columns), 0.975, 1)
     ranks = (rows <= sampled[:, None]).float().mean(dim=1)
     assert torch.all((ranks - 0.975).abs() <= 0.015), ranks
     exact_obs = ActivationObserver(ObserverSpec(channel_axis=1, per_channel=True, percentiles=(0.975,)), "x")
-    assert exact_obs._sample(rows, 0)[0] is rows
+    assert exact_obs._sampler.columns(rows.shape[1], rows.device) is None
 
 
 def test_spec_union_keeps_the_most_precise_sampling() -> None:
     exact = ObserverSpec(channel_axis=1, per_channel=True, percentiles=(0.9,))
     coarse = ObserverSpec(channel_axis=1, per_channel=True, percentiles=(0.975,), percentile_samples=1000)
-    fine = ObserverSpec(channel_axis=1, per_channel=True, percentile_samples=5000)
+    fine = ObserverSpec(channel_axis=1, per_channel=True, percentiles=(0.975,), percentile_samples=5000)
+    ranges_only = ObserverSpec(channel_axis=1, per_channel=True)  # an equalization request: no say in sampling
     assert coarse.union(exact).percentile_samples is None
-    assert coarse.union(fine) == ObserverSpec(
-        channel_axis=1, per_channel=True, percentiles=(0.975,), percentile_samples=5000
-    )
+    assert coarse.union(fine) == fine
+    assert coarse.union(ranges_only) == coarse and ranges_only.union(coarse) == coarse
     assert exact.union(coarse).percentiles == (0.9, 0.975)
 
 

@@ -123,3 +123,19 @@ class ReportVersionError(ReportFileError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (ReportVersionError, (self.source, self.found, self.readable))
+
+
+class MergeError(QinsightError, ValueError):
+    """Statistics or reports that are not of one model and one setup, so they cannot be merged."""
+
+
+class ShardError(QinsightError):
+    """Another process of a distributed run failed; ``rank`` names it, the message is its error."""
+
+    def __init__(self, rank: int, error: str) -> None:
+        super().__init__(rank, error)
+        self.rank = rank
+        self.error = error
+
+    def __str__(self) -> str:
+        return f"rank {self.rank}: {self.error}"

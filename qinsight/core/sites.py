@@ -52,6 +52,11 @@ class Side(enum.Enum):
 
     PRE = "pre"  # the op's input
     POST = "post"  # the op's output
+    # The op's weight, one row per input channel it reads (its own group's outputs
+    # only), channel axis 0. Read once when statistics are frozen, not per batch:
+    # a report file then carries what weight-reading detectors need, so reports
+    # merge without the model, and shards of different weights are caught.
+    WEIGHT = "weight"
 
 
 class WeightScheme(enum.Enum):
@@ -119,13 +124,16 @@ class ObserverSpec:
             per_channel=self.per_channel or other.per_channel,
             moments=self.moments or other.moments,
             percentiles=tuple(sorted(set(self.percentiles) | set(other.percentiles))),
-            percentile_samples=_finer(self.percentile_samples, other.percentile_samples),
+            percentile_samples=_finer(self, other),
         )
 
 
-def _finer(a: int | None, b: int | None) -> int | None:
-    """The more precise of two sample limits (None, exact, is the most precise)."""
-    return None if a is None or b is None else max(a, b)
+def _finer(a: ObserverSpec, b: ObserverSpec) -> int | None:
+    """The more precise sample limit of the specs that compute percentiles (None, exact, is the most
+    precise); a spec without percentiles has no say, or an equalization observer's per-channel request
+    would make every outlier percentile on the same input exact, and slow."""
+    limits = [spec.percentile_samples for spec in (a, b) if spec.percentiles]
+    return None if not limits or None in limits else max(limit for limit in limits if limit is not None)
 
 
 @attrs.frozen(kw_only=True)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 
+from qinsight.core.errors import MergeError
 from qinsight.core.sites import InsertPoint, ObserverSpec, Side
 
 
@@ -76,6 +77,12 @@ class BatchMoments:
         return within / (within + between) / (1.0 + cv)
 
 
+def _counts(_instance: object, attribute: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]) -> None:
+    # one min() over the tuple: deep_iterable(ge(0)) made two calls per channel, a third of freezing a large model
+    if min(value, default=0) < 0:
+        raise ValueError(f"'{attribute.name}' must hold counts >= 0, not {min(value)}")
+
+
 @attrs.frozen(kw_only=True)
 class PercentileStats:
     """Per-channel ratios of the batch maximum to a reference percentile.
@@ -91,8 +98,8 @@ class PercentileStats:
 
     percentile: float
     ratio_sum: tuple[float, ...]
-    measured_batches: tuple[int, ...] = attrs.field(validator=attrs.validators.deep_iterable(attrs.validators.ge(0)))
-    constant_batches: tuple[int, ...] = attrs.field(validator=attrs.validators.deep_iterable(attrs.validators.ge(0)))
+    measured_batches: tuple[int, ...] = attrs.field(validator=_counts)
+    constant_batches: tuple[int, ...] = attrs.field(validator=_counts)
 
     def __attrs_post_init__(self) -> None:
         lengths = {len(self.ratio_sum), len(self.measured_batches), len(self.constant_batches)}
@@ -237,3 +244,29 @@ class ObservedStats:
     def for_point(self, point: InsertPoint) -> ActivationStats | None:
         """The statistics of the observer that served ``point``."""
         return self.get(point.fqn, point.side, point.spec.channel_axis)
+
+    @classmethod
+    def merged(cls, shards: Sequence[ObservedStats]) -> ObservedStats:
+        """The statistics of all ``shards``' batches together (calibrations of one model on disjoint data).
+
+        Observations are matched by key, in the order first seen; one that only
+        some shards hold (a data-dependent model's branch) merges over those.
+        Weight observations are no data: every shard must hold the same, or the
+        shards ran different weights (:class:`MergeError`).
+        """
+        merged: dict[str, Observation] = {}
+        for shard in shards:
+            for observation in shard.observations:
+                known = merged.get(observation.key)
+                merged[observation.key] = observation if known is None else _merge_observation(known, observation)
+        return cls(observations=tuple(merged.values()))
+
+
+def _merge_observation(known: Observation, other: Observation) -> Observation:
+    if (known.fqn, known.side) != (other.fqn, other.side) or known.stats.spec != other.stats.spec:
+        raise MergeError(f"observation {known.key}: the shards observed it differently ({known.stats.spec} vs {other.stats.spec})")
+    if known.side is Side.WEIGHT:
+        if known.stats != other.stats:
+            raise MergeError(f"the weight of {known.fqn} differs between shards: they ran different models or weights")
+        return known
+    return attrs.evolve(known, stats=known.stats.merge(other.stats))

@@ -34,18 +34,7 @@ from qinsight.detectors._validators import in_open_interval
 from qinsight.plugin.detector import API_VERSION, result_of
 
 if TYPE_CHECKING:
-    import torch
-
     from qinsight.plugin.detector import ModelView
-
-
-def weight_channel_ranges(weight: torch.Tensor, groups: int) -> tuple[tuple[float, ...], float]:
-    """Per input channel, the range of the weights that read it (its own group's outputs only),
-    and the whole weight's range."""
-    out_channels, in_per_group = weight.shape[0], weight.shape[1]
-    w = weight.detach().reshape(groups, out_channels // groups, in_per_group, -1).double()
-    ranges = w.amax(dim=(1, 3)) - w.amin(dim=(1, 3))  # (groups, in_per_group), channel order g * in_per_group + j
-    return tuple(ranges.reshape(-1).tolist()), float(w.max() - w.min())
 
 
 @attrs.frozen(kw_only=True)
@@ -127,13 +116,17 @@ class InputWeightEqualizationDetector:
     def _point(self, site: OpSite) -> InsertPoint:
         return InsertPoint.at(site, Side.PRE, per_channel=True)
 
-    def insert_points(self, view: ModelView) -> tuple[InsertPoint, ...]:
-        return tuple(self._point(site) for site in view.sites)
+    def _weight_point(self, site: OpSite) -> InsertPoint:
+        return InsertPoint.at(site, Side.WEIGHT, per_channel=True, channel_axis=0)
 
-    def _finding(self, view: ModelView, site: OpSite, stats: ActivationStats | None) -> EqualizationFinding:
+    def insert_points(self, view: ModelView) -> tuple[InsertPoint, ...]:
+        return tuple(point for site in view.sites for point in (self._point(site), self._weight_point(site)))
+
+    def _finding(self, site: OpSite, stats: ActivationStats | None, weight: ActivationStats | None) -> EqualizationFinding:
         input_ranges = _ranges(stats)
-        weight_ranges, weight_global = weight_channel_ranges(view.weight(site.fqn), site.groups)
-        condition = DataCondition.NO_DATA if stats is None else stats.condition
+        weight_ranges = _ranges(weight)
+        weight_global = weight.epoch_range if weight is not None else 0.0
+        condition = DataCondition.NO_DATA if stats is None or weight is None or not weight.batches else stats.condition
         if condition is DataCondition.OK and len(input_ranges) != len(weight_ranges):
             raise ValueError(
                 f"module {site.fqn}: its input has {len(input_ranges)} channels along axis "
@@ -159,7 +152,9 @@ class InputWeightEqualizationDetector:
         )
 
     def analyze(self, view: ModelView, stats: ObservedStats) -> DetectorResult:
-        findings = tuple(self._finding(view, site, stats.for_point(self._point(site))) for site in view.sites)
+        findings = tuple(
+            self._finding(site, stats.for_point(self._point(site)), stats.for_point(self._weight_point(site))) for site in view.sites
+        )
         suggestions = tuple(
             QuantSuggestion(fqn=f.fqn, equalize=f.recommended, sources=(self.id,))
             for f in findings

@@ -9,15 +9,21 @@ detector of a ``set`` win). Slots are kept in the order detectors asked.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 
 import torch
 
 from qinsight.core.errors import ObserverError
 from qinsight.core.sites import InsertPoint, ObserverSpec, Side, observer_key
-from qinsight.core.stats import Observation, ObservedStats
-from qinsight.observe.observers import ActivationObserver
+from qinsight.core.stats import ActivationStats, Observation, ObservedStats
+from qinsight.observe.observers import ActivationObserver, BatchClock, BatchSummary
 from qinsight.plugin.detector import Detach, ModelView
+
+
+# Observers of one tensor run close together (pre-hooks of the modules reading it, with the
+# post-hooks of the ones before in between): the last few measurements are kept for them.
+_RECENT = 4
 
 
 class Instrumenter:
@@ -30,12 +36,14 @@ class Instrumenter:
             view.site(point.fqn)  # fail early, naming the unknown module
             known = specs.get(point.slot)
             specs[point.slot] = point.spec if known is None else known.union(point.spec)
+        self.clock = BatchClock()
         self._observers: dict[tuple[str, Side, int], ActivationObserver] = {}
         for (fqn, side, axis), spec in specs.items():
-            key = observer_key(fqn, side, axis, view.site(fqn).channel_axis)
-            self._observers[(fqn, side, axis)] = ActivationObserver(spec, key)
+            default_axis = 0 if side is Side.WEIGHT else view.site(fqn).channel_axis
+            self._observers[(fqn, side, axis)] = ActivationObserver(spec, observer_key(fqn, side, axis, default_axis), self.clock)
         self._detach: list[Detach] = []
         self._errors: list[ObserverError] = []
+        self._recent: list[tuple[weakref.ref[torch.Tensor], tuple[int, ObserverSpec], BatchSummary | None]] = []
 
     @property
     def observers(self) -> tuple[ActivationObserver, ...]:
@@ -44,7 +52,8 @@ class Instrumenter:
     def attach(self) -> None:
         try:
             for (fqn, side, _), observer in self._observers.items():
-                self._detach.append(self._view.attach(fqn, side, self._guarded(observer)))
+                if side is not Side.WEIGHT:
+                    self._detach.append(self._view.attach(fqn, side, self._guarded(observer)))
         except BaseException:
             self.detach()
             raise
@@ -55,11 +64,27 @@ class Instrumenter:
 
         def observe(x: torch.Tensor) -> None:
             try:
-                observer.observe(x)
+                summary = self._summary(observer, x)
+                if summary is not None:
+                    observer.fold(summary)
             except ObserverError as exc:
                 self._errors.append(exc)
 
         return observe
+
+    def _summary(self, observer: ActivationObserver, x: torch.Tensor) -> BatchSummary | None:
+        """``observer.measure(x)``, measured once for every observer of the same tensor with the same spec
+        (the q, k and v projections read one tensor: three observers, one pass over it)."""
+        if not isinstance(x, torch.Tensor):  # a hook may pass anything: measure() tells
+            return observer.measure(x)  # type: ignore[unreachable]
+        key = (x._version, observer.spec)  # an in-place change of x between two observers is a new batch
+        for tensor, known, summary in self._recent:
+            if tensor() is x and known == key:
+                return summary
+        summary = observer.measure(x)
+        # weak references: the memo must neither keep activations alive nor take a new tensor for an old one
+        self._recent = [(weakref.ref(x), key, summary), *self._recent[: _RECENT - 1]]
+        return summary
 
     def take_error(self) -> ObserverError | None:
         """The first observer error since the last call, if any."""
@@ -74,7 +99,21 @@ class Instrumenter:
     def freeze(self) -> ObservedStats:
         return ObservedStats(
             observations=tuple(
-                Observation(key=observer.key, fqn=fqn, side=side, stats=observer.freeze())
+                Observation(key=observer.key, fqn=fqn, side=side, stats=self._frozen(fqn, side, observer))
                 for (fqn, side, _), observer in self._observers.items()
             )
         )
+
+    def _frozen(self, fqn: str, side: Side, observer: ActivationObserver) -> ActivationStats:
+        if side is not Side.WEIGHT:
+            return observer.freeze()
+        weight = ActivationObserver(observer.spec, observer.key)  # the weight now, as one batch
+        weight.observe(weight_rows(self._view.weight(fqn), self._view.site(fqn).groups))
+        return weight.freeze()
+
+
+def weight_rows(weight: torch.Tensor, groups: int) -> torch.Tensor:
+    """``weight`` as one row per input channel, holding the weights that read it (its own group's outputs only)."""
+    out_channels, in_per_group = weight.shape[0], weight.shape[1]
+    grouped = weight.detach().reshape(groups, out_channels // groups, in_per_group, -1)
+    return grouped.transpose(1, 2).reshape(groups * in_per_group, -1)

@@ -14,6 +14,7 @@ O(channels) whatever the number of batches. :meth:`ActivationObserver.freeze` re
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -35,11 +36,6 @@ def channel_extrema(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Ten
     return x.amin(dim=dims), x.amax(dim=dims)
 
 
-def channels_first(x: torch.Tensor, axis: int) -> torch.Tensor:
-    """``x`` as (channels, samples), contiguous per channel for selection."""
-    return x.movedim(axis % x.ndim, 0).reshape(x.shape[axis], -1).contiguous()
-
-
 # A channel is measured in a batch only when at least this share of its values
 # is non-zero: the reference percentile p of all values is then at least the
 # (2p - 1) percentile of the non-zero ones (95th for p = 0.975). In a sparser
@@ -57,48 +53,104 @@ def _count_nonzero(view: torch.Tensor) -> torch.Tensor:
     return torch.count_nonzero(view, dim=(0, 2))
 
 
+class BatchClock:
+    """The global index of the calibration batch running now.
+
+    The pipeline sets it before each forward (for a sharded run: the batch's
+    index in the whole data), so the random columns a batch's percentiles are
+    sampled on depend on the batch, not on which process runs it or on how
+    many batches came before in that process.
+    """
+
+    def __init__(self) -> None:
+        self.index: int | None = None  # None: nobody keeps time; each observed call is a batch
+
+
 class _ColumnSampler:
     """Picks the columns (samples) the percentiles are computed on.
 
     With ``limit=None`` every column is used (exact). Otherwise, when a batch
     has more than ``limit`` samples per channel, a uniform random subset of
-    ``limit`` of them (the same for all channels, from a seeded generator, so
-    runs repeat). By the DKW inequality the sample percentile's true rank is
+    ``limit`` of them (the same for all channels, from a generator seeded with
+    the batch's index, so runs repeat however the batches are spread over
+    processes). By the DKW inequality the sample percentile's true rank is
     within ``eps`` of p with probability at least ``1 - 2 exp(-2 limit eps^2)``:
     for 16,384 samples, within 1.5 points with probability 99.9%.
     """
 
-    def __init__(self, limit: int | None) -> None:
+    def __init__(self, limit: int | None, clock: BatchClock | None) -> None:
         self.limit = limit
-        self._generator = torch.Generator().manual_seed(0)
+        self._clock = clock
+        self._calls = 0
+        self._seeded_for: int | None = None
+        self._generator = torch.Generator()
 
-    def __call__(self, x: torch.Tensor, axis: int) -> tuple[torch.Tensor, int]:
-        """``x`` and its channel axis, or a sample of it laid out as (channels, samples) and 0."""
-        n = x.numel() // x.shape[axis]
+    def columns(self, n: int, device: torch.device) -> torch.Tensor | None:
+        """The sampled column indices of a batch with ``n`` samples per channel; None for all of them."""
+        batch = self._clock.index if self._clock is not None and self._clock.index is not None else self._calls
+        self._calls += 1
         if self.limit is None or n <= self.limit:
-            return x, axis
-        index = torch.randint(n, (self.limit,), generator=self._generator)
-        return channels_first(x, axis).index_select(1, index), 0
+            return None
+        if batch != self._seeded_for:  # a second call in the same batch continues its stream
+            self._generator.manual_seed(batch)
+            self._seeded_for = batch
+        return torch.randint(n, (self.limit,), generator=self._generator).to(device)
+
+
+def sampled_view(view: torch.Tensor, columns: torch.Tensor | None) -> torch.Tensor:
+    """The (before, channels, after) ``view`` at the sampled ``columns``, as (1, channels, samples)."""
+    if columns is None:
+        return view
+    after = view.shape[2]
+    picked = view[columns // after, :, columns.remainder(after)]  # (samples, channels): only these are copied
+    return picked.t().contiguous().unsqueeze(0)
+
+
+# Percentile work runs over groups of channels of about this many values, so
+# what it allocates on top of the activation stays a few MB whatever its size.
+CHUNK_VALUES = 2**20
+
+
+def percentile_ratios(
+    view: torch.Tensor, percentile: float, dense: torch.Tensor, batch_min: torch.Tensor, batch_max: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per channel of a (before, channels, after) ``view``: max / percentile (float64, 0 where not
+    measured), whether it was measured, and whether the channel held one value."""
+    reference = channel_percentile(view, percentile, 1)
+    measured = (reference != 0) & dense
+    ratios = torch.where(measured, batch_max / torch.where(measured, reference, 1.0), 0.0)
+    return ratios.double(), measured, batch_max == batch_min
+
+
+class BatchSummary(NamedTuple):
+    """What one batch adds to an observer's statistics; observers of one tensor with one spec share it."""
+
+    lo: float
+    hi: float
+    channel_min: torch.Tensor | None
+    channel_max: torch.Tensor | None
+    percentiles: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...]  # per percentile: percentile_ratios
+    moments: tuple[float, float] | None  # the batch's mean and (population) variance
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.lo) and math.isfinite(self.hi)
 
 
 class _PercentileAccumulator:
     """Running per-channel sums behind :class:`PercentileStats` for one percentile."""
 
-    def __init__(self, percentile: float, channels: int) -> None:
+    def __init__(self, percentile: float, channels: int, device: torch.device) -> None:
         self.percentile = percentile
-        self.ratio_sum = torch.zeros(channels, dtype=torch.float64)
-        self.measured = torch.zeros(channels, dtype=torch.int64)
-        self.constant = torch.zeros(channels, dtype=torch.int64)
+        self.ratio_sum = torch.zeros(channels, dtype=torch.float64, device=device)
+        self.measured = torch.zeros(channels, dtype=torch.int64, device=device)
+        self.constant = torch.zeros(channels, dtype=torch.int64, device=device)
 
-    def add(
-        self, x: torch.Tensor, axis: int, dense: torch.Tensor, batch_min: torch.Tensor, batch_max: torch.Tensor
-    ) -> None:
-        reference = channel_percentile(x, self.percentile, axis)
-        measured = (reference != 0) & dense
-        ratios = torch.where(measured, batch_max / torch.where(measured, reference, 1.0), 0.0)
-        self.ratio_sum += ratios.double()
+    def add(self, ratios: torch.Tensor, measured: torch.Tensor, constant: torch.Tensor) -> None:
+        """Folds in one batch's per-channel ratios, measured and constant flags (:func:`percentile_ratios`)."""
+        self.ratio_sum += ratios
         self.measured += measured
-        self.constant += batch_max == batch_min
+        self.constant += constant
 
     def freeze(self) -> PercentileStats:
         return PercentileStats(
@@ -109,8 +161,7 @@ class _PercentileAccumulator:
         )
 
 
-def _add_batch_moments(moments: BatchMoments, x: torch.Tensor) -> BatchMoments:
-    var, mean = (float(v) for v in torch.var_mean(x, correction=0))
+def _add_batch_moments(moments: BatchMoments, mean: float, var: float) -> BatchMoments:
     return BatchMoments(
         count=moments.count + 1,
         mean_sum=moments.mean_sum + mean,
@@ -123,10 +174,11 @@ def _add_batch_moments(moments: BatchMoments, x: torch.Tensor) -> BatchMoments:
 class ActivationObserver(nn.Module):
     """Accumulates :class:`ActivationStats` over calibration batches."""
 
-    def __init__(self, spec: ObserverSpec, key: str) -> None:
+    def __init__(self, spec: ObserverSpec, key: str, clock: BatchClock | None = None) -> None:
         super().__init__()
         self.spec = spec
         self.key = key
+        self.clock = clock
         self.reset()
 
     def reset(self) -> None:
@@ -140,37 +192,62 @@ class ActivationObserver(nn.Module):
         self._channel_max: torch.Tensor | None = None
         self._moments = BatchMoments() if self.spec.moments else None
         self._percentiles: list[_PercentileAccumulator] = []
-        self._sample = _ColumnSampler(self.spec.percentile_samples)
+        self._sampler = _ColumnSampler(self.spec.percentile_samples, self.clock)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.observe(x)
         return x
 
-    @torch.no_grad()
     def observe(self, x: torch.Tensor) -> None:
         """Fold one batch into the statistics."""
+        summary = self.measure(x)
+        if summary is not None:
+            self.fold(summary)
+
+    @torch.no_grad()
+    def measure(self, x: torch.Tensor) -> BatchSummary | None:
+        """What the batch ``x`` adds to the statistics (None: nothing to observe); the state is not touched."""
         if not isinstance(x, torch.Tensor) or x.numel() == 0:
-            return
+            return None
         x = x.detach()
         if not x.is_floating_point():
             x = x.float()
+        channel_min = channel_max = None
         if self.spec.per_channel:
             channel_min, channel_max = channel_extrema(x, self.spec.channel_axis)
             lo, hi = torch.stack((channel_min.min(), channel_max.max())).tolist()
         else:
-            lo, hi = torch.aminmax(x)
-            lo, hi = lo.item(), hi.item()
+            low, high = torch.aminmax(x)
+            lo, hi = low.item(), high.item()
         # NaN propagates through min/max and Inf shows in them, so the range
         # pass already tells whether the batch is finite: no extra pass.
         if not (math.isfinite(lo) and math.isfinite(hi)):
+            return BatchSummary(lo, hi, None, None, (), None)
+        percentiles: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...] = ()
+        if self.spec.percentiles and channel_min is not None and channel_max is not None:
+            percentiles = self._percentile_ratios(x, channel_min, channel_max)
+        moments = None
+        if self.spec.moments:
+            var, mean = (float(v) for v in torch.var_mean(x, correction=0))
+            moments = (mean, var)
+        return BatchSummary(lo, hi, channel_min, channel_max, percentiles, moments)
+
+    def fold(self, summary: BatchSummary) -> None:
+        """Adds one batch (:meth:`measure`) to the statistics."""
+        if not summary.finite:
             self._nonfinite_batches += 1
             return
-        if self.spec.per_channel:
-            self._fold_channels(channel_min, channel_max)
-        if self.spec.percentiles:
-            self._fold_percentiles(x, channel_min, channel_max)
-        if self._moments is not None:
-            self._moments = _add_batch_moments(self._moments, x)
+        if summary.channel_min is not None and summary.channel_max is not None:
+            self._fold_channels(summary.channel_min, summary.channel_max)
+        if summary.percentiles and not self._percentiles:
+            channels = summary.percentiles[0][0].numel()
+            device = summary.percentiles[0][0].device
+            self._percentiles = [_PercentileAccumulator(p, channels, device) for p in self.spec.percentiles]
+        for accumulator, parts in zip(self._percentiles, summary.percentiles):
+            accumulator.add(*parts)
+        if self._moments is not None and summary.moments is not None:
+            self._moments = _add_batch_moments(self._moments, *summary.moments)
+        lo, hi = summary.lo, summary.hi
         self._batches += 1
         self._constant_batches += lo == hi
         self._min = min(self._min, lo)
@@ -190,22 +267,38 @@ class ActivationObserver(nn.Module):
         torch.minimum(self._channel_min, channel_min, out=self._channel_min)
         torch.maximum(self._channel_max, channel_max, out=self._channel_max)
 
-    def _fold_percentiles(self, x: torch.Tensor, batch_min: torch.Tensor, batch_max: torch.Tensor) -> None:
-        if not self._percentiles:
-            channels = batch_min.numel()
-            self._percentiles = [_PercentileAccumulator(p, channels) for p in self.spec.percentiles]
-        x, axis = self._sample(x, self.spec.channel_axis)
-        view = channel_view(x, axis)
-        n = view.shape[0] * view.shape[2]
-        dense = _count_nonzero(view) >= MIN_NONZERO_SHARE * n
-        for accumulator in self._percentiles:
-            accumulator.add(x, axis, dense, batch_min, batch_max)
+    def _percentile_ratios(
+        self, x: torch.Tensor, batch_min: torch.Tensor, batch_max: torch.Tensor
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...]:
+        """:func:`percentile_ratios` per percentile, over groups of channels (bounded scratch memory)."""
+        channels = batch_min.numel()
+        view = channel_view(x, self.spec.channel_axis)  # a view of the activation: nothing copied
+        columns = self._sampler.columns(view.shape[0] * view.shape[2], x.device)
+        per_channel = view.shape[0] * view.shape[2] if columns is None else columns.numel()
+        step = max(1, CHUNK_VALUES // per_channel)
+        if step >= channels:  # one group: no assembling
+            chunk = sampled_view(view, columns)
+            dense = _count_nonzero(chunk) >= MIN_NONZERO_SHARE * per_channel
+            return tuple(percentile_ratios(chunk, p, dense, batch_min, batch_max) for p in self.spec.percentiles)
+        results = [
+            (torch.zeros(channels, dtype=torch.float64, device=x.device), batch_min.new_zeros(channels, dtype=torch.bool),
+             batch_min.new_zeros(channels, dtype=torch.bool))
+            for _ in self.spec.percentiles
+        ]
+        for first in range(0, channels, step):
+            part = slice(first, min(first + step, channels))
+            chunk = sampled_view(view[:, part], columns)
+            dense = _count_nonzero(chunk) >= MIN_NONZERO_SHARE * per_channel
+            for percentile, result in zip(self.spec.percentiles, results):
+                for whole, piece in zip(result, percentile_ratios(chunk, percentile, dense, batch_min[part], batch_max[part])):
+                    whole[part] = piece
+        return tuple(results)
 
     def freeze(self) -> ActivationStats:
         """The statistics so far, as an immutable value."""
 
         def as_tuple(t: torch.Tensor | None) -> tuple[float, ...] | None:
-            return None if t is None else tuple(t.double().tolist())
+            return None if t is None else tuple(t.double().tolist())  # to the CPU only here
 
         return ActivationStats(
             spec=self.spec,
