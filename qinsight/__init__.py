@@ -34,12 +34,14 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         CalibrationError,
         FrontendError,
         InvalidParameterError,
+        MergeError,
         MissingExtraError,
         ObserverError,
         PluginLoadError,
         QinsightError,
         ReportFileError,
         ReportVersionError,
+        ShardError,
         UsageError,
     )
     from qinsight.core.findings import Finding
@@ -91,7 +93,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         default_detectors,
         diagnose,
         instrument,
+        merge_reports,
     )
+    from qinsight.distributed import Shard, shard
     from qinsight.plugin import Detector, Metric, ModelView
 
 _HOMES: dict[str, str] = {
@@ -109,12 +113,14 @@ _HOMES: dict[str, str] = {
     "CalibrationError": "qinsight.core.errors",
     "FrontendError": "qinsight.core.errors",
     "InvalidParameterError": "qinsight.core.errors",
+    "MergeError": "qinsight.core.errors",
     "MissingExtraError": "qinsight.core.errors",
     "ObserverError": "qinsight.core.errors",
     "PluginLoadError": "qinsight.core.errors",
     "QinsightError": "qinsight.core.errors",
     "ReportFileError": "qinsight.core.errors",
     "ReportVersionError": "qinsight.core.errors",
+    "ShardError": "qinsight.core.errors",
     "UsageError": "qinsight.core.errors",
     "Finding": "qinsight.core.findings",
     "DetectorFailure": "qinsight.core.report",
@@ -158,6 +164,9 @@ _HOMES: dict[str, str] = {
     "default_detectors": "qinsight.pipeline",
     "diagnose": "qinsight.pipeline",
     "instrument": "qinsight.pipeline",
+    "merge_reports": "qinsight.pipeline",
+    "Shard": "qinsight.distributed",
+    "shard": "qinsight.distributed",
     "ReportDiff": "qinsight.outputs.diff",
     "diff_reports": "qinsight.outputs.diff",
     "RawFinding": "qinsight.outputs.serde",
@@ -166,7 +175,7 @@ _HOMES: dict[str, str] = {
 }
 
 
-_LAYERS = ("core", "plugin", "observe", "frontends", "detectors", "compare", "pipeline", "outputs", "examples", "cli")
+_LAYERS = ("core", "plugin", "observe", "distributed", "frontends", "detectors", "compare", "pipeline", "outputs", "examples", "cli")
 
 
 def __getattr__(name: str) -> object:
@@ -212,6 +221,7 @@ __all__ = [
     "LayerActivationComparison",
     "LayerConfigRow",
     "LayerWeightComparison",
+    "MergeError",
     "Metric",
     "MetricValue",
     "MissingExtraError",
@@ -237,6 +247,8 @@ __all__ = [
     "ReportMetadata",
     "ReportVersionError",
     "Session",
+    "Shard",
+    "ShardError",
     "Side",
     "Stationarity",
     "SuggestionConflict",
@@ -253,5 +265,7 @@ __all__ = [
     "diff_reports",
     "instrument",
     "load_report",
+    "merge_reports",
     "save_report",
+    "shard",
 ]

@@ -55,6 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", metavar="FILE.json", help="write the comparison as a report file")
     compare.add_argument("--html", metavar="FILE.html", help="write it as a self-contained page")
 
+    merge = commands.add_parser("merge", help="merge reports of one model calibrated on disjoint data into one")
+    merge.add_argument("files", nargs="+", metavar="REPORT.json")
+    _outputs(merge)
+
     show = commands.add_parser("show", help="print a saved report")
     show.add_argument("file")
     _outputs(show, save=False)

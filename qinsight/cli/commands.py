@@ -13,8 +13,10 @@ from collections.abc import Callable, Iterable, Sized
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qinsight.cli import ranks
 from qinsight.cli.gates import check_verdict_gates, parse_diff_gates, tripped_diff, tripped_findings
 from qinsight.cli.output import Progress, check_targets, note, write, wrote
+from qinsight.cli.ranks import Launch
 from qinsight.core.errors import PluginLoadError, UsageError
 from qinsight.core.report import Report
 from qinsight.core.sites import check_backend
@@ -45,7 +47,8 @@ def _load(target: str, what: str) -> Callable[[], object]:
     return factory  # type: ignore[no-any-return]
 
 
-def _model_and_data(args: argparse.Namespace) -> tuple[nn.Module, Iterable[object], str]:
+def _model_and_data(args: argparse.Namespace, launch: Launch | None, *, whole: bool = False) -> tuple[nn.Module, Iterable[object], str]:
+    """The model, this rank's batches (``whole``: all batches) and the model's name."""
     from torch import nn
 
     model: object
@@ -56,11 +59,11 @@ def _model_and_data(args: argparse.Namespace) -> tuple[nn.Module, Iterable[objec
         if args.batches < 1:
             raise UsageError("--batches must be at least 1")
         chosen = example(args.example)
-        model, data, name = chosen.model(), chosen.data(args.batches), chosen.name
+        model, data, name = chosen.model(), ranks.batches(lambda: chosen.data(args.batches), launch, whole=whole), chosen.name
     else:
         if not args.data:
             raise UsageError("--model needs --data (a function returning the calibration batches)")
-        model, data = _load(args.model, "--model")(), _load(args.data, "--data")()
+        model, data = _load(args.model, "--model")(), ranks.batches(_load(args.data, "--data"), launch, whole=whole)
         name = args.model.rpartition(":")[2]
     if not isinstance(model, nn.Module):
         raise UsageError(f"--model gave {type(model).__name__}, not a torch.nn.Module")
@@ -102,17 +105,21 @@ def _diagnose(args: argparse.Namespace) -> int:
     for line in check_verdict_gates(args.fail_on, detectors or requested_ids(None)):
         note(line)
     check_targets([args.out, args.html], [])
-    mapping = _qconfig_mapping(args)
-    model, data, name = _model_and_data(args)
-    progress = None if args.quiet else Progress(len(data) if isinstance(data, Sized) else None)
-    try:
-        report = diagnose(
-            model, data, backend=args.backend, model_name=name, detectors=detectors, progress=progress, qconfig_mapping=mapping
-        )
-    finally:
-        if progress is not None:
-            progress.finish()
-    return _finish(report, args)
+    launch = ranks.launched()
+    with ranks.process_group(launch):
+        with ranks.checked_together(launch):
+            mapping = _qconfig_mapping(args)
+            model, data, name = _model_and_data(args, launch)
+        progress = None if args.quiet else Progress(len(data) if isinstance(data, Sized) else None)
+        try:
+            report = diagnose(
+                model, data, backend=args.backend, model_name=name, detectors=detectors, progress=progress,
+                qconfig_mapping=mapping, distributed=launch is not None,
+            )
+        finally:
+            if progress is not None:
+                progress.finish()
+        return _finish(report, args, writes=launch is None or launch.rank == 0)
 
 
 def _quantizer(flow: str, backend: str) -> object:
@@ -138,21 +145,25 @@ def _compare(args: argparse.Namespace) -> int:
 
     check_targets([args.out, args.html], [])
     check_backend("compare", args.backend)
-    model, data, name = _model_and_data(args)
-    batches = list(data)  # calibration, then comparison
-    if not batches:
-        raise UsageError("no batches to calibrate and compare on")
-    config = _quantizer(args.flow, args.backend)
-    with warnings.catch_warnings():  # torch's and torchao's deprecation notices: nothing the user can act on
-        warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|torchao)(\.|$)")
-        quantized = quantize_candidates(model, {args.flow: config}, batches)[args.flow]
-        structure = model_structure(model)  # one trace for both comparisons
-        comparison = Comparison(
-            quantized=f"convert_{args.flow} ({'x86' if args.flow == 'pt2e' else args.backend} default)",
-            weights=compare_weights(model, quantized, structure=structure),
-            activations=compare_activations(model, quantized, batches, structure=structure),
-        )
-    return _finish(comparison_report(comparison, model_name=name), args)
+    launch = ranks.launched()
+    with ranks.process_group(launch):
+        with ranks.checked_together(launch):
+            model, data, name = _model_and_data(args, launch, whole=True)
+            batches = list(data)  # every rank calibrates on all of them, then compares on its stride
+            if not batches:
+                raise UsageError("no batches to calibrate and compare on")
+            config = _quantizer(args.flow, args.backend)
+        mine = batches if launch is None else batches[launch.rank :: launch.world_size]
+        with warnings.catch_warnings():  # torch's and torchao's deprecation notices: nothing the user can act on
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|torchao)(\.|$)")
+            quantized = quantize_candidates(model, {args.flow: config}, batches)[args.flow]
+            structure = model_structure(model)  # one trace for both comparisons
+            comparison = Comparison(
+                quantized=f"convert_{args.flow} ({'x86' if args.flow == 'pt2e' else args.backend} default)",
+                weights=compare_weights(model, quantized, structure=structure),
+                activations=compare_activations(model, quantized, mine, structure=structure, distributed=launch is not None),
+            )
+        return _finish(comparison_report(comparison, model_name=name), args, writes=launch is None or launch.rank == 0)
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -163,12 +174,23 @@ def _show(args: argparse.Namespace) -> int:
     return _finish(report, args)
 
 
-def _finish(report: Report, args: argparse.Namespace) -> int:
+def _merge(args: argparse.Namespace) -> int:
+    from qinsight.pipeline import merge_reports
+
+    check_targets([args.out, args.html], args.files)
+    report = merge_reports([load_report(path) for path in args.files])
+    for line in check_verdict_gates(args.fail_on, [r.detector for r in report.results]):
+        note(line)
+    return _finish(report, args)
+
+
+def _finish(report: Report, args: argparse.Namespace, *, writes: bool = True) -> int:
+    """Prints ``report``, writes its files (not on a rank that only helped) and judges the gates."""
     write(report.to_text(everything=getattr(args, "all", False)))
-    if getattr(args, "out", None):
+    if getattr(args, "out", None) and writes:
         report.save(args.out)
         wrote(args.out)
-    if args.html:
+    if args.html and writes:
         from qinsight.outputs.html import save_html
 
         save_html(report, args.html)
@@ -240,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
     commands: dict[str, Callable[[], int]] = {
         "diagnose": lambda: _diagnose(args),
         "compare": lambda: _compare(args),
+        "merge": lambda: _merge(args),
         "show": lambda: _show(args),
         "diff": lambda: _diff(args),
         "plot": lambda: _plot(args),

@@ -241,6 +241,22 @@ class ErrorSums:
             for name, metric in self.per_batch.items():
                 self.per_batch_sums[name] += metric.on_tensors(reference.tensor, output)
 
+    def state(self) -> tuple[ErrorTotals, dict[str, float]]:
+        """What another process needs to add these sums to its own (:meth:`absorb`)."""
+        return self.totals(), dict(self.per_batch_sums)
+
+    def absorb(self, state: tuple[ErrorTotals, dict[str, float]]) -> None:
+        """Adds the sums of another process's batches (:meth:`state`)."""
+        totals, per_batch_sums = state
+        self.ref_sq += totals.ref_sq
+        self.act_sq += totals.act_sq
+        self.err_sq += totals.err_sq
+        self.max_abs = max(self.max_abs, totals.max_abs)
+        self.count += totals.count
+        self.batches += totals.batches
+        for name, value in per_batch_sums.items():
+            self.per_batch_sums[name] += value
+
     def totals(self) -> ErrorTotals:
         return ErrorTotals(
             ref_sq=self.ref_sq, act_sq=self.act_sq, err_sq=self.err_sq, max_abs=self.max_abs, count=self.count, batches=self.batches

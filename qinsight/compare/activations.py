@@ -20,6 +20,7 @@ from qinsight.compare.accumulate import ErrorSums, KeptOutputs, Reference, Scrat
 from qinsight.compare.layers import QuantizedLayer, dequantize, quantized_layers
 from qinsight.compare.metrics import DEFAULT, load_metrics
 from qinsight.core.comparison import ActivationComparison, LayerActivationComparison
+from qinsight.distributed import Exchange, sharing_failures
 from qinsight.frontends import (
     ModelStructure,
     TailChain,
@@ -46,15 +47,20 @@ def compare_activations(
     *,
     metrics: Sequence[str] | None = None,
     structure: ModelStructure | None = None,
+    distributed: bool = False,
 ) -> ActivationComparison:
     """Per Linear/Conv: the propagated and the local error of ``quantized_model`` against ``float_model``.
 
     ``quantized_model`` comes from ``convert_fx`` (or eager conversion), or is a
     ``convert_pt2e`` graph of ``float_model``. Both models run on every batch of
     ``data`` (eval mode, no gradients, hooks and taps removed afterwards).
-    Memory is O(layers) whatever the number of batches.
+    Memory is O(layers) whatever the number of batches. With ``distributed=True``
+    every rank of the process group passes its own batches and gets the
+    comparison of all of them (docs/scale.md).
     """
-    return measure_activations(float_model, {"": quantized_model}, data, metrics=metrics, structure=structure)[""]
+    return measure_activations(
+        float_model, {"": quantized_model}, data, metrics=metrics, structure=structure, distributed=distributed
+    )[""]
 
 
 class _Streamer:
@@ -145,12 +151,28 @@ def measure_activations(
     *,
     metrics: Sequence[str] | None = None,
     structure: ModelStructure | None = None,
+    distributed: bool = False,
 ) -> dict[str, ActivationComparison]:
     """:func:`compare_activations` for several quantized versions of ``float_model`` in one pass over ``data``.
 
     Per batch each quantized model runs once, then the float model, and, for the
-    local error, each quantized layer on the float model's input.
+    local error, each quantized layer on the float model's input. With
+    ``distributed=True`` the ranks' sums are added up in rank order, so every
+    rank gets the same result.
     """
+    exchange = Exchange.of("compare_activations", distributed)
+    with sharing_failures(exchange):
+        return _measure(float_model, quantized_models, data, metrics, structure, exchange)
+
+
+def _measure(
+    float_model: nn.Module,
+    quantized_models: Mapping[str, nn.Module],
+    data: Iterable[object],
+    metrics: Sequence[str] | None,
+    structure: ModelStructure | None,
+    exchange: Exchange | None,
+) -> dict[str, ActivationComparison]:
     chosen = load_metrics(tuple(DEFAULT if metrics is None else metrics))
     structure = structure if structure is not None else model_structure(float_model)
     layers = {key: quantized_layers(float_model, model, structure) for key, model in quantized_models.items()}
@@ -175,6 +197,8 @@ def measure_activations(
                 run_batch(float_model, batch)
     finally:
         streamer.remove()
+    if exchange is not None:
+        _add_up(sums, exchange)
     return {
         key: ActivationComparison(
             layers=tuple(
@@ -193,6 +217,18 @@ def measure_activations(
         )
         for key, found in layers.items()
     }
+
+
+def _add_up(sums: dict[str, dict[str, tuple[ErrorSums, ErrorSums]]], exchange: Exchange) -> None:
+    """Every rank's sums, in rank order, in place of this rank's own."""
+    states = exchange.gather({key: {fqn: (p.state(), q.state()) for fqn, (p, q) in found.items()} for key, found in sums.items()})
+    for key, found in sums.items():
+        for fqn, pair in found.items():
+            fresh = (ErrorSums(pair[0].metrics), ErrorSums(pair[1].metrics))
+            for state in states:
+                for mine, theirs in zip(fresh, state[key][fqn]):
+                    mine.absorb(theirs)
+            found[fqn] = fresh
 
 
 __all__ = ["compare_activations", "measure_activations"]

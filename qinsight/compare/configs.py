@@ -31,6 +31,7 @@ from qinsight.core.comparison import (
     best_config,
 )
 from qinsight.core.errors import InvalidParameterError
+from qinsight.distributed import current_shard
 from qinsight.frontends import batch_arguments, eval_mode, model_structure, run_batch
 
 
@@ -94,6 +95,7 @@ def compare_configs(
     example_inputs: tuple[Any, ...] | None = None,
     metrics: Sequence[str] | None = None,
     rank_by: str = "sqnr",
+    distributed: bool = False,
 ) -> ConfigComparison:
     """Every Linear/Conv of ``float_model`` under each of ``configs``, and the best config per layer.
 
@@ -102,6 +104,12 @@ def compare_configs(
     (default: the calibration batches again, which must then be a sequence,
     not a one-shot iterator). ``rank_by`` is the local metric that picks the
     best config (SQNR: the highest).
+
+    With ``distributed=True`` every rank calibrates on all of ``calibration``
+    (torch's histogram observers do not merge, so the candidates must be
+    calibrated alike) and measures its own ``data`` batches (default: its
+    stride of the calibration batches); every rank gets the comparison of all
+    ranks' batches.
     """
     if not configs:
         raise InvalidParameterError("compare_configs", "configs", {}, "at least one config")
@@ -114,9 +122,11 @@ def compare_configs(
                 "compare_configs", "data", None, "evaluation batches, or calibration as a sequence (an iterator is used up)"
             )
         data = calibration
+        if distributed:
+            data = list(current_shard("compare_configs").of(calibration))
     quantized = quantize_candidates(float_model, configs, calibration, example_inputs=example_inputs)
     structure = model_structure(float_model)
-    measured = measure_activations(float_model, quantized, data, metrics=names, structure=structure)
+    measured = measure_activations(float_model, quantized, data, metrics=names, structure=structure, distributed=distributed)
     by_layer = {name: {layer.fqn: layer for layer in comparison.layers} for name, comparison in measured.items()}
     rows = []
     for fqn, found in structure.modules.items():

@@ -4,6 +4,11 @@
 calibration loop; :func:`diagnose` runs that loop for them. Either way the
 observers are gone when the ``with`` block ends, also when calibration raised,
 and the model is left as it was given.
+
+With ``distributed=True`` each rank of an initialized process group
+calibrates on its own shard of the data (docs/scale.md); ``report()`` then
+gathers every rank's frozen statistics, merges them, runs the detectors once
+on rank 0 and gives every rank the same report.
 """
 
 from __future__ import annotations
@@ -17,37 +22,18 @@ import torch
 from torch import nn
 from torch.ao.quantization import QConfigMapping
 
-from qinsight._version import __version__
-from qinsight.core.comparison import Comparison
-from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
-from qinsight.core.errors import CalibrationError
-from qinsight.core.report import (
-    DetectorFailure,
-    DetectorResult,
-    FailureStage,
-    Report,
-    ReportMetadata,
-)
+from qinsight.core.errors import CalibrationError, InvalidParameterError
+from qinsight.core.report import DetectorFailure, FailureStage, Report
 from qinsight.core.sites import InsertPoint, check_backend
 from qinsight.core.stats import ObservedStats
-from qinsight.core.suggestions import merge_suggestions
+from qinsight.distributed import Exchange, Shard, sharing_failures
 from qinsight.frontends import Frontend, eval_mode, run_batch, view_of
 from qinsight.observe.instrumenter import Instrumenter
-from qinsight.plugin.detector import Detector, ModelView, check_result
-from qinsight.plugin.discovery import DEFAULT_IDS, resolve_detectors
+from qinsight.pipeline.analysis import DetectorChoice, analyze, choose_detectors, describe, metadata
+from qinsight.plugin.detector import Detector, ModelView
 
 Progress = Callable[[int], None]
 _NOTHING = object()  # what an exhausted calibration iterator gives
-
-
-def default_detectors(backend: str = "x86") -> tuple[Detector, ...]:
-    """The built-in detectors with their default parameters."""
-    detectors, _ = resolve_detectors(DEFAULT_IDS, backend=backend, strict=True)
-    return detectors
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
 
 
 def _next_batch(batches: Iterator[object], index: int) -> object:
@@ -55,7 +41,7 @@ def _next_batch(batches: Iterator[object], index: int) -> object:
     try:
         batch = next(batches, _NOTHING)
     except Exception as exc:
-        raise CalibrationError(f"the calibration data raised at batch {index}: {_describe(exc)}", batch=index) from exc
+        raise CalibrationError(f"the calibration data raised at batch {index}: {describe(exc)}", batch=index) from exc
     if batch is None:
         raise CalibrationError(f"calibration batch {index} is None, not a tensor, tuple or mapping", batch=index)
     return batch
@@ -73,12 +59,16 @@ class Session:
         model_name: str,
         strict: bool,
         load_failures: Sequence[DetectorFailure] = (),
+        shard: Shard | None = None,
+        exchange: Exchange | None = None,
     ) -> None:
         self.view = view
         self.detectors = tuple(detectors)
         self._backend = backend
         self._model_name = model_name
         self._strict = strict
+        self._exchange = exchange
+        self._shard = exchange.shard if exchange is not None else shard
         self._failures: list[DetectorFailure] = list(load_failures)
         self._points: dict[str, tuple[InsertPoint, ...]] = {}
         for detector in self.detectors:
@@ -88,22 +78,22 @@ class Session:
                     view.site(point.fqn)  # an unknown module fails this detector, not the session
                 self._points[detector.id] = points
             except Exception as exc:
-                self._fail(detector, FailureStage.INSERT_POINTS, exc)
+                if strict:
+                    raise
+                self._failures.append(DetectorFailure(detector=detector.id, stage=FailureStage.INSERT_POINTS, error=describe(exc)))
         self._instrumenter = Instrumenter(view, (p for points in self._points.values() for p in points))
         self._forwards = 0
         self._frozen: ObservedStats | None = None
-
-    def _fail(self, detector: Detector, stage: FailureStage, exc: Exception) -> None:
-        if self._strict:
-            raise exc
-        self._failures.append(DetectorFailure(detector=detector.id, stage=stage, error=_describe(exc)))
+        self._report: Report | None = None
 
     @property
     def batches(self) -> int:
-        """Forward passes of the model seen so far."""
+        """Forward passes of the model seen so far (in this process)."""
         return self._forwards
 
     def _count_forward(self, _module: nn.Module, _args: tuple[object, ...]) -> None:
+        shard = self._shard
+        self._instrumenter.clock.index = shard.batch_index(self._forwards) if shard is not None else self._forwards
         self._forwards += 1
 
     @contextlib.contextmanager
@@ -128,7 +118,8 @@ class Session:
         count = 0
         batches = iter(data)
         with eval_mode(model), torch.no_grad():
-            for index in itertools.count():
+            for local in itertools.count():
+                index = self._shard.batch_index(local) if self._shard is not None else local  # as numbered in all the data
                 batch = _next_batch(batches, index)
                 if batch is _NOTHING:
                     break
@@ -137,7 +128,7 @@ class Session:
                 except Exception as exc:
                     seen = self._instrumenter.take_error()
                     also = f" (and {seen})" if seen is not None else ""
-                    raise CalibrationError(f"calibration batch {index} failed: {_describe(exc)}{also}", batch=index) from exc
+                    raise CalibrationError(f"calibration batch {index} failed: {describe(exc)}{also}", batch=index) from exc
                 self._raise_observer_error(index)
                 count += 1
                 if progress is not None:
@@ -148,70 +139,44 @@ class Session:
         seen = self._instrumenter.take_error()
         if seen is not None:
             where = f"calibration batch {batch}" if batch is not None else "a calibration batch"
-            raise CalibrationError(f"{where} failed: {_describe(seen)}", batch=batch) from seen
+            raise CalibrationError(f"{where} failed: {describe(seen)}", batch=batch) from seen
 
     def stats(self) -> ObservedStats:
+        """The statistics of this process's batches."""
         return self._frozen if self._frozen is not None else self._instrumenter.freeze()
 
     def report(self) -> Report:
-        """Analyze what was observed so far; raises :class:`CalibrationError` if nothing ran."""
-        if self._forwards == 0:
+        """Analyze what was observed so far; raises :class:`CalibrationError` if nothing ran.
+
+        In a distributed session this is a collective: every rank calls it,
+        and every rank gets the report of all ranks' batches.
+        """
+        exchange = self._exchange
+        if exchange is None:
+            self._raise_observer_error(None)  # from the user's own loop under instrument()
+            return self._analyze(self.stats(), self._forwards)
+        if self._report is None:
+            with sharing_failures(exchange):
+                self._raise_observer_error(None)
+                shards = exchange.gather((self.stats(), self._forwards))
+                merged, forwards = ObservedStats.merged([s for s, _ in shards]), sum(n for _, n in shards)
+                self._report = exchange.from_rank0(lambda: self._analyze(merged, forwards))
+        return self._report
+
+    def _analyze(self, stats: ObservedStats, forwards: int) -> Report:
+        if forwards == 0:
             raise CalibrationError(
                 "no calibration batches ran: the calibration data was empty or the model was never called "
                 "inside the instrument() block"
             )
-        self._raise_observer_error(None)  # from the user's own loop under instrument()
-        stats = self.stats()
-        results: list[DetectorResult] = []
-        for detector in self.detectors:
-            if detector.id not in self._points:
-                continue  # failed before calibration, already recorded
-            try:
-                results.append(check_result(detector, detector.analyze(self.view, stats)))
-            except Exception as exc:
-                self._fail(detector, FailureStage.ANALYZE, exc)
-        suggestions, conflicts = merge_suggestions(s for r in results for s in r.suggestions)
-        equalize = tuple(EqualizationEntry(fqn=s.fqn, sources=s.sources) for s in suggestions if s.equalize)
-        return Report(
-            metadata=ReportMetadata(
-                model=self._model_name,
-                frontend=self.view.frontend,
-                backend=self._backend,
-                batches=self._forwards,
-                qinsight_version=__version__,
-                torch_version=torch.__version__,
-            ),
-            sites=self.view.sites,
-            observations=stats.observations,
-            results=tuple(results),
-            suggestions=suggestions,
-            conflicts=conflicts,
-            equalization_mapping=EqualizationMapping(entries=equalize),
-            failures=tuple(self._failures),
+        return analyze(
+            self.view,
+            [d for d in self.detectors if d.id in self._points],  # the others failed before calibration, recorded
+            stats,
+            metadata=metadata(self._model_name, self.view.frontend, self._backend, forwards),
+            failures=self._failures,
+            strict=self._strict,
         )
-
-
-DetectorChoice = Detector | str
-
-
-def _choose(
-    detectors: Sequence[DetectorChoice] | None, backend: str, strict: bool
-) -> tuple[tuple[Detector, ...], tuple[DetectorFailure, ...]]:
-    """Detector instances for ``detectors``: instances as given, ids loaded from the registry."""
-    if detectors is None:
-        return resolve_detectors(None, backend=backend, strict=strict)
-    if not detectors:
-        raise ValueError("detectors is empty: pass at least one detector, or None for the defaults")
-    chosen: list[Detector] = []
-    failures: list[DetectorFailure] = []
-    for detector in detectors:
-        if isinstance(detector, str):
-            loaded, failed = resolve_detectors([detector], backend=backend, strict=strict)
-            chosen.extend(loaded)
-            failures.extend(failed)
-        else:
-            chosen.append(detector)
-    return tuple(chosen), tuple(failures)
 
 
 def _session(
@@ -221,22 +186,24 @@ def _session(
     qconfig_mapping: QConfigMapping | None,
     model_name: str | None,
     strict: bool,
-    frontend: Frontend = "auto",
-    example: object | None = None,
+    frontend: Frontend,
+    example: object | None,
+    shard: Shard | None,
+    exchange: Exchange | None,
 ) -> Session:
     if isinstance(model, torch.export.ExportedProgram):
         model = model.module()  # the program's own graph cannot run; its module can
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module or an ExportedProgram, not {type(model).__name__}")
+    if shard is not None and exchange is not None:
+        raise InvalidParameterError("diagnose", "shard", shard, "None with distributed=True (the process group says which shard)")
     check_backend("diagnose", backend)
-    chosen, load_failures = _choose(detectors, backend, strict)
-    ids = [d.id for d in chosen]
-    repeated = sorted({i for i in ids if ids.count(i) > 1})
-    if repeated:
-        raise ValueError(f"each detector may run once per diagnosis; given more than once: {', '.join(repeated)}")
+    chosen, load_failures = choose_detectors(detectors, backend, strict)
     view = view_of(model, frontend, qconfig_mapping, example)
     name = model_name or type(model).__name__
-    return Session(view, chosen, backend=backend, model_name=name, strict=strict, load_failures=load_failures)
+    return Session(
+        view, chosen, backend=backend, model_name=name, strict=strict, load_failures=load_failures, shard=shard, exchange=exchange
+    )
 
 
 @contextlib.contextmanager
@@ -250,6 +217,8 @@ def instrument(
     strict: bool = False,
     frontend: Frontend = "auto",
     example_inputs: object | None = None,
+    distributed: bool = False,
+    shard: Shard | None = None,
 ) -> Iterator[Session]:
     """Observe ``model`` inside a ``with`` block; call ``session.report()`` inside or after it.
 
@@ -259,10 +228,16 @@ def instrument(
     >>> report = session.report()                          # doctest: +SKIP
 
     A model FX cannot trace needs ``example_inputs`` (one batch) for the eager frontend.
+    With ``distributed=True`` every rank runs this block on its own batches and
+    calls ``report()``; an error in the block on one rank ends the others'
+    ``report()`` with a :class:`ShardError` naming it. ``shard``: as for :func:`diagnose`.
     """
-    session = _session(model, detectors, backend, qconfig_mapping, model_name, strict, frontend, example_inputs)
-    with session._attached():
-        yield session
+    exchange = Exchange.of("instrument", distributed)
+    with sharing_failures(exchange):
+        args = (detectors, backend, qconfig_mapping, model_name, strict, frontend, example_inputs, shard, exchange)
+        session = _session(model, *args)
+        with session._attached():
+            yield session
 
 
 def diagnose(
@@ -276,6 +251,8 @@ def diagnose(
     strict: bool = False,
     progress: Progress | None = None,
     frontend: Frontend = "auto",
+    distributed: bool = False,
+    shard: Shard | None = None,
 ) -> Report:
     """Instrument ``model``, calibrate it on ``calibration_data``, and return the :class:`Report`.
 
@@ -284,7 +261,7 @@ def diagnose(
     through the exported-graph frontend, FX-traceable models and ``prepare_fx``
     graphs through FX, anything else through the eager frontend, which finds
     its sites by running the first batch. ``calibration_data`` is any iterable of batches (a tensor, a
-    tuple of positional arguments, or a mapping of keyword arguments).
+    tuple of positional arguments, or a mapping of keyword arguments), read once, lazily.
     ``detectors`` holds detector instances or ids (``"qinsight.outliers"``,
     or a plugin's); ``None`` means the ``QINSIGHT_DETECTORS`` allowlist if set,
     else the four built-ins. A detector that fails to load is recorded in
@@ -292,42 +269,22 @@ def diagnose(
     ``qconfig_mapping`` is the mapping you plan to quantize with; it tells the
     detectors what each module would get. With ``strict=True`` a failing
     detector raises instead of being recorded in ``report.failures``.
+    With ``distributed=True`` (inside an initialized process group) this is
+    called on every rank with that rank's batches, ``qinsight.shard(data)``:
+    every rank returns the report of all ranks' batches (docs/scale.md).
+    Without a process group, ``shard=qinsight.Shard(rank=i, world_size=n)``
+    says this run calibrates batches ``i, i + n, ...`` of the data (batches
+    are numbered as in the whole data), for reports that
+    :func:`~qinsight.pipeline.merge.merge_reports` combines later.
     """
-    batches = iter(calibration_data)
-    first = _next_batch(batches, 0)
-    example = None if first is _NOTHING else first
-    with instrument(
-        model,
-        detectors=detectors,
-        backend=backend,
-        qconfig_mapping=qconfig_mapping,
-        model_name=model_name,
-        strict=strict,
-        frontend=frontend,
-        example_inputs=example,
-    ) as session:
-        session.calibrate(itertools.chain([first], batches) if example is not None else (), progress)
-    return session.report()
-
-
-def comparison_report(comparison: Comparison, *, model_name: str = "model") -> Report:
-    """A report file's worth holding only ``comparison``, for when no diagnosis ran.
-
-    To keep a comparison with a diagnosis instead: ``report.with_comparison(comparison)``.
-    """
-    measured = comparison.activations.layers if comparison.activations is not None else ()
-    return Report(
-        metadata=ReportMetadata(
-            model=model_name,
-            frontend="",
-            backend="",
-            batches=max((layer.batches for layer in measured), default=0),
-            qinsight_version=__version__,
-            torch_version=torch.__version__,
-        ),
-        sites=(),
-        observations=(),
-        results=(),
-        suggestions=(),
-        comparison=comparison,
-    )
+    exchange = Exchange.of("diagnose", distributed)
+    with sharing_failures(exchange):
+        batches = iter(calibration_data)
+        mine = exchange.shard if exchange is not None else shard
+        first = _next_batch(batches, mine.batch_index(0) if mine is not None else 0)
+        example = None if first is _NOTHING else first
+        args = (detectors, backend, qconfig_mapping, model_name, strict, frontend, example, shard, exchange)
+        session = _session(model, *args)
+        with session._attached():
+            session.calibrate(itertools.chain([first], batches) if example is not None else (), progress)
+        return session.report()

@@ -1,0 +1,102 @@
+"""The command under ``torchrun``: one process per rank, one report, one line per error.
+
+``torchrun --nproc-per-node N -m qinsight diagnose ...`` starts N copies of the
+command with ``RANK`` and ``WORLD_SIZE`` set. Each joins the process group
+(gloo on CPU, nccl where CUDA is), calibrates its shard and the report of all
+shards is made once. Only rank 0 prints and writes files; the other ranks'
+output goes nowhere, so an error on any rank is one line, rank 0's: every
+error after joining reaches rank 0 through an exchange (loading the model and
+the data is checked by all ranks together before calibration starts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+
+import attrs
+
+from qinsight.core.errors import UsageError
+
+
+@attrs.frozen
+class Launch:
+    """This process's rank in a ``torchrun`` launch."""
+
+    rank: int
+    world_size: int
+
+
+def launched() -> Launch | None:
+    """The launch ``torchrun`` set up for this process; None when it runs alone."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return None
+    return Launch(rank=int(os.environ["RANK"]), world_size=world_size)
+
+
+@contextlib.contextmanager
+def process_group(launch: Launch | None) -> Iterator[None]:
+    """Joined to the process group for the block (nothing to join when alone); rank 0 alone speaks."""
+    if launch is None:
+        yield
+        return
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if launch.rank != 0:
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def checked_together(launch: Launch | None) -> Iterator[None]:
+    """Every rank leaves the block fine, or every rank raises the first rank's error."""
+    if launch is None:
+        yield
+        return
+    from qinsight.distributed import Exchange
+
+    exchange = Exchange.of("qinsight", True)
+    assert exchange is not None
+    try:
+        yield
+    except Exception as exc:
+        exchange.fail(exc)
+        raise
+    exchange.gather(None)
+
+
+def takes_shard(factory: Callable[..., object]) -> bool:
+    """Whether a ``--data`` factory reads its own shard: it takes ``rank`` and ``world_size``."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return "rank" in parameters and "world_size" in parameters
+
+
+def batches(factory: Callable[..., object], launch: Launch | None, *, whole: bool = False) -> object:
+    """The batches of ``factory`` this rank calibrates on (``whole``: all of them).
+
+    A factory taking ``rank`` and ``world_size`` returns that shard itself,
+    batches ``rank, rank + world_size, ...`` of the data; any other factory's
+    batches are strided here.
+    """
+    if launch is None or whole:
+        return factory(rank=0, world_size=1) if takes_shard(factory) else factory()
+    if takes_shard(factory):
+        return factory(rank=launch.rank, world_size=launch.world_size)
+    data = factory()
+    if not isinstance(data, Iterable):
+        raise UsageError(f"--data gave {type(data).__name__}, not an iterable of batches")
+    from qinsight.distributed import Shard
+
+    return Shard(rank=launch.rank, world_size=launch.world_size).of(data)
