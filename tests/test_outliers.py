@@ -18,7 +18,7 @@ from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, 
 from qinsight import ChannelStatus, DataCondition, InvalidParameterError, OutlierDetector, OutlierFinding
 from qinsight.examples import example
 from qinsight.observe.observers import ActivationObserver, sampled_view
-from qinsight.observe.selection import _block_candidates, channel_percentile, channel_view, lower_rank
+from qinsight.observe.selection import _blocks, _top_blocks, channel_percentile, channel_view, lower_rank
 from qinsight.core.sites import ObserverSpec
 
 
@@ -296,5 +296,8 @@ def test_pruning_applies_to_linear_and_conv_layouts() -> None:
     for shape, axis in (((8, 128, 384), 2), ((8, 64, 56, 56), 1), ((384, 16384), 0)):
         view = channel_view(torch.randn(shape), axis)
         n = view.shape[0] * view.shape[2]
-        candidates = _block_candidates(view, n - lower_rank(0.975, n))
-        assert candidates is not None and candidates.shape[1] <= n // 2, shape
+        k = n - lower_rank(0.975, n)
+        blocks = _blocks(view, k)
+        assert blocks is not None, shape
+        maxima, candidates_of = blocks
+        assert candidates_of(_top_blocks(maxima, k)).shape[1] <= n // 2, shape
