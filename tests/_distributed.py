@@ -31,6 +31,11 @@ def data() -> list[torch.Tensor]:
     return [torch.randn(10, 3, 48, 48, generator=g) * (1 + i % 3) for i in range(BATCHES)]
 
 
+def configs() -> dict[str, object]:
+    """Two candidate configs for compare_configs."""
+    return {"x86": get_default_qconfig_mapping("x86"), "fbgemm": get_default_qconfig_mapping("fbgemm")}
+
+
 def quantized(float_model: nn.Module, batches: list[torch.Tensor]) -> nn.Module:
     prepared = prepare_fx(float_model, get_default_qconfig_mapping("x86"), (batches[0],))
     with torch.no_grad():
@@ -48,6 +53,7 @@ def single_process() -> dict[str, Any]:
         "report": qinsight.diagnose(float_model, batches, detectors=SAMPLED),
         "default_report": qinsight.diagnose(float_model, batches),
         "compare": qinsight.compare_activations(float_model, quantized(model(), batches), batches),
+        "configs": qinsight.compare_configs(float_model, configs(), batches),
     }
 
 
@@ -66,10 +72,13 @@ def rank_main(rank: int, world_size: int, folder: str, fail: bool) -> None:
             "compare": qinsight.compare_activations(
                 model(), quantized(model(), batches), qinsight.shard(batches), distributed=True
             ),
+            # calibrated on all batches on every rank, measured on each rank's stride of them
+            "configs": qinsight.compare_configs(model(), configs(), batches, distributed=True),
         }
         if fail:
             results["failure"] = _failure(rank)
         Path(folder, f"rank{rank}.pkl").write_bytes(pickle.dumps(results))
+        dist.barrier()  # no rank tears the group down while another still reads from it (gloo aborts)
     finally:
         dist.destroy_process_group()
 

@@ -90,6 +90,11 @@ def test_ranks_give_the_one_process_report_and_comparison(world_size: int, one_p
     for rank, results in enumerate(ranks):
         assert_same_report(results["report"], single, tmp_path)  # every rank holds the whole report
         assert_same_comparison(results["compare"], one_process["compare"])
+        configs, expected = results["configs"], one_process["configs"]
+        assert [(row.fqn, row.best) for row in configs.rows] == [(row.fqn, row.best) for row in expected.rows]
+        for row, want in zip(configs.rows, expected.rows):
+            for score, wanted in zip(row.scores, want.scores):
+                assert math.isclose(score.metric("sqnr"), wanted.metric("sqnr"), rel_tol=1e-6), (row.fqn, score.config)
         if world_size == 2:
             expected = "CalibrationError: the calibration data raised at batch 3" if rank == 1 else "ShardError: rank 1: CalibrationError"
             assert results["failure"].startswith(expected), results["failure"]
@@ -156,6 +161,11 @@ def test_torchrun_diagnose_and_merge_on_the_command_line(tmp_path: Path) -> None
     assert two.stdout == one.stdout  # printed once, by rank 0, the same text
     assert [line for line in two.stderr.splitlines() if line.startswith("qinsight:")] == ["qinsight: wrote two.json"]
     assert_same(json.loads((tmp_path / "one.json").read_text()), json.loads((tmp_path / "two.json").read_text()))
+    compared = [_cli("compare", *source[:-1], "--out", f"cmp{n}.json", cwd=tmp_path, torchrun=n) for n in (None, 2)]
+    assert all(run.returncode == 0 for run in compared), compared[1].stderr
+    single, ranked = (qinsight.load_report(tmp_path / f"cmp{n}.json").comparison for n in (None, 2))
+    assert single is not None and ranked is not None and single.activations and ranked.activations
+    assert_same_comparison(ranked.activations, single.activations)
     merged = _cli("merge", "one.json", "two.json", "--out", "merged.json", cwd=tmp_path)
     assert merged.returncode == 0, merged.stderr
     assert json.loads((tmp_path / "merged.json").read_text())["metadata"]["batches"] == 2 * _distributed.BATCHES

@@ -1,9 +1,9 @@
 """The command under ``torchrun``: one process per rank, one report, one line per error.
 
 ``torchrun --nproc-per-node N -m qinsight diagnose ...`` starts N copies of the
-command with ``RANK`` and ``WORLD_SIZE`` set. Each joins the process group
-(gloo on CPU, nccl where CUDA is), calibrates its shard and the report of all
-shards is made once. Only rank 0 prints and writes files; the other ranks'
+command with ``RANK`` and ``WORLD_SIZE`` set. Each joins a gloo process group
+(the command runs models where their factory puts them; the exchange carries
+only statistics), calibrates its shard and the report of all shards is made once. Only rank 0 prints and writes files; the other ranks'
 output goes nowhere, so an error on any rank is one line, rank 0's: every
 error after joining reaches rank 0 through an exchange (loading the model and
 the data is checked by all ranks together before calibration starts).
@@ -44,14 +44,14 @@ def process_group(launch: Launch | None) -> Iterator[None]:
     if launch is None:
         yield
         return
-    import torch
     import torch.distributed as dist
 
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group("gloo")
     if launch.rank != 0:
         sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     try:
         yield
+        dist.barrier()  # no rank tears the group down while another still reads from it (gloo aborts)
     finally:
         dist.destroy_process_group()
 
