@@ -148,6 +148,19 @@ def test_state_stays_on_the_model_device(device: str) -> None:
     assert stats.batches == 2 and stats.channel_max == tuple(float(v) for v in x.amax(dim=(0, 2)).cpu())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_reduced_and_double_precision_activations(dtype: torch.dtype) -> None:
+    # LLMs run in bfloat16, which numpy has no type for: the selection falls back to torch there
+    x = torch.randn(512, 64).to(dtype)
+    spec = ObserverSpec(channel_axis=1, per_channel=True, percentiles=(0.975,))
+    obs = ActivationObserver(spec, "x")
+    obs(x)
+    ratios = obs.freeze().percentiles[0].ratio_sum
+    reference = torch.quantile(x.double(), 0.975, dim=0, interpolation="lower")  # exact in any of these dtypes
+    expected = (x.double().amax(0) / reference).tolist()
+    assert ratios == pytest.approx(expected, rel=1e-6)
+
+
 def test_nonfinite_batches_are_counted_and_left_out() -> None:
     obs = observer(axis=1)
     good = torch.tensor([[1.0, -2.0], [3.0, 0.5]])

@@ -118,8 +118,9 @@ def percentile_ratios(
     measured), whether it was measured, and whether the channel held one value."""
     reference = channel_percentile(view, percentile, 1)
     measured = (reference != 0) & dense
-    ratios = torch.where(measured, batch_max / torch.where(measured, reference, 1.0), 0.0)
-    return ratios.double(), measured, batch_max == batch_min
+    wide = torch.promote_types(reference.dtype, torch.float32)  # a bfloat16 quotient would keep 3 digits
+    ratio = batch_max.to(wide) / torch.where(measured, reference, 1.0).to(wide)
+    return torch.where(measured, ratio, 0.0).double(), measured, batch_max == batch_min
 
 
 class BatchSummary(NamedTuple):
