@@ -166,9 +166,15 @@ def test_torchrun_diagnose_and_merge_on_the_command_line(tmp_path: Path) -> None
     single, ranked = (qinsight.load_report(tmp_path / f"cmp{n}.json").comparison for n in (None, 2))
     assert single is not None and ranked is not None and single.activations and ranked.activations
     assert_same_comparison(ranked.activations, single.activations)
-    merged = _cli("merge", "one.json", "two.json", "--out", "merged.json", cwd=tmp_path)
+    for part in range(2):  # a batch job on two machines, without a process group
+        run = _cli("diagnose", *source, "--shard", f"{part}/2", "--out", f"part{part}.json", cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+    merged = _cli("merge", "part0.json", "part1.json", "--out", "merged.json", cwd=tmp_path)
     assert merged.returncode == 0, merged.stderr
-    assert json.loads((tmp_path / "merged.json").read_text())["metadata"]["batches"] == 2 * _distributed.BATCHES
+    assert merged.stdout == one.stdout
+    assert_same(json.loads((tmp_path / "one.json").read_text()), json.loads((tmp_path / "merged.json").read_text()))
+    bad_shard = _cli("diagnose", *source, "--shard", "2/2", cwd=tmp_path)
+    assert bad_shard.returncode == 2 and "--shard must look like I/N" in bad_shard.stderr
     (tmp_path / "other.json").write_text((tmp_path / "one.json").read_text().replace('"backend": "x86"', '"backend": "fbgemm"'))
     refused = _cli("merge", "one.json", "other.json", cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.splitlines() == [

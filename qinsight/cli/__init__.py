@@ -46,6 +46,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--detectors", help="comma-separated detector ids (default: QINSIGHT_DETECTORS or the built-ins)")
     run.add_argument("--quiet", action="store_true", help="no progress line")
+    run.add_argument(
+        "--shard", metavar="I/N",
+        help="calibrate only shard I of N (batches I, I+N, ...), numbered as in all the data, for 'qinsight merge'",
+    )
     _outputs(run)
 
     compare = commands.add_parser("compare", help="quantize a model and compare it with the float one, layer by layer")

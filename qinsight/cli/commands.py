@@ -99,22 +99,26 @@ def _qconfig_mapping(args: argparse.Namespace) -> QConfigMapping | None:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
+    from qinsight.distributed import Shard
     from qinsight.pipeline import diagnose
 
     detectors = _detector_ids(args)
     for line in check_verdict_gates(args.fail_on, detectors or requested_ids(None)):
         note(line)
     check_targets([args.out, args.html], [])
-    launch = ranks.launched()
+    launch, part = ranks.launched(), ranks.parse_shard(args.shard)
+    if launch is not None and part is not None:
+        raise UsageError("--shard is for runs without torchrun; under torchrun the ranks are the shards")
     with ranks.process_group(launch):
         with ranks.checked_together(launch):
             mapping = _qconfig_mapping(args)
-            model, data, name = _model_and_data(args, launch)
+            model, data, name = _model_and_data(args, launch or part)
         progress = None if args.quiet else Progress(len(data) if isinstance(data, Sized) else None)
         try:
             report = diagnose(
                 model, data, backend=args.backend, model_name=name, detectors=detectors, progress=progress,
                 qconfig_mapping=mapping, distributed=launch is not None,
+                shard=None if part is None else Shard(rank=part.rank, world_size=part.world_size),
             )
         finally:
             if progress is not None:

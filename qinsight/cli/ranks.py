@@ -30,6 +30,20 @@ class Launch:
     world_size: int
 
 
+def parse_shard(text: str | None) -> Launch | None:
+    """``--shard I/N``: this run calibrates shard I of N (batches I, I + N, ...), for ``qinsight merge``."""
+    if text is None:
+        return None
+    rank, _, size = text.partition("/")
+    try:
+        part = Launch(rank=int(rank), world_size=int(size))
+    except ValueError:
+        part = None
+    if part is None or not 0 <= part.rank < part.world_size:
+        raise UsageError(f"--shard must look like I/N with 0 <= I < N (0/4 is the first of four), not {text!r}")
+    return part
+
+
 def launched() -> Launch | None:
     """The launch ``torchrun`` set up for this process; None when it runs alone."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
