@@ -35,7 +35,8 @@ def test_wide_channels_starve_the_others_and_ask_for_equalization() -> None:
     assert set(report.equalization_mapping.entries[0].sources) == {"qinsight.equalization", "resolution.activations"}
     with qinsight.instrument(model(), detectors=["resolution.activations", "qinsight.equalization"]) as session:
         keys = [o.key for o in session._instrumenter.observers]
-    assert keys == ["0:pre", "2:pre"]  # one observer per activation, shared by both detectors
+    # one observer per activation, shared by both detectors (equalization also reads each weight, once)
+    assert keys == ["0:pre", "2:pre", "0:weight", "2:weight"]
 
 
 def test_balanced_inputs_are_fine() -> None:
