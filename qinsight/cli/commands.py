@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from qinsight.cli import ranks
 from qinsight.cli.gates import check_verdict_gates, parse_diff_gates, tripped_diff, tripped_findings
 from qinsight.cli.output import Progress, check_targets, note, write, wrote
-from qinsight.cli.ranks import Launch
+from qinsight.cli.ranks import Part
 from qinsight.core.errors import PluginLoadError, UsageError
 from qinsight.core.report import Report
 from qinsight.core.sites import check_backend
@@ -47,8 +47,8 @@ def _load(target: str, what: str) -> Callable[[], object]:
     return factory  # type: ignore[no-any-return]
 
 
-def _model_and_data(args: argparse.Namespace, launch: Launch | None, *, whole: bool = False) -> tuple[nn.Module, Iterable[object], str]:
-    """The model, this rank's batches (``whole``: all batches) and the model's name."""
+def _model_and_data(args: argparse.Namespace, part: Part | None, *, whole: bool = False) -> tuple[nn.Module, Iterable[object], str]:
+    """The model, the batches of this ``part`` (``whole``: all batches) and the model's name."""
     from torch import nn
 
     model: object
@@ -59,11 +59,11 @@ def _model_and_data(args: argparse.Namespace, launch: Launch | None, *, whole: b
         if args.batches < 1:
             raise UsageError("--batches must be at least 1")
         chosen = example(args.example)
-        model, data, name = chosen.model(), ranks.batches(lambda: chosen.data(args.batches), launch, whole=whole), chosen.name
+        model, data, name = chosen.model(), ranks.batches(lambda: chosen.data(args.batches), part, whole=whole), chosen.name
     else:
         if not args.data:
             raise UsageError("--model needs --data (a function returning the calibration batches)")
-        model, data = _load(args.model, "--model")(), ranks.batches(_load(args.data, "--data"), launch, whole=whole)
+        model, data = _load(args.model, "--model")(), ranks.batches(_load(args.data, "--data"), part, whole=whole)
         name = args.model.rpartition(":")[2]
     if not isinstance(model, nn.Module):
         raise UsageError(f"--model gave {type(model).__name__}, not a torch.nn.Module")

@@ -3,8 +3,8 @@
 ``torchrun --nproc-per-node N -m qinsight diagnose ...`` starts N copies of the
 command with ``RANK`` and ``WORLD_SIZE`` set. Each joins a gloo process group
 (the command runs models where their factory puts them; the exchange carries
-only statistics), calibrates its shard and the report of all shards is made once. Only rank 0 prints and writes files; the other ranks'
-output goes nowhere, so an error on any rank is one line, rank 0's: every
+only statistics), calibrates its shard, and the report of all shards is made
+once. Only rank 0 prints and writes files; the other ranks' output goes nowhere, so an error on any rank is one line, rank 0's: every
 error after joining reaches rank 0 through an exchange (loading the model and
 the data is checked by all ranks together before calibration starts).
 """
@@ -23,20 +23,20 @@ from qinsight.core.errors import UsageError
 
 
 @attrs.frozen
-class Launch:
-    """This process's rank in a ``torchrun`` launch."""
+class Part:
+    """Which part of the batches this process runs: a ``torchrun`` rank, or ``--shard I/N``."""
 
     rank: int
     world_size: int
 
 
-def parse_shard(text: str | None) -> Launch | None:
+def parse_shard(text: str | None) -> Part | None:
     """``--shard I/N``: this run calibrates shard I of N (batches I, I + N, ...), for ``qinsight merge``."""
     if text is None:
         return None
     rank, _, size = text.partition("/")
     try:
-        part = Launch(rank=int(rank), world_size=int(size))
+        part = Part(rank=int(rank), world_size=int(size))
     except ValueError:
         part = None
     if part is None or not 0 <= part.rank < part.world_size:
@@ -44,16 +44,16 @@ def parse_shard(text: str | None) -> Launch | None:
     return part
 
 
-def launched() -> Launch | None:
-    """The launch ``torchrun`` set up for this process; None when it runs alone."""
+def launched() -> Part | None:
+    """This process's rank in a ``torchrun`` launch; None when it runs alone."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return None
-    return Launch(rank=int(os.environ["RANK"]), world_size=world_size)
+    return Part(rank=int(os.environ["RANK"]), world_size=world_size)
 
 
 @contextlib.contextmanager
-def process_group(launch: Launch | None) -> Iterator[None]:
+def process_group(launch: Part | None) -> Iterator[None]:
     """Joined to the process group for the block (nothing to join when alone); rank 0 alone speaks."""
     if launch is None:
         yield
@@ -71,7 +71,7 @@ def process_group(launch: Launch | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def checked_together(launch: Launch | None) -> Iterator[None]:
+def checked_together(launch: Part | None) -> Iterator[None]:
     """Every rank leaves the block fine, or every rank raises the first rank's error."""
     if launch is None:
         yield
@@ -97,20 +97,20 @@ def takes_shard(factory: Callable[..., object]) -> bool:
     return "rank" in parameters and "world_size" in parameters
 
 
-def batches(factory: Callable[..., object], launch: Launch | None, *, whole: bool = False) -> object:
+def batches(factory: Callable[..., object], part: Part | None, *, whole: bool = False) -> object:
     """The batches of ``factory`` this rank calibrates on (``whole``: all of them).
 
     A factory taking ``rank`` and ``world_size`` returns that shard itself,
     batches ``rank, rank + world_size, ...`` of the data; any other factory's
     batches are strided here.
     """
-    if launch is None or whole:
+    if part is None or whole:
         return factory(rank=0, world_size=1) if takes_shard(factory) else factory()
     if takes_shard(factory):
-        return factory(rank=launch.rank, world_size=launch.world_size)
+        return factory(rank=part.rank, world_size=part.world_size)
     data = factory()
     if not isinstance(data, Iterable):
         raise UsageError(f"--data gave {type(data).__name__}, not an iterable of batches")
     from qinsight.distributed import Shard
 
-    return Shard(rank=launch.rank, world_size=launch.world_size).of(data)
+    return Shard(rank=part.rank, world_size=part.world_size).of(data)
