@@ -3,8 +3,10 @@ OutlierDetector on data-carrying channels, and the channels torch wrongly flags.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -59,7 +61,23 @@ def test_selection_equals_torch_quantile_lower(rows: int, n: int, p: float, seed
     g = torch.Generator().manual_seed(seed)
     values = torch.randint(-3, 4, (rows, n), generator=g).float() if ties else torch.randn(rows, n, generator=g)
     expected = torch.quantile(values, torch.tensor(p), dim=1, interpolation="lower")
-    assert torch.equal(channel_percentile(values, p), expected)
+    for threads in SELECTIONS:
+        with torch_threads(threads):
+            assert torch.equal(channel_percentile(values, p), expected)
+
+
+# One thread selects with numpy's introselect, more with torch.topk: both must be exact.
+SELECTIONS = (1, 2)
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @settings(max_examples=120, deadline=None)
@@ -82,8 +100,10 @@ def test_pruned_selection_equals_torch_quantile_on_any_layout(
     x = torch.randint(-2, 3, shape, generator=g).float() if ties else torch.randn(shape, generator=g)
     rows = x.transpose(0, 1).reshape(channels, -1)
     expected = torch.quantile(rows, torch.tensor(p), dim=1, interpolation="lower")
-    assert torch.equal(channel_percentile(x, p, axis=1), expected)
-    assert torch.equal(channel_percentile(x.squeeze(2) if after == 1 else x, p, axis=1), expected)
+    for threads in SELECTIONS:
+        with torch_threads(threads):
+            assert torch.equal(channel_percentile(x, p, axis=1), expected)
+            assert torch.equal(channel_percentile(x.squeeze(2) if after == 1 else x, p, axis=1), expected)
 
 
 def test_percentile_on_more_than_quantile_limit() -> None:

@@ -75,15 +75,20 @@ def kth_largest(view: torch.Tensor, k: int) -> torch.Tensor:
 def _select(rows: torch.Tensor, k: int) -> torch.Tensor:
     """The k-th largest value of each row."""
     if _numpy_selects(rows):
-        # numpy's introselect on many short rows: 3-5x faster than torch.topk (torch 2.13, CPU)
         values = np.partition(rows.contiguous().numpy(), rows.shape[1] - k, axis=1)[:, rows.shape[1] - k]
         return torch.from_numpy(values)
     return torch.topk(rows, k, dim=1, sorted=False).values.amin(dim=1)
 
 
 def _numpy_selects(values: torch.Tensor) -> bool:
-    """Whether numpy can select among ``values`` (a CPU tensor of a dtype numpy has: not bfloat16)."""
-    return values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64, torch.float16)
+    """Whether numpy selects among ``values``: a CPU tensor of a dtype numpy has (not bfloat16), while
+    torch runs one thread. numpy's introselect is single-threaded and 2x faster than torch.topk on one
+    thread; topk splits its rows over threads and draws level at two (torch 2.13, 1024x384 and 1024x1536)."""
+    return (
+        values.device.type == "cpu"
+        and values.dtype in (torch.float32, torch.float64, torch.float16)
+        and torch.get_num_threads() == 1
+    )
 
 
 def _top_blocks(maxima: torch.Tensor, k: int) -> torch.Tensor:
