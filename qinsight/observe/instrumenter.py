@@ -59,8 +59,9 @@ class Instrumenter:
             raise
 
     def _guarded(self, observer: ActivationObserver) -> Callable[[torch.Tensor], None]:
-        """``observer.observe``, keeping an :class:`ObserverError` instead of raising it inside the model's
-        forward: when the batch is wrong the model's own error says more (a shape mismatch, in its words)."""
+        """``observer.observe`` with the measurement shared (:meth:`_summary`), keeping an :class:`ObserverError`
+        instead of raising it inside the model's forward: when the batch is wrong the model's own error says
+        more (a shape mismatch, in its words)."""
 
         def observe(x: torch.Tensor) -> None:
             try:
