@@ -95,7 +95,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         instrument,
         merge_reports,
     )
-    from qinsight.distributed import Shard, shard
+    from qinsight.core.shards import Shard
+    from qinsight.distributed import shard
     from qinsight.plugin import Detector, Metric, ModelView
 
 _HOMES: dict[str, str] = {
@@ -165,7 +166,7 @@ _HOMES: dict[str, str] = {
     "diagnose": "qinsight.pipeline",
     "instrument": "qinsight.pipeline",
     "merge_reports": "qinsight.pipeline",
-    "Shard": "qinsight.distributed",
+    "Shard": "qinsight.core.shards",
     "shard": "qinsight.distributed",
     "ReportDiff": "qinsight.outputs.diff",
     "diff_reports": "qinsight.outputs.diff",

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 from qinsight.cli import ranks
 from qinsight.cli.gates import check_verdict_gates, parse_diff_gates, tripped_diff, tripped_findings
 from qinsight.cli.output import Progress, check_targets, note, write, wrote
-from qinsight.cli.ranks import Part
 from qinsight.core.errors import PluginLoadError, UsageError
 from qinsight.core.report import Report
+from qinsight.core.shards import Shard
 from qinsight.core.sites import check_backend
 from qinsight.outputs.diff import diff_reports
 from qinsight.outputs.files import write_atomically
@@ -47,7 +47,7 @@ def _load(target: str, what: str) -> Callable[[], object]:
     return factory  # type: ignore[no-any-return]
 
 
-def _model_and_data(args: argparse.Namespace, part: Part | None, *, whole: bool = False) -> tuple[nn.Module, Iterable[object], str]:
+def _model_and_data(args: argparse.Namespace, part: Shard | None, *, whole: bool = False) -> tuple[nn.Module, Iterable[object], str]:
     """The model, the batches of this ``part`` (``whole``: all batches) and the model's name."""
     from torch import nn
 
@@ -99,7 +99,6 @@ def _qconfig_mapping(args: argparse.Namespace) -> QConfigMapping | None:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-    from qinsight.distributed import Shard
     from qinsight.pipeline import diagnose
 
     detectors = _detector_ids(args)
@@ -118,7 +117,7 @@ def _diagnose(args: argparse.Namespace) -> int:
             report = diagnose(
                 model, data, backend=args.backend, model_name=name, detectors=detectors, progress=progress,
                 qconfig_mapping=mapping, distributed=launch is not None,
-                shard=None if part is None else Shard(rank=part.rank, world_size=part.world_size),
+                shard=part,
             )
         finally:
             if progress is not None:

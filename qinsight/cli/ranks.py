@@ -17,43 +17,31 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 
-import attrs
-
 from qinsight.core.errors import UsageError
+from qinsight.core.shards import Shard
 
 
-@attrs.frozen
-class Part:
-    """Which part of the batches this process runs: a ``torchrun`` rank, or ``--shard I/N``."""
-
-    rank: int
-    world_size: int
-
-
-def parse_shard(text: str | None) -> Part | None:
+def parse_shard(text: str | None) -> Shard | None:
     """``--shard I/N``: this run calibrates shard I of N (batches I, I + N, ...), for ``qinsight merge``."""
     if text is None:
         return None
     rank, _, size = text.partition("/")
     try:
-        part = Part(rank=int(rank), world_size=int(size))
+        return Shard(rank=int(rank), world_size=int(size))
     except ValueError:
-        part = None
-    if part is None or not 0 <= part.rank < part.world_size:
-        raise UsageError(f"--shard must look like I/N with 0 <= I < N (0/4 is the first of four), not {text!r}")
-    return part
+        raise UsageError(f"--shard must look like I/N with 0 <= I < N (0/4 is the first of four), not {text!r}") from None
 
 
-def launched() -> Part | None:
+def launched() -> Shard | None:
     """This process's rank in a ``torchrun`` launch; None when it runs alone."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return None
-    return Part(rank=int(os.environ["RANK"]), world_size=world_size)
+    return Shard(rank=int(os.environ["RANK"]), world_size=world_size)
 
 
 @contextlib.contextmanager
-def process_group(launch: Part | None) -> Iterator[None]:
+def process_group(launch: Shard | None) -> Iterator[None]:
     """Joined to the process group for the block (nothing to join when alone); rank 0 alone speaks."""
     if launch is None:
         yield
@@ -71,20 +59,16 @@ def process_group(launch: Part | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def checked_together(launch: Part | None) -> Iterator[None]:
+def checked_together(launch: Shard | None) -> Iterator[None]:
     """Every rank leaves the block fine, or every rank raises the first rank's error."""
     if launch is None:
         yield
         return
-    from qinsight.distributed import Exchange
+    from qinsight.distributed import Exchange, current_shard, sharing_failures
 
-    exchange = Exchange.of("qinsight", True)
-    assert exchange is not None
-    try:
+    exchange = Exchange(current_shard("qinsight"))
+    with sharing_failures(exchange):
         yield
-    except Exception as exc:
-        exchange.fail(exc)
-        raise
     exchange.gather(None)
 
 
@@ -97,7 +81,7 @@ def takes_shard(factory: Callable[..., object]) -> bool:
     return "rank" in parameters and "world_size" in parameters
 
 
-def batches(factory: Callable[..., object], part: Part | None, *, whole: bool = False) -> object:
+def batches(factory: Callable[..., object], part: Shard | None, *, whole: bool = False) -> object:
     """The batches of ``factory`` this rank calibrates on (``whole``: all of them).
 
     A factory taking ``rank`` and ``world_size`` returns that shard itself,
@@ -111,6 +95,4 @@ def batches(factory: Callable[..., object], part: Part | None, *, whole: bool = 
     data = factory()
     if not isinstance(data, Iterable):
         raise UsageError(f"--data gave {type(data).__name__}, not an iterable of batches")
-    from qinsight.distributed import Shard
-
-    return Shard(rank=part.rank, world_size=part.world_size).of(data)
+    return part.of(data)

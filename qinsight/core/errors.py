@@ -8,6 +8,11 @@ attributes, so programs need not parse the message.
 from __future__ import annotations
 
 
+def describe(exc: BaseException) -> str:
+    """``TypeName: message``: how an error is named where it is recorded or passed on (reports, other ranks)."""
+    return f"{type(exc).__name__}: {exc}"
+
+
 class QinsightError(Exception):
     """Root of every error qinsight raises on purpose."""
 

@@ -16,14 +16,11 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from qinsight.core.errors import ShardError
-from qinsight.distributed.shards import Shard, current_shard
+from qinsight.core.errors import ShardError, describe
+from qinsight.core.shards import Shard
+from qinsight.distributed.shards import current_shard
 
 T = TypeVar("T")
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
 
 
 class Exchange:
@@ -53,7 +50,7 @@ class Exchange:
         if self._joined:
             return
         self._joined = True
-        dist.all_gather_object([None] * self.shard.world_size, (None, _describe(exc)))
+        dist.all_gather_object([None] * self.shard.world_size, (None, describe(exc)))
 
     def from_rank0(self, compute: Callable[[], T]) -> T:
         """``compute()`` on rank 0, its value (or :class:`ShardError` with its failure) on every rank."""
@@ -62,7 +59,7 @@ class Exchange:
             try:
                 value = compute()
             except Exception as exc:
-                dist.broadcast_object_list([(None, _describe(exc))], src=0)
+                dist.broadcast_object_list([(None, describe(exc))], src=0)
                 raise
             dist.broadcast_object_list([(value, None)], src=0)
             return value

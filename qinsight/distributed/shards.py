@@ -1,43 +1,16 @@
-"""Which batches a rank calibrates on: batch ``i`` of the data belongs to rank ``i % world_size``.
-
-Striding, not blocks, so every rank starts at once whatever the data's
-length, and batch ``i`` keeps its global index ``i`` on any number of ranks
-(the seeds of sampled statistics follow it).
-"""
+"""This process's shard of the default process group (:class:`~qinsight.core.shards.Shard` says which batches)."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
-import attrs
 import torch.distributed as dist
 
 from qinsight.core.errors import InvalidParameterError
+from qinsight.core.shards import Shard
 
 T = TypeVar("T")
-
-
-@attrs.frozen
-class Shard:
-    """This process's place in a distributed run."""
-
-    rank: int = attrs.field(validator=attrs.validators.ge(0))
-    world_size: int = attrs.field(validator=attrs.validators.ge(1))
-
-    def __attrs_post_init__(self) -> None:
-        if self.rank >= self.world_size:
-            raise ValueError(f"rank {self.rank} is not below the world size {self.world_size}")
-
-    def batch_index(self, local: int) -> int:
-        """The global index of this rank's ``local``-th batch."""
-        return local * self.world_size + self.rank
-
-    def of(self, data: Iterable[T]) -> Iterator[T]:
-        """This rank's batches of ``data``, read lazily. The other ranks' batches are still produced and
-        skipped: a data factory that reads only its own shard saves that work."""
-        return itertools.islice(data, self.rank, None, self.world_size)
 
 
 def current_shard(owner: str) -> Shard:

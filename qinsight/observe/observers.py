@@ -277,23 +277,18 @@ class ActivationObserver(nn.Module):
         columns = self._sampler.columns(view.shape[0] * view.shape[2], x.device)
         per_channel = view.shape[0] * view.shape[2] if columns is None else columns.numel()
         step = max(1, CHUNK_VALUES // per_channel)
-        if step >= channels:  # one group: no assembling
-            chunk = sampled_view(view, columns)
-            dense = _count_nonzero(chunk) >= MIN_NONZERO_SHARE * per_channel
-            return tuple(percentile_ratios(chunk, p, dense, batch_min, batch_max) for p in self.spec.percentiles)
-        results = [
-            (torch.zeros(channels, dtype=torch.float64, device=x.device), batch_min.new_zeros(channels, dtype=torch.bool),
-             batch_min.new_zeros(channels, dtype=torch.bool))
-            for _ in self.spec.percentiles
-        ]
+        groups = []
         for first in range(0, channels, step):
             part = slice(first, min(first + step, channels))
             chunk = sampled_view(view[:, part], columns)
             dense = _count_nonzero(chunk) >= MIN_NONZERO_SHARE * per_channel
-            for percentile, result in zip(self.spec.percentiles, results):
-                for whole, piece in zip(result, percentile_ratios(chunk, percentile, dense, batch_min[part], batch_max[part])):
-                    whole[part] = piece
-        return tuple(results)
+            groups.append([percentile_ratios(chunk, p, dense, batch_min[part], batch_max[part]) for p in self.spec.percentiles])
+        # per percentile, each of its three per-channel tensors joined over the groups (channel-sized: cheap)
+        joined = []
+        for per_group in zip(*groups):
+            ratios, measured, constant = (torch.cat(field) for field in zip(*per_group))
+            joined.append((ratios, measured, constant))
+        return tuple(joined)
 
     def freeze(self) -> ActivationStats:
         """The statistics so far, as an immutable value."""

@@ -14,6 +14,7 @@ import torch
 from qinsight._version import __version__
 from qinsight.core.comparison import Comparison
 from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
+from qinsight.core.errors import describe
 from qinsight.core.report import DetectorFailure, DetectorResult, FailureStage, Report, ReportMetadata
 from qinsight.core.stats import ObservedStats
 from qinsight.core.suggestions import merge_suggestions
@@ -21,10 +22,6 @@ from qinsight.plugin.detector import Detector, ModelView, check_result
 from qinsight.plugin.discovery import DEFAULT_IDS, resolve_detectors
 
 DetectorChoice = Detector | str
-
-
-def describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
 
 
 def default_detectors(backend: str = "x86") -> tuple[Detector, ...]:

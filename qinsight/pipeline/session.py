@@ -22,14 +22,15 @@ import torch
 from torch import nn
 from torch.ao.quantization import QConfigMapping
 
-from qinsight.core.errors import CalibrationError, InvalidParameterError
+from qinsight.core.errors import CalibrationError, InvalidParameterError, describe
 from qinsight.core.report import DetectorFailure, FailureStage, Report
 from qinsight.core.sites import InsertPoint, check_backend
 from qinsight.core.stats import ObservedStats
-from qinsight.distributed import Exchange, Shard, sharing_failures
+from qinsight.core.shards import Shard
+from qinsight.distributed import Exchange, sharing_failures
 from qinsight.frontends import Frontend, eval_mode, run_batch, view_of
 from qinsight.observe.instrumenter import Instrumenter
-from qinsight.pipeline.analysis import DetectorChoice, analyze, choose_detectors, describe, metadata
+from qinsight.pipeline.analysis import DetectorChoice, analyze, choose_detectors, metadata
 from qinsight.plugin.detector import Detector, ModelView
 
 Progress = Callable[[int], None]
