@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import attrs
 import torch
 from torch import nn
 
@@ -30,14 +31,36 @@ from qinsight.frontends import (
 )
 
 
-def _compared_at(layer: QuantizedLayer, chain: TailChain) -> str:
-    """Where the float output matches the quantized layer's: after the float modules it absorbed."""
-    point = layer.fqn
+@attrs.frozen
+class ComparisonPoint:
+    """Where the float output matches a quantized layer's: the output of float module ``module``,
+    then the functional activations the layer absorbed (``F.relu``: no module to hook) applied to it."""
+
+    module: str
+    then: tuple[nn.Module, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """``fc1``, or ``fc1+relu`` where a functional ReLU follows fc1 in the float model."""
+        return "".join([self.module, *(f"+{type(step).__name__.lower()}" for step in self.then)])
+
+    def reference(self, output: torch.Tensor) -> torch.Tensor:
+        for step in self.then:
+            output = step(output)
+        return output
+
+
+def _compared_at(layer: QuantizedLayer, chain: TailChain) -> ComparisonPoint:
+    """After the float steps the quantized layer absorbed (BatchNorm, ReLU, also functional ones)."""
+    point, then = layer.fqn, []
     for name, module in chain:
         if not layer.absorbs(module):
             break
-        point = name
-    return point
+        if name is None:
+            then.append(module)
+        else:
+            point, then = name, []
+    return ComparisonPoint(point, tuple(then))
 
 
 def compare_activations(
@@ -79,25 +102,26 @@ class _Streamer:
         self,
         float_model: nn.Module,
         layers: dict[str, dict[str, QuantizedLayer]],
-        points: dict[str, dict[str, str]],
+        points: dict[str, dict[str, ComparisonPoint]],
         sums: dict[str, dict[str, tuple[ErrorSums, ErrorSums]]],
     ) -> None:
         self.layers, self.sums, self.scratch = layers, sums, Scratch()
         # local outputs wait only from the layer's call to its comparison point
         self.outputs, self.local_outputs = KeptOutputs(copied=True), KeptOutputs(copied=False)
         self._compared: Counter[tuple[str, str]] = Counter()
-        self._at: dict[str, list[tuple[str, str]]] = {}
+        # float module -> where its output is a reference -> the layers compared with that reference
+        self._at: dict[str, dict[ComparisonPoint, list[tuple[str, str]]]] = {}
         self._versions: dict[str, list[str]] = {}
         for key, at in points.items():
             for fqn, point in at.items():
-                self._at.setdefault(point, []).append((key, fqn))
+                self._at.setdefault(point.module, {}).setdefault(point, []).append((key, fqn))
                 self._versions.setdefault(fqn, []).append(key)
         self.removers: list[Callable[[], None]] = []
         try:  # all attached, or none left behind
             for fqn in self._versions:
                 self.removers.append(float_model.get_submodule(fqn).register_forward_pre_hook(self._run_local(fqn)).remove)
-            for point in self._at:
-                self.removers.append(float_model.get_submodule(point).register_forward_hook(self._compare_at(point)).remove)
+            for module in self._at:
+                self.removers.append(float_model.get_submodule(module).register_forward_hook(self._compare_at(module)).remove)
             for key, found in layers.items():
                 for fqn, layer in found.items():
                     self.removers.append(layer.attach(self._keep_output(key, fqn)))
@@ -127,19 +151,22 @@ class _Streamer:
 
         return run
 
-    def _compare_at(self, point: str) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
+    def _compare_at(self, module: str) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
         def compare(_module: nn.Module, _args: tuple[Any, ...], output: Any) -> None:
-            reference = None
-            for key, fqn in self._at[point]:
-                call = self._compared[key, fqn]
-                self._compared[key, fqn] += 1
-                kept, local_kept = self.outputs.take(key, fqn, call), self.local_outputs.take(key, fqn, call)
-                if kept is None or local_kept is None:
-                    continue  # the quantized model did not reach this layer (so often)
-                reference = reference or Reference(dequantize(output), like=kept.values, scratch=self.scratch)
-                propagated, local = self.sums[key][fqn]
-                propagated.add(reference, kept, self.scratch)
-                local.add(reference, local_kept, self.scratch)
+            # one reference at a time: it may live in the scratch buffer, reused by the next
+            for at, members in self._at[module].items():
+                reference = None
+                for key, fqn in members:
+                    call = self._compared[key, fqn]
+                    self._compared[key, fqn] += 1
+                    kept, local_kept = self.outputs.take(key, fqn, call), self.local_outputs.take(key, fqn, call)
+                    if kept is None or local_kept is None:
+                        continue  # the quantized model did not reach this layer (so often)
+                    if reference is None:
+                        reference = Reference(at.reference(dequantize(output)), like=kept.values, scratch=self.scratch)
+                    propagated, local = self.sums[key][fqn]
+                    propagated.add(reference, kept, self.scratch)
+                    local.add(reference, local_kept, self.scratch)
 
         return compare
 
@@ -207,7 +234,7 @@ def _measure(
                     kind=layer.kind.value,
                     quantized_type=layer.quantized_type,
                     quantized=layer.quantized,
-                    compared_at=points[key][fqn],
+                    compared_at=points[key][fqn].label,
                     batches=sums[key][fqn][0].batches,
                     propagated=sums[key][fqn][0].values(),
                     local=sums[key][fqn][1].values(),

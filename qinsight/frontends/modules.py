@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 
 import attrs
+import torch
+import torch.nn.functional as F
 from torch import fx, nn
 from torch.ao.nn.intrinsic.modules.fused import _FusedModule
 from torch.ao.quantization import FakeQuantize, QConfig, QConfigMapping
@@ -117,15 +119,42 @@ def quantizable_modules(model: nn.Module) -> dict[str, QuantizableModule]:
 TAIL_TYPES = (nn.modules.batchnorm._BatchNorm, nn.ReLU, nn.ReLU6, nn.Hardtanh)
 
 
-TailChain = tuple[tuple[str, nn.Module], ...]
+# A tail step: the module's name and the module; a functional activation (``F.relu(x)``)
+# has no name (``None``) and stands as the module that computes the same.
+TailChain = tuple[tuple[str | None, nn.Module], ...]
+
+
+def _functional_tail(node: fx.Node) -> nn.Module | None:
+    """The module equivalent of a functional activation a flow may fuse (F.relu, torch.relu, F.relu6, F.hardtanh)."""
+    if node.op == "call_method":
+        return nn.ReLU() if node.target in ("relu", "relu_") else None
+    if node.op != "call_function" or len(node.args) < 1:
+        return None
+    if node.target in (F.relu, torch.relu, torch.relu_):
+        return nn.ReLU()
+    if node.target is F.relu6:
+        return nn.ReLU6()
+    if node.target in (F.hardtanh, F.hardtanh_):
+        bounds = dict(zip(("min_val", "max_val"), node.args[1:3]), **node.kwargs)
+        low, high = bounds.get("min_val", -1.0), bounds.get("max_val", 1.0)
+        return nn.Hardtanh(low, high) if isinstance(low, (int, float)) and isinstance(high, (int, float)) else None
+    return None
+
+
+def _tail_step(model: nn.Module, node: fx.Node) -> tuple[str | None, nn.Module] | None:
+    if node.op == "call_module":
+        module = model.get_submodule(str(node.target))
+        return (str(node.target), module) if isinstance(module, TAIL_TYPES) else None
+    functional = _functional_tail(node)
+    return None if functional is None else (None, functional)
 
 
 def tail_chains(model: nn.Module) -> dict[str, TailChain]:
-    """Linear/Conv name -> the BatchNorm/ReLU modules that follow it, each the only user of the last.
+    """Linear/Conv name -> the BatchNorm/ReLU steps that follow it, each the only user of the last.
 
     Quantization may fuse these into the layer. Which of them it did depends on
-    the flow (FX fuses ReLU but not ReLU6; PT2E quantizes after either), so the
-    quantized layer decides (:meth:`QuantizedLayer.absorbs`).
+    the flow (FX fuses ReLU, also ``F.relu``, but not ReLU6; PT2E quantizes after
+    either), so the quantized layer decides (:meth:`QuantizedLayer.absorbs`).
     """
     try:
         graph = LeafTracer().trace(model)
@@ -135,14 +164,11 @@ def tail_chains(model: nn.Module) -> dict[str, TailChain]:
     for node in graph.nodes:
         if node.op != "call_module":
             continue
-        chain: list[tuple[str, nn.Module]] = []
+        chain: list[tuple[str | None, nn.Module]] = []
         tail = node
-        while len(tail.users) == 1:
-            (user,) = tail.users
-            if user.op != "call_module" or not isinstance(module := model.get_submodule(str(user.target)), TAIL_TYPES):
-                break
-            chain.append((str(user.target), module))
-            tail = user
+        while len(tail.users) == 1 and (step := _tail_step(model, next(iter(tail.users)))) is not None:
+            chain.append(step)
+            (tail,) = tail.users
         if chain:
             chains[str(node.target)] = tuple(chain)
     return chains
@@ -158,11 +184,12 @@ class ModelStructure:
     def batchnorm_after_conv(self) -> dict[str, str]:
         """conv name -> name of the BatchNorm that is its only user (the start of its tail chain)."""
         return {
-            fqn: chain[0][0]
-            for fqn, chain in self.chains.items()
+            fqn: name
+            for fqn, ((name, first), *_rest) in self.chains.items()
             if fqn in self.modules
             and isinstance(self.modules[fqn].module, nn.modules.conv._ConvNd)
-            and isinstance(chain[0][1], nn.modules.batchnorm._BatchNorm)
+            and isinstance(first, nn.modules.batchnorm._BatchNorm)
+            and name is not None
         }
 
 
