@@ -75,6 +75,7 @@ for _cls in (BatchMoments, PercentileStats, ActivationStats, OpSite, ReportMetad
 st.register_type_strategy(BatchMoments, st.builds(BatchMoments, count=COUNTS))
 st.register_type_strategy(PercentileStats, st.integers(0, 4).flatmap(_percentiles))
 st.register_type_strategy(ActivationStats, st.integers(0, 4).flatmap(_activation_stats))
+st.register_type_strategy(qinsight.OpCall, st.builds(qinsight.OpCall, owner=st.text(), target=st.text(), index=COUNTS))
 st.register_type_strategy(OpSite, st.builds(OpSite, calls=COUNTS, groups=st.integers(1, 2**20)))
 st.register_type_strategy(ReportMetadata, st.builds(ReportMetadata, batches=COUNTS))
 METRIC_VALUES = st.lists(st.builds(MetricValue, value=FLOATS, higher_is_better=st.booleans()), max_size=3).map(tuple)

@@ -56,8 +56,10 @@ def test_multihead_attention_model() -> None:
     with pytest.raises(TypeError, match="positional argument"):
         torch_model_report(prepared_fx(model, data[0]), data, {TorchOutlier()})
     report = qinsight.diagnose(model, data)
-    assert [s.fqn for s in report.sites] == ["embed", "head"]  # attention's projections run inside F.multi_head_attention_forward
+    # attention's projections run inside F.multi_head_attention_forward
+    assert [s.fqn for s in report.sites if s.kind.is_layer] == ["embed", "head"]
     assert {r.detector for r in report.results} == {
-        "qinsight.per_channel", "qinsight.dynamic_static", "qinsight.equalization", "qinsight.outliers"
+        "qinsight.per_channel", "qinsight.dynamic_static", "qinsight.equalization", "qinsight.outliers",
+        "qinsight.precision", "qinsight.range_conflict",
     }
     assert not report.failures

@@ -25,16 +25,47 @@ def check_backend(owner: str, backend: str) -> None:
 
 
 class OpKind(enum.Enum):
-    """The kind of a quantizable operation."""
+    """The kind of a quantizable operation.
+
+    Linear and convolutions hold weights (``view.sites``); the others are the
+    ops a flow quantizes around them (``view.ops``): binary ops, attention
+    matmuls, softmax, norms, embeddings, activations with quantized kernels of
+    their own, pooling and recurrent cells.
+    """
 
     LINEAR = "linear"
     CONV1D = "conv1d"
     CONV2D = "conv2d"
     CONV3D = "conv3d"
+    ADD = "add"
+    MUL = "mul"
+    CAT = "cat"
+    MATMUL = "matmul"
+    SOFTMAX = "softmax"
+    LAYER_NORM = "layer_norm"
+    GROUP_NORM = "group_norm"
+    EMBEDDING = "embedding"
+    HARDTANH = "hardtanh"  # also ReLU6: a hardtanh from 0 to 6
+    GELU = "gelu"
+    SILU = "silu"
+    SIGMOID = "sigmoid"
+    POOL = "pool"
+    RNN_CELL = "rnn_cell"
 
     @property
     def is_conv(self) -> bool:
         return self in (OpKind.CONV1D, OpKind.CONV2D, OpKind.CONV3D)
+
+    @property
+    def is_layer(self) -> bool:
+        """Linear or convolution: an op with a weight that the per-channel and equalization detectors read."""
+        return self is OpKind.LINEAR or self.is_conv
+
+    @property
+    def shares_scale(self) -> bool:
+        """Operands end up on one scale: the output's (add), each other's (cat), or, with a
+        scalar operand (``x * -1e4``), input and output share one (FX's rule for mul too)."""
+        return self in (OpKind.ADD, OpKind.CAT, OpKind.MUL)
 
     @property
     def channel_axis(self) -> int:
@@ -42,7 +73,8 @@ class OpKind(enum.Enum):
 
         Linear layers act on the last dimension, so ``-1`` makes
         (batch, sequence, features) inputs work; torch's ModelReport uses
-        axis 1 for everything, which is the sequence axis there.
+        axis 1 for everything, which is the sequence axis there. Ops without a
+        weight take theirs from the tensor they were seen with (:attr:`OpSite.axis`).
         """
         return 1 if self.is_conv else -1
 
@@ -50,7 +82,8 @@ class OpKind(enum.Enum):
 class Side(enum.Enum):
     """Which activation of an op site is observed."""
 
-    PRE = "pre"  # the op's input
+    PRE = "pre"  # the op's input (its first tensor operand)
+    OTHER = "other"  # its second tensor operand (add, mul, cat, matmul)
     POST = "post"  # the op's output
     # The op's weight, one row per input channel it reads (its own group's outputs
     # only), channel axis 0. Read once when statistics are frozen, not per batch:
@@ -67,14 +100,41 @@ class WeightScheme(enum.Enum):
 
 
 @attrs.frozen(kw_only=True)
+class OpCall:
+    """A functional call a flow quantizes (``x + y``, ``torch.matmul``): which module's forward makes it
+    (``owner``, ``""`` for the root), the call as FX records it (``target``: ``operator.add``,
+    ``torch.matmul``, or a method name such as ``softmax``), and its index among the calls of that
+    target in that module's forward: what ``QConfigMapping.set_module_name_object_type_order`` takes."""
+
+    owner: str
+    target: str
+    index: int = attrs.field(validator=attrs.validators.ge(0))
+
+    @property
+    def name(self) -> str:
+        """The site's name: ``encoder.layer.0.output.add#0`` (no module name holds ``#``)."""
+        op = self.target.rsplit(".", 1)[-1]
+        return f"{self.owner}.{op}#{self.index}" if self.owner else f"{op}#{self.index}"
+
+    @property
+    def is_method(self) -> bool:
+        """A tensor method (``x.softmax(-1)``): FX configures those per module or per name, not per call."""
+        return "." not in self.target
+
+
+@attrs.frozen(kw_only=True)
 class OpSite:
     """One quantizable operation of a model, as a frontend found it.
 
     ``fqn`` is the float model's module name (the parent of a fused module,
-    ``fc1`` rather than ``fc1.0``); ``calls`` is how many times one forward
-    pass runs it; ``groups`` is a convolution's group count (1 otherwise);
-    ``weight_scheme`` is what the model's qconfig (or the qconfig mapping the
-    user passed) would do with its weight, ``None`` when no qconfig applies.
+    ``fc1`` rather than ``fc1.0``), or a functional call's name (``call``);
+    ``calls`` is how many times one forward pass runs it; ``groups`` is a
+    convolution's group count (1 otherwise); ``weight_scheme`` is what the
+    model's qconfig (or the qconfig mapping the user passed) would do with its
+    weight, ``None`` when no qconfig applies. ``quantized`` says whether the
+    flow would quantize the op at all (a site it leaves float is still listed);
+    ``axis`` is the channel axis of an op without a weight, from the rank of
+    the tensor it was seen with (1 for 4-D and 5-D images, else the last).
     """
 
     fqn: str
@@ -83,10 +143,13 @@ class OpSite:
     calls: int = attrs.field(default=1, validator=attrs.validators.ge(0))
     groups: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     weight_scheme: WeightScheme | None = None
+    call: OpCall | None = None
+    quantized: bool = True
+    axis: int | None = None
 
     @property
     def channel_axis(self) -> int:
-        return self.kind.channel_axis
+        return self.kind.channel_axis if self.axis is None else self.axis
 
 
 @attrs.frozen(kw_only=True)

@@ -11,6 +11,8 @@ from qinsight.detectors.equalization import (
 )
 from qinsight.detectors.outliers import ChannelStatus, OutlierDetector, OutlierFinding
 from qinsight.detectors.per_channel import PerChannelDetector, PerChannelFinding
+from qinsight.detectors.precision import PrecisionDetector, PrecisionFinding, SideBits
+from qinsight.detectors.range_conflict import RangeConflictDetector, RangeConflictFinding
 
 __all__ = [
     "ChannelStatus",
@@ -22,5 +24,10 @@ __all__ = [
     "OutlierFinding",
     "PerChannelDetector",
     "PerChannelFinding",
+    "PrecisionDetector",
+    "PrecisionFinding",
+    "RangeConflictDetector",
+    "RangeConflictFinding",
+    "SideBits",
     "Stationarity",
 ]

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 # Every backend torch 2.13 knows supports per-channel weights for these kinds
 # (and their QAT/fused variants, which the frontends map to the same kinds).
 PER_CHANNEL_KINDS: Final[Mapping[str, frozenset[OpKind]]] = {
-    backend: frozenset(OpKind) for backend in BACKENDS
+    backend: frozenset(kind for kind in OpKind if kind.is_layer) for backend in BACKENDS
 }
 
 

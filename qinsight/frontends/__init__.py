@@ -19,6 +19,7 @@ from qinsight.frontends.base import (
     find_site,
     run_batch,
 )
+from qinsight.frontends.calls import CallTap, resolve_target
 from qinsight.frontends.eager import eager_view
 from qinsight.frontends.exported import (
     ATEN_KINDS,
@@ -47,6 +48,8 @@ from qinsight.frontends.modules import (
 from qinsight.frontends.select import Frontend, view_of
 
 __all__ = [
+    "CallTap",
+    "resolve_target",
     "ATEN_KINDS",
     "ExportedView",
     "Frontend",

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from qinsight.core.sites import OpSite, Side
+from qinsight.core.sites import OpCall, OpSite, Side
+from qinsight.frontends.calls import CallTap, unseen
 from qinsight.plugin.detector import Detach
 
 
@@ -70,6 +71,7 @@ class ModelViewBase:
     _frontend: str
     _model: nn.Module
     _sites: tuple[OpSite, ...]
+    _ops: tuple[OpSite, ...] = ()
 
     @property
     def frontend(self) -> str:
@@ -83,8 +85,12 @@ class ModelViewBase:
     def sites(self) -> tuple[OpSite, ...]:
         return self._sites
 
+    @property
+    def ops(self) -> tuple[OpSite, ...]:
+        return self._ops
+
     def site(self, fqn: str) -> OpSite:
-        return find_site(self._sites, fqn)
+        return find_site(self._sites + self._ops, fqn)
 
 
 class ModuleView(ModelViewBase):
@@ -93,6 +99,8 @@ class ModuleView(ModelViewBase):
     Hooks leave the model's code and graph untouched, so detaching them gives
     back exactly the model the user passed. A module called several times per
     forward is observed on every call (``OpSite.calls`` says how many).
+    Functional calls (``x + y``) are observed through a :class:`CallTap`,
+    installed while any of them is observed.
     """
 
     def __init__(
@@ -103,12 +111,16 @@ class ModuleView(ModelViewBase):
         sites: tuple[OpSite, ...],
         modules: dict[str, nn.Module],
         weights: dict[str, nn.Module],
+        ops: tuple[OpSite, ...] = (),
     ) -> None:
         self._frontend = frontend
         self._model = model
         self._sites = sites
-        self._modules = modules  # fqn -> the module whose call is the site
+        self._ops = ops
+        self._modules = modules  # fqn -> the module whose call is the site (layers and op modules)
         self._weights = weights  # fqn -> the module holding the weight (the Linear inside a fused LinearReLU)
+        self._tap: CallTap | None = None
+        self._tapped = 0  # observers attached through the tap
 
     def weight(self, fqn: str) -> torch.Tensor:
         self.site(fqn)
@@ -118,8 +130,13 @@ class ModuleView(ModelViewBase):
         return weight.detach()
 
     def attach(self, fqn: str, side: Side, observe: Callable[[torch.Tensor], object]) -> Detach:
-        self.site(fqn)
+        site = self.site(fqn)
+        if site.call is not None:
+            return self._attach_call(site.call, side, observe)
+        if side is Side.OTHER:
+            raise ValueError(f"{fqn} is a module: it has no second operand to observe")
         module = self._modules[fqn]
+        observe = unseen(observe)
         if side is Side.PRE:
 
             def pre_hook(_module: nn.Module, args: tuple[object, ...]) -> None:
@@ -133,3 +150,19 @@ class ModuleView(ModelViewBase):
                 observe(output)
 
         return module.register_forward_hook(post_hook).remove
+
+    def _attach_call(self, call: OpCall, side: Side, observe: Callable[[torch.Tensor], object]) -> Detach:
+        if self._tap is None:
+            self._tap = CallTap(self._model)
+            self._tap.install()
+        stop = self._tap.observe(call, side, observe)
+        self._tapped += 1
+
+        def detach() -> None:
+            stop()
+            self._tapped -= 1
+            if self._tapped == 0 and self._tap is not None:
+                self._tap.remove()
+                self._tap = None
+
+        return detach

@@ -20,10 +20,14 @@ from torch.ao.quantization import QConfigMapping
 from qinsight.core.errors import FrontendError
 from qinsight.frontends.base import ModuleView, eval_mode, run_batch
 from qinsight.frontends.modules import quantizable_modules, site_for_module
+from qinsight.frontends.ops import op_sites
 
 
-def eager_view(model: nn.Module, example: object, qconfig_mapping: QConfigMapping | None = None) -> ModuleView:
-    """The view of ``model``, with sites discovered by calling it on ``example`` (one batch)."""
+def eager_view(
+    model: nn.Module, example: object, qconfig_mapping: QConfigMapping | None = None, backend: str = "x86"
+) -> ModuleView:
+    """The view of ``model``, with sites discovered by calling it on ``example`` (one batch), and the
+    ops around them by a second call (:func:`~qinsight.frontends.ops.op_sites`)."""
     candidates = quantizable_modules(model)
     calls: Counter[str] = Counter()
     removers = [
@@ -44,4 +48,6 @@ def eager_view(model: nn.Module, example: object, qconfig_mapping: QConfigMappin
     )
     modules = {fqn: candidates[fqn].module for fqn in calls}
     weights = {fqn: candidates[fqn].holder for fqn in calls}
-    return ModuleView(frontend="eager", model=model, sites=sites, modules=modules, weights=weights)
+    ops = op_sites(model, example, qconfig_mapping, backend)
+    modules.update({op.fqn: model.get_submodule(op.fqn) for op in ops if op.call is None})
+    return ModuleView(frontend="eager", model=model, sites=sites, modules=modules, weights=weights, ops=ops)

@@ -18,6 +18,7 @@ from qinsight.core.errors import FrontendError
 from qinsight.core.sites import OpSite
 from qinsight.frontends.base import ModuleView
 from qinsight.frontends.modules import LeafTracer, classify, site_for_module
+from qinsight.frontends.ops import op_sites
 
 
 def _graph_of(model: nn.Module) -> fx.Graph:
@@ -32,11 +33,16 @@ def _graph_of(model: nn.Module) -> fx.Graph:
         ) from exc
 
 
-def fx_view(model: nn.Module, qconfig_mapping: QConfigMapping | None = None) -> ModuleView:
+def fx_view(
+    model: nn.Module, qconfig_mapping: QConfigMapping | None = None, example: object | None = None, backend: str = "x86"
+) -> ModuleView:
     """The view of an FX-traceable model or of a ``prepare_fx`` GraphModule.
 
     ``qconfig_mapping`` tells which weight scheme each site would get; a
-    prepared model's own ``qconfig`` attributes take precedence.
+    prepared model's own ``qconfig`` attributes take precedence. With an
+    ``example`` batch the ops around the layers are found too (``view.ops``,
+    :func:`~qinsight.frontends.ops.op_sites`); not in a ``prepare_fx`` graph,
+    whose calls no longer belong to the float model's modules.
     """
     graph = _graph_of(model)
     calls = Counter(str(node.target) for node in graph.nodes if node.op == "call_module")
@@ -52,4 +58,11 @@ def fx_view(model: nn.Module, qconfig_mapping: QConfigMapping | None = None) -> 
         sites.append(site_for_module(fqn, module, kind, holder, count, qconfig_mapping))
         modules[fqn] = module
         weights[fqn] = holder
-    return ModuleView(frontend="fx", model=model, sites=tuple(sites), modules=modules, weights=weights)
+    ops: tuple[OpSite, ...] = ()
+    if example is not None and not isinstance(model, fx.GraphModule):
+        try:
+            ops = op_sites(model, example, qconfig_mapping, backend)
+        except FrontendError:
+            pass  # the batch fails in the model: calibration reports it, as the error of batch 0
+    modules.update({op.fqn: model.get_submodule(op.fqn) for op in ops if op.call is None})
+    return ModuleView(frontend="fx", model=model, sites=tuple(sites), modules=modules, weights=weights, ops=ops)

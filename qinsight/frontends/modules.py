@@ -27,6 +27,30 @@ MODULE_KINDS: tuple[tuple[type[nn.Module], OpKind], ...] = (
 )
 
 
+# Modules the flows quantize around the layers (FX's native backend config has patterns for them).
+OP_MODULE_KINDS: tuple[tuple[type[nn.Module], OpKind], ...] = (
+    (nn.LayerNorm, OpKind.LAYER_NORM),
+    (nn.GroupNorm, OpKind.GROUP_NORM),
+    (nn.Embedding, OpKind.EMBEDDING),
+    (nn.EmbeddingBag, OpKind.EMBEDDING),
+    (nn.Softmax, OpKind.SOFTMAX),
+    (nn.Hardtanh, OpKind.HARDTANH),  # ReLU6 included
+    (nn.GELU, OpKind.GELU),
+    (nn.SiLU, OpKind.SILU),
+    (nn.Sigmoid, OpKind.SIGMOID),
+    (nn.modules.pooling._AvgPoolNd, OpKind.POOL),
+    (nn.modules.pooling._MaxPoolNd, OpKind.POOL),
+    (nn.modules.pooling._AdaptiveAvgPoolNd, OpKind.POOL),
+    (nn.RNNCellBase, OpKind.RNN_CELL),
+    (nn.RNNBase, OpKind.RNN_CELL),
+)
+
+
+def classify_op(module: nn.Module) -> OpKind | None:
+    """The kind of a module that is an op site without being a Linear/Conv (LayerNorm, ReLU6, ...)."""
+    return next((kind for cls, kind in OP_MODULE_KINDS if isinstance(module, cls)), None)
+
+
 def classify(module: nn.Module) -> tuple[OpKind, nn.Module] | None:
     """The op kind of ``module`` and the module holding its weight, if it is a site."""
     # QAT fused modules (ConvBnReLU2d) are Convs themselves; inference fused
@@ -51,11 +75,14 @@ def weight_scheme(qconfig: object) -> WeightScheme | None:
     return WeightScheme.PER_CHANNEL if per_channel else WeightScheme.PER_TENSOR
 
 
-def resolve_qconfig(mapping: QConfigMapping, fqn: str, module_type: type) -> object:
+_GLOBAL = object()
+
+
+def resolve_qconfig(mapping: QConfigMapping, fqn: str, module_type: type, fallback: object = _GLOBAL) -> object:
     """The qconfig ``mapping`` gives module ``fqn``.
 
     Precedence as in torch: module name (the module or its closest named
-    parent), then name regex, then object type, then global.
+    parent), then name regex, then object type, then ``fallback`` (the global qconfig).
     """
     parts = fqn.split(".")
     for end in range(len(parts), 0, -1):
@@ -68,7 +95,7 @@ def resolve_qconfig(mapping: QConfigMapping, fqn: str, module_type: type) -> obj
     for object_type, qconfig in mapping.object_type_qconfigs.items():
         if module_type in (object_type,):  # a plain `is` test narrows Callable | str to Never in mypy
             return qconfig
-    return mapping.global_qconfig
+    return mapping.global_qconfig if fallback is _GLOBAL else fallback
 
 
 class LeafTracer(fx.Tracer):

@@ -16,7 +16,9 @@ from qinsight.plugin.detector import ModelView
 Frontend = Literal["auto", "fx", "export", "eager"]
 
 
-def view_of(model: nn.Module, frontend: Frontend, mapping: QConfigMapping | None, example: object | None) -> ModelView:
+def view_of(
+    model: nn.Module, frontend: Frontend, mapping: QConfigMapping | None, example: object | None, backend: str = "x86"
+) -> ModelView:
     """The exported view for an exported graph, the FX view if the model traces, else the eager view."""
     if frontend not in ("auto", "fx", "export", "eager"):
         raise InvalidParameterError("diagnose", "frontend", frontend, "'auto', 'fx', 'export' or 'eager'")
@@ -24,11 +26,11 @@ def view_of(model: nn.Module, frontend: Frontend, mapping: QConfigMapping | None
         return exported_view(model, mapping)
     if frontend != "eager":
         try:
-            return fx_view(model, mapping)
+            return fx_view(model, mapping, example, backend)
         except FrontendError as exc:
             if frontend == "fx" or example is None:
                 hint = "" if frontend == "fx" else "; or give an example batch (example_inputs=) for the eager frontend"
                 raise FrontendError(f"{exc}{hint}") from exc.__cause__
     if example is None:
         raise FrontendError("the eager frontend finds a model's sites by running it: pass example_inputs=")
-    return eager_view(model, example, mapping)
+    return eager_view(model, example, mapping, backend)

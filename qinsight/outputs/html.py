@@ -15,8 +15,6 @@ import os
 from collections.abc import Iterable
 
 from qinsight.core.report import Report
-from qinsight.core.sites import WeightScheme
-from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 from qinsight.outputs.files import write_atomically
 from qinsight.outputs.tables import comparison_tables
 from qinsight.outputs.view import ReportView
@@ -48,31 +46,11 @@ def _png(figure: object) -> str:
     return f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
 
 
-def _qconfig_expression(suggestion: QuantSuggestion) -> str:
-    if suggestion.keep_float:
-        return "None"
-    activation = "default_dynamic_quant_observer" if suggestion.activation is ActivationMode.DYNAMIC else "default.activation"
-    weight = {
-        WeightScheme.PER_CHANNEL: "default_per_channel_weight_observer",
-        WeightScheme.PER_TENSOR: "default_weight_observer",
-        None: "default.weight",
-    }[suggestion.weight]
-    return f"QConfig(activation={activation}, weight={weight})"
-
-
 def config_code(report: Report) -> str:
     """Python that builds the same QConfigMapping as ``report.qconfig_mapping()``."""
-    backend = report.metadata.backend
-    lines = [
-        "from torch.ao.quantization import (",
-        "    QConfig, default_dynamic_quant_observer, default_per_channel_weight_observer,",
-        "    default_weight_observer, get_default_qconfig, get_default_qconfig_mapping,",
-        ")",
-        "",
-        f"default = get_default_qconfig({backend!r})",
-        f"mapping = get_default_qconfig_mapping({backend!r})",
-    ]
-    lines += [f"mapping.set_module_name({s.fqn!r}, {_qconfig_expression(s)})" for s in report.suggestions]
+    from qinsight.outputs.qconfig import entries_code  # torch, only when the page shows the code
+
+    lines = entries_code(report)
     if len(report.equalization_mapping):
         lines += [
             "",

@@ -1,55 +1,172 @@
 """From a Report to a torch ``QConfigMapping`` for FX graph mode quantization.
 
 The mapping starts from ``base`` (the backend's default mapping unless given),
-so the global entry and the object-type entries are kept, and adds one
-``set_module_name`` entry per suggested module. Names are the float model's
-(``fc1``, the parent of a fused ``LinearReLU``): torch's ModelReport uses the
-fused child's name (``fc1.0``), which ``prepare_fx`` never matches, so it
-leaves fused layers in float.
+so the global entry and the object-type entries are kept, and adds one entry
+per suggestion. Modules are named as in the float model (``fc1``, the parent
+of a fused ``LinearReLU``: torch's ModelReport uses ``fc1.0``, which
+``prepare_fx`` never matches, so it leaves fused layers in float). Functional
+calls (``x + y`` in a module's forward) get order entries
+(``set_module_name_object_type_order``), tensor methods (``x.softmax(-1)``) the
+only entry FX has for them, their name (for every call: a warning says so).
+Embeddings get torch's weight-only float-qparams qconfig, the only one
+``prepare_fx`` accepts for them (the default mapping makes it raise).
+
+:func:`mapping_entries` is the one list both :func:`to_qconfig_mapping` and the
+HTML page's pasteable code (:func:`entries_code`) are made from.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+import operator
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+import attrs
+import torch
+import torch.nn.functional as F
 from torch.ao.quantization import (
     QConfig,
     QConfigMapping,
     default_dynamic_quant_observer,
     default_per_channel_weight_observer,
     default_weight_observer,
+    float_qparams_weight_only_qconfig,
     get_default_qconfig,
     get_default_qconfig_mapping,
 )
 
-from qinsight.core.sites import WeightScheme
+from qinsight.core.sites import OpKind, OpSite, WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
+from qinsight.frontends import resolve_target
 
 if TYPE_CHECKING:
     from qinsight.core.report import Report
 
 
-def qconfig_for(suggestion: QuantSuggestion, default: QConfig) -> QConfig | None:
+@attrs.frozen
+class Choice:
+    """A qconfig and the code that builds it (in a namespace holding ``default`` and ``defaults``)."""
+
+    qconfig: QConfig | None
+    code: str
+
+
+@attrs.frozen
+class MappingEntry:
+    """One ``QConfigMapping`` setter call: ``setter(*key, choice.qconfig)``."""
+
+    setter: str  # set_module_name, set_module_name_object_type_order or set_object_type
+    key: tuple[Any, ...]
+    key_code: tuple[str, ...]
+    choice: Choice
+    fqn: str  # the site it is for
+
+
+def suggested(suggestion: QuantSuggestion, default: QConfig) -> Choice:
     """The qconfig that applies ``suggestion``; fields without an opinion keep ``default``'s choice."""
     if suggestion.keep_float:
-        return None
-    activation = default.activation
+        return Choice(None, "None")
+    activation, activation_code = default.activation, "default.activation"
     if suggestion.activation is ActivationMode.DYNAMIC:
-        activation = default_dynamic_quant_observer
-    weight = default.weight
+        activation, activation_code = default_dynamic_quant_observer, "default_dynamic_quant_observer"
+    weight, weight_code = default.weight, "default.weight"
     if suggestion.weight is WeightScheme.PER_CHANNEL:
-        weight = default_per_channel_weight_observer
+        weight, weight_code = default_per_channel_weight_observer, "default_per_channel_weight_observer"
     elif suggestion.weight is WeightScheme.PER_TENSOR:
-        weight = default_weight_observer
-    return QConfig(activation=activation, weight=weight)  # type: ignore[no-untyped-call]
+        weight, weight_code = default_weight_observer, "default_weight_observer"
+    qconfig = QConfig(activation=activation, weight=weight)  # type: ignore[no-untyped-call]
+    return Choice(qconfig, f"QConfig(activation={activation_code}, weight={weight_code})")
+
+
+def qconfig_for(suggestion: QuantSuggestion, default: QConfig) -> QConfig | None:
+    return suggested(suggestion, default).qconfig
+
+
+def _object_code(obj: object) -> str:
+    """Code naming ``obj`` (``operator.add``, ``F.softmax``, ``torch.matmul``)."""
+    name = getattr(obj, "__name__", "")
+    for prefix, namespace in (("operator", operator), ("F", F), ("torch", torch)):
+        if getattr(namespace, name, None) is obj:
+            return f"{prefix}.{name}"
+    return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', name)}"
+
+
+def _entry(site: OpSite | None, fqn: str, choice: Choice) -> MappingEntry:
+    """The entry for one site: its module's name, or the order entry of a functional call."""
+    call = site.call if site is not None else None
+    if call is None:
+        return MappingEntry("set_module_name", (fqn,), (repr(fqn),), choice, fqn)
+    if call.is_method:  # FX configures methods by name only
+        return MappingEntry("set_object_type", (call.target,), (repr(call.target),), choice, fqn)
+    target = resolve_target(call.target)
+    return MappingEntry(
+        "set_module_name_object_type_order",
+        (call.owner, target, call.index),
+        (repr(call.owner), _object_code(target), str(call.index)),
+        choice,
+        fqn,
+    )
+
+
+def mapping_entries(report: Report) -> list[MappingEntry]:
+    """The setter calls that turn the base mapping into the report's, in order (later ones win)."""
+    if not report.sites:
+        return []  # a file holding a comparison only (no backend recorded)
+    default = get_default_qconfig(report.metadata.backend)  # type: ignore[no-untyped-call]
+    sites = {site.fqn: site for site in report.sites}
+    suggestions = {s.fqn: s for s in report.suggestions}
+    entries = [
+        _entry(site, site.fqn, Choice(float_qparams_weight_only_qconfig, "float_qparams_weight_only_qconfig"))
+        for site in report.sites
+        if site.kind is OpKind.EMBEDDING and site.quantized and not getattr(suggestions.get(site.fqn), "keep_float", False)
+    ]
+    entries += [
+        _entry(sites.get(s.fqn), s.fqn, suggested(s, default))
+        for s in report.suggestions
+        if s.keep_float or sites.get(s.fqn) is None or sites[s.fqn].kind is not OpKind.EMBEDDING
+    ]
+    return entries
+
+
+def _warn_methods(entries: list[MappingEntry]) -> None:
+    methods = sorted({e.fqn for e in entries if e.setter == "set_object_type"})
+    if methods:
+        warnings.warn(
+            "FX configures tensor methods (x.softmax(...)) for the whole model, not per call: the settings of "
+            + ", ".join(methods)
+            + " apply to every call of those methods",
+            stacklevel=3,
+        )
 
 
 def to_qconfig_mapping(report: Report, base: QConfigMapping | None = None) -> QConfigMapping:
     """A QConfigMapping that ``prepare_fx``/``convert_fx`` accept and that applies the report's suggestions."""
-    backend = report.metadata.backend
-    mapping = copy.deepcopy(base) if base is not None else get_default_qconfig_mapping(backend)
-    default = get_default_qconfig(backend)  # type: ignore[no-untyped-call]
-    for suggestion in report.suggestions:
-        mapping.set_module_name(suggestion.fqn, qconfig_for(suggestion, default))
+    mapping = copy.deepcopy(base) if base is not None else get_default_qconfig_mapping(report.metadata.backend)
+    entries = mapping_entries(report)
+    _warn_methods(entries)
+    for entry in entries:
+        setter: Callable[..., QConfigMapping] = getattr(mapping, entry.setter)
+        setter(*entry.key, entry.choice.qconfig)
     return mapping
+
+
+def entries_code(report: Report) -> list[str]:
+    """Python lines that build ``mapping``, the same QConfigMapping as :func:`to_qconfig_mapping`."""
+    backend = report.metadata.backend
+    lines = [
+        "import operator",
+        "import torch",
+        "import torch.nn.functional as F",
+        "from torch.ao.quantization import (",
+        "    QConfig, default_dynamic_quant_observer, default_per_channel_weight_observer,",
+        "    default_weight_observer, float_qparams_weight_only_qconfig, get_default_qconfig,",
+        "    get_default_qconfig_mapping,",
+        ")",
+        "",
+        f"default = get_default_qconfig({backend!r})",
+        f"mapping = get_default_qconfig_mapping({backend!r})",
+    ]
+    lines += [f"mapping.{e.setter}({', '.join(e.key_code)}, {e.choice.code})" for e in mapping_entries(report)]
+    return lines

@@ -65,9 +65,12 @@ def render_text(report: Report, *, everything: bool = False) -> str:
     if report.comparison is not None and not report.sites:  # a file holding a comparison only
         return _comparison_lines(report) + "\n"
     meta = report.metadata
+    layers = sum(1 for site in report.sites if site.kind.is_layer)
+    ops = [site for site in report.sites if not site.kind.is_layer]
+    around = f", {len(ops)} ops around them ({sum(not op.quantized for op in ops)} float in the flow)" if ops else ""
     lines = [
         f"qinsight report: {meta.model} ({meta.frontend} frontend, backend {meta.backend}, "
-        f"{meta.batches} calibration batches, {len(report.sites)} quantizable modules)",
+        f"{meta.batches} calibration batches, {layers} quantizable modules{around})",
         "",
     ]
     for result in report.results:
@@ -77,6 +80,10 @@ def render_text(report: Report, *, everything: bool = False) -> str:
     if report.suggestions:
         width = max(len(s.fqn) for s in report.suggestions)
         lines.extend(f"  {s.fqn:<{width}}  {s.describe()}" for s in report.suggestions)
+    kept = _kept_float(report)
+    if kept:
+        lines.append(f"Kept in float ({len(kept)}), and why:")
+        lines.extend(f"  {fqn}: {why}" for fqn, why in kept)
     for conflict in report.conflicts:
         opinions = ", ".join(f"{o.detector}={o.value}" for o in conflict.opinions)
         lines.append(f"  conflict on {conflict.fqn}.{conflict.field}: {opinions}; chose {conflict.chosen}")
@@ -105,6 +112,18 @@ def _comparison_lines(report: Report) -> str:
     assert report.comparison is not None
     against = f" ({report.comparison.quantized})" if report.comparison.quantized else ""
     return f"Float vs quantized{against}: {report.metadata.model}\n\n" + report.comparison.to_text().rstrip("\n")
+
+
+def _kept_float(report: Report) -> list[tuple[str, str]]:
+    """Each site a suggestion keeps in float, with the reason of the findings that asked for it."""
+    reasons = {
+        (finding.fqn, result.detector): finding.reason() for result in report.results for finding in result.findings
+    }
+    return [
+        (s.fqn, "; ".join(reasons.get((s.fqn, source), source) for source in s.sources))
+        for s in report.suggestions
+        if s.keep_float
+    ]
 
 
 def _notes(report: Report) -> list[str]:

@@ -77,7 +77,7 @@ def analyze(
     equalize = tuple(EqualizationEntry(fqn=s.fqn, sources=s.sources) for s in suggestions if s.equalize)
     return Report(
         metadata=metadata,
-        sites=view.sites,
+        sites=view.sites + view.ops,
         observations=stats.observations,
         results=tuple(results),
         suggestions=suggestions,

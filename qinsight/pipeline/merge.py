@@ -46,7 +46,11 @@ class RecordedView:
 
     @property
     def sites(self) -> tuple[OpSite, ...]:
-        return self._report.sites
+        return tuple(site for site in self._report.sites if site.kind.is_layer)
+
+    @property
+    def ops(self) -> tuple[OpSite, ...]:
+        return tuple(site for site in self._report.sites if not site.kind.is_layer)
 
     def site(self, fqn: str) -> OpSite:
         try:

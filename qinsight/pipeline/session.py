@@ -200,7 +200,7 @@ def _session(
         raise InvalidParameterError("diagnose", "shard", shard, "None with distributed=True (the process group says which shard)")
     check_backend("diagnose", backend)
     chosen, load_failures = choose_detectors(detectors, backend, strict)
-    view = view_of(model, frontend, qconfig_mapping, example)
+    view = view_of(model, frontend, qconfig_mapping, example, backend)
     name = model_name or type(model).__name__
     return Session(
         view, chosen, backend=backend, model_name=name, strict=strict, load_failures=load_failures, shard=shard, exchange=exchange

@@ -47,7 +47,14 @@ class ModelView(Protocol):
 
     @property
     def sites(self) -> tuple[OpSite, ...]:
-        """The quantizable op sites, in forward order."""
+        """The Linear/Conv sites (ops with a weight), in forward order."""
+        ...
+
+    @property
+    def ops(self) -> tuple[OpSite, ...]:
+        """The other op sites a flow quantizes around them (adds, matmuls, softmax, norms...), in forward
+        order, those the flow leaves in float included (``quantized=False``); empty where the
+        frontend could not run the model before calibration."""
         ...
 
     def site(self, fqn: str) -> OpSite:

@@ -39,6 +39,8 @@ BUILTIN_DETECTORS: Final = {
     "qinsight.dynamic_static": "qinsight.detectors.dynamic_static:DynamicStaticDetector",
     "qinsight.equalization": "qinsight.detectors.equalization:InputWeightEqualizationDetector",
     "qinsight.outliers": "qinsight.detectors.outliers:OutlierDetector",
+    "qinsight.precision": "qinsight.detectors.precision:PrecisionDetector",
+    "qinsight.range_conflict": "qinsight.detectors.range_conflict:RangeConflictDetector",
 }
 DEFAULT_IDS: Final = tuple(BUILTIN_DETECTORS)
 

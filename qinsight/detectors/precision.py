@@ -1,0 +1,189 @@
+"""Bits left to the typical channel of an op's input and output under one per-tensor scale.
+
+FX and PT2E quantize the activations around adds, norms, softmax and the rest
+per tensor: one scale spans the widest channel. A channel whose range is a
+small fraction of the tensor's gets few of the activation's levels, and values
+within one step of each other collapse to one level. Per quantized op site
+(``view.ops``), the input and the output are observed per channel and
+
+    bits kept = activation bits - log2(tensor range / median channel range)
+
+is the number of bits the median channel's range spans. Below ``min_bits`` the
+op is suggested to stay in float: its quantized tensors would carry less than
+that for most channels (a residual stream whose few massive channels dwarf
+the rest is the common case, in BERT and in decoder LLMs alike).
+
+Activation bits are the flow's: 7 for FX's x86 and fbgemm defaults (reduce
+range), 8 otherwise. Ops the flow leaves in float get a finding saying so and
+no observer.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import TYPE_CHECKING, ClassVar
+
+import attrs
+
+from qinsight.core.findings import Finding
+from qinsight.core.report import DetectorResult
+from qinsight.core.sites import BACKENDS, InsertPoint, OpKind, OpSite, Side
+from qinsight.core.stats import ActivationStats, DataCondition, ObservedStats
+from qinsight.core.suggestions import ActivationMode, QuantSuggestion
+from qinsight.detectors._validators import one_of, positive
+from qinsight.plugin.detector import API_VERSION, result_of
+
+if TYPE_CHECKING:
+    from qinsight.plugin.detector import ModelView
+
+# FX's default qconfigs for these backends observe activations with reduce_range=True.
+REDUCED_RANGE_BACKENDS = ("x86", "fbgemm")
+
+
+def activation_bits(backend: str) -> int:
+    return 7 if backend in REDUCED_RANGE_BACKENDS else 8
+
+
+def bits_kept(bits: int, tensor_range: float, part_range: float) -> float:
+    """The bits a part (a channel, an operand) spanning ``part_range`` gets of a scale spanning ``tensor_range``."""
+    if tensor_range <= 0.0:
+        return float(bits)  # one value: nothing to lose
+    if part_range <= 0.0:
+        return -math.inf
+    return bits - math.log2(tensor_range / part_range)
+
+
+def _quantized_range(stats: ActivationStats) -> float:
+    """The range a min/max observer gives: it always includes zero."""
+    return max(stats.max, 0.0) - min(stats.min, 0.0)
+
+
+@attrs.frozen(kw_only=True)
+class SideBits:
+    """One observed tensor of an op: its range, its median channel's, and the bits that channel keeps."""
+
+    side: Side
+    tensor_range: float
+    median_channel_range: float
+    widest_channel: int
+    widest_channel_range: float
+    bits_kept: float
+
+
+def side_bits(side: Side, stats: ActivationStats | None, bits: int) -> SideBits | None:
+    if stats is None or stats.condition is DataCondition.NO_DATA or stats.channel_min is None or stats.channel_max is None:
+        return None
+    ranges = [hi - lo for lo, hi in zip(stats.channel_min, stats.channel_max)]
+    # Constant channels (one token type everywhere) need no levels: the median is over the others.
+    live = [r for r in ranges if r > 0.0]
+    median = statistics.median(live) if live else 0.0
+    widest = max(range(len(ranges)), key=ranges.__getitem__)
+    tensor = _quantized_range(stats) if live else 0.0
+    return SideBits(
+        side=side,
+        tensor_range=tensor,
+        median_channel_range=median,
+        widest_channel=widest,
+        widest_channel_range=ranges[widest],
+        bits_kept=bits_kept(bits, tensor, median),
+    )
+
+
+@attrs.frozen(kw_only=True)
+class PrecisionFinding(Finding):
+    verdicts: ClassVar[tuple[str, ...]] = ("left in float", "no calibration data", "too few bits", "enough bits")
+
+    kind: OpKind
+    quantized: bool
+    activation_bits: int
+    min_bits: float
+    sides: tuple[SideBits, ...]
+
+    @property
+    def worst(self) -> SideBits | None:
+        return min(self.sides, key=lambda s: s.bits_kept, default=None)
+
+    @property
+    def verdict(self) -> str:
+        if not self.quantized:
+            return "left in float"
+        worst = self.worst
+        if worst is None:
+            return "no calibration data"
+        return "too few bits" if worst.bits_kept < self.min_bits else "enough bits"
+
+    @property
+    def actionable(self) -> bool:
+        return self.verdict in ("too few bits", "no calibration data")
+
+    def reason(self) -> str:
+        if not self.quantized:
+            return f"{self.kind.value}: the flow leaves it in float"
+        worst = self.worst
+        if worst is None:
+            return "no finite activation reached it"
+        what = {Side.PRE: "input", Side.POST: "output"}.get(worst.side, worst.side.value)
+        return (
+            f"{self.kind.value}: its {what}'s median channel keeps {worst.bits_kept:.1f} of {self.activation_bits} bits "
+            f"under one scale (tensor range {worst.tensor_range:.3g}, median channel {worst.median_channel_range:.3g}, "
+            f"channel {worst.widest_channel} spans {worst.widest_channel_range:.3g})"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class PrecisionDetector:
+    """Finds quantized ops whose per-tensor activation scale leaves most channels few bits."""
+
+    id: ClassVar[str] = "qinsight.precision"
+    api_version: ClassVar[int] = API_VERSION
+    finding_type: ClassVar[type[Finding]] = PrecisionFinding
+
+    backend: str = attrs.field(default="x86", validator=one_of(BACKENDS))
+    min_bits: float = attrs.field(default=4.0, validator=positive(minimum=0.0))
+
+    @property
+    def bits(self) -> int:
+        return activation_bits(self.backend)
+
+    @staticmethod
+    def _points(site: OpSite) -> tuple[InsertPoint, ...]:
+        if not site.quantized:
+            return ()
+        if site.kind.is_layer:
+            sides: tuple[Side, ...] = (Side.PRE,)  # its output is the next op's input
+        elif site.kind is OpKind.EMBEDDING:
+            sides = (Side.POST,)  # its input is token ids
+        else:
+            sides = (Side.PRE, Side.POST)
+        return tuple(InsertPoint.at(site, side, per_channel=True) for side in sides)
+
+    @staticmethod
+    def _judged(view: ModelView) -> tuple[OpSite, ...]:
+        return tuple(site for site in view.sites if site.kind is OpKind.LINEAR) + view.ops
+
+    def insert_points(self, view: ModelView) -> tuple[InsertPoint, ...]:
+        return tuple(point for site in self._judged(view) for point in self._points(site))
+
+    def _finding(self, site: OpSite, stats: ObservedStats) -> PrecisionFinding:
+        measured = (side_bits(point.side, stats.for_point(point), self.bits) for point in self._points(site))
+        return PrecisionFinding(
+            fqn=site.fqn,
+            kind=site.kind,
+            quantized=site.quantized,
+            activation_bits=self.bits,
+            min_bits=self.min_bits,
+            sides=tuple(side for side in measured if side is not None),
+        )
+
+    def _suggestion(self, finding: PrecisionFinding) -> QuantSuggestion:
+        if finding.kind is OpKind.LINEAR:
+            # Dynamic quantization takes each batch's own range and keeps the tensor float outside the
+            # kernel, so float neighbours stay float (FX lowers a float op between quantized ones).
+            return QuantSuggestion(fqn=finding.fqn, activation=ActivationMode.DYNAMIC, sources=(self.id,))
+        return QuantSuggestion(fqn=finding.fqn, keep_float=True, sources=(self.id,))
+
+    def analyze(self, view: ModelView, stats: ObservedStats) -> DetectorResult:
+        findings = [self._finding(site, stats) for site in self._judged(view)]
+        suggestions = [self._suggestion(f) for f in findings if f.verdict == "too few bits"]
+        return result_of(self, findings, suggestions)

@@ -1,0 +1,152 @@
+"""The ops around the layers, found by running the model once: modules (LayerNorm, ReLU6, Embedding...)
+and functional calls (adds, matmuls, softmax...), and whether the FX flow quantizes each.
+
+A site the flow leaves in float is kept, marked ``quantized=False``: a user
+reading the report sees it was looked at. What FX quantizes is read the way
+``prepare_fx`` decides it: the qconfig ``QConfigMapping`` gives the op (with
+torch's precedence, per-call order entries included), and whether the
+native backend config, which ``prepare_fx`` uses unless told otherwise, has a
+pattern for it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
+
+from qinsight.core.errors import FrontendError
+from qinsight.core.sites import OpCall, OpKind, OpSite
+from qinsight.frontends.base import eval_mode, run_batch
+from qinsight.frontends.calls import CallTap, resolve_target
+from qinsight.frontends.modules import classify_op, resolve_qconfig
+
+
+@functools.cache
+def _native_patterns() -> frozenset[object]:
+    """The single-op patterns of torch's native backend config: what ``prepare_fx`` can quantize."""
+    import torch.ao.quantization.backend_config.utils  # noqa: F401  the config module reads it without importing it
+    from torch.ao.quantization.backend_config import get_native_backend_config
+
+    return frozenset(
+        config.pattern
+        for config in get_native_backend_config().configs
+        if config.pattern is not None and not isinstance(config.pattern, tuple)
+    )
+
+
+def _supported(pattern: object) -> bool:
+    patterns = _native_patterns()
+    if isinstance(pattern, type):
+        return any(isinstance(p, type) and issubclass(pattern, p) for p in patterns)
+    return pattern in patterns
+
+
+def call_qconfig(mapping: QConfigMapping, call: OpCall, owner_type: type) -> object:
+    """The qconfig FX gives ``call``: its object type's (else global), overridden by the owning
+    module's name, name regex or type, then by an order entry for exactly this call."""
+    target = resolve_target(call.target)
+    base = mapping.object_type_qconfigs.get(target, mapping.global_qconfig)
+    qconfig = resolve_qconfig(mapping, call.owner, owner_type, fallback=base) if call.owner else base
+    if call.is_method:
+        return qconfig  # FX has no per-call entries for methods
+    for (owner, object_type, index), ordered in mapping.module_name_object_type_order_qconfigs.items():
+        if owner == call.owner and object_type == target and index == call.index:
+            return ordered
+    return qconfig
+
+
+def _axis(rank: int) -> int:
+    """Channels of a 4-D/5-D (image, video) tensor are axis 1; of anything else (tokens), the last."""
+    return 1 if rank >= 4 else -1
+
+
+class _Discovery:
+    """Counts op-module calls (with the rank of their input) and functional calls over one forward."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.tap = CallTap(model)
+        self.position: dict[str, int] = {}  # op module -> how many calls were seen before its first call
+        self.module_calls: Counter[str] = Counter()
+        self.ranks: dict[str, int] = {}
+        self.kinds: dict[str, OpKind] = {}
+        for fqn, module in model.named_modules():
+            kind = classify_op(module)
+            if fqn and kind is not None:
+                self.kinds[fqn] = kind
+
+    def _counter(self, fqn: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+        def count(_module: nn.Module, args: tuple[Any, ...]) -> None:
+            if fqn not in self.module_calls:
+                self.position[fqn] = len(self.tap.seen)
+                first = args[0] if args else None
+                self.ranks[fqn] = first.dim() if isinstance(first, torch.Tensor) else 0
+            self.module_calls[fqn] += 1
+
+        return count
+
+    def run(self, example: object) -> CallTap:
+        modules = dict(self.model.named_modules())
+        removers = [modules[fqn].register_forward_pre_hook(self._counter(fqn)).remove for fqn in self.kinds]
+        tap = self.tap
+        try:
+            with tap, eval_mode(self.model), torch.no_grad():
+                run_batch(self.model, example)
+        except Exception as exc:
+            raise FrontendError(f"the example batch failed in {type(self.model).__name__}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            for remove in removers:
+                remove()
+        return tap
+
+
+def op_sites(model: nn.Module, example: object, mapping: QConfigMapping | None, backend: str = "x86") -> tuple[OpSite, ...]:
+    """The op sites of ``model`` that are not Linear/Conv, in the order one forward on ``example`` meets them.
+
+    ``quantized`` is read against ``mapping``, or the backend's default mapping
+    when none is given (what :meth:`Report.qconfig_mapping` starts from).
+    """
+    discovery = _Discovery(model)
+    tap = discovery.run(example)
+    mapping = mapping if mapping is not None else get_default_qconfig_mapping(backend)
+    modules = dict(model.named_modules())
+    module_sites = {
+        fqn: OpSite(
+            fqn=fqn,
+            kind=discovery.kinds[fqn],
+            module_type=type(modules[fqn]).__name__,
+            calls=count,
+            quantized=_supported(type(modules[fqn])) and resolve_qconfig(mapping, fqn, type(modules[fqn])) is not None,
+            axis=_axis(discovery.ranks[fqn]),
+        )
+        for fqn, count in discovery.module_calls.items()
+    }
+    call_sites = {
+        call: OpSite(
+            fqn=call.name,
+            kind=kind,
+            module_type=call.target,
+            call=call,
+            quantized=_supported(resolve_target(call.target))
+            and call_qconfig(mapping, call, type(modules[call.owner])) is not None,
+            axis=_axis(rank),
+        )
+        for call, (kind, rank) in tap.seen.items()
+    }
+    # forward order: a module after the calls seen before it, ahead of the calls after it
+    keyed = [((discovery.position[fqn], 0), site) for fqn, site in module_sites.items()]
+    keyed += [((index, 1), site) for index, site in enumerate(call_sites.values())]
+    ordered = [site for _, site in sorted(keyed, key=lambda pair: pair[0])]
+    names = {site.fqn for site in ordered}
+    if len(names) < len(ordered):
+        raise FrontendError("two op sites share a name; a module name holding '#' cannot be told from a call")
+    return tuple(ordered)
+
+
+__all__ = ["call_qconfig", "op_sites"]
