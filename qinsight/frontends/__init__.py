@@ -24,6 +24,7 @@ from qinsight.frontends.eager import eager_view
 from qinsight.frontends.exported import (
     ATEN_KINDS,
     ExportedView,
+    exported_op_names,
     exported_sites,
     exported_view,
     fetch_attr,
@@ -63,6 +64,7 @@ __all__ = [
     "classify",
     "eager_view",
     "eval_mode",
+    "exported_op_names",
     "exported_sites",
     "exported_view",
     "fetch_attr",

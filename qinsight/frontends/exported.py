@@ -85,6 +85,57 @@ def module_name_of(node: fx.Node, weight: fx.Node | None = None) -> str:
     return path.removeprefix("L['self'].")
 
 
+# The aten ops of the ops around the layers, by the name FX gives their call (``operator.add`` -> "add").
+ATEN_OPS: dict[object, str] = {
+    aten.add.Tensor: "add",
+    aten.add_.Tensor: "add",
+    aten.mul.Tensor: "mul",
+    aten.mul_.Tensor: "mul",
+    aten.cat.default: "cat",
+    aten.matmul.default: "matmul",
+    aten.bmm.default: "bmm",
+    aten.softmax.int: "softmax",
+    aten._softmax.default: "softmax",
+    aten.layer_norm.default: "layer_norm",
+    aten.group_norm.default: "group_norm",
+    aten.embedding.default: "embedding",
+    aten.hardtanh.default: "hardtanh",
+    aten.hardtanh_.default: "hardtanh",
+    aten.gelu.default: "gelu",
+    aten.silu.default: "silu",
+    aten.sigmoid.default: "sigmoid",
+    aten.avg_pool2d.default: "avg_pool2d",
+    aten.max_pool2d.default: "max_pool2d",
+    aten.adaptive_avg_pool2d.default: "adaptive_avg_pool2d",
+}
+
+
+def exported_op_names(model: fx.GraphModule) -> dict[fx.Node, str]:
+    """The aten op nodes of the ops around the layers, named as the FX and eager frontends name their sites.
+
+    An op inside one of torch's modules (``aten.layer_norm`` of ``nn.LayerNorm``)
+    is that module's site; a functional call is ``owner.op#index``, counted per
+    owner and op in graph order. aten does not tell ``x + y`` from
+    ``torch.add(x, y)``, which FX numbers apart: a module using both forms can
+    number its adds differently here.
+    """
+    names: dict[fx.Node, str] = {}
+    counts: dict[tuple[str, str], int] = {}
+    for node in model.graph.nodes:
+        op = ATEN_OPS.get(node.target) if node.op == "call_function" else None
+        if op is None:
+            continue
+        stack = list((node.meta.get("nn_module_stack") or {}).values())
+        owner, owner_type = (str(stack[-1][0]).removeprefix("L['self']."), str(stack[-1][1])) if stack else ("", "")
+        if owner_type.startswith(("torch.nn.", "<class 'torch.nn.")):
+            names[node] = owner
+            continue
+        index = counts.get((owner, op), 0)
+        counts[owner, op] = index + 1
+        names[node] = f"{owner}.{op}#{index}" if owner else f"{op}#{index}"
+    return names
+
+
 def exported_sites(model: nn.Module) -> list[fx.Node]:
     """The aten Linear/Conv nodes of an exported graph (empty for anything else)."""
     if not isinstance(model, fx.GraphModule):

@@ -8,6 +8,15 @@ composed. Modules kept in float are excluded from both. A per-tensor weight
 suggestion gets a per-tensor weight spec. Every override is checked in a
 converted graph by tests/test_pt2e.py.
 
+Ops around the layers have no module names the quantizer could be configured
+with. The returned quantizer wraps the composed one: after it annotates the
+graph, the aten nodes of the ops the report keeps in float (named as the
+report names them: :func:`~qinsight.frontends.exported_op_names`) lose their
+annotations, and so do nodes whose annotation shares theirs. It then checks
+the report's Linear/Conv sites: those the quantizer left unannotated
+(X86InductorQuantizer has no Conv1d, for one) are named in a warning and in
+its ``unhonoured`` attribute, as are suggested ops it did not find.
+
 PT2E has no input-weight equalization. Modules the report would equalize are
 named in a warning (and in the text report) rather than dropped silently.
 torchao is an optional extra: without it, this module raises one error saying
@@ -21,8 +30,10 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import fx
 
 from qinsight.core.errors import MissingExtraError
+from qinsight.frontends import exported_op_names, exported_sites, module_name_of, weight_argument
 from qinsight.core.sites import WeightScheme
 from qinsight.core.suggestions import ActivationMode
 
@@ -40,6 +51,87 @@ def _torchao() -> Any:
     except ImportError as exc:
         raise MissingExtraError(f"{INSTALL_HINT} ({exc})") from exc
     return x86, ComposableQuantizer, observer
+
+
+_ANNOTATION = "quantization_annotation"
+
+
+def _shares_with(annotation: Any, nodes: set[fx.Node]) -> bool:
+    """Whether an annotation's specs share a stripped node's (SharedQuantizationSpec on it or its edges)."""
+    specs = [*annotation.input_qspec_map.values(), annotation.output_qspec]
+    for spec in specs:
+        edge_or_node = getattr(spec, "edge_or_node", None)
+        touched = edge_or_node if isinstance(edge_or_node, tuple) else (edge_or_node,)
+        if any(n in nodes for n in touched):
+            return True
+    return False
+
+
+def strip_annotations(model: fx.GraphModule, float_names: set[str]) -> set[str]:
+    """Drop the annotations of the op nodes named in ``float_names`` (and of what shares theirs); the names found."""
+    named = {node: name for node, name in exported_op_names(model).items() if name in float_names}
+    stripped = set(named)
+    changed = True
+    while changed:  # a node sharing a stripped node's spec cannot keep its own
+        changed = False
+        for node in model.graph.nodes:
+            annotation = node.meta.get(_ANNOTATION)
+            if node in stripped or annotation is None or not _shares_with(annotation, stripped):
+                continue
+            stripped.add(node)
+            changed = True
+    for node in stripped:
+        node.meta.pop(_ANNOTATION, None)
+    return set(named.values())
+
+
+def _unannotated_layers(model: fx.GraphModule, fqns: set[str]) -> set[str]:
+    """The Linear/Conv sites among ``fqns`` whose every aten node the quantizer left unannotated."""
+    annotated: dict[str, bool] = {}
+    for node in exported_sites(model):
+        weight = weight_argument(node)
+        name = module_name_of(node, weight if isinstance(weight, fx.Node) and weight.op == "get_attr" else None)
+        annotated[name] = annotated.get(name, False) or node.meta.get(_ANNOTATION) is not None
+    return {fqn for fqn in fqns if fqn in annotated and not annotated[fqn]}
+
+
+def _honouring(inner: Any, report: Report) -> Any:
+    """``inner``, then the report's float ops stripped and what it left unquantized recorded and warned of."""
+    from torchao.quantization.pt2e.quantizer import Quantizer
+
+    layers = {site.fqn for site in report.sites if site.kind.is_layer}
+    float_ops = {s.fqn for s in report.suggestions if s.keep_float and s.fqn not in layers}
+    quantized_layers = layers - {s.fqn for s in report.suggestions if s.keep_float}
+
+    class ReportQuantizer(Quantizer):  # type: ignore[misc]
+        """The composed X86InductorQuantizer, with the report's op suggestions applied per node."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = inner
+            self.unhonoured: tuple[str, ...] = ()
+
+        def transform_for_annotation(self, model: fx.GraphModule) -> fx.GraphModule:
+            result: fx.GraphModule = self.inner.transform_for_annotation(model)
+            return result
+
+        def annotate(self, model: fx.GraphModule) -> fx.GraphModule:
+            self.inner.annotate(model)
+            found = strip_annotations(model, float_ops)
+            missed = sorted(_unannotated_layers(model, quantized_layers)) + sorted(float_ops - found)
+            self.unhonoured = tuple(missed)
+            if missed:
+                warnings.warn(
+                    f"{type(inner).__name__} does not apply the report to {len(missed)} sites (left in float, or an op "
+                    f"not found in this graph): {', '.join(missed[:10])}{' ...' if len(missed) > 10 else ''}",
+                    stacklevel=2,
+                )
+            return model
+
+        def validate(self, model: fx.GraphModule) -> None:
+            self.inner.validate(model)
+
+    return ReportQuantizer()
 
 
 def _per_tensor_weights(config: Any, observer: Any) -> Any:
@@ -66,7 +158,8 @@ def to_pt2e_quantizer(report: Report) -> Any:
     static = x86.X86InductorQuantizer().set_global(static_config)
     dynamic = x86.X86InductorQuantizer()
     dynamic_modules = []
-    for suggestion in report.suggestions:
+    layers = {site.fqn for site in report.sites if site.kind.is_layer}
+    for suggestion in (s for s in report.suggestions if s.fqn in layers):
         per_tensor = suggestion.weight is WeightScheme.PER_TENSOR
         if suggestion.keep_float:
             static.set_module_name_qconfig(suggestion.fqn, None)
@@ -83,4 +176,4 @@ def to_pt2e_quantizer(report: Report) -> Any:
             + ", ".join(report.equalization_mapping.fqns),
             stacklevel=3,
         )
-    return composable([dynamic, static]) if dynamic_modules else static
+    return _honouring(composable([dynamic, static]) if dynamic_modules else static, report)

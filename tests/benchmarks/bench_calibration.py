@@ -65,9 +65,14 @@ def bench(name: str, model: nn.Module, batch: torch.Tensor, torch_equalization: 
         torch_set.add(torch_detectors.InputWeightEqualizationDetector(0.5))
     ours = list(qinsight.default_detectors())
     # qinsight observes the prepared model (against torch) and the float model (against the float forward).
+    # On the float model the example batch also finds the ops around the layers (adds, norms, softmax...),
+    # which the precision and range-conflict detectors observe; a prepare_fx graph has no such sites.
     instrumented, float_instrumented = copy.deepcopy(prepared), copy.deepcopy(model)
     with contextlib.ExitStack() as stack:
-        sessions = [stack.enter_context(qinsight.instrument(m, detectors=ours)) for m in (instrumented, float_instrumented)]
+        sessions = [
+            stack.enter_context(qinsight.instrument(m, detectors=ours, example_inputs=batch))
+            for m in (instrumented, float_instrumented)
+        ]
         variants: dict[str, Callable[[torch.Tensor], object]] = {
             "float": model,
             "prepare_fx": prepared,
@@ -91,6 +96,7 @@ def bench(name: str, model: nn.Module, batch: torch.Tensor, torch_equalization: 
     theirs = ", ".join(sorted(type(d).__name__ for d in torch_set))
     print(f"\n{name}  median of {ROUNDS} rounds, s/batch")
     print(f"  qinsight: {', '.join(d.id for d in ours)}\n  torch:    {theirs}")
+    print(f"  qinsight on float observes {len(sessions[1].view.sites)} layers and {len(sessions[1].view.ops)} ops")
     for key, value in median.items():
         print(f"  {key:<18} {value:7.3f}")
     observers_ours = median["qinsight"] - median["prepare_fx"]
