@@ -3,6 +3,7 @@ with the same verdicts as the FX and eager frontends."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import warnings
 
@@ -20,7 +21,7 @@ from _support import (
 from torch import nn
 
 import qinsight
-from qinsight import FrontendError, PerChannelFinding, Side, WeightScheme
+from qinsight import FrontendError, OpKind, PerChannelFinding, Side, WeightScheme
 from qinsight.examples import example
 
 
@@ -38,16 +39,18 @@ def same_everywhere(model: nn.Module, data: list[torch.Tensor]) -> qinsight.Repo
     assert {name: r.metadata.frontend for name, r in reports.items()} == {"export": "export", "fx": "fx", "eager": "eager"}
     reference = reports["fx"]
     for report in (reports["export"], reports["eager"]):
-        # The exported frontend finds the Linear/Conv layers only, not yet the ops between them.
-        ops = set() if report is reports["eager"] else {s.fqn for s in reference.sites if not s.kind.is_layer}
-        assert [(s.fqn, s.kind, s.calls, s.groups) for s in report.sites] == [
-            (s.fqn, s.kind, s.calls, s.groups) for s in reference.sites if s.fqn not in ops
+        assert [(s.fqn, s.kind, s.calls, s.groups, s.axis) for s in report.sites] == [
+            (s.fqn, s.kind, s.calls, s.groups, s.axis) for s in reference.sites
         ]
-        assert [(r.detector, r.parameters, r.findings) for r in report.results] == [
-            (r.detector, r.parameters, tuple(f for f in r.findings if f.fqn not in ops)) for r in reference.results
+        # Which ops are quantized is the flow's: PT2E's X86InductorQuantizer leaves LayerNorm float, FX does
+        # not. So the exported report agrees with FX's on the layers and on the ops both quantize.
+        both = {s.fqn for s in report.sites if s.quantized} & {s.fqn for s in reference.sites if s.quantized}
+        assert [(r.detector, r.parameters, tuple(f for f in r.findings if f.fqn in both)) for r in report.results] == [
+            (r.detector, r.parameters, tuple(f for f in r.findings if f.fqn in both)) for r in reference.results
         ]
-        assert report.suggestions == tuple(s for s in reference.suggestions if s.fqn not in ops)
-        assert report.observations == tuple(o for o in reference.observations if o.fqn not in ops)
+        assert tuple(s for s in report.suggestions if s.fqn in both) == tuple(s for s in reference.suggestions if s.fqn in both)
+        assert tuple(o for o in report.observations if o.fqn in both) == tuple(o for o in reference.observations if o.fqn in both)
+    assert reports["eager"].results == reference.results and reports["eager"].sites == reference.sites
     return reports["export"]
 
 
@@ -68,7 +71,11 @@ def test_same_verdicts_as_fx_and_eager(name: str) -> None:
 def test_real_mobilenet_v2_same_verdicts() -> None:
     model = mobilenet_v2_or_skip()
     report = same_everywhere(model, gaussian_batches((2, 3, 224, 224), 2))
-    assert len(report.sites) == 53 and sum(s.groups > 1 for s in report.sites) == 17
+    layers = [s for s in report.sites if s.kind.is_layer]
+    assert len(layers) == 53 and sum(s.groups > 1 for s in layers) == 17
+    # the ops between them: 35 ReLU6 (hardtanh), 10 residual adds, the pooling
+    kinds = collections.Counter(s.kind for s in report.sites if not s.kind.is_layer)
+    assert kinds == {OpKind.HARDTANH: 35, OpKind.ADD: 10, OpKind.POOL: 1}
 
 
 def test_exported_program_and_graph_left_unchanged() -> None:
@@ -126,9 +133,9 @@ def test_prepare_pt2e_graph() -> None:
     code = prepared.code
     report = qinsight.diagnose(prepared, data)
     assert report.metadata.frontend == "export" and prepared.code == code
-    assert [s.fqn for s in report.sites] == ["conv1", "block.0", "fc"]
+    assert [s.fqn for s in report.sites] == ["conv1", "block.0", "fc", "pool"]
     # The quantizer's weight observers are per channel: per-channel is "in use", read from the graph.
-    assert all(s.weight_scheme is WeightScheme.PER_CHANNEL for s in report.sites)
+    assert all(s.weight_scheme is WeightScheme.PER_CHANNEL for s in report.sites if s.kind.is_layer)
     assert all(isinstance(f, PerChannelFinding) and f.used for f in report.result("qinsight.per_channel").findings)
     # BN is folded: the equalization detector reads the folded conv weight, not the float one.
     folded = report.result("qinsight.equalization").finding("conv1")

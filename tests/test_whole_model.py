@@ -231,3 +231,17 @@ def test_minilm_under_pt2e_the_reports_quantizer_is_no_worse() -> None:
     advised = cosine(reference, outputs(quantized(quantizer), held_out))
     assert quantizer.unhonoured == ()
     assert advised >= default - 0.001  # measured 0.9937 (default) and 0.9939
+
+
+def test_an_exported_graph_has_the_same_op_sites_with_pt2es_plan() -> None:
+    pytest.importorskip("torchao")
+    torch.manual_seed(0)
+    model, calibration = ResidualBlock().eval(), residual_stream(4, 0)
+    exported = torch.export.export(copy.deepcopy(model), (calibration[0],)).module()
+    fx_report, pt2e_report = qinsight.diagnose(model, calibration), qinsight.diagnose(exported, calibration)
+    assert pt2e_report.metadata.frontend == "export"
+    assert [(s.fqn, s.kind) for s in pt2e_report.sites] == [(s.fqn, s.kind) for s in fx_report.sites]
+    # X86InductorQuantizer quantizes the adds and GELU here, not the LayerNorms, softmax or matmuls
+    assert {s.fqn for s in pt2e_report.sites if not s.kind.is_layer and s.quantized} == {"add#0", "add#1", "act"}
+    conflicts = pt2e_report.result("qinsight.range_conflict").findings
+    assert {f.fqn for f in conflicts if f.verdict == "range conflict"} == {"add#0", "add#1"}

@@ -27,7 +27,7 @@ from torch.ao.quantization import QConfigMapping
 from qinsight.core.errors import FrontendError
 from qinsight.core.sites import OpKind, OpSite, Side, WeightScheme
 from qinsight.frontends.base import ModelViewBase
-from qinsight.frontends.modules import resolve_qconfig, weight_scheme
+from qinsight.frontends.modules import OP_MODULE_KINDS, resolve_qconfig, weight_scheme
 from qinsight.plugin.detector import Detach
 
 aten = torch.ops.aten
@@ -110,6 +110,36 @@ ATEN_OPS: dict[object, str] = {
 }
 
 
+def _subclasses(cls: type) -> list[type]:
+    direct: list[type] = cls.__subclasses__()
+    return [sub for child in direct for sub in (child, *_subclasses(child))]
+
+
+_OP_KINDS: dict[str, OpKind] = {
+    "add": OpKind.ADD,
+    "mul": OpKind.MUL,
+    "cat": OpKind.CAT,
+    "matmul": OpKind.MATMUL,
+    "bmm": OpKind.MATMUL,
+    "softmax": OpKind.SOFTMAX,
+    "layer_norm": OpKind.LAYER_NORM,
+    "group_norm": OpKind.GROUP_NORM,
+    "embedding": OpKind.EMBEDDING,
+    "hardtanh": OpKind.HARDTANH,
+    "gelu": OpKind.GELU,
+    "silu": OpKind.SILU,
+    "sigmoid": OpKind.SIGMOID,
+    "avg_pool2d": OpKind.POOL,
+    "max_pool2d": OpKind.POOL,
+    "adaptive_avg_pool2d": OpKind.POOL,
+}
+
+
+_OP_MODULE_NAMES = frozenset(
+    cls.__name__ for base, _ in OP_MODULE_KINDS for cls in (base, *_subclasses(base))
+)
+
+
 def exported_op_names(model: fx.GraphModule) -> dict[fx.Node, str]:
     """The aten op nodes of the ops around the layers, named as the FX and eager frontends name their sites.
 
@@ -128,8 +158,9 @@ def exported_op_names(model: fx.GraphModule) -> dict[fx.Node, str]:
         stack = list((node.meta.get("nn_module_stack") or {}).values())
         owner, owner_type = (str(stack[-1][0]).removeprefix("L['self']."), str(stack[-1][1])) if stack else ("", "")
         if owner_type.startswith(("torch.nn.", "<class 'torch.nn.")):
-            names[node] = owner
-            continue
+            if owner_type.strip("<class '>").rpartition(".")[2] in _OP_MODULE_NAMES:
+                names[node] = owner  # nn.LayerNorm's layer_norm: the module's site
+            continue  # inside another of torch's modules (MultiheadAttention): FX does not see it either
         index = counts.get((owner, op), 0)
         counts[owner, op] = index + 1
         names[node] = f"{owner}.{op}#{index}" if owner else f"{op}#{index}"
@@ -199,6 +230,32 @@ class ExportedView(ModelViewBase):
             self._weights.setdefault(fqn, weight)
             observers.setdefault(fqn, observer)
         self._sites = tuple(self._site(fqn, observers[fqn], qconfig_mapping) for fqn in self._nodes)
+        self._ops = self._op_sites()
+
+    def _op_sites(self) -> tuple[OpSite, ...]:
+        """The ops around the layers, named as the FX frontend names them; ``quantized`` as PT2E would."""
+        for node, name in exported_op_names(self._model).items():
+            self._nodes.setdefault(name, []).append(node)
+        quantized = _quantized_by_pt2e(self._model)
+        ops = []
+        for name, nodes in self._nodes.items():
+            node = nodes[0]
+            if node.target in ATEN_KINDS:
+                continue
+            first = _operands(node)[0] if _operands(node) else node
+            value = first.meta.get("val") if isinstance(first, fx.Node) else None
+            rank = value.dim() if isinstance(value, torch.Tensor) else 0
+            ops.append(
+                OpSite(
+                    fqn=name,
+                    kind=_OP_KINDS[ATEN_OPS[node.target]],
+                    module_type=f"aten.{ATEN_OPS[node.target]}",
+                    calls=len(nodes),
+                    quantized=quantized is None or any(n in quantized for n in nodes),
+                    axis=1 if rank >= 4 else -1,
+                )
+            )
+        return tuple(ops)
 
     def _site(self, fqn: str, observer: nn.Module | None, mapping: QConfigMapping | None) -> OpSite:
         node = self._nodes[fqn][0]
@@ -231,8 +288,42 @@ class ExportedView(ModelViewBase):
 
     def attach(self, fqn: str, side: Side, observe: Callable[[torch.Tensor], object]) -> Detach:
         self.site(fqn)
-        values = [node.args[0] if side is Side.PRE else node for node in self._nodes[fqn]]
+        values = [_side_value(node, side) for node in self._nodes[fqn]]
         return tap_nodes(self._model, [v for v in values if isinstance(v, fx.Node)], observe)
+
+
+def _operands(node: fx.Node) -> list[object]:
+    """The tensor operands of an op node: cat's come as one list."""
+    args: list[object] = list(node.args)
+    if node.target is aten.cat.default and args and isinstance(args[0], (list, tuple)):
+        return list(args[0])
+    return args
+
+
+def _side_value(node: fx.Node, side: Side) -> object:
+    if side is Side.POST:
+        return node
+    operands = _operands(node)
+    index = 0 if side is Side.PRE else 1
+    return operands[index] if len(operands) > index else None
+
+
+def _quantized_by_pt2e(model: fx.GraphModule) -> set[fx.Node] | None:
+    """The op nodes PT2E quantizes: in a ``prepare_pt2e`` graph those next to an observer; else those
+    torchao's default X86InductorQuantizer annotates (``None`` without torchao: not known)."""
+    if any(_is_observer(node, model) for node in model.graph.nodes):
+        return {
+            node for node in model.graph.nodes
+            if any(_is_observer(n, model) for n in (*node.all_input_nodes, *node.users))
+        }
+    try:
+        from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
+    except ImportError:
+        return None
+    quantizer = x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
+    quantizer.annotate(model)  # on the graph itself, then cleaned: no copy of the weights
+    annotated = {node for node in model.graph.nodes if node.meta.pop("quantization_annotation", None) is not None}
+    return annotated
 
 
 def exported_view(model: object, qconfig_mapping: QConfigMapping | None = None) -> ExportedView:
