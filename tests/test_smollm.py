@@ -8,7 +8,9 @@ from torch import nn
 
 import qinsight
 from _support import smollm2_or_skip
-from qinsight.detectors import OutlierFinding
+from qinsight import ActivationMode
+from qinsight.detectors import OutlierFinding, PrecisionFinding
+from qinsight.outputs.html import render_html
 
 
 @pytest.fixture(scope="module")
@@ -42,3 +44,27 @@ def test_its_massive_activations_are_found(smollm2: nn.Module) -> None:
     assert all(f.verdict == "outlier channels" and f.magnitude_channels for f in by_size[:2])
     text = report.to_text()
     assert "SmolLM2-135M (fx frontend, backend x86, 3 calibration batches, 211 quantizable modules, 545 ops" in text
+    assert "Kept in float" in text and "channel 507" in text
+
+
+def test_its_massive_activations_lead_to_suggestions(smollm2: nn.Module) -> None:
+    from qinsight.examples.smollm import token_batches
+
+    report = qinsight.diagnose(smollm2, token_batches(tokens=64)[:3], model_name="SmolLM2-135M")
+    precision = {f.fqn: f for f in report.result("qinsight.precision").findings if isinstance(f, PrecisionFinding)}
+    # the two outlier down_proj inputs: thousands wide, their median channel under one: dynamic activations
+    for fqn in ("layers.11.mlp.down_proj", "layers.28.mlp.down_proj"):
+        finding, suggestion = precision[fqn], report.suggestion(fqn)
+        assert finding.verdict == "too few bits" and finding.worst is not None and finding.worst.tensor_range > 1000
+        assert suggestion is not None and suggestion.activation is ActivationMode.DYNAMIC
+    # the residual stream from layer 11 on: channel 507 spans it, every residual add is kept in float
+    residual = [f for fqn, f in precision.items() if fqn.startswith(tuple(f"layers.{i}.add#" for i in range(12, 28)))]
+    assert len(residual) == 32
+    for finding in residual:
+        assert finding.verdict == "too few bits" and finding.worst is not None
+        assert 507 in {side.widest_channel for side in finding.sides}
+        assert finding.worst.tensor_range > 10_000  # measured ~23,000 once layer 11 has written channel 507
+        suggestion = report.suggestion(finding.fqn)
+        assert suggestion is not None and suggestion.keep_float
+    page = render_html(report)
+    assert "layers.12.add#0" in page and "too few bits" in page
