@@ -169,7 +169,7 @@ def test_minilm_with_the_reports_mapping_keeps_its_embeddings() -> None:
     default_mapping = get_default_qconfig_mapping("x86").set_object_type(nn.Embedding, None)
     default = cosine(reference, outputs(quantize(model, default_mapping, calibration), held_out))
     advised = cosine(reference, outputs(quantize(model, report.qconfig_mapping(), calibration), held_out))
-    assert default < 0.4 and advised >= 0.95  # measured 0.21 -> 0.957
+    assert default < 0.4 and advised >= 0.95  # measured 0.21 -> 0.972
     # the report names what it kept out, and why: the -1e4 mask mul and the scores + mask add among them
     text = report.to_text()
     assert "Kept in float" in text

@@ -21,6 +21,10 @@ sparse. torch only reports the share as ``is_sufficient_batches``.
 The finding also gives the LLM.int8() view: the largest absolute activation,
 and the channels whose magnitude exceeds ``magnitude_threshold`` (6.0, the
 threshold bitsandbytes uses to route a feature to 16-bit).
+
+A Linear with outlier channels gets a suggestion of dynamic activations: a
+static scale either spans the outliers or clips them; a dynamic one takes each
+batch's range. FX and PT2E have no dynamic convolutions, so convs get none.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from qinsight.core.stats import (
     ObservedStats,
     PercentileStats,
 )
+from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 from qinsight.detectors._validators import in_open_interval, positive, positive_or_none
 from qinsight.plugin.detector import API_VERSION, result_of
 
@@ -192,6 +197,10 @@ class OutlierDetector:
         )
 
     def analyze(self, view: ModelView, stats: ObservedStats) -> DetectorResult:
-        # Outliers inform the user; no quantization setting follows from them alone.
         findings = [self._finding(site, stats.for_point(self._point(site))) for site in view.sites]
-        return result_of(self, findings, ())
+        suggestions = [
+            QuantSuggestion(fqn=f.fqn, activation=ActivationMode.DYNAMIC, sources=(self.id,))
+            for f in findings
+            if f.kind is OpKind.LINEAR and f.outlier_channels
+        ]
+        return result_of(self, findings, suggestions)
