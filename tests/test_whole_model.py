@@ -245,3 +245,29 @@ def test_an_exported_graph_has_the_same_op_sites_with_pt2es_plan() -> None:
     assert {s.fqn for s in pt2e_report.sites if not s.kind.is_layer and s.quantized} == {"add#0", "add#1", "act"}
     conflicts = pt2e_report.result("qinsight.range_conflict").findings
     assert {f.fqn for f in conflicts if f.verdict == "range conflict"} == {"add#0", "add#1"}
+
+
+class FailsOnNegative(nn.Module):
+    """A residual add, then a failure the calibration data can trigger."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x + self.fc(x)
+        if bool(out.sum() < -1000):
+            raise ValueError("a batch it cannot take")
+        return out
+
+
+def test_a_batch_that_raises_leaves_no_tap_behind() -> None:
+    torch.manual_seed(0)
+    model = FailsOnNegative().eval()
+    data = [torch.randn(4, 8), torch.full((4, 8), -100.0)]
+    with pytest.raises(qinsight.CalibrationError, match="batch 1 failed: ValueError: a batch it cannot take"):
+        qinsight.diagnose(model, data)
+    assert not torch.overrides._get_current_function_mode_stack()  # the mode left with the failing forward
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    report = qinsight.diagnose(model, data[:1])  # and the next diagnosis starts clean, numbering from 0 again
+    assert [s.fqn for s in report.sites if not s.kind.is_layer] == ["add#0"]
