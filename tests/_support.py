@@ -124,6 +124,31 @@ def sentence_batches(size: int = 8) -> list[dict[str, torch.Tensor]]:
     return [tokenize(sentences[i : i + size]) for i in range(0, len(sentences), size)]
 
 
+def photo_crops(count: int, seed: int, batch: int = 8) -> list[torch.Tensor]:
+    """ImageNet-normalized 224x224 crops (random size, place and flip) of a real photo that ships with
+    matplotlib (Grace Hopper in uniform, 600x512): real image statistics for MobileNetV2, offline."""
+    import os
+
+    import matplotlib
+    import matplotlib.image
+
+    path = os.path.join(os.path.dirname(matplotlib.__file__), "mpl-data", "sample_data", "grace_hopper.jpg")
+    photo = torch.from_numpy(matplotlib.image.imread(path).copy()).permute(2, 0, 1).float() / 255
+    mean, std = torch.tensor([0.485, 0.456, 0.406])[:, None, None], torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+    g = torch.Generator().manual_seed(seed)
+    crops = []
+    for _ in range(count):
+        size = int(torch.randint(224, 500, (1,), generator=g))
+        top = int(torch.randint(0, photo.shape[1] - size + 1, (1,), generator=g))
+        left = int(torch.randint(0, photo.shape[2] - size + 1, (1,), generator=g))
+        crop = torch.nn.functional.interpolate(
+            photo[None, :, top : top + size, left : left + size], size=(224, 224), mode="bilinear", antialias=True
+        )[0]
+        crop = crop.flip(-1) if bool(torch.rand(1, generator=g) < 0.5) else crop
+        crops.append((crop - mean) / std)
+    return list(torch.stack(crops).split(batch))
+
+
 def torch_model_report(
     prepared: nn.Module, data: Iterable[torch.Tensor], detectors: set[Any]
 ) -> dict[str, tuple[str, dict[str, Any]]]:

@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 import torch
-from _support import ConvBnReluCNN, MLP, gaussian_batches, minilm_or_skip, seeded, sentence_batches
+from _support import (
+    MLP,
+    ConvBnReluCNN,
+    gaussian_batches,
+    minilm_or_skip,
+    mobilenet_v2_or_skip,
+    photo_crops,
+    seeded,
+    sentence_batches,
+)
 from torch import nn
 from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
@@ -187,6 +196,9 @@ CASES: dict[str, Callable[[], tuple[nn.Module, list[Any], list[Any]]]] = {
     "encoder": lambda: (example("encoder").model(), *_split(example("encoder").data(8), 4)),
     "resnet18": lambda: (example("resnet18").model(), *_split(example("resnet18").data(4), 2)),
     "residual": lambda: (ResidualBlock().eval(), residual_stream(4, 0), residual_stream(4, 1)),
+    # real weights on crops of a real photo; measured: default 8.1 dB (20/32 top-1 agreement), report 9.4 dB
+    # (17/32: the top-1 of these crops sits between "bow tie" and "military uniform", a noisy measure here)
+    "mobilenet_v2": lambda: (mobilenet_v2_or_skip(), photo_crops(32, 0), photo_crops(32, 1)),
 }
 
 
