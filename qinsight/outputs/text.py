@@ -80,10 +80,6 @@ def render_text(report: Report, *, everything: bool = False) -> str:
     if report.suggestions:
         width = max(len(s.fqn) for s in report.suggestions)
         lines.extend(f"  {s.fqn:<{width}}  {s.describe()}" for s in report.suggestions)
-    kept = _kept_float(report)
-    if kept:
-        lines.append(f"Kept in float ({len(kept)}), and why:")
-        lines.extend(f"  {fqn}: {why}" for fqn, why in kept)
     for conflict in report.conflicts:
         opinions = ", ".join(f"{o.detector}={o.value}" for o in conflict.opinions)
         lines.append(f"  conflict on {conflict.fqn}.{conflict.field}: {opinions}; chose {conflict.chosen}")
@@ -92,6 +88,10 @@ def render_text(report: Report, *, everything: bool = False) -> str:
             f"Equalize: {', '.join(report.equalization_mapping.fqns)} "
             "(prepare_fx's _equalization_config; PT2E has no equalization)"
         )
+    kept = _kept_float(report)
+    if kept:
+        lines.append(f"Kept in float ({len(kept)}), and why:")
+        lines.extend(f"  {fqn}: {why}" for fqn, why in kept)
     notes = _notes(report)
     if notes:
         lines.append("")
