@@ -283,3 +283,18 @@ def test_a_batch_that_raises_leaves_no_tap_behind() -> None:
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
     report = qinsight.diagnose(model, data[:1])  # and the next diagnosis starts clean, numbering from 0 again
     assert [s.fqn for s in report.sites if not s.kind.is_layer] == ["add#0"]
+
+
+def test_a_report_with_op_sites_round_trips_and_merges(tmp_path: Any) -> None:
+    torch.manual_seed(0)
+    model, data = ResidualBlock().eval(), residual_stream(4, 0)
+    report = qinsight.diagnose(model, data)
+    path = tmp_path / "r.json"
+    report.save(path)
+    back = qinsight.load_report(path)
+    assert (back.sites, back.results, back.suggestions) == (report.sites, report.results, report.suggestions)
+    assert qinsight.diff_reports(report, back).empty
+    # shards of the data, merged without the model, give the report of all of it: the op detectors rerun too
+    parts = [qinsight.diagnose(model, data[i::2], shard=qinsight.Shard(rank=i, world_size=2)) for i in range(2)]
+    merged = qinsight.merge_reports(parts)
+    assert (merged.results, merged.suggestions) == (report.results, report.suggestions)
