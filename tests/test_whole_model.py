@@ -298,3 +298,11 @@ def test_a_report_with_op_sites_round_trips_and_merges(tmp_path: Any) -> None:
     parts = [qinsight.diagnose(model, data[i::2], shard=qinsight.Shard(rank=i, world_size=2)) for i in range(2)]
     merged = qinsight.merge_reports(parts)
     assert (merged.results, merged.suggestions) == (report.results, report.suggestions)
+
+
+def test_ops_inside_torchs_own_modules_are_not_sites() -> None:
+    # FX calls nn.TransformerEncoderLayer whole: its LayerNorms and adds are nothing a mapping can set
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)).eval()
+    report = qinsight.diagnose(model, [torch.randn(2, 5, 16) for _ in range(2)])
+    assert [(s.fqn, s.kind) for s in report.sites] == [("0", OpKind.LINEAR), ("1", OpKind.LAYER_NORM)]

@@ -23,7 +23,7 @@ from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
 from qinsight.core.errors import FrontendError
 from qinsight.core.sites import OpCall, OpKind, OpSite
 from qinsight.frontends.base import eval_mode, run_batch
-from qinsight.frontends.calls import CallTap, resolve_target
+from qinsight.frontends.calls import CallTap, is_leaf, resolve_target
 from qinsight.frontends.modules import classify_op, resolve_qconfig
 
 
@@ -61,6 +61,13 @@ def call_qconfig(mapping: QConfigMapping, call: OpCall, owner_type: type) -> obj
     return qconfig
 
 
+def _inside_leaf(fqn: str, modules: dict[str, nn.Module]) -> bool:
+    """Whether one of torch's modules holds it (the LayerNorms of nn.TransformerEncoderLayer): FX calls
+    that module whole, so what is inside is not an op it can configure."""
+    parts = fqn.split(".")
+    return any(is_leaf(modules[".".join(parts[:end])]) for end in range(1, len(parts)))
+
+
 def _axis(rank: int) -> int:
     """Channels of a 4-D/5-D (image, video) tensor are axis 1; of anything else (tokens), the last."""
     return 1 if rank >= 4 else -1
@@ -76,9 +83,10 @@ class _Discovery:
         self.module_calls: Counter[str] = Counter()
         self.ranks: dict[str, int] = {}
         self.kinds: dict[str, OpKind] = {}
-        for fqn, module in model.named_modules():
+        modules = dict(model.named_modules())
+        for fqn, module in modules.items():
             kind = classify_op(module)
-            if fqn and kind is not None:
+            if fqn and kind is not None and not _inside_leaf(fqn, modules):
                 self.kinds[fqn] = kind
 
     def _counter(self, fqn: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:

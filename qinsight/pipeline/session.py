@@ -265,7 +265,7 @@ def diagnose(
     tuple of positional arguments, or a mapping of keyword arguments), read once, lazily.
     ``detectors`` holds detector instances or ids (``"qinsight.outliers"``,
     or a plugin's); ``None`` means the ``QINSIGHT_DETECTORS`` allowlist if set,
-    else the four built-ins. A detector that fails to load is recorded in
+    else the six built-ins. A detector that fails to load is recorded in
     ``report.failures`` and the others run.
     ``qconfig_mapping`` is the mapping you plan to quantize with; it tells the
     detectors what each module would get. With ``strict=True`` a failing

@@ -7,7 +7,8 @@ prepare_fx model) against qinsight on the float model, which is what each
 tool needs to produce a report, and both on the same prepare_fx model. Not a
 test: run it by hand,
     python tests/benchmarks/bench_calibration.py
-qinsight runs its four default detectors; torch runs the same four on the CNN
+qinsight runs its default detectors (six since the op detectors: the four torch has, and precision and
+range conflict on the ops around the layers, found with the example batch); torch runs its four on the CNN
 and three on the transformer, where its equalization detector crashes on
 (batch, seq, features) Linear inputs (docs/divergences.md).
 """
@@ -54,7 +55,7 @@ def torch_report_model(prepared: GraphModule, detectors: set[DetectorBase]) -> n
 
 
 def bench(name: str, model: nn.Module, batch: torch.Tensor, torch_equalization: bool) -> None:
-    """qinsight always runs its four default detectors; torch the same four where it can."""
+    """qinsight runs its default detectors; torch its four where it can."""
     prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), (batch,))
     torch_set: set[DetectorBase] = {
         torch_detectors.PerChannelDetector("x86"),
