@@ -171,6 +171,12 @@ def test_minilm_with_the_reports_mapping_keeps_its_embeddings() -> None:
     calibration, held_out = batches[:4], batches[4:]
     report = qinsight.diagnose(model, calibration)
     quantized = quantize(model, report.qconfig_mapping(), calibration)
+    # the whole report applies: equalization is not suggested where FX cannot do it (3-D Linear inputs)
+    assert len(report.equalization_mapping) == 0
+    assert any(not f.applicable and f.recommended for f in report.result("qinsight.equalization").findings)
+    first = calibration[0]
+    prepare_fx(copy.deepcopy(model), report.qconfig_mapping(), (first["input_ids"], first["attention_mask"]),
+               _equalization_config=report.equalization_mapping.to_torch())
     # every Linear still has int8 weights (static or dynamic): nothing was kept float to get there
     linears = [fqn for fqn, m in model.named_modules() if isinstance(m, nn.Linear)]
     assert all(".quantized" in type(quantized.get_submodule(fqn)).__module__ for fqn in linears)

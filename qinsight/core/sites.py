@@ -134,7 +134,9 @@ class OpSite:
     weight, ``None`` when no qconfig applies. ``quantized`` says whether the
     flow would quantize the op at all (a site it leaves float is still listed);
     ``axis`` is the channel axis of an op without a weight, from the rank of
-    the tensor it was seen with (1 for 4-D and 5-D images, else the last).
+    the tensor it was seen with (1 for 4-D and 5-D images, else the last);
+    ``input_rank`` is that rank, where the frontend ran the model or read it
+    from the graph (``None`` where it did not).
     """
 
     fqn: str
@@ -146,6 +148,7 @@ class OpSite:
     call: OpCall | None = None
     quantized: bool = True
     axis: int | None = None
+    input_rank: int | None = None
 
     @property
     def channel_axis(self) -> int:

@@ -16,6 +16,11 @@ recommended when the share of recommended channels reaches
 
 Grouped and depthwise convs pair each input channel with its own group's
 weights; torch tiles the weight ratios instead, mixing the groups.
+
+A Linear called on 3-D (batch, tokens, features) inputs gets its finding but
+no suggestion: FX's equalization observes axis 1, the token axis, and raises
+once sequence lengths differ (docs/divergences.md), so a report that
+suggested it would break ``prepare_fx`` for a user following it.
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ class EqualizationFinding(Finding):
     weight_ranges: tuple[float, ...]
     scores: tuple[float, ...]  # s_c per input channel; nan where a channel's range is 0
     recommended_channels: tuple[int, ...]
+    # False for a Linear on 3-D inputs: FX's equalization cannot apply to it, nothing is suggested
+    applicable: bool = True
 
     @property
     def channel_share(self) -> float:
@@ -77,9 +84,10 @@ class EqualizationFinding(Finding):
             return f"{self.kind.value}: input or weight range is {self.condition.value}"
         finite = sorted(s for s in self.scores if math.isfinite(s))
         median = finite[len(finite) // 2] if finite else math.nan
+        caveat = "" if self.applicable else "; FX cannot equalize a Linear on 3-D inputs: not suggested"
         return (
             f"{len(self.recommended_channels)}/{len(self.scores)} channels with s_c outside "
-            f"[{self.ratio_threshold:g}, {1 / self.ratio_threshold:g}] (median s_c {median:.2f})"
+            f"[{self.ratio_threshold:g}, {1 / self.ratio_threshold:g}] (median s_c {median:.2f}){caveat}"
         )
 
 
@@ -149,6 +157,7 @@ class InputWeightEqualizationDetector:
             weight_ranges=weight_ranges,
             scores=scores,
             recommended_channels=recommended,
+            applicable=not (site.kind is OpKind.LINEAR and site.input_rank is not None and site.input_rank > 2),
         )
 
     def analyze(self, view: ModelView, stats: ObservedStats) -> DetectorResult:
@@ -158,6 +167,6 @@ class InputWeightEqualizationDetector:
         suggestions = tuple(
             QuantSuggestion(fqn=f.fqn, equalize=f.recommended, sources=(self.id,))
             for f in findings
-            if f.condition is DataCondition.OK
+            if f.condition is DataCondition.OK and f.applicable
         )
         return result_of(self, findings, suggestions)

@@ -20,7 +20,7 @@ from torch.ao.quantization import QConfigMapping
 from qinsight.core.errors import FrontendError
 from qinsight.frontends.base import ModuleView, eval_mode, run_batch
 from qinsight.frontends.modules import quantizable_modules, site_for_module
-from qinsight.frontends.ops import op_sites
+from qinsight.frontends.ops import with_ops
 
 
 def eager_view(
@@ -48,6 +48,6 @@ def eager_view(
     )
     modules = {fqn: candidates[fqn].module for fqn in calls}
     weights = {fqn: candidates[fqn].holder for fqn in calls}
-    ops = op_sites(model, example, qconfig_mapping, backend)
+    sites, ops = with_ops(model, sites, example, qconfig_mapping, backend)
     modules.update({op.fqn: model.get_submodule(op.fqn) for op in ops if op.call is None})
     return ModuleView(frontend="eager", model=model, sites=sites, modules=modules, weights=weights, ops=ops)

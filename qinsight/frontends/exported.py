@@ -242,9 +242,7 @@ class ExportedView(ModelViewBase):
             node = nodes[0]
             if node.target in ATEN_KINDS:
                 continue
-            first = _operands(node)[0] if _operands(node) else node
-            value = first.meta.get("val") if isinstance(first, fx.Node) else None
-            rank = value.dim() if isinstance(value, torch.Tensor) else 0
+            rank = _rank(_operands(node)[0] if _operands(node) else node) or 0
             ops.append(
                 OpSite(
                     fqn=name,
@@ -253,6 +251,7 @@ class ExportedView(ModelViewBase):
                     calls=len(nodes),
                     quantized=quantized is None or any(n in quantized for n in nodes),
                     axis=1 if rank >= 4 else -1,
+                    input_rank=rank,
                 )
             )
         return tuple(ops)
@@ -268,6 +267,7 @@ class ExportedView(ModelViewBase):
             scheme = weight_scheme(resolve_qconfig(mapping, fqn, _MODULE_TYPES[kind]))
         groups = node.args[_GROUPS_ARG] if kind.is_conv and len(node.args) > _GROUPS_ARG else node.kwargs.get("groups", 1)
         return OpSite(
+            input_rank=_rank(node.args[0]) if node.args else None,
             fqn=fqn,
             kind=kind,
             module_type=f"aten.{getattr(node.target, '__name__', str(node.target))}",
@@ -290,6 +290,12 @@ class ExportedView(ModelViewBase):
         self.site(fqn)
         values = [_side_value(node, side) for node in self._nodes[fqn]]
         return tap_nodes(self._model, [v for v in values if isinstance(v, fx.Node)], observe)
+
+
+def _rank(value: object) -> int | None:
+    """The rank of a node's value, from the fake tensor torch.export records."""
+    meta = value.meta.get("val") if isinstance(value, fx.Node) else None
+    return meta.dim() if isinstance(meta, torch.Tensor) else None
 
 
 def _operands(node: fx.Node) -> list[object]:

@@ -18,7 +18,7 @@ from qinsight.core.errors import FrontendError
 from qinsight.core.sites import OpSite
 from qinsight.frontends.base import ModuleView
 from qinsight.frontends.modules import LeafTracer, classify, site_for_module
-from qinsight.frontends.ops import op_sites
+from qinsight.frontends.ops import with_ops
 
 
 def _graph_of(model: nn.Module) -> fx.Graph:
@@ -58,11 +58,12 @@ def fx_view(
         sites.append(site_for_module(fqn, module, kind, holder, count, qconfig_mapping))
         modules[fqn] = module
         weights[fqn] = holder
+    layers: tuple[OpSite, ...] = tuple(sites)
     ops: tuple[OpSite, ...] = ()
     if example is not None and not isinstance(model, fx.GraphModule):
         try:
-            ops = op_sites(model, example, qconfig_mapping, backend)
+            layers, ops = with_ops(model, layers, example, qconfig_mapping, backend)
         except FrontendError:
             pass  # the batch fails in the model: calibration reports it, as the error of batch 0
     modules.update({op.fqn: model.get_submodule(op.fqn) for op in ops if op.call is None})
-    return ModuleView(frontend="fx", model=model, sites=tuple(sites), modules=modules, weights=weights, ops=ops)
+    return ModuleView(frontend="fx", model=model, sites=layers, modules=modules, weights=weights, ops=ops)

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import torch
 from torch import nn
 from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
@@ -76,8 +77,9 @@ def _axis(rank: int) -> int:
 class _Discovery:
     """Counts op-module calls (with the rank of their input) and functional calls over one forward."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, layers: tuple[str, ...] = ()) -> None:
         self.model = model
+        self.layers = layers  # Linear/Conv sites: only their input's rank is recorded
         self.tap = CallTap(model)
         self.position: dict[str, int] = {}  # op module -> how many calls were seen before its first call
         self.module_calls: Counter[str] = Counter()
@@ -99,9 +101,17 @@ class _Discovery:
 
         return count
 
+    def _ranker(self, fqn: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+        def rank(_module: nn.Module, args: tuple[Any, ...]) -> None:
+            if fqn not in self.ranks and args and isinstance(args[0], torch.Tensor):
+                self.ranks[fqn] = args[0].dim()
+
+        return rank
+
     def run(self, example: object) -> CallTap:
         modules = dict(self.model.named_modules())
         removers = [modules[fqn].register_forward_pre_hook(self._counter(fqn)).remove for fqn in self.kinds]
+        removers += [modules[fqn].register_forward_pre_hook(self._ranker(fqn)).remove for fqn in self.layers]
         tap = self.tap
         try:
             with tap, eval_mode(self.model), torch.no_grad():
@@ -114,14 +124,18 @@ class _Discovery:
         return tap
 
 
-def op_sites(model: nn.Module, example: object, mapping: QConfigMapping | None, backend: str = "x86") -> tuple[OpSite, ...]:
-    """The op sites of ``model`` that are not Linear/Conv, in the order one forward on ``example`` meets them.
+def with_ops(
+    model: nn.Module, layers: tuple[OpSite, ...], example: object, mapping: QConfigMapping | None, backend: str = "x86"
+) -> tuple[tuple[OpSite, ...], tuple[OpSite, ...]]:
+    """``layers`` with their input ranks, and the op sites of ``model`` that are not Linear/Conv, in
+    the order one forward on ``example`` meets them.
 
     ``quantized`` is read against ``mapping``, or the backend's default mapping
     when none is given (what :meth:`Report.qconfig_mapping` starts from).
     """
-    discovery = _Discovery(model)
+    discovery = _Discovery(model, tuple(site.fqn for site in layers))
     tap = discovery.run(example)
+    ranked = tuple(attrs.evolve(site, input_rank=discovery.ranks.get(site.fqn)) for site in layers)
     mapping = mapping if mapping is not None else get_default_qconfig_mapping(backend)
     modules = dict(model.named_modules())
     module_sites = {
@@ -132,6 +146,7 @@ def op_sites(model: nn.Module, example: object, mapping: QConfigMapping | None, 
             calls=count,
             quantized=_supported(type(modules[fqn])) and resolve_qconfig(mapping, fqn, type(modules[fqn])) is not None,
             axis=_axis(discovery.ranks[fqn]),
+            input_rank=discovery.ranks[fqn],
         )
         for fqn, count in discovery.module_calls.items()
     }
@@ -144,6 +159,7 @@ def op_sites(model: nn.Module, example: object, mapping: QConfigMapping | None, 
             quantized=_supported(resolve_target(call.target))
             and call_qconfig(mapping, call, type(modules[call.owner])) is not None,
             axis=_axis(rank),
+            input_rank=rank,
         )
         for call, (kind, rank) in tap.seen.items()
     }
@@ -154,7 +170,7 @@ def op_sites(model: nn.Module, example: object, mapping: QConfigMapping | None, 
     names = {site.fqn for site in ordered}
     if len(names) < len(ordered):
         raise FrontendError("two op sites share a name; a module name holding '#' cannot be told from a call")
-    return tuple(ordered)
+    return ranked, tuple(ordered)
 
 
-__all__ = ["call_qconfig", "op_sites"]
+__all__ = ["call_qconfig", "with_ops"]
