@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         UsageError,
     )
     from qinsight.core.findings import Finding
+    from qinsight.core.precision import SideBits
     from qinsight.core.report import (
         DetectorFailure,
         DetectorResult,
@@ -88,7 +89,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         PrecisionFinding,
         RangeConflictDetector,
         RangeConflictFinding,
-        SideBits,
         Stationarity,
     )
     from qinsight.outputs.diff import ReportDiff, diff_reports
@@ -163,7 +163,7 @@ _HOMES: dict[str, str] = {
     "OutlierFinding": "qinsight.detectors",
     "PerChannelDetector": "qinsight.detectors",
     "PerChannelFinding": "qinsight.detectors",
-    "SideBits": "qinsight.detectors",
+    "SideBits": "qinsight.core.precision",
     "RangeConflictFinding": "qinsight.detectors",
     "RangeConflictDetector": "qinsight.detectors",
     "PrecisionFinding": "qinsight.detectors",

@@ -116,7 +116,7 @@ st.register_type_strategy(
 def all_classes() -> list[type]:
     names = set(schema()["classes"])
     found: dict[str, type] = {}
-    for module in ("qinsight", "qinsight.detectors.dynamic_static", "qinsight.core.stats", "qinsight.core.suggestions", "qinsight.core.report", "qinsight.core.equalization", "qinsight.core.comparison"):
+    for module in ("qinsight", "qinsight.detectors.dynamic_static", "qinsight.core.precision", "qinsight.core.stats", "qinsight.core.suggestions", "qinsight.core.report", "qinsight.core.equalization", "qinsight.core.comparison"):
         mod = importlib.import_module(module)
         for name in names:
             if hasattr(mod, name):

@@ -4,6 +4,7 @@ as a user would (FX prepare/convert with ``report.qconfig_mapping()``), measured
 from __future__ import annotations
 
 import collections
+import math
 import copy
 import operator
 from collections.abc import Callable
@@ -312,3 +313,35 @@ def test_ops_inside_torchs_own_modules_are_not_sites() -> None:
     model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)).eval()
     report = qinsight.diagnose(model, [torch.randn(2, 5, 16) for _ in range(2)])
     assert [(s.fqn, s.kind) for s in report.sites] == [("0", OpKind.LINEAR), ("1", OpKind.LAYER_NORM)]
+
+
+# --- the statistic, as plugins get it ---------------------------------------------------------------
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from qinsight.plugin import ObserverSpec, Side, activation_bits, bits_kept, side_bits  # noqa: E402
+
+
+@given(
+    bits=st.sampled_from([7, 8]),
+    ranges=st.lists(st.floats(0.01, 1e4), min_size=1, max_size=16),
+    shift=st.floats(-1e3, 1e3),
+)
+def test_the_median_channel_keeps_what_its_share_of_the_scale_gives(bits: int, ranges: list[float], shift: float) -> None:
+    # channels [shift, shift + r]; the observer's range includes zero
+    lows, highs = tuple(shift for _ in ranges), tuple(shift + r for r in ranges)
+    stats = qinsight.ActivationStats(
+        spec=ObserverSpec(channel_axis=-1, per_channel=True), batches=1,
+        min=min(lows), max=max(highs), channel_min=lows, channel_max=highs,
+    )
+    found = side_bits(Side.PRE, stats, bits)
+    assert found is not None
+    tensor = max(max(highs), 0.0) - min(min(lows), 0.0)
+    spans = sorted(h - lo for lo, h in zip(lows, highs))  # the ranges as floats hold them
+    median = spans[len(spans) // 2] if len(spans) % 2 else (spans[len(spans) // 2 - 1] + spans[len(spans) // 2]) / 2
+    assert found.tensor_range == pytest.approx(tensor) and found.median_channel_range == pytest.approx(median, rel=1e-6, abs=1e-9)
+    assert found.bits_kept == pytest.approx(bits - math.log2(tensor / median), rel=1e-6, abs=1e-6)
+    assert found.bits_kept <= bits + 1e-9  # no channel gets more than the activation has
+    assert found.widest_channel_range == pytest.approx(spans[-1], rel=1e-6)
+    assert bits_kept(bits, tensor, tensor) == bits and activation_bits("x86") == 7 and activation_bits("qnnpack") == 8

@@ -11,7 +11,7 @@ from qinsight.detectors.equalization import (
 )
 from qinsight.detectors.outliers import ChannelStatus, OutlierDetector, OutlierFinding
 from qinsight.detectors.per_channel import PerChannelDetector, PerChannelFinding
-from qinsight.detectors.precision import PrecisionDetector, PrecisionFinding, SideBits
+from qinsight.detectors.precision import PrecisionDetector, PrecisionFinding
 from qinsight.detectors.range_conflict import RangeConflictDetector, RangeConflictFinding
 
 __all__ = [
@@ -28,6 +28,5 @@ __all__ = [
     "PrecisionFinding",
     "RangeConflictDetector",
     "RangeConflictFinding",
-    "SideBits",
     "Stationarity",
 ]

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, ClassVar
 import attrs
 
 from qinsight.core.findings import Finding
+from qinsight.core.precision import activation_bits, bits_kept
 from qinsight.core.report import DetectorResult
 from qinsight.core.sites import BACKENDS, InsertPoint, OpKind, OpSite, Side
 from qinsight.core.stats import ActivationStats, DataCondition, ObservedStats
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.detectors._validators import one_of, positive
-from qinsight.detectors.precision import activation_bits, bits_kept
 from qinsight.plugin.detector import API_VERSION, result_of
 
 if TYPE_CHECKING:

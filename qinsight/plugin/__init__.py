@@ -9,6 +9,7 @@ docs/plugins.md says how. Nothing here imports torch.
 """
 
 from qinsight.core.findings import Finding
+from qinsight.core.precision import SideBits, activation_bits, bits_kept, side_bits
 from qinsight.core.report import (
     DetectorFailure,
     DetectorResult,
@@ -42,6 +43,10 @@ from qinsight.plugin.detector import (
 from qinsight.plugin.metric import ErrorTotals, Metric
 
 __all__ = [
+    "SideBits",
+    "activation_bits",
+    "bits_kept",
+    "side_bits",
     "API_VERSION",
     "ActivationMode",
     "ActivationStats",
