@@ -115,8 +115,8 @@ class CallTap:
 
     Installed with hooks on every module (to know whose forward runs) and a
     mode entered as the root's forward starts and left as it ends, also when
-    it raises. ``seen`` counts each call per forward (with the rank of its first
-    operand), for site discovery.
+    it raises. ``seen`` holds every call met, with its kind and the rank of its
+    first operand, for site discovery.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -125,7 +125,6 @@ class CallTap:
         self._counts: Counter[tuple[str, str]] = Counter()
         self._observers: dict[tuple[str, Side], list[Observe]] = {}
         self.seen: dict[OpCall, tuple[OpKind, int]] = {}  # call -> (kind, rank of its first operand)
-        self.forwards = 0
         self._mode: _Mode | None = None
         self._removers: list[Callable[[], None]] = []
 
@@ -161,7 +160,6 @@ class CallTap:
         def enter(_module: nn.Module, _args: tuple[Any, ...]) -> None:
             if not self._owners:  # the root's forward: a new pass
                 self._counts.clear()
-                self.forwards += 1
                 self._mode = _Mode(self)
                 self._mode.__enter__()  # type: ignore[no-untyped-call]
             self._owners.append((name, leaf))
