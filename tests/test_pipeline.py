@@ -161,13 +161,21 @@ def test_batches_may_be_tuples_or_mappings() -> None:
 
 def test_instrument_with_own_loop(mlp: nn.Module) -> None:
     data = gaussian_batches((8, 16), 4)
-    with qinsight.instrument(mlp) as session:
+    with qinsight.instrument(mlp, example_inputs=data[0]) as session:
         assert hooks_left(mlp) == 7  # 3 sites x (pre, post) observers + the batch counter
         for batch in data:
             mlp(batch)
         inside = session.report()
     assert hooks_left(mlp) == 0
-    assert session.report() == inside == qinsight.diagnose(mlp, data)
+    diagnosed = qinsight.diagnose(mlp, data)
+    assert session.report() == inside == diagnosed
+    # without an example batch nothing runs before calibration: the sites do not know their input
+    # ranks (nor would ops around the layers be found); the findings on these layers are the same
+    with qinsight.instrument(mlp) as plain:
+        for batch in data:
+            mlp(batch)
+    assert plain.report().results == diagnosed.results
+    assert [s.input_rank for s in plain.report().sites] == [None] * 3 and [s.input_rank for s in diagnosed.sites] == [2] * 3
 
 
 def test_one_observer_per_slot_shared_by_detectors(mlp: nn.Module) -> None:
