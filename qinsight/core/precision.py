@@ -33,7 +33,7 @@ def bits_kept(bits: int, tensor_range: float, part_range: float) -> float:
     return bits - math.log2(tensor_range / part_range)
 
 
-def _quantized_range(stats: ActivationStats) -> float:
+def quantized_range(stats: ActivationStats) -> float:
     """The range a min/max observer gives: it always includes zero."""
     return max(stats.max, 0.0) - min(stats.min, 0.0)
 
@@ -58,7 +58,7 @@ def side_bits(side: Side, stats: ActivationStats | None, bits: int) -> SideBits 
     live = [r for r in ranges if r > 0.0]
     median = statistics.median(live) if live else 0.0
     widest = max(range(len(ranges)), key=ranges.__getitem__)
-    tensor = _quantized_range(stats) if live else 0.0
+    tensor = quantized_range(stats) if live else 0.0
     return SideBits(
         side=side,
         tensor_range=tensor,
@@ -69,4 +69,4 @@ def side_bits(side: Side, stats: ActivationStats | None, bits: int) -> SideBits 
     )
 
 
-__all__ = ["REDUCED_RANGE_BACKENDS", "SideBits", "activation_bits", "bits_kept", "side_bits"]
+__all__ = ["REDUCED_RANGE_BACKENDS", "SideBits", "activation_bits", "bits_kept", "quantized_range", "side_bits"]

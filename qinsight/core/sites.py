@@ -133,10 +133,8 @@ class OpSite:
     model's qconfig (or the qconfig mapping the user passed) would do with its
     weight, ``None`` when no qconfig applies. ``quantized`` says whether the
     flow would quantize the op at all (a site it leaves float is still listed);
-    ``axis`` is the channel axis of an op without a weight, from the rank of
-    the tensor it was seen with (1 for 4-D and 5-D images, else the last);
-    ``input_rank`` is that rank, where the frontend ran the model or read it
-    from the graph (``None`` where it did not).
+    ``input_rank`` is the rank of the tensor it was seen with, where the
+    frontend ran the model or read it from the graph (``None`` where it did not).
     """
 
     fqn: str
@@ -147,8 +145,15 @@ class OpSite:
     weight_scheme: WeightScheme | None = None
     call: OpCall | None = None
     quantized: bool = True
-    axis: int | None = None
     input_rank: int | None = None
+
+    @property
+    def axis(self) -> int | None:
+        """The channel axis of an op without a weight, from its input's rank: 1 for 4-D and 5-D
+        (images, video), else the last (tokens); ``None`` for a layer, or where the rank is unknown."""
+        if self.kind.is_layer or self.input_rank is None:
+            return None
+        return 1 if self.input_rank >= 4 else -1
 
     @property
     def channel_axis(self) -> int:

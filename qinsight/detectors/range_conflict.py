@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, ClassVar
 import attrs
 
 from qinsight.core.findings import Finding
-from qinsight.core.precision import activation_bits, bits_kept
+from qinsight.core.precision import activation_bits, bits_kept, quantized_range
 from qinsight.core.report import DetectorResult
 from qinsight.core.sites import BACKENDS, InsertPoint, OpKind, OpSite, Side
 from qinsight.core.stats import ActivationStats, DataCondition, ObservedStats
@@ -40,9 +40,7 @@ _OPERANDS = (Side.PRE, Side.OTHER)
 
 
 def _range(stats: ActivationStats | None) -> float | None:
-    if stats is None or stats.condition is DataCondition.NO_DATA:
-        return None
-    return max(stats.max, 0.0) - min(stats.min, 0.0)
+    return None if stats is None or stats.condition is DataCondition.NO_DATA else quantized_range(stats)
 
 
 @attrs.frozen(kw_only=True)

@@ -123,7 +123,9 @@ class CallTap:
         self.model = model
         self._owners: list[tuple[str, bool]] = []
         self._counts: Counter[tuple[str, str]] = Counter()
-        self._observers: dict[tuple[str, Side], list[Observe]] = {}
+        # (owner, target, index) -> side -> observers: plain tuples, so a call costs no object per batch
+        self._observers: dict[tuple[str, str, int], dict[Side, list[Observe]]] = {}
+        self._seen_keys: set[tuple[str, str, int]] = set()
         self.seen: dict[OpCall, tuple[OpKind, int]] = {}  # call -> (kind, rank of its first operand)
         self._mode: _Mode | None = None
         self._removers: list[Callable[[], None]] = []
@@ -152,7 +154,7 @@ class CallTap:
         self.remove()
 
     def observe(self, call: OpCall, side: Side, observe: Observe) -> Detach:
-        observers = self._observers.setdefault((call.name, side), [])
+        observers = self._observers.setdefault((call.owner, call.target, call.index), {}).setdefault(side, [])
         observers.append(observe)
         return lambda: observers.remove(observe)
 
@@ -183,18 +185,22 @@ class CallTap:
         owner = self._owners[-1][0]
         index = self._counts[owner, target]
         self._counts[owner, target] += 1
-        call = OpCall(owner=owner, target=target, index=index)
+        key = (owner, target, index)
+        watchers = self._observers.get(key)
+        if watchers is None and key in self._seen_keys:
+            return func(*args, **kwargs)  # the calibration hot path: a call nobody observes
         tensors = [a for a in _operands(kind, args) if isinstance(a, torch.Tensor)]
-        if call not in self.seen:
-            self.seen[call] = (kind, tensors[0].dim() if tensors else 0)
-        name = call.name
+        if key not in self._seen_keys:
+            self._seen_keys.add(key)
+            self.seen[OpCall(owner=owner, target=target, index=index)] = (kind, tensors[0].dim() if tensors else 0)
+        watchers = watchers or {}
         # (this handler runs with the mode off: the observers' own calls are not seen)
         for side, operand in zip((Side.PRE, Side.OTHER), tensors):
-            for observe in self._observers.get((name, side), ()):
+            for observe in watchers.get(side, ()):
                 observe(operand)
         output = func(*args, **kwargs)
         if isinstance(output, torch.Tensor):
-            for observe in self._observers.get((name, Side.POST), ()):
+            for observe in watchers.get(Side.POST, ()):
                 observe(output)
         return output
 

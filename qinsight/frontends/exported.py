@@ -74,6 +74,11 @@ def _weight_source(node: fx.Node, model: fx.GraphModule) -> tuple[fx.Node | None
     return (weight if isinstance(weight, fx.Node) and weight.op == "get_attr" else None), observer
 
 
+def layer_name(node: fx.Node, model: fx.GraphModule) -> str:
+    """The float model's name of an aten linear/conv node: the module owning its weight."""
+    return module_name_of(node, _weight_source(node, model)[0])
+
+
 def module_name_of(node: fx.Node, weight: fx.Node | None = None) -> str:
     """The float model's name for an aten op: the module owning its weight, else the innermost module of its stack."""
     if weight is not None:
@@ -250,7 +255,6 @@ class ExportedView(ModelViewBase):
                     module_type=f"aten.{ATEN_OPS[node.target]}",
                     calls=len(nodes),
                     quantized=quantized is None or any(n in quantized for n in nodes),
-                    axis=1 if rank >= 4 else -1,
                     input_rank=rank,
                 )
             )

@@ -69,17 +69,15 @@ def _inside_leaf(fqn: str, modules: dict[str, nn.Module]) -> bool:
     return any(is_leaf(modules[".".join(parts[:end])]) for end in range(1, len(parts)))
 
 
-def _axis(rank: int) -> int:
-    """Channels of a 4-D/5-D (image, video) tensor are axis 1; of anything else (tokens), the last."""
-    return 1 if rank >= 4 else -1
-
-
-class _Discovery:
-    """Counts op-module calls (with the rank of their input) and functional calls over one forward."""
+class Discovery:
+    """One forward on an example batch, counting what the frontends make sites of: the calls of the
+    ``layers`` asked for (Linear/Conv modules, in first-call order) and of op modules, the rank of
+    each one's input, and the functional calls (through a :class:`CallTap`)."""
 
     def __init__(self, model: nn.Module, layers: tuple[str, ...] = ()) -> None:
         self.model = model
-        self.layers = layers  # Linear/Conv sites: only their input's rank is recorded
+        self.layers = layers
+        self.layer_calls: Counter[str] = Counter()  # first-call order
         self.tap = CallTap(model)
         self.position: dict[str, int] = {}  # op module -> how many calls were seen before its first call
         self.module_calls: Counter[str] = Counter()
@@ -101,17 +99,18 @@ class _Discovery:
 
         return count
 
-    def _ranker(self, fqn: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
-        def rank(_module: nn.Module, args: tuple[Any, ...]) -> None:
+    def _layer_counter(self, fqn: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+        def count(_module: nn.Module, args: tuple[Any, ...]) -> None:
             if fqn not in self.ranks and args and isinstance(args[0], torch.Tensor):
                 self.ranks[fqn] = args[0].dim()
+            self.layer_calls[fqn] += 1
 
-        return rank
+        return count
 
-    def run(self, example: object) -> CallTap:
+    def run(self, example: object) -> Discovery:
         modules = dict(self.model.named_modules())
         removers = [modules[fqn].register_forward_pre_hook(self._counter(fqn)).remove for fqn in self.kinds]
-        removers += [modules[fqn].register_forward_pre_hook(self._ranker(fqn)).remove for fqn in self.layers]
+        removers += [modules[fqn].register_forward_pre_hook(self._layer_counter(fqn)).remove for fqn in self.layers]
         tap = self.tap
         try:
             with tap, eval_mode(self.model), torch.no_grad():
@@ -121,21 +120,25 @@ class _Discovery:
         finally:
             for remove in removers:
                 remove()
-        return tap
+        return self
 
 
 def with_ops(
     model: nn.Module, layers: tuple[OpSite, ...], example: object, mapping: QConfigMapping | None, backend: str = "x86"
 ) -> tuple[tuple[OpSite, ...], tuple[OpSite, ...]]:
-    """``layers`` with their input ranks, and the op sites of ``model`` that are not Linear/Conv, in
-    the order one forward on ``example`` meets them.
+    """``layers`` with their input ranks, and :func:`op_sites`, from one forward on ``example``."""
+    discovery = Discovery(model, tuple(site.fqn for site in layers)).run(example)
+    ranked = tuple(attrs.evolve(site, input_rank=discovery.ranks.get(site.fqn)) for site in layers)
+    return ranked, op_sites(discovery, mapping, backend)
+
+
+def op_sites(discovery: Discovery, mapping: QConfigMapping | None, backend: str = "x86") -> tuple[OpSite, ...]:
+    """The op sites that are not Linear/Conv, in the order the discovery's forward met them.
 
     ``quantized`` is read against ``mapping``, or the backend's default mapping
     when none is given (what :meth:`Report.qconfig_mapping` starts from).
     """
-    discovery = _Discovery(model, tuple(site.fqn for site in layers))
-    tap = discovery.run(example)
-    ranked = tuple(attrs.evolve(site, input_rank=discovery.ranks.get(site.fqn)) for site in layers)
+    model, tap = discovery.model, discovery.tap
     mapping = mapping if mapping is not None else get_default_qconfig_mapping(backend)
     modules = dict(model.named_modules())
     module_sites = {
@@ -145,7 +148,6 @@ def with_ops(
             module_type=type(modules[fqn]).__name__,
             calls=count,
             quantized=_supported(type(modules[fqn])) and resolve_qconfig(mapping, fqn, type(modules[fqn])) is not None,
-            axis=_axis(discovery.ranks[fqn]),
             input_rank=discovery.ranks[fqn],
         )
         for fqn, count in discovery.module_calls.items()
@@ -158,7 +160,6 @@ def with_ops(
             call=call,
             quantized=_supported(resolve_target(call.target))
             and call_qconfig(mapping, call, type(modules[call.owner])) is not None,
-            axis=_axis(rank),
             input_rank=rank,
         )
         for call, (kind, rank) in tap.seen.items()
@@ -170,7 +171,7 @@ def with_ops(
     names = {site.fqn for site in ordered}
     if len(names) < len(ordered):
         raise FrontendError("two op sites share a name; a module name holding '#' cannot be told from a call")
-    return ranked, tuple(ordered)
+    return tuple(ordered)
 
 
-__all__ = ["call_qconfig", "with_ops"]
+__all__ = ["Discovery", "call_qconfig", "op_sites", "with_ops"]

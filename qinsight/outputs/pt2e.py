@@ -33,7 +33,7 @@ import torch
 from torch import fx
 
 from qinsight.core.errors import MissingExtraError
-from qinsight.frontends import exported_op_names, exported_sites, module_name_of, weight_argument
+from qinsight.frontends import exported_op_names, exported_sites, layer_name
 from qinsight.core.sites import WeightScheme
 from qinsight.core.suggestions import ActivationMode
 
@@ -89,8 +89,7 @@ def _unannotated_layers(model: fx.GraphModule, fqns: set[str]) -> set[str]:
     """The Linear/Conv sites among ``fqns`` whose every aten node the quantizer left unannotated."""
     annotated: dict[str, bool] = {}
     for node in exported_sites(model):
-        weight = weight_argument(node)
-        name = module_name_of(node, weight if isinstance(weight, fx.Node) and weight.op == "get_attr" else None)
+        name = layer_name(node, model)
         annotated[name] = annotated.get(name, False) or node.meta.get(_ANNOTATION) is not None
     return {fqn for fqn in fqns if fqn in annotated and not annotated[fqn]}
 

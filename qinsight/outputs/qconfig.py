@@ -115,18 +115,21 @@ def mapping_entries(report: Report) -> list[MappingEntry]:
     if not report.sites:
         return []  # a file holding a comparison only (no backend recorded)
     default = get_default_qconfig(report.metadata.backend)  # type: ignore[no-untyped-call]
+    float_qparams = Choice(float_qparams_weight_only_qconfig, "float_qparams_weight_only_qconfig")
     sites = {site.fqn: site for site in report.sites}
-    suggestions = {s.fqn: s for s in report.suggestions}
+    suggested_fqns = {s.fqn for s in report.suggestions}
     entries = [
-        _entry(site, site.fqn, Choice(float_qparams_weight_only_qconfig, "float_qparams_weight_only_qconfig"))
+        _entry(site, site.fqn, float_qparams)
         for site in report.sites
-        if site.kind is OpKind.EMBEDDING and site.quantized and not getattr(suggestions.get(site.fqn), "keep_float", False)
+        if site.kind is OpKind.EMBEDDING and site.quantized and site.fqn not in suggested_fqns
     ]
-    entries += [
-        _entry(sites.get(s.fqn), s.fqn, suggested(s, default))
-        for s in report.suggestions
-        if s.keep_float or sites.get(s.fqn) is None or sites[s.fqn].kind is not OpKind.EMBEDDING
-    ]
+    for suggestion in report.suggestions:
+        site = sites.get(suggestion.fqn)
+        if site is not None and site.kind is OpKind.EMBEDDING and not suggestion.keep_float:
+            if site.quantized:  # only float qparams work for embeddings, whatever else was suggested
+                entries.append(_entry(site, suggestion.fqn, float_qparams))
+            continue
+        entries.append(_entry(site, suggestion.fqn, suggested(suggestion, default)))
     return entries
 
 
