@@ -93,13 +93,13 @@ def test_the_layers_that_make_the_most_error_are_the_ffn_outputs(minilm: Quantiz
     # The FFN's second Linear reads GELU outputs with BERT's outlier features: under a per-tensor
     # activation scale it makes the most error of any layer (12-19 dB local), in both configs.
     for comparison in (minilm.full_cmp, minilm.linear_cmp):
-        worst = [layer.fqn for layer in comparison.worst(count=4)]
+        worst = [layer.fqn for layer in comparison.worst(count=4, ops=False)]
         assert all(fqn.endswith(".output.dense") and ".attention." not in fqn for fqn in worst), worst
-        assert comparison.worst(count=1)[0].metric("sqnr", local=True) < 15.0
+        assert comparison.worst(count=1, ops=False)[0].metric("sqnr", local=True) < 15.0
 
 
 def test_the_outlier_detector_flags_the_layers_the_comparison_finds_worst(minilm: Quantized) -> None:
     report = qinsight.diagnose(minilm.model, minilm.calibration, model_name="minilm")
     flagged = {f.fqn for f in report.result("qinsight.outliers").findings if f.verdict == "outlier channels"}
-    worst = [layer.fqn for layer in minilm.full_cmp.worst(count=4)]
+    worst = [layer.fqn for layer in minilm.full_cmp.worst(count=4, ops=False)]
     assert set(worst) <= flagged, (worst, sorted(flagged))

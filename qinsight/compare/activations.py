@@ -9,6 +9,7 @@ runs when.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -17,9 +18,10 @@ import attrs
 import torch
 from torch import nn
 
-from qinsight.compare.accumulate import ErrorSums, KeptOutputs, Reference, Scratch
+from qinsight.compare.accumulate import ErrorSums, KeptOutputs, Reference, Scratch, split_output
 from qinsight.compare.layers import QuantizedLayer, dequantize, quantized_layers
 from qinsight.compare.metrics import DEFAULT, load_metrics
+from qinsight.compare.ops import FloatOps, GraphOp, quantized_ops
 from qinsight.core.comparison import ActivationComparison, LayerActivationComparison
 from qinsight.distributed import Exchange, sharing_failures
 from qinsight.frontends import (
@@ -28,6 +30,7 @@ from qinsight.frontends import (
     eval_mode,
     model_structure,
     run_batch,
+    tap_each,
 )
 
 
@@ -72,10 +75,13 @@ def compare_activations(
     structure: ModelStructure | None = None,
     distributed: bool = False,
 ) -> ActivationComparison:
-    """Per Linear/Conv: the propagated and the local error of ``quantized_model`` against ``float_model``.
+    """Per Linear/Conv, and per op around them: the propagated and the local error of
+    ``quantized_model`` against ``float_model``.
 
     ``quantized_model`` comes from ``convert_fx`` (or eager conversion), or is a
-    ``convert_pt2e`` graph of ``float_model``. Both models run on every batch of
+    ``convert_pt2e`` graph of ``float_model``. The ops (adds, matmuls, softmax,
+    norms...: :mod:`qinsight.compare.ops`) are compared in both graphs, named as
+    the report names their sites; an eagerly converted model has layer rows only. Both models run on every batch of
     ``data`` (eval mode, no gradients, hooks and taps removed afterwards).
     Memory is O(layers) whatever the number of batches. With ``distributed=True``
     every rank of the process group passes its own batches and gets the
@@ -171,6 +177,73 @@ class _Streamer:
         return compare
 
 
+class _OpStreamer:
+    """Compares each op (add, matmul, softmax...) of the quantized graphs as the float forward makes its call.
+
+    The quantized graphs' op outputs are kept as the layers' are. At the float
+    call the operands and the output are at hand at once: the local run (the
+    quantized op's stretch of graph on the float operands) and both comparisons
+    happen there.
+    """
+
+    def __init__(
+        self,
+        float_model: nn.Module,
+        float_ops: FloatOps,
+        ops: dict[str, dict[str, list[GraphOp]]],
+        sums: dict[str, dict[str, tuple[ErrorSums, ErrorSums]]],
+        outputs: KeptOutputs,
+        scratch: Scratch,
+    ) -> None:
+        self.ops, self.sums, self.outputs, self.scratch = ops, sums, outputs, scratch
+        self._compared: Counter[tuple[str, str]] = Counter()
+        self._versions: dict[str, list[str]] = {}
+        for key, found in ops.items():
+            for name in found:
+                self._versions.setdefault(name, []).append(key)
+        self.removers: list[Callable[[], None]] = []
+        try:
+            for key, found in ops.items():
+                taps = [tap for name, calls in found.items() for op in calls for tap in op.taps(self._keep_output(key, name))]
+                if taps:
+                    self.removers.append(tap_each(next(iter(found.values()))[0].model, taps))
+            self.removers.append(float_ops.watch(float_model, self._compare))
+        except BaseException:
+            self.remove()
+            raise
+
+    def new_batch(self) -> None:
+        self._compared.clear()
+
+    def remove(self) -> None:
+        for remove in self.removers:
+            remove()
+
+    def _keep_output(self, key: str, name: str) -> Callable[[torch.Tensor], None]:
+        def keep(output: torch.Tensor) -> None:
+            self.outputs.keep(key, name, output)
+
+        return keep
+
+    def _compare(self, name: str, operands: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+        for key in self._versions.get(name, ()):
+            call = self._compared[key, name]
+            self._compared[key, name] += 1
+            calls = self.ops[key][name]
+            kept = self.outputs.take(key, name, call)
+            if kept is None or call >= len(calls):
+                continue
+            op = calls[call]
+            local = split_output(op.local(operands))
+            reference = output
+            for step in op.then:
+                reference = step(reference)
+            at = Reference(reference, like=kept.values, scratch=self.scratch)
+            propagated, local_sums = self.sums[key][name]
+            propagated.add(at, kept, self.scratch)
+            local_sums.add(at, local, self.scratch)
+
+
 def measure_activations(
     float_model: nn.Module,
     quantized_models: Mapping[str, nn.Module],
@@ -179,17 +252,19 @@ def measure_activations(
     metrics: Sequence[str] | None = None,
     structure: ModelStructure | None = None,
     distributed: bool = False,
+    ops: bool = True,
 ) -> dict[str, ActivationComparison]:
     """:func:`compare_activations` for several quantized versions of ``float_model`` in one pass over ``data``.
 
     Per batch each quantized model runs once, then the float model, and, for the
-    local error, each quantized layer on the float model's input. With
+    local error, each quantized layer (and op) on the float model's input. With
+    ``ops=False`` only the layers are compared (one forward fewer, to find the ops). With
     ``distributed=True`` the ranks' sums are added up in rank order, so every
     rank gets the same result.
     """
     exchange = Exchange.of("compare_activations", distributed)
     with sharing_failures(exchange):
-        return _measure(float_model, quantized_models, data, metrics, structure, exchange)
+        return _measure(float_model, quantized_models, data, metrics, structure, exchange, ops)
 
 
 def _measure(
@@ -199,6 +274,7 @@ def _measure(
     metrics: Sequence[str] | None,
     structure: ModelStructure | None,
     exchange: Exchange | None,
+    with_ops: bool = True,
 ) -> dict[str, ActivationComparison]:
     chosen = load_metrics(tuple(DEFAULT if metrics is None else metrics))
     structure = structure if structure is not None else model_structure(float_model)
@@ -210,20 +286,32 @@ def _measure(
         key: {fqn: _compared_at(layer, structure.chains.get(fqn, ())) for fqn, layer in found.items()}
         for key, found in layers.items()
     }
-    sums = {key: {fqn: (ErrorSums(chosen), ErrorSums(chosen)) for fqn in found} for key, found in layers.items()}
+    batches = iter(data)
+    first = next(batches, None)
+    if first is not None:
+        batches = itertools.chain((first,), batches)
+    float_ops, ops = _ops(float_model, quantized_models, first) if with_ops and first is not None else (None, {})
+    sums = {key: {fqn: (ErrorSums(chosen), ErrorSums(chosen)) for fqn in (*found, *ops.get(key, {}))} for key, found in layers.items()}
     streamer = _Streamer(float_model, layers, points, sums)
+    op_streamer = None
     try:
+        if float_ops is not None:
+            op_streamer = _OpStreamer(float_model, float_ops, ops, sums, streamer.outputs, streamer.scratch)
         with contextlib.ExitStack() as stack:
             for model in (float_model, *quantized_models.values()):
                 stack.enter_context(eval_mode(model))
             stack.enter_context(torch.no_grad())
-            for batch in data:
+            for batch in batches:
                 streamer.new_batch()
+                if op_streamer is not None:
+                    op_streamer.new_batch()
                 for model in quantized_models.values():
                     run_batch(model, batch)
                 run_batch(float_model, batch)
     finally:
         streamer.remove()
+        if op_streamer is not None:
+            op_streamer.remove()
     if exchange is not None:
         _add_up(sums, exchange)
     return {
@@ -240,10 +328,45 @@ def _measure(
                     local=sums[key][fqn][1].values(),
                 )
                 for fqn, layer in found.items()
-            )
+            ),
+            ops=tuple(_op_rows(float_ops, ops.get(key, {}), sums[key]) if float_ops is not None else ()),
         )
         for key, found in layers.items()
     }
+
+
+def _ops(
+    float_model: nn.Module, quantized_models: Mapping[str, nn.Module], example: object
+) -> tuple[FloatOps | None, dict[str, dict[str, list[GraphOp]]]]:
+    """The float model's op sites and their counterparts in each quantized graph (none: no op rows)."""
+    if not any(isinstance(model, torch.fx.GraphModule) for model in quantized_models.values()):
+        return None, {}
+    with eval_mode(float_model):
+        float_ops = FloatOps(float_model, example)
+    return float_ops, {key: quantized_ops(float_ops, model) for key, model in quantized_models.items()}
+
+
+def _op_rows(
+    float_ops: FloatOps, ops: dict[str, list[GraphOp]], sums: dict[str, tuple[ErrorSums, ErrorSums]]
+) -> list[LayerActivationComparison]:
+    rows = []
+    for name, calls in ops.items():
+        propagated, local = sums[name]
+        if not propagated.batches:
+            continue  # never reached with both outputs at hand
+        rows.append(
+            LayerActivationComparison(
+                fqn=name,
+                kind=float_ops.kind(name).value,
+                quantized_type=calls[0].quantized_type,
+                quantized=any(op.quantized for op in calls),
+                compared_at=name + "".join(f"+{type(step).__name__.lower()}" for step in calls[0].then),
+                batches=propagated.batches,
+                propagated=propagated.values(),
+                local=local.values(),
+            )
+        )
+    return rows
 
 
 def _add_up(sums: dict[str, dict[str, tuple[ErrorSums, ErrorSums]]], exchange: Exchange) -> None:
@@ -252,8 +375,8 @@ def _add_up(sums: dict[str, dict[str, tuple[ErrorSums, ErrorSums]]], exchange: E
     for key, found in sums.items():
         for fqn, pair in found.items():
             fresh = (ErrorSums(pair[0].metrics), ErrorSums(pair[1].metrics))
-            for state in states:
-                for mine, theirs in zip(fresh, state[key][fqn]):
+            for state in states:  # a rank without batches found no ops to compare
+                for mine, theirs in zip(fresh, state[key].get(fqn, ())):
                     mine.absorb(theirs)
             found[fqn] = fresh
 

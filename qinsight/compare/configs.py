@@ -126,7 +126,9 @@ def compare_configs(
             data = list(current_shard("compare_configs").of(calibration))
     quantized = quantize_candidates(float_model, configs, calibration, example_inputs=example_inputs)
     structure = model_structure(float_model)
-    measured = measure_activations(float_model, quantized, data, metrics=names, structure=structure, distributed=distributed)
+    measured = measure_activations(
+        float_model, quantized, data, metrics=names, structure=structure, distributed=distributed, ops=False
+    )
     by_layer = {name: {layer.fqn: layer for layer in comparison.layers} for name, comparison in measured.items()}
     rows = []
     for fqn, found in structure.modules.items():

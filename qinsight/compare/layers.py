@@ -161,7 +161,7 @@ class ModuleLayer:
 
 
 _decomposed = torch.ops.quantized_decomposed
-_QDQ = {
+QDQ_TARGETS = {
     _decomposed.quantize_per_tensor.default,
     _decomposed.quantize_per_tensor.tensor,
     _decomposed.quantize_per_tensor.tensor2,
@@ -169,14 +169,14 @@ _QDQ = {
     _decomposed.dequantize_per_tensor.tensor,
     _decomposed.dequantize_per_tensor.tensor2,
 }
-_QUANTIZE = {t for t in _QDQ if "dequantize" not in str(t)}
+QUANTIZE_TARGETS = {t for t in QDQ_TARGETS if "dequantize" not in str(t)}
 # Activations a quantizer puts inside a conv/linear's quantized output (BatchNorm is folded).
 _RELU = {torch.ops.aten.relu.default, torch.ops.aten.relu_.default}
 _HARDTANH = {torch.ops.aten.hardtanh.default, torch.ops.aten.hardtanh_.default}
-_TAILS = _RELU | _HARDTANH
+TAIL_TARGETS = _RELU | _HARDTANH
 
 
-def _single_user(node: fx.Node) -> fx.Node | None:
+def single_user(node: fx.Node) -> fx.Node | None:
     users = list(node.users)
     return users[0] if len(users) == 1 and users[0].op == "call_function" else None
 
@@ -200,7 +200,7 @@ class GraphLayer:
     def _walk_tail(op: fx.Node) -> list[fx.Node]:
         """The relu/hardtanh nodes after ``op``, each the only user of the one before."""
         walked, end = [], op
-        while (user := _single_user(end)) is not None and user.target in _TAILS:
+        while (user := single_user(end)) is not None and user.target in TAIL_TARGETS:
             walked.append(user)
             end = user
         return walked
@@ -208,16 +208,16 @@ class GraphLayer:
     @staticmethod
     def _dequantized(end: fx.Node) -> fx.Node:
         """The dequantize after ``end``'s quantize, where its value leaves the quantized domain, else ``end``."""
-        quantize = _single_user(end)
-        if quantize is not None and quantize.target in _QUANTIZE:
-            dequantize_node = _single_user(quantize)
-            if dequantize_node is not None and dequantize_node.target in _QDQ:
+        quantize = single_user(end)
+        if quantize is not None and quantize.target in QUANTIZE_TARGETS:
+            dequantize_node = single_user(quantize)
+            if dequantize_node is not None and dequantize_node.target in QDQ_TARGETS:
                 return dequantize_node
         return end
 
     def _activation_input(self) -> fx.Node:
         node = self.op.args[0]
-        while isinstance(node, fx.Node) and node.target in _QDQ:
+        while isinstance(node, fx.Node) and node.target in QDQ_TARGETS:
             node = node.args[0]
         if not isinstance(node, fx.Node):
             raise FrontendError(f"{self.fqn}: no activation input in the graph")
@@ -235,7 +235,7 @@ class GraphLayer:
                 return
             seen.add(node)
             if node in self._constant:
-                constants[node] = _evaluate(self.model, node)
+                constants[node] = evaluate_constant(self.model, node)
                 return
             if node.op != "call_function":
                 raise FrontendError(f"{self.fqn}: its output depends on {node.name}, not only on its input")
@@ -273,7 +273,7 @@ class GraphLayer:
         return output
 
 
-def _constant_nodes(graph: fx.Graph) -> set[fx.Node]:
+def constant_nodes(graph: fx.Graph) -> set[fx.Node]:
     """Nodes that depend on no input: parameters, buffers and what is computed from them alone."""
     constant: set[fx.Node] = set()
     for node in graph.nodes:  # topological order: a node's inputs come before it
@@ -282,11 +282,11 @@ def _constant_nodes(graph: fx.Graph) -> set[fx.Node]:
     return constant
 
 
-def _evaluate(model: fx.GraphModule, node: fx.Node) -> object:
+def evaluate_constant(model: fx.GraphModule, node: fx.Node) -> object:
     """The value of a constant node (a get_attr, or ops on get_attrs such as a weight's dequantize)."""
     if node.op == "get_attr":
         return fetch_attr(model, str(node.target))
-    value_of: Callable[[fx.Node], Any] = lambda n: _evaluate(model, n)  # noqa: E731
+    value_of: Callable[[fx.Node], Any] = lambda n: evaluate_constant(model, n)  # noqa: E731
     args, kwargs = fx.map_arg((node.args, node.kwargs), value_of)
     assert callable(node.target)
     return node.target(*args, **kwargs)
@@ -303,7 +303,7 @@ def quantized_layers(
     float_layers = structure.modules if structure is not None else quantizable_modules(float_model)
     layers: dict[str, QuantizedLayer] = {}
     if isinstance(quantized_model, fx.GraphModule) and (ops := exported_sites(quantized_model)):
-        constant = _constant_nodes(quantized_model.graph)
+        constant = constant_nodes(quantized_model.graph)
         for op in ops:
             fqn = module_name_of(op)
             if fqn in float_layers:
@@ -319,4 +319,11 @@ def quantized_layers(
     return layers
 
 
-__all__ = ["GraphLayer", "ModuleLayer", "QuantizedLayer", "dequantize", "dequantized_weight", "quantized_layers"]
+__all__ = [
+    "QDQ_TARGETS",
+    "QUANTIZE_TARGETS",
+    "TAIL_TARGETS",
+    "constant_nodes",
+    "evaluate_constant",
+    "single_user",
+    "GraphLayer", "ModuleLayer", "QuantizedLayer", "dequantize", "dequantized_weight", "quantized_layers"]

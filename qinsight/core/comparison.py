@@ -130,16 +130,27 @@ class LayerActivationComparison:
 
 @attrs.frozen(kw_only=True)
 class ActivationComparison:
+    """Rows for the Linear/Conv ``layers`` and for the ``ops`` around them (adds, matmuls, softmax,
+    norms..., named as the report's op sites: ``attn.add#0`` or a module's name)."""
+
     layers: tuple[LayerActivationComparison, ...]
+    ops: tuple[LayerActivationComparison, ...] = ()
+
+    @property
+    def rows(self) -> tuple[LayerActivationComparison, ...]:
+        return self.layers + self.ops
 
     def layer(self, fqn: str) -> LayerActivationComparison:
-        return _find(self.layers, lambda layer: layer.fqn, fqn, "layer")
+        """The row of layer or op ``fqn``."""
+        return _find(self.rows, lambda layer: layer.fqn, fqn, "layer or op")
 
     def worst(
-        self, metric: str = "sqnr", *, local: bool = True, count: int | None = 5
+        self, metric: str = "sqnr", *, local: bool = True, count: int | None = 5, ops: bool = True
     ) -> tuple[LayerActivationComparison, ...]:
-        """The ``count`` layers where ``metric`` is worst, worst first: by default where the most error is made (local)."""
-        return tuple(sorted(self.layers, key=lambda layer: layer.metric_value(metric, local=local).goodness)[:count])
+        """The ``count`` rows where ``metric`` is worst, worst first: by default where the most error
+        is made (local), among the layers and the ops (``ops=False``: the layers only)."""
+        rows = self.rows if ops else self.layers
+        return tuple(sorted(rows, key=lambda layer: layer.metric_value(metric, local=local).goodness)[:count])
 
 
 @attrs.frozen(kw_only=True)

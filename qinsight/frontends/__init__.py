@@ -19,10 +19,11 @@ from qinsight.frontends.base import (
     find_site,
     run_batch,
 )
-from qinsight.frontends.calls import CallTap, resolve_target
+from qinsight.frontends.calls import CallTap, WatchCall, hidden_calls, resolve_target
 from qinsight.frontends.eager import eager_view
 from qinsight.frontends.exported import (
     ATEN_KINDS,
+    OP_NAME_KINDS,
     ExportedView,
     exported_op_names,
     exported_sites,
@@ -30,9 +31,11 @@ from qinsight.frontends.exported import (
     fetch_attr,
     layer_name,
     module_name_of,
+    tap_each,
     tap_nodes,
     weight_argument,
 )
+from qinsight.frontends.ops import Discovery
 from qinsight.frontends.fx import fx_view
 from qinsight.frontends.modules import (
     LeafTracer,
@@ -51,7 +54,12 @@ from qinsight.frontends.select import Frontend, view_of
 
 __all__ = [
     "CallTap",
+    "Discovery",
+    "OP_NAME_KINDS",
+    "WatchCall",
+    "hidden_calls",
     "resolve_target",
+    "tap_each",
     "ATEN_KINDS",
     "ExportedView",
     "Frontend",

@@ -14,6 +14,7 @@ both are named ``operator.add``, as FX records the first; the method form is rar
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from collections import Counter
 from collections.abc import Callable
@@ -57,6 +58,7 @@ CALL_TARGETS: dict[Callable[..., Any], tuple[str, OpKind]] = {
 }
 
 Observe = Callable[[torch.Tensor], object]
+WatchCall = Callable[[tuple[torch.Tensor, ...], torch.Tensor], object]
 
 
 def is_leaf(module: nn.Module) -> bool:
@@ -83,6 +85,11 @@ class _Paused:
 
     def __exit__(self, *_exc: object) -> None:
         _Paused.depth -= 1
+
+
+def hidden_calls() -> contextlib.AbstractContextManager[None]:
+    """A context in which the torch calls made are not the model's: no :class:`CallTap` counts them."""
+    return _Paused()
 
 
 def unseen(observe: Observe) -> Observe:
@@ -125,6 +132,7 @@ class CallTap:
         self._counts: Counter[tuple[str, str]] = Counter()
         # (owner, target, index) -> side -> observers: plain tuples, so a call costs no object per batch
         self._observers: dict[tuple[str, str, int], dict[Side, list[Observe]]] = {}
+        self._watchers: dict[tuple[str, str, int], list[WatchCall]] = {}  # all operands and the output at once
         self._seen_keys: set[tuple[str, str, int]] = set()
         self.seen: dict[OpCall, tuple[OpKind, int]] = {}  # call -> (kind, rank of its first operand)
         self._mode: _Mode | None = None
@@ -158,6 +166,13 @@ class CallTap:
         observers.append(observe)
         return lambda: observers.remove(observe)
 
+    def watch(self, call: OpCall, watch: WatchCall) -> Detach:
+        """Calls ``watch`` with all of the call's tensor operands and its output (from inside the
+        mode's handler, where the torch calls it makes are not seen)."""
+        watchers = self._watchers.setdefault((call.owner, call.target, call.index), [])
+        watchers.append(watch)
+        return lambda: watchers.remove(watch)
+
     def _entering(self, name: str, leaf: bool) -> Callable[[nn.Module, tuple[Any, ...]], None]:
         def enter(_module: nn.Module, _args: tuple[Any, ...]) -> None:
             if not self._owners:  # the root's forward: a new pass
@@ -187,7 +202,7 @@ class CallTap:
         self._counts[owner, target] += 1
         key = (owner, target, index)
         watchers = self._observers.get(key)
-        if watchers is None and key in self._seen_keys:
+        if watchers is None and key in self._seen_keys and key not in self._watchers:
             return func(*args, **kwargs)  # the calibration hot path: a call nobody observes
         tensors = [a for a in _operands(kind, args) if isinstance(a, torch.Tensor)]
         if key not in self._seen_keys:
@@ -202,6 +217,8 @@ class CallTap:
         if isinstance(output, torch.Tensor):
             for observe in watchers.get(Side.POST, ()):
                 observe(output)
+            for watch in self._watchers.get(key, ()):
+                watch(tuple(tensors), output)
         return output
 
 
@@ -215,4 +232,4 @@ def resolve_target(target: str) -> Callable[..., Any] | str:
     return found
 
 
-__all__ = ["CALL_TARGETS", "CallTap", "is_leaf", "resolve_target", "unseen"]
+__all__ = ["CALL_TARGETS", "CallTap", "WatchCall", "hidden_calls", "is_leaf", "resolve_target", "unseen"]

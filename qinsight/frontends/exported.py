@@ -120,7 +120,7 @@ def _subclasses(cls: type) -> list[type]:
     return [sub for child in direct for sub in (child, *_subclasses(child))]
 
 
-_OP_KINDS: dict[str, OpKind] = {
+OP_NAME_KINDS: dict[str, OpKind] = {
     "add": OpKind.ADD,
     "mul": OpKind.MUL,
     "cat": OpKind.CAT,
@@ -199,17 +199,22 @@ def tap_nodes(model: fx.GraphModule, nodes: Sequence[fx.Node], observe: Callable
     A tap is a pass-through module inserted after the node; detach erases it,
     so the graph's code is what it was.
     """
+    return tap_each(model, [(node, observe) for node in nodes])
+
+
+def tap_each(model: fx.GraphModule, taps: Sequence[tuple[fx.Node, Callable[[torch.Tensor], object]]]) -> Detach:
+    """:func:`tap_nodes` with an observer of its own for each node, all inserted with one recompile."""
     graph = model.graph
-    taps: list[tuple[fx.Node, str]] = []
-    for node in nodes:
+    inserted: list[tuple[fx.Node, str]] = []
+    for node, observe in taps:
         name = f"_qinsight_tap_{next(_TAP_NAMES)}"
         model.add_submodule(name, _Tap(observe))
         with graph.inserting_after(node):
-            taps.append((graph.call_module(name, (node,)), name))
+            inserted.append((graph.call_module(name, (node,)), name))
     model.recompile()
 
     def detach() -> None:
-        for tap, name in taps:
+        for tap, name in inserted:
             graph.erase_node(tap)
             model.delete_submodule(name)
         model.recompile()
@@ -251,7 +256,7 @@ class ExportedView(ModelViewBase):
             ops.append(
                 OpSite(
                     fqn=name,
-                    kind=_OP_KINDS[ATEN_OPS[node.target]],
+                    kind=OP_NAME_KINDS[ATEN_OPS[node.target]],
                     module_type=f"aten.{ATEN_OPS[node.target]}",
                     calls=len(nodes),
                     quantized=quantized is None or any(n in quantized for n in nodes),

@@ -164,8 +164,8 @@ def _metric_changes(a: Comparison | None, b: Comparison | None, rel_tol: float, 
     if a.weights is not None and b.weights is not None:
         sections.append(("weights", {l.fqn: l.metrics for l in a.weights.layers}, {l.fqn: l.metrics for l in b.weights.layers}))
     if a.activations is not None and b.activations is not None:
-        sections.append(("activations", {l.fqn: l.propagated for l in a.activations.layers}, {l.fqn: l.propagated for l in b.activations.layers}))
-        sections.append(("activations (local)", {l.fqn: l.local for l in a.activations.layers}, {l.fqn: l.local for l in b.activations.layers}))
+        sections.append(("activations", {l.fqn: l.propagated for l in a.activations.rows}, {l.fqn: l.propagated for l in b.activations.rows}))
+        sections.append(("activations (local)", {l.fqn: l.local for l in a.activations.rows}, {l.fqn: l.local for l in b.activations.rows}))
     for section, before, after in sections:
         for fqn, values in before.items():
             now = {v.name: v.value for v in after.get(fqn, ())}

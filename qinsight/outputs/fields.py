@@ -120,15 +120,19 @@ def _covered(a: Report, b: Report, data_a: dict[str, Any], data_b: dict[str, Any
                 covered |= {f"{prefix}.{k}.{n}" for k, v in finding.items() if isinstance(v, dict) for n, x in v.items() if _number(x) is not None}
     described_b = {s.fqn: s.describe() for s in b.suggestions}
     covered |= {f"$.suggestions[{s.fqn}]" for s in a.suggestions if s.fqn in described_b and described_b[s.fqn] != s.describe()}
-    for section, field in (("weights", "metrics"), ("activations", "propagated"), ("activations", "local")):
-        covered |= {f"$.comparison.{section}.layers[{fqn}].{field}" for fqn in _layer_names(data_a, section) & _layer_names(data_b, section)}
+    for section, rows, field in (
+        ("weights", "layers", "metrics"),
+        *((("activations", rows, field) for rows in ("layers", "ops") for field in ("propagated", "local"))),
+    ):
+        names = _row_names(data_a, section, rows) & _row_names(data_b, section, rows)
+        covered |= {f"$.comparison.{section}.{rows}[{fqn}].{field}" for fqn in names}
     return covered
 
 
-def _layer_names(data: dict[str, Any], section: str) -> set[str]:
+def _row_names(data: dict[str, Any], section: str, rows: str) -> set[str]:
     comparison = data.get("comparison") or {}
     part = comparison.get(section) or {}
-    return {layer["fqn"] for layer in part.get("layers", [])}
+    return {row["fqn"] for row in part.get(rows, [])}
 
 
 def field_changes(a: Report, b: Report, rel_tol: float, abs_tol: float) -> list[Change]:
