@@ -28,10 +28,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _distributed  # noqa: E402
 
 EXACT = {"min", "max", "channel_min", "channel_max"}  # floats that no summation order can change
+# summed in float32 within a batch (the tail statistics' hot path), where a rank's one thread and the
+# parent's two split the reduction differently: up to 2e-6 relative measured
+FLOAT32_SUMS = {"power_sums", "abs_sum"}
 
 
 def assert_same(a: Any, b: Any, path: str = "") -> None:
-    """JSON values equal: exactly, except sums (floats not in EXACT) to 1e-9 relative."""
+    """JSON values equal: exactly, except sums (floats not in EXACT) to 1e-9 relative (float32 sums 1e-5)."""
     if isinstance(a, dict):
         assert a.keys() == b.keys(), path
         for key in a:
@@ -41,7 +44,8 @@ def assert_same(a: Any, b: Any, path: str = "") -> None:
         for i, (x, y) in enumerate(zip(a, b)):
             assert_same(x, y, f"{path}[{i}]" if not path.endswith(tuple(EXACT)) else path)
     elif isinstance(a, float) and not any(path.endswith(key) or f".{key}[" in path for key in EXACT):
-        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (path, a, b)
+        float32 = any(f".{key}[" in path for key in FLOAT32_SUMS)
+        assert math.isclose(a, b, rel_tol=1e-5 if float32 else 1e-9, abs_tol=1e-12), (path, a, b)
     else:
         assert a == b, (path, a, b)
 

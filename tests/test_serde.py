@@ -35,7 +35,7 @@ from qinsight.outputs.schema import compatibility, schema
 from qinsight.core.comparison import LayerActivationComparison, MetricValue
 from qinsight.core.report import ReportMetadata
 from qinsight.core.sites import OpSite
-from qinsight.core.stats import ActivationStats, BatchMoments, PercentileStats
+from qinsight.core.stats import ActivationStats, BatchMoments, PercentileStats, TailStats
 from qinsight.plugin.testing import write_distribution
 from test_plugins import WIDTHS
 
@@ -55,6 +55,19 @@ def _percentiles(channels: int) -> st.SearchStrategy[PercentileStats]:
     )
 
 
+def _tails(channels: int) -> st.SearchStrategy[TailStats]:
+    return st.builds(
+        TailStats,
+        values=COUNTS,
+        abs_sum=st.tuples(*[FLOATS] * channels),
+        above=st.tuples(*[COUNTS] * channels),
+        tokens=COUNTS,
+        massive_tokens=COUNTS,
+        massive_hits=st.tuples(*[COUNTS] * channels),
+        power_sums=st.tuples(FLOATS, FLOATS, FLOATS, FLOATS),
+    )
+
+
 def _activation_stats(channels: int) -> st.SearchStrategy[ActivationStats]:
     per_channel = st.tuples(*[FLOATS] * channels)
     return st.builds(
@@ -67,13 +80,15 @@ def _activation_stats(channels: int) -> st.SearchStrategy[ActivationStats]:
         channel_max=per_channel,
         moments=st.none() | st.from_type(BatchMoments),
         percentiles=st.lists(_percentiles(channels), max_size=2).map(tuple),
+        tails=st.none() | _tails(channels),
     )
 
 
-for _cls in (BatchMoments, PercentileStats, ActivationStats, OpSite, ReportMetadata, LayerActivationComparison, MetricValue):
+for _cls in (BatchMoments, PercentileStats, TailStats, ActivationStats, OpSite, ReportMetadata, LayerActivationComparison, MetricValue):
     attrs.resolve_types(_cls)  # string annotations (from __future__), which builds() must see as types
 st.register_type_strategy(BatchMoments, st.builds(BatchMoments, count=COUNTS))
 st.register_type_strategy(PercentileStats, st.integers(0, 4).flatmap(_percentiles))
+st.register_type_strategy(TailStats, st.integers(0, 4).flatmap(_tails))
 st.register_type_strategy(ActivationStats, st.integers(0, 4).flatmap(_activation_stats))
 st.register_type_strategy(qinsight.OpCall, st.builds(qinsight.OpCall, owner=st.text(), target=st.text(), index=COUNTS))
 st.register_type_strategy(OpSite, st.builds(OpSite, calls=COUNTS, groups=st.integers(1, 2**20)))

@@ -42,6 +42,18 @@ def test_its_massive_activations_are_found(smollm2: nn.Module) -> None:
     assert [f.fqn for f in by_size[:2]] == ["layers.11.mlp.down_proj", "layers.28.mlp.down_proj"]
     assert by_size[1].max_abs > 1000 > 2 * by_size[2].max_abs
     assert all(f.verdict == "outlier channels" and f.magnitude_channels for f in by_size[:2])
+    # what LLM methods read: the same two have the heaviest tails of all down_proj inputs (kurtosis
+    # measured 4.7e4 and 5.5e4, next 2.9e4 at layer 9; a Gaussian's is 3), values past LLM.int8()'s 6,
+    # and massive tokens (layer 28: every token, peaking in channels 1095 and 678)
+    by_kurtosis = sorted((f for fqn, f in outliers.items() if fqn.endswith("down_proj")), key=lambda f: -(f.kurtosis or 0.0))
+    assert {f.fqn for f in by_kurtosis[:2]} == {"layers.11.mlp.down_proj", "layers.28.mlp.down_proj"}
+    for finding in by_kurtosis[:2]:
+        assert finding.tails is not None and len(finding.tails.mean_abs()) == 1536
+        assert (finding.kurtosis or 0.0) > 40_000
+        assert finding.int8_outlier_channels and finding.tails.massive_tokens and finding.massive_channels
+        assert "massive tokens" in finding.reason() and "kurtosis" in finding.reason()
+    last = outliers["layers.28.mlp.down_proj"].tails
+    assert last is not None and last.massive_tokens == last.tokens and last.massive_channels()[:2] == (1095, 678)
     text = report.to_text()
     assert "SmolLM2-135M (fx frontend, backend x86, 3 calibration batches, 211 quantizable modules, 545 ops" in text
     assert "Kept in float" in text and "channel 507" in text

@@ -15,7 +15,7 @@ from qinsight.observe.observers import ActivationObserver
 from qinsight.core.sites import ObserverSpec
 from qinsight.core.stats import ActivationStats, BatchMoments
 
-SPEC = ObserverSpec(channel_axis=1, per_channel=True, moments=True, percentiles=(0.5, 0.9))
+SPEC = ObserverSpec(channel_axis=1, per_channel=True, moments=True, percentiles=(0.5, 0.9), tails=True)
 
 batch = hnp.arrays(
     np.float32,
@@ -46,6 +46,12 @@ def assert_same(a: ActivationStats, b: ActivationStats) -> None:
     for pa, pb in zip(a.percentiles, b.percentiles):
         assert (pa.measured_batches, pa.constant_batches) == (pb.measured_batches, pb.constant_batches)
         assert pa.ratio_sum == pytest.approx(pb.ratio_sum, rel=1e-9, abs=1e-9)
+    assert (a.tails is None) == (b.tails is None)
+    if a.tails is not None and b.tails is not None:
+        counts = ("values", "above", "tokens", "massive_tokens", "massive_hits")
+        assert [getattr(a.tails, n) for n in counts] == [getattr(b.tails, n) for n in counts]
+        assert a.tails.abs_sum == pytest.approx(b.tails.abs_sum, rel=1e-9, abs=1e-6)
+        assert a.tails.power_sums == pytest.approx(b.tails.power_sums, rel=1e-9, abs=1e-3)
 
 
 @settings(max_examples=60, deadline=None)
@@ -113,3 +119,35 @@ def test_undefined_stationarity_is_none() -> None:
     assert BatchMoments().stationarity() is None
     assert moments_of([torch.ones(4), torch.ones(4)]).stationarity() is None
     assert math.isclose(moments_of([torch.tensor([0.0, 2.0])]).stationarity() or 0.0, 1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(batch, min_size=1, max_size=5))
+def test_tail_statistics_are_what_numpy_computes(batches: list[np.ndarray]) -> None:
+    """Mean |x| and values above 6 per channel, kurtosis, and massive tokens (a position whose largest
+    |x| is over 100x its batch's median |x|), on the finite batches, from the definitions."""
+    tails = stats_of(batches).tails
+    finite = [b.astype(np.float64) for b in batches if np.isfinite(b).all()]
+    if not finite:
+        assert tails is None
+        return
+    assert tails is not None
+    channels_first = np.concatenate([b.transpose(1, 0, 2).reshape(3, -1) for b in finite], axis=1)
+    assert tails.values == channels_first.shape[1]
+    assert tails.mean_abs() == pytest.approx(tuple(np.abs(channels_first).mean(axis=1)), rel=1e-6, abs=1e-6)
+    assert tails.above == tuple(int(n) for n in (np.abs(channels_first) > 6.0).sum(axis=1))
+    values = channels_first.reshape(-1)
+    centered = values - values.mean()
+    variance = (centered**2).mean()
+    if variance > 1e-6 * max(1.0, values.mean() ** 2):  # raw power sums lose the rest to cancellation
+        assert tails.kurtosis() == pytest.approx((centered**4).mean() / variance**2, rel=1e-4, abs=1e-4)
+    massive, hits = 0, np.zeros(3, dtype=int)
+    for b in finite:
+        magnitude = np.abs(b)
+        median = np.sort(magnitude.reshape(-1))[(magnitude.size - 1) // 2]  # torch's median: the lower one
+        peak, where = magnitude.max(axis=1), magnitude.argmax(axis=1)
+        hit = peak > 100.0 * median
+        massive += int(hit.sum())
+        np.add.at(hits, where[hit], 1)
+    assert (tails.tokens, tails.massive_tokens) == (sum(b.shape[0] * b.shape[2] for b in finite), massive)
+    assert tails.massive_hits == tuple(int(h) for h in hits)

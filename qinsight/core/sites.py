@@ -177,12 +177,14 @@ class ObserverSpec:
     # At most this many samples per channel and batch for the percentiles
     # (a seeded random subset); None computes them on every sample (exact).
     percentile_samples: int | None = None
+    # The heavy-tail statistics LLM quantization reads (TailStats); per channel, so they imply per_channel.
+    tails: bool = False
 
     def __attrs_post_init__(self) -> None:
         if any(not 0.0 < p < 1.0 for p in self.percentiles) or list(self.percentiles) != sorted(set(self.percentiles)):
             raise ValueError(f"percentiles must be sorted, unique and in (0, 1), not {self.percentiles}")
-        if self.percentiles and not self.per_channel:
-            raise ValueError("percentile statistics are per channel: set per_channel=True")
+        if (self.percentiles or self.tails) and not self.per_channel:
+            raise ValueError("percentile and tail statistics are per channel: set per_channel=True")
         if self.percentile_samples is not None and self.percentile_samples < 1:
             raise ValueError(f"percentile_samples must be at least 1, not {self.percentile_samples}")
 
@@ -196,6 +198,7 @@ class ObserverSpec:
             moments=self.moments or other.moments,
             percentiles=tuple(sorted(set(self.percentiles) | set(other.percentiles))),
             percentile_samples=_finer(self, other),
+            tails=self.tails or other.tails,
         )
 
 
@@ -226,19 +229,21 @@ class InsertPoint:
         percentile: float | None = None,
         percentile_samples: int | None = None,
         channel_axis: int | None = None,
+        tails: bool = False,
     ) -> InsertPoint:
         """An insert point on ``site``, along its kind's channel axis by default.
 
-        A ``percentile`` asks for per-channel max/percentile ratios (and so
-        for per-channel statistics).
+        A ``percentile`` asks for per-channel max/percentile ratios, ``tails``
+        for the heavy-tail statistics (both imply per-channel statistics).
         """
         axis = site.channel_axis if channel_axis is None else channel_axis
         spec = ObserverSpec(
             channel_axis=axis,
-            per_channel=per_channel or percentile is not None,
+            per_channel=per_channel or percentile is not None or tails,
             moments=moments,
             percentiles=() if percentile is None else (percentile,),
             percentile_samples=percentile_samples,
+            tails=tails,
         )
         return cls(fqn=site.fqn, side=side, spec=spec)
 

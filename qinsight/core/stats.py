@@ -121,6 +121,77 @@ class PercentileStats:
         )
 
 
+# LLM.int8() routes a feature to 16-bit when any of its values exceeds this magnitude.
+LLM_INT8_THRESHOLD = 6.0
+# A "massive activation" (Sun et al., 2024): a value this many times the median magnitude.
+MASSIVE_FACTOR = 100.0
+
+
+@attrs.frozen(kw_only=True)
+class TailStats:
+    """The heavy-tail statistics LLM quantization methods read, summed over batches (mergeable).
+
+    Per channel: ``abs_sum`` (Σ|x|, over ``values`` values per channel: the mean
+    |x| SmoothQuant and AWQ scale by), ``above`` (values with |x| >
+    ``LLM_INT8_THRESHOLD``) and ``massive_hits`` (massive tokens whose largest
+    value is in that channel). A *token* is one position: every value of one
+    sample at one place along the other axes, across the channels; it is
+    massive when its largest |x| exceeds ``MASSIVE_FACTOR`` times the batch's
+    median |x|. ``power_sums`` are Σx, Σx², Σx³, Σx⁴ over all values, for the
+    kurtosis.
+    """
+
+    values: int = attrs.field(validator=attrs.validators.ge(0))
+    abs_sum: tuple[float, ...]
+    above: tuple[int, ...] = attrs.field(validator=_counts)
+    tokens: int = attrs.field(validator=attrs.validators.ge(0))
+    massive_tokens: int = attrs.field(validator=attrs.validators.ge(0))
+    massive_hits: tuple[int, ...] = attrs.field(validator=_counts)
+    power_sums: tuple[float, float, float, float]
+
+    def __attrs_post_init__(self) -> None:
+        if not len(self.abs_sum) == len(self.above) == len(self.massive_hits):
+            raise ValueError("abs_sum, above and massive_hits must have one value per channel each")
+
+    def mean_abs(self) -> tuple[float, ...]:
+        return tuple(total / self.values if self.values else 0.0 for total in self.abs_sum)
+
+    def kurtosis(self) -> float | None:
+        """Pearson's kurtosis of all values (3 for a Gaussian; thousands with massive activations),
+        None when undefined (no values, or one value throughout)."""
+        n = self.values * len(self.abs_sum)
+        if n == 0:
+            return None
+        m1, m2, m3, m4 = (total / n for total in self.power_sums)
+        variance = m2 - m1 * m1
+        if variance <= 0.0:
+            return None
+        return max(0.0, (m4 - 4 * m1 * m3 + 6 * m1 * m1 * m2 - 3 * m1**4) / variance**2)
+
+    def massive_channels(self) -> tuple[int, ...]:
+        """The channels massive tokens peak in, most often first."""
+        hit = [c for c, hits in enumerate(self.massive_hits) if hits]
+        return tuple(sorted(hit, key=lambda c: -self.massive_hits[c]))
+
+    def merge(self, other: TailStats) -> TailStats:
+        if len(other.abs_sum) != len(self.abs_sum):
+            raise ValueError(f"cannot merge tail statistics of {len(self.abs_sum)} and {len(other.abs_sum)} channels")
+        return TailStats(
+            values=self.values + other.values,
+            abs_sum=tuple(a + b for a, b in zip(self.abs_sum, other.abs_sum)),
+            above=tuple(a + b for a, b in zip(self.above, other.above)),
+            tokens=self.tokens + other.tokens,
+            massive_tokens=self.massive_tokens + other.massive_tokens,
+            massive_hits=tuple(a + b for a, b in zip(self.massive_hits, other.massive_hits)),
+            power_sums=(
+                self.power_sums[0] + other.power_sums[0],
+                self.power_sums[1] + other.power_sums[1],
+                self.power_sums[2] + other.power_sums[2],
+                self.power_sums[3] + other.power_sums[3],
+            ),
+        )
+
+
 def _merge_percentiles(
     a: tuple[PercentileStats, ...], b: tuple[PercentileStats, ...]
 ) -> tuple[PercentileStats, ...]:
@@ -156,6 +227,7 @@ class ActivationStats:
     channel_max: tuple[float, ...] | None = None
     moments: BatchMoments | None = None
     percentiles: tuple[PercentileStats, ...] = ()
+    tails: TailStats | None = None
 
     def __attrs_post_init__(self) -> None:
         if (self.channel_min is None) != (self.channel_max is None) or (
@@ -165,6 +237,8 @@ class ActivationStats:
         channels = len(self.channel_min) if self.channel_min is not None else None
         if channels is not None and any(len(p.ratio_sum) != channels for p in self.percentiles):
             raise ValueError(f"percentile statistics must have one value per channel ({channels})")
+        if channels is not None and self.tails is not None and len(self.tails.abs_sum) != channels:
+            raise ValueError(f"tail statistics must have one value per channel ({channels})")
 
     def percentile_stats(self, percentile: float) -> PercentileStats | None:
         return next((p for p in self.percentiles if p.percentile == percentile), None)
@@ -202,6 +276,9 @@ class ActivationStats:
         moments = self.moments
         if other.moments is not None:
             moments = other.moments if moments is None else moments.merge(other.moments)
+        tails = self.tails
+        if other.tails is not None:
+            tails = other.tails if tails is None else tails.merge(other.tails)
         return ActivationStats(
             spec=self.spec,
             batches=self.batches + other.batches,
@@ -214,6 +291,7 @@ class ActivationStats:
             channel_max=_merge_channels(self.channel_max, other.channel_max, max),
             moments=moments,
             percentiles=_merge_percentiles(self.percentiles, other.percentiles),
+            tails=tails,
         )
 
 

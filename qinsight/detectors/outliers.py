@@ -39,10 +39,13 @@ from qinsight.core.findings import Finding
 from qinsight.core.report import DetectorResult
 from qinsight.core.sites import InsertPoint, OpKind, OpSite, Side
 from qinsight.core.stats import (
+    LLM_INT8_THRESHOLD,
+    MASSIVE_FACTOR,
     ActivationStats,
     DataCondition,
     ObservedStats,
     PercentileStats,
+    TailStats,
 )
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 from qinsight.detectors._validators import in_open_interval, positive, positive_or_none
@@ -80,6 +83,25 @@ class OutlierFinding(Finding):
     ratios: tuple[float, ...]  # fixed-up mean ratio per channel; nan where not measured
     constant_batches: tuple[int, ...]
     channel_abs_max: tuple[float, ...]
+    # What LLM methods read (Linear inputs; absent where not observed): docs/detectors.md
+    tails: TailStats | None = None
+
+    @property
+    def kurtosis(self) -> float | None:
+        return None if self.tails is None else self.tails.kurtosis()
+
+    @property
+    def massive_channels(self) -> tuple[int, ...]:
+        """The channels the massive tokens peak in, most often first."""
+        return () if self.tails is None else self.tails.massive_channels()
+
+    @property
+    def int8_outlier_channels(self) -> tuple[int, ...]:
+        """Channels with values above LLM.int8()'s 6.0, most such values first."""
+        if self.tails is None:
+            return ()
+        above = self.tails.above
+        return tuple(sorted((c for c, n in enumerate(above) if n), key=lambda c: -above[c]))
 
     def channels(self, status: ChannelStatus) -> tuple[int, ...]:
         return tuple(c for c, s in enumerate(self.statuses) if s is status)
@@ -128,7 +150,21 @@ class OutlierFinding(Finding):
         ]
         if unmeasured:
             parts.append("not measurable: " + ", ".join(unmeasured))
+        if self.tails is not None and self.tails.values:
+            parts.append(_tails_text(self.tails))
         return "; ".join(parts)
+
+
+def _tails_text(tails: TailStats) -> str:
+    kurtosis = tails.kurtosis()
+    text = "kurtosis " + ("n/a" if kurtosis is None else f"{kurtosis:.3g}")
+    above = sum(tails.above)
+    if above:
+        text += f", {above} values above {LLM_INT8_THRESHOLD:g} in {sum(1 for n in tails.above if n)} channels"
+    if tails.massive_tokens:
+        channels = ", ".join(str(c) for c in tails.massive_channels()[:3])
+        text += f", {tails.massive_tokens}/{tails.tokens} massive tokens (> {MASSIVE_FACTOR:g}x median |x|, channel {channels})"
+    return text
 
 
 @attrs.frozen(kw_only=True)
@@ -147,6 +183,8 @@ class OutlierDetector:
     # Percentiles from at most this many samples per channel and batch (None: exact);
     # see qinsight.observe.observers._ColumnSampler for the error bound.
     percentile_samples: int | None = attrs.field(default=16384, validator=positive_or_none(minimum=1.0))
+    # Mean |x|, values above 6, kurtosis and massive tokens at Linear inputs (what LLM methods read)
+    tails: bool = True
 
     def _point(self, site: OpSite) -> InsertPoint:
         return InsertPoint.at(
@@ -155,6 +193,7 @@ class OutlierDetector:
             percentile=self.reference_percentile,
             percentile_samples=self.percentile_samples,
             channel_axis=self.channel_axis,
+            tails=self.tails and site.kind is OpKind.LINEAR,
         )
 
     def insert_points(self, view: ModelView) -> tuple[InsertPoint, ...]:
@@ -194,6 +233,7 @@ class OutlierDetector:
             ratios=ratios,
             constant_batches=percentile.constant_batches,
             channel_abs_max=tuple(max(abs(lo), abs(hi)) for lo, hi in zip(lows, highs)),
+            tails=None if stats is None else stats.tails,
         )
 
     def analyze(self, view: ModelView, stats: ObservedStats) -> DetectorResult:

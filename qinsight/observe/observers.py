@@ -23,6 +23,7 @@ from qinsight.core.errors import ObserverError
 from qinsight.core.sites import ObserverSpec
 from qinsight.core.stats import ActivationStats, BatchMoments, PercentileStats
 from qinsight.observe.selection import channel_percentile, channel_view
+from qinsight.observe.tails import BatchTails, TailAccumulator, batch_tails
 
 
 def channel_extrema(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,6 +133,7 @@ class BatchSummary(NamedTuple):
     channel_max: torch.Tensor | None
     percentiles: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...]  # per percentile: percentile_ratios
     moments: tuple[float, float] | None  # the batch's mean and (population) variance
+    tails: BatchTails | None = None
 
     @property
     def finite(self) -> bool:
@@ -193,6 +195,7 @@ class ActivationObserver(nn.Module):
         self._channel_max: torch.Tensor | None = None
         self._moments = BatchMoments() if self.spec.moments else None
         self._percentiles: list[_PercentileAccumulator] = []
+        self._tails: TailAccumulator | None = None
         self._sampler = _ColumnSampler(self.spec.percentile_samples, self.clock)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -231,7 +234,10 @@ class ActivationObserver(nn.Module):
         if self.spec.moments:
             var, mean = (float(v) for v in torch.var_mean(x, correction=0))
             moments = (mean, var)
-        return BatchSummary(lo, hi, channel_min, channel_max, percentiles, moments)
+        tails = None
+        if self.spec.tails and channel_min is not None and channel_max is not None:
+            tails = batch_tails(x, self.spec.channel_axis, channel_min, channel_max)
+        return BatchSummary(lo, hi, channel_min, channel_max, percentiles, moments, tails)
 
     def fold(self, summary: BatchSummary) -> None:
         """Adds one batch (:meth:`measure`) to the statistics."""
@@ -248,6 +254,11 @@ class ActivationObserver(nn.Module):
             accumulator.add(*parts)
         if self._moments is not None and summary.moments is not None:
             self._moments = _add_batch_moments(self._moments, *summary.moments)
+        if summary.tails is not None:
+            if self._tails is None:
+                self._tails = TailAccumulator(summary.tails)
+            else:
+                self._tails.add(summary.tails)
         lo, hi = summary.lo, summary.hi
         self._batches += 1
         self._constant_batches += lo == hi
@@ -308,6 +319,7 @@ class ActivationObserver(nn.Module):
             channel_max=as_tuple(self._channel_max),
             moments=self._moments,
             percentiles=tuple(a.freeze() for a in self._percentiles),
+            tails=None if self._tails is None else self._tails.freeze(),
         )
 
     def extra_repr(self) -> str:

@@ -1,0 +1,119 @@
+"""The heavy-tail statistics of one activation batch (:class:`~qinsight.core.stats.TailStats`):
+what LLM quantization methods read, on the observers' hot path.
+
+Mean |x| and the count above LLM.int8()'s 6 per channel, the power sums behind the
+kurtosis, and the massive tokens (a position whose largest |x| is 100 times the
+batch's median |x|) with the channels they peak in.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from qinsight.core.stats import LLM_INT8_THRESHOLD, MASSIVE_FACTOR, TailStats
+from qinsight.observe.selection import channel_view
+
+
+class BatchTails(NamedTuple):
+    """One batch's share of :class:`TailStats`: per-channel tensors and plain counts."""
+
+    values: int  # per channel
+    abs_sum: torch.Tensor
+    above: torch.Tensor
+    tokens: int
+    massive_tokens: int
+    massive_hits: torch.Tensor
+    power_sums: tuple[float, float, float, float]
+
+
+MEDIAN_SAMPLES = 4096  # values the batch's median |x| is taken from: a massive value is 100x it
+
+
+def _sample_step(numel: int, channels: int) -> int:
+    """A stride of about ``numel / MEDIAN_SAMPLES`` that is coprime with the channel count, so an
+    evenly strided sample of a channels-last tensor visits every channel, not a few of them."""
+    step = max(1, numel // MEDIAN_SAMPLES)
+    while step > 1 and math.gcd(step, channels) != 1:
+        step -= 1
+    return step
+
+
+def batch_tails(x: torch.Tensor, axis: int, channel_min: torch.Tensor, channel_max: torch.Tensor) -> BatchTails:
+    """The tail statistics of one finite batch, channels along ``axis`` (their extrema already known).
+
+    The observers' hot path. Computed plainly (float64 power sums, a comparison over every
+    value, every token's argmax) these took 3.7 ms on an (8, 128, 384) Linear input, more
+    than the Linear. So: one buffer (|x|, then x²) and float32 sums (BLAS dots for the
+    powers); values above the threshold counted only in the channels whose range reaches it;
+    the channel of a token's peak looked up only for the massive tokens.
+    """
+    view = channel_view(x, axis)  # (before, channels, after): a view, nothing copied
+    channels = view.shape[1]
+    magnitude = view.abs()
+    abs_sum = magnitude.sum(dim=(0, 2), dtype=torch.float32).double()
+    above = torch.zeros(channels, dtype=torch.int64, device=x.device)
+    hot = torch.maximum(channel_max, -channel_min) > LLM_INT8_THRESHOLD
+    if bool(hot.any()):
+        hot_channels = hot.nonzero().flatten()
+        above[hot_channels] = (magnitude.index_select(1, hot_channels) > LLM_INT8_THRESHOLD).sum(dim=(0, 2))
+    flat = magnitude.reshape(-1)
+    median = flat[:: _sample_step(flat.numel(), channels)].median()
+    peak = magnitude.amax(dim=1)  # per token (before, after)
+    massive = peak > MASSIVE_FACTOR * median
+    hits = torch.zeros(channels, dtype=torch.int64, device=x.device)
+    massive_tokens = int(massive.sum())
+    if massive_tokens:
+        where = magnitude.permute(0, 2, 1)[massive].argmax(dim=1)  # (massive tokens, channels) -> peak channel
+        hits += torch.bincount(where, minlength=channels)
+    squares = magnitude.square_()  # |x|'s buffer, no longer needed as such: no second allocation
+    if view.is_contiguous():  # flat BLAS dots, in float32
+        flat_x, flat_sq = view.reshape(-1), squares.reshape(-1)
+        cubes, fourths = torch.dot(flat_sq, flat_x), torch.dot(flat_sq, flat_sq)
+    else:
+        cubes, fourths = (squares * view).sum(), (squares * squares).sum()
+    sums = torch.stack((view.sum(), squares.sum(), cubes, fourths)).tolist()
+    return BatchTails(
+        values=view.shape[0] * view.shape[2],
+        abs_sum=abs_sum,
+        above=above,
+        tokens=peak.numel(),
+        massive_tokens=massive_tokens,
+        massive_hits=hits,
+        power_sums=(sums[0], sums[1], sums[2], sums[3]),
+    )
+
+
+class TailAccumulator:
+    """Running sums behind :class:`TailStats`."""
+
+    def __init__(self, first: BatchTails) -> None:
+        self.values, self.tokens, self.massive_tokens = first.values, first.tokens, first.massive_tokens
+        self.abs_sum, self.above, self.massive_hits = first.abs_sum.clone(), first.above.clone(), first.massive_hits.clone()
+        self.power_sums = list(first.power_sums)
+
+    def add(self, batch: BatchTails) -> None:
+        self.values += batch.values
+        self.tokens += batch.tokens
+        self.massive_tokens += batch.massive_tokens
+        self.abs_sum += batch.abs_sum
+        self.above += batch.above
+        self.massive_hits += batch.massive_hits
+        self.power_sums = [a + b for a, b in zip(self.power_sums, batch.power_sums)]
+
+    def freeze(self) -> TailStats:
+        sums = self.power_sums
+        return TailStats(
+            values=self.values,
+            abs_sum=tuple(self.abs_sum.tolist()),
+            above=tuple(int(v) for v in self.above.tolist()),
+            tokens=self.tokens,
+            massive_tokens=self.massive_tokens,
+            massive_hits=tuple(int(v) for v in self.massive_hits.tolist()),
+            power_sums=(sums[0], sums[1], sums[2], sums[3]),
+        )
+
+
+__all__ = ["BatchTails", "TailAccumulator", "batch_tails"]
