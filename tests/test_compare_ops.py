@@ -149,3 +149,14 @@ def test_an_fx_graph_that_differs_from_the_float_forward_is_not_matched_wrongly(
         comparison = qinsight.compare_activations(model, quantized, held_out)
     assert not any(row.kind == "add" for row in comparison.ops)
     assert any(row.kind == "matmul" for row in comparison.ops)
+
+
+def test_one_shot_batches_give_the_same_op_rows_and_the_tables_show_them() -> None:
+    """The first batch finds the float ops and is compared too: an iterator is not used up by it."""
+    model, held_out, flows = residual_flows()
+    from_list = qinsight.compare_activations(model, flows["fx"], held_out)
+    from_iterator = qinsight.compare_activations(model, flows["fx"], iter(held_out))
+    assert from_iterator == from_list and from_list.layer("add#1").batches == len(held_out)
+    text = qinsight.Comparison(activations=from_list).to_text(limit=3)
+    assert "layer or op" in text and "more layers and ops in the file" in text
+    assert from_list.worst(count=1)[0].fqn in text

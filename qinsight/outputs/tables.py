@@ -42,8 +42,8 @@ def _ratio(value: float) -> str:
     return f"{value:.2f}" if math.isfinite(value) else "inf"
 
 
-def _more(total: int, shown: int) -> str:
-    return f"{total - shown} more layers in the file" if total > shown else ""
+def _more(total: int, shown: int, rows: str = "layers") -> str:
+    return f"{total - shown} more {rows} in the file" if total > shown else ""
 
 
 def weight_table(weights: WeightComparison, limit: int = DEFAULT_LIMIT) -> Table:
@@ -70,9 +70,9 @@ def activation_table(activations: ActivationComparison, limit: int = DEFAULT_LIM
     )
     return Table(
         "Activations, worst local SQNR first (dB)",
-        ("layer", "compared at", "local", "propagated", "error ratio"),
+        ("layer or op", "compared at", "local", "propagated", "error ratio"),
         rows,
-        _more(len(layers), len(rows)),
+        _more(len(layers), len(rows), "layers and ops" if activations.ops else "layers"),
     )
 
 
