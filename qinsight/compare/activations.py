@@ -29,6 +29,7 @@ from qinsight.frontends import (
     TailChain,
     eval_mode,
     model_structure,
+    hidden_calls,
     run_batch,
     tap_each,
 )
@@ -152,29 +153,34 @@ class _Streamer:
 
     def _run_local(self, fqn: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
         def run(_module: nn.Module, args: tuple[Any, ...]) -> None:
-            for key in self._versions[fqn]:
-                self.local_outputs.keep(key, fqn, self.layers[key][fqn].local(args[0]))
+            with hidden_calls():  # while op rows are compared, a tap counts the float model's calls
+                for key in self._versions[fqn]:
+                    self.local_outputs.keep(key, fqn, self.layers[key][fqn].local(args[0]))
 
         return run
 
     def _compare_at(self, module: str) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
         def compare(_module: nn.Module, _args: tuple[Any, ...], output: Any) -> None:
-            # one reference at a time: it may live in the scratch buffer, reused by the next
-            for at, members in self._at[module].items():
-                reference = None
-                for key, fqn in members:
-                    call = self._compared[key, fqn]
-                    self._compared[key, fqn] += 1
-                    kept, local_kept = self.outputs.take(key, fqn, call), self.local_outputs.take(key, fqn, call)
-                    if kept is None or local_kept is None:
-                        continue  # the quantized model did not reach this layer (so often)
-                    if reference is None:
-                        reference = Reference(at.reference(dequantize(output)), like=kept.values, scratch=self.scratch)
-                    propagated, local = self.sums[key][fqn]
-                    propagated.add(reference, kept, self.scratch)
-                    local.add(reference, local_kept, self.scratch)
+            with hidden_calls():  # a plugin metric's torch calls are not the float model's
+                self._compare_members(module, output)
 
         return compare
+
+    def _compare_members(self, module: str, output: Any) -> None:
+        # one reference at a time: it may live in the scratch buffer, reused by the next
+        for at, members in self._at[module].items():
+            reference = None
+            for key, fqn in members:
+                call = self._compared[key, fqn]
+                self._compared[key, fqn] += 1
+                kept, local_kept = self.outputs.take(key, fqn, call), self.local_outputs.take(key, fqn, call)
+                if kept is None or local_kept is None:
+                    continue  # the quantized model did not reach this layer (so often)
+                if reference is None:
+                    reference = Reference(at.reference(dequantize(output)), like=kept.values, scratch=self.scratch)
+                propagated, local = self.sums[key][fqn]
+                propagated.add(reference, kept, self.scratch)
+                local.add(reference, local_kept, self.scratch)
 
 
 class _OpStreamer:

@@ -181,6 +181,62 @@ def single_user(node: fx.Node) -> fx.Node | None:
     return users[0] if len(users) == 1 and users[0].op == "call_function" else None
 
 
+def walk_tail(op: fx.Node) -> list[fx.Node]:
+    """The relu/hardtanh nodes PT2E quantizes after ``op``, each the only user of the one before."""
+    walked, end = [], op
+    while (user := single_user(end)) is not None and user.target in TAIL_TARGETS:
+        walked.append(user)
+        end = user
+    return walked
+
+
+class GraphProgram:
+    """The stretch of a graph from ``starts`` to ``output``, replayed on other values of the starts.
+
+    The local runs: the nodes in order and the constants they read (int8 weights,
+    scales: evaluated once). Raises :class:`FrontendError` where the output depends on
+    anything else (a placeholder, another input).
+    """
+
+    def __init__(self, model: fx.GraphModule, starts: list[fx.Node], output: fx.Node, constant: set[fx.Node], name: str) -> None:
+        self.model, self.output = model, output
+        self.steps: list[fx.Node] = []
+        self.constants: dict[fx.Node, object] = {}
+        seen: set[fx.Node] = set(starts)
+
+        def visit(node: fx.Node) -> None:
+            if node in seen:
+                return
+            seen.add(node)
+            if node in constant:
+                self.constants[node] = evaluate_constant(model, node)
+                return
+            if node.op not in ("call_function", "call_method", "call_module"):
+                raise FrontendError(f"{name}: its output depends on {node.name}, not only on its inputs")
+            for arg in node.all_input_nodes:
+                visit(arg)
+            self.steps.append(node)
+
+        visit(output)
+
+    def run(self, starts: dict[fx.Node, object]) -> torch.Tensor:
+        env: dict[fx.Node, Any] = {**self.constants, **starts}
+        for node in self.steps:
+            args, kwargs = fx.map_arg((node.args, node.kwargs), lambda n: env[n])
+            env[node] = _call(self.model, node, args, kwargs)
+        output: torch.Tensor = env[self.output]
+        return output
+
+
+def _call(model: fx.GraphModule, node: fx.Node, args: Any, kwargs: Any) -> Any:
+    if node.op == "call_method":
+        return getattr(args[0], str(node.target))(*args[1:], **kwargs)
+    if node.op == "call_module":  # forward: the hooks of a layer being compared must not see the replay
+        return model.get_submodule(str(node.target)).forward(*args, **kwargs)
+    assert callable(node.target)
+    return node.target(*args, **kwargs)
+
+
 class GraphLayer:
     """A layer of a ``convert_pt2e`` graph: an aten linear/conv node between quantize/dequantize nodes."""
 
@@ -189,21 +245,13 @@ class GraphLayer:
         self._constant = constant
         self.kind = ATEN_KINDS[op.target]
         self.quantized_type = str(op.target)
-        tail = self._walk_tail(op)
+        tail = walk_tail(op)
         self._activations = {node.target for node in tail}
         self.output = self._dequantized(tail[-1] if tail else op)
-        self._input, self._steps, self._constants = self._local_program()
+        self._input = self._activation_input()
+        self._program = GraphProgram(model, [self._input], self.output, constant, fqn)
         self._weight = weight_argument(op)
         self.quantized = isinstance(self._weight, fx.Node) and "dequantize" in str(self._weight.target)
-
-    @staticmethod
-    def _walk_tail(op: fx.Node) -> list[fx.Node]:
-        """The relu/hardtanh nodes after ``op``, each the only user of the one before."""
-        walked, end = [], op
-        while (user := single_user(end)) is not None and user.target in TAIL_TARGETS:
-            walked.append(user)
-            end = user
-        return walked
 
     @staticmethod
     def _dequantized(end: fx.Node) -> fx.Node:
@@ -223,33 +271,10 @@ class GraphLayer:
             raise FrontendError(f"{self.fqn}: no activation input in the graph")
         return node
 
-    def _local_program(self) -> tuple[fx.Node, list[fx.Node], dict[fx.Node, object]]:
-        """The nodes from the activation input to the output, in order, and the constants they read."""
-        start = self._activation_input()
-        steps: list[fx.Node] = []
-        constants: dict[fx.Node, object] = {}
-        seen: set[fx.Node] = {start}
-
-        def visit(node: fx.Node) -> None:
-            if node in seen:
-                return
-            seen.add(node)
-            if node in self._constant:
-                constants[node] = evaluate_constant(self.model, node)
-                return
-            if node.op != "call_function":
-                raise FrontendError(f"{self.fqn}: its output depends on {node.name}, not only on its input")
-            for arg in node.all_input_nodes:
-                visit(arg)
-            steps.append(node)
-
-        visit(self.output)
-        return start, steps, constants
-
     def weight(self) -> torch.Tensor:
-        if not isinstance(self._weight, fx.Node) or self._weight not in self._constants:
+        if not isinstance(self._weight, fx.Node) or self._weight not in self._program.constants:
             raise FrontendError(f"{self.fqn}: the weight is not a constant of the graph")
-        value = self._constants[self._weight]
+        value = self._program.constants[self._weight]
         assert isinstance(value, torch.Tensor)
         return value
 
@@ -264,13 +289,7 @@ class GraphLayer:
         return bool(wanted & self._activations)
 
     def local(self, float_input: torch.Tensor) -> torch.Tensor:
-        env: dict[fx.Node, Any] = {**self._constants, self._input: float_input}
-        for node in self._steps:
-            args, kwargs = fx.map_arg((node.args, node.kwargs), lambda n: env[n])
-            assert callable(node.target)
-            env[node] = node.target(*args, **kwargs)
-        output: torch.Tensor = env[self.output]
-        return output
+        return self._program.run({self._input: float_input})
 
 
 def constant_nodes(graph: fx.Graph) -> set[fx.Node]:
@@ -322,8 +341,9 @@ def quantized_layers(
 __all__ = [
     "QDQ_TARGETS",
     "QUANTIZE_TARGETS",
-    "TAIL_TARGETS",
+    "GraphProgram",
     "constant_nodes",
     "evaluate_constant",
     "single_user",
+    "walk_tail",
     "GraphLayer", "ModuleLayer", "QuantizedLayer", "dequantize", "dequantized_weight", "quantized_layers"]

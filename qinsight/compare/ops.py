@@ -32,20 +32,14 @@ from typing import Any, NamedTuple
 import torch
 from torch import fx, nn
 
-from qinsight.compare.layers import (
-    QDQ_TARGETS,
-    QUANTIZE_TARGETS,
-    TAIL_TARGETS,
-    constant_nodes,
-    evaluate_constant,
-    single_user,
-)
+from qinsight.compare.layers import QDQ_TARGETS, QUANTIZE_TARGETS, GraphProgram, constant_nodes, walk_tail
 from qinsight.core.errors import FrontendError
 from qinsight.core.sites import OpCall, OpKind
 from qinsight.frontends import OP_NAME_KINDS, CallTap, Discovery, WatchCall, exported_op_names, hidden_calls
 from qinsight.plugin import Detach
 
 OnOutput = Callable[[torch.Tensor], None]
+OnCall = Callable[[str, tuple[torch.Tensor, ...], torch.Tensor], None]  # (op-site name, operands, output)
 _FX_QUANTIZE = {torch.quantize_per_tensor, torch.quantize_per_tensor_dynamic}
 
 
@@ -109,12 +103,12 @@ class GraphOp:
 
     def __init__(self, model: fx.GraphModule, node: fx.Node, name: str, constant: set[fx.Node], *, fused_relu: bool) -> None:
         self.model, self.node, self.name = model, node, name
-        self.quantized_type = (
-            f"{type(mod).__module__}.{type(mod).__qualname__}"
-            if node.op == "call_module" and (mod := model.get_submodule(str(node.target)))
-            else str(node.target)
-        )
-        tail = self._walk_tail(node)
+        if node.op == "call_module":
+            module = model.get_submodule(str(node.target))
+            self.quantized_type = f"{type(module).__module__}.{type(module).__qualname__}"
+        else:
+            self.quantized_type = str(node.target)
+        tail = walk_tail(node)
         self.then: tuple[nn.Module, ...] = tuple(_as_module(step) for step in tail) + ((nn.ReLU(),) if fused_relu else ())
         end = tail[-1] if tail else node
         self.output = self._leaving(end)
@@ -122,16 +116,7 @@ class GraphOp:
         self.operands = [arg for arg in _flat_nodes(node) if arg not in constant]
         self.starts = [self._entering(arg) for arg in self.operands]
         self._arrived: dict[fx.Node, _Arrival] = {}
-        self._steps, self._constants = self._program(constant)
-
-    @staticmethod
-    def _walk_tail(op: fx.Node) -> list[fx.Node]:
-        """The relu/hardtanh nodes PT2E quantizes after ``op``, each the only user of the one before."""
-        walked, end = [], op
-        while (user := single_user(end)) is not None and user.target in TAIL_TARGETS:
-            walked.append(user)
-            end = user
-        return walked
+        self._program = GraphProgram(model, self.starts, self.output, constant, name)
 
     @staticmethod
     def _leaving(end: fx.Node) -> fx.Node:
@@ -148,27 +133,6 @@ class GraphOp:
         while _is_qdq(operand) and isinstance(operand.args[0], fx.Node):
             operand = operand.args[0]
         return operand
-
-    def _program(self, constant: set[fx.Node]) -> tuple[list[fx.Node], dict[fx.Node, object]]:
-        steps: list[fx.Node] = []
-        constants: dict[fx.Node, object] = {}
-        seen: set[fx.Node] = set(self.starts)
-
-        def visit(node: fx.Node) -> None:
-            if node in seen:
-                return
-            seen.add(node)
-            if node in constant:
-                constants[node] = evaluate_constant(self.model, node)
-                return
-            if node.op not in ("call_function", "call_method", "call_module"):
-                raise FrontendError(f"{self.name}: its output depends on {node.name}, not only on its operands")
-            for arg in node.all_input_nodes:
-                visit(arg)
-            steps.append(node)
-
-        visit(self.output)
-        return steps, constants
 
     def taps(self, on_output: OnOutput) -> list[tuple[fx.Node, Callable[[torch.Tensor], object]]]:
         """What to tap: the output, for ``on_output``, and each start, for the qparams it arrives with."""
@@ -187,15 +151,11 @@ class GraphOp:
 
     def local(self, operands: Sequence[torch.Tensor]) -> torch.Tensor:
         """The output for the float model's ``operands``, quantized as the op's own operands arrive."""
-        env: dict[fx.Node, Any] = dict(self._constants)
+        starts: dict[fx.Node, object] = {}
         for start, operand in zip(self.starts, operands):
             arrival = self._arrived.get(start)
-            env[start] = operand if arrival is None else arrival.like(operand)
-        for node in self._steps:
-            args, kwargs = fx.map_arg((node.args, node.kwargs), lambda n: env[n])
-            env[node] = _run(self.model, node, args, kwargs)
-        output: torch.Tensor = env[self.output]
-        return output
+            starts[start] = operand if arrival is None else arrival.like(operand)
+        return self._program.run(starts)
 
 
 class _Arrival(NamedTuple):
@@ -219,20 +179,12 @@ class _Arrival(NamedTuple):
         return operand.contiguous(memory_format=torch.channels_last) if self.channels_last else operand
 
 
-def _run(model: fx.GraphModule, node: fx.Node, args: Any, kwargs: Any) -> Any:
-    if node.op == "call_method":
-        return getattr(args[0], str(node.target))(*args[1:], **kwargs)
-    if node.op == "call_module":
-        return model.get_submodule(str(node.target)).forward(*args, **kwargs)
-    assert callable(node.target)
-    return node.target(*args, **kwargs)
-
-
 def _as_module(node: fx.Node) -> nn.Module:
     """The float step a PT2E tail node applies: relu, or hardtanh with its bounds."""
     if node.target in (torch.ops.aten.relu.default, torch.ops.aten.relu_.default):
         return nn.ReLU()
-    low, high = (list(node.args[1:3]) + [-1.0, 1.0][len(node.args) - 1 :])[:2]
+    low = node.args[1] if len(node.args) > 1 else -1.0  # aten.hardtanh's defaults
+    high = node.args[2] if len(node.args) > 2 else 1.0
     return nn.Hardtanh(float(low), float(high))  # type: ignore[arg-type]
 
 
@@ -250,7 +202,7 @@ class FloatOps:
             return found
         return next(kind for call, kind in self.calls.items() if call.name == name)
 
-    def watch(self, model: nn.Module, on_call: Callable[[str, tuple[torch.Tensor, ...], torch.Tensor], None]) -> Detach:
+    def watch(self, model: nn.Module, on_call: OnCall) -> Detach:
         """Calls ``on_call(name, operands, output)`` for every call of every op site, until the detach."""
         tap = CallTap(model)
         removers: list[Callable[[], None]] = []
@@ -268,16 +220,14 @@ class FloatOps:
         return detach
 
 
-def _call_watcher(name: str, on_call: Callable[[str, tuple[torch.Tensor, ...], torch.Tensor], None]) -> WatchCall:
+def _call_watcher(name: str, on_call: OnCall) -> WatchCall:
     def watch(operands: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
         on_call(name, operands, output)
 
     return watch
 
 
-def _module_watcher(
-    fqn: str, on_call: Callable[[str, tuple[torch.Tensor, ...], torch.Tensor], None]
-) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
+def _module_watcher(fqn: str, on_call: OnCall) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
     def watch(_module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if isinstance(output, torch.Tensor):
             with hidden_calls():  # the local runs are not the float model's calls
