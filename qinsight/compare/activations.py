@@ -82,8 +82,9 @@ def compare_activations(
     ``quantized_model`` comes from ``convert_fx`` (or eager conversion), or is a
     ``convert_pt2e`` graph of ``float_model``. The ops (adds, matmuls, softmax,
     norms...: :mod:`qinsight.compare.ops`) are compared in both graphs, named as
-    the report names their sites; an eagerly converted model has layer rows only. Both models run on every batch of
-    ``data`` (eval mode, no gradients, hooks and taps removed afterwards).
+    the report names their sites; an eagerly converted model has layer rows
+    only. Both models run on every batch of ``data`` (eval mode, no gradients,
+    hooks and taps removed afterwards).
     Memory is O(layers) whatever the number of batches. With ``distributed=True``
     every rank of the process group passes its own batches and gets the
     comparison of all of them (docs/scale.md).

@@ -120,10 +120,9 @@ def _covered(a: Report, b: Report, data_a: dict[str, Any], data_b: dict[str, Any
                 covered |= {f"{prefix}.{k}.{n}" for k, v in finding.items() if isinstance(v, dict) for n, x in v.items() if _number(x) is not None}
     described_b = {s.fqn: s.describe() for s in b.suggestions}
     covered |= {f"$.suggestions[{s.fqn}]" for s in a.suggestions if s.fqn in described_b and described_b[s.fqn] != s.describe()}
-    for section, rows, field in (
-        ("weights", "layers", "metrics"),
-        *((("activations", rows, field) for rows in ("layers", "ops") for field in ("propagated", "local"))),
-    ):
+    compared = [("weights", "layers", "metrics")]
+    compared += [("activations", rows, field) for rows in ("layers", "ops") for field in ("propagated", "local")]
+    for section, rows, field in compared:
         names = _row_names(data_a, section, rows) & _row_names(data_b, section, rows)
         covered |= {f"$.comparison.{section}.{rows}[{fqn}].{field}" for fqn in names}
     return covered
