@@ -48,6 +48,10 @@ class SideBits:
     widest_channel: int
     widest_channel_range: float
     bits_kept: float
+    # Of the channels that vary, how many span less than one step of the scale: their values
+    # collapse to one or two levels (absent in files before 1.6: 0 of 0)
+    channels: int = 0
+    collapsed_channels: int = 0
 
 
 def side_bits(side: Side, stats: ActivationStats | None, bits: int) -> SideBits | None:
@@ -59,6 +63,7 @@ def side_bits(side: Side, stats: ActivationStats | None, bits: int) -> SideBits 
     median = statistics.median(live) if live else 0.0
     widest = max(range(len(ranges)), key=ranges.__getitem__)
     tensor = quantized_range(stats) if live else 0.0
+    step = tensor / (2**bits - 1)
     return SideBits(
         side=side,
         tensor_range=tensor,
@@ -66,6 +71,8 @@ def side_bits(side: Side, stats: ActivationStats | None, bits: int) -> SideBits 
         widest_channel=widest,
         widest_channel_range=ranges[widest],
         bits_kept=bits_kept(bits, tensor, median),
+        channels=len(live),
+        collapsed_channels=sum(1 for r in live if r < step),
     )
 
 

@@ -70,10 +70,15 @@ class PrecisionFinding(Finding):
         if worst is None:
             return "no finite activation reached it"
         what = {Side.PRE: "input", Side.POST: "output"}.get(worst.side, worst.side.value)
+        collapsed = (
+            f"; {worst.collapsed_channels} of {worst.channels} channels span less than one step"
+            if worst.collapsed_channels
+            else ""
+        )
         return (
             f"{self.kind.value}: its {what}'s median channel keeps {worst.bits_kept:.1f} of {self.activation_bits} bits "
             f"under one scale (tensor range {worst.tensor_range:.3g}, median channel {worst.median_channel_range:.3g}, "
-            f"channel {worst.widest_channel} spans {worst.widest_channel_range:.3g})"
+            f"channel {worst.widest_channel} spans {worst.widest_channel_range:.3g}){collapsed}"
         )
 
 
