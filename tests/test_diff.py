@@ -50,3 +50,20 @@ def test_diff_command(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "qinsight", "diff", str(a), str(b)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "qinsight.dynamic_static fc1.input.constant_batches: 0 -> 1" in out.stdout
+
+
+def test_a_flag_read_back_as_a_number_is_a_change() -> None:
+    """True == 1 in Python, not in a file: the outlier detector's ``tails`` flag written as 1 differs
+    (found by the hypothesis test of tests/test_bad_inputs.py once the first bool parameter existed)."""
+    import json
+
+    from qinsight.outputs.serde import report_from_json, report_to_dict
+
+    report = qinsight.diagnose(seeded(MLP()), gaussian_batches((8, 16), 2), model_name="mlp")
+    data = report_to_dict(report)
+    outliers = next(r for r in data["results"] if r["detector"] == "qinsight.outliers")
+    flag = next(p for p in outliers["parameters"] if p["name"] == "tails")
+    assert flag["value"] is True
+    flag["value"] = 1
+    changes = diff_reports(report, report_from_json(json.dumps(data)), rel_tol=0, abs_tol=0).fields
+    assert [(c.before, c.after) for c in changes] == [("true", "1")]

@@ -63,6 +63,10 @@ class _Walk:
         self.rel_tol, self.abs_tol, self.covered = rel_tol, abs_tol, covered
 
     def same(self, a: Any, b: Any) -> bool:
+        if isinstance(a, (dict, list)) and isinstance(b, (dict, list)):  # == would take True for 1 inside
+            return next(self.changes("", a, b), None) is None
+        if isinstance(a, bool) or isinstance(b, bool):  # True == 1 in Python, not in the file
+            return type(a) is type(b) and a == b
         x, y = _number(a), _number(b)
         if x is not None and y is not None:
             return not numbers_differ(x, y, self.rel_tol, self.abs_tol)
