@@ -132,7 +132,7 @@ class _Streamer:
                 self.removers.append(float_model.get_submodule(module).register_forward_hook(self._compare_at(module)).remove)
             for key, found in layers.items():
                 for fqn, layer in found.items():
-                    self.removers.append(layer.attach(self._keep_output(key, fqn)))
+                    self.removers.append(layer.attach(self.keeper(key, fqn)))
         except BaseException:
             self.remove()
             raise
@@ -146,7 +146,9 @@ class _Streamer:
         for remove in self.removers:
             remove()
 
-    def _keep_output(self, key: str, fqn: str) -> Callable[[torch.Tensor], None]:
+    def keeper(self, key: str, fqn: str) -> Callable[[torch.Tensor], None]:
+        """What keeps quantized model ``key``'s output of ``fqn`` (a layer or an op) for this batch."""
+
         def keep(output: torch.Tensor) -> None:
             self.outputs.keep(key, fqn, output)
 
@@ -199,38 +201,23 @@ class _OpStreamer:
         float_ops: FloatOps,
         ops: dict[str, dict[str, list[GraphOp]]],
         sums: dict[str, dict[str, tuple[ErrorSums, ErrorSums]]],
-        outputs: KeptOutputs,
-        scratch: Scratch,
+        layers: _Streamer,
     ) -> None:
-        self.ops, self.sums, self.outputs, self.scratch = ops, sums, outputs, scratch
+        self.ops, self.sums, self.outputs, self.scratch = ops, sums, layers.outputs, layers.scratch
         self._compared: Counter[tuple[str, str]] = Counter()
         self._versions: dict[str, list[str]] = {}
         for key, found in ops.items():
             for name in found:
                 self._versions.setdefault(name, []).append(key)
-        self.removers: list[Callable[[], None]] = []
-        try:
-            for key, found in ops.items():
-                taps = [tap for name, calls in found.items() for op in calls for tap in op.taps(self._keep_output(key, name))]
-                if taps:
-                    self.removers.append(tap_each(next(iter(found.values()))[0].model, taps))
-            self.removers.append(float_ops.watch(float_model, self._compare))
-        except BaseException:
-            self.remove()
-            raise
+        # attached through the layers' streamer: removed with its hooks, also when attaching stops half-way
+        for key, found in ops.items():
+            taps = [tap for name, calls in found.items() for op in calls for tap in op.taps(layers.keeper(key, name))]
+            if taps:
+                layers.removers.append(tap_each(next(iter(found.values()))[0].model, taps))
+        layers.removers.append(float_ops.watch(float_model, self._compare))
 
     def new_batch(self) -> None:
         self._compared.clear()
-
-    def remove(self) -> None:
-        for remove in self.removers:
-            remove()
-
-    def _keep_output(self, key: str, name: str) -> Callable[[torch.Tensor], None]:
-        def keep(output: torch.Tensor) -> None:
-            self.outputs.keep(key, name, output)
-
-        return keep
 
     def _compare(self, name: str, operands: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
         for key in self._versions.get(name, ()):
@@ -303,7 +290,7 @@ def _measure(
     op_streamer = None
     try:
         if float_ops is not None:
-            op_streamer = _OpStreamer(float_model, float_ops, ops, sums, streamer.outputs, streamer.scratch)
+            op_streamer = _OpStreamer(float_model, float_ops, ops, sums, streamer)
         with contextlib.ExitStack() as stack:
             for model in (float_model, *quantized_models.values()):
                 stack.enter_context(eval_mode(model))
@@ -317,8 +304,6 @@ def _measure(
                 run_batch(float_model, batch)
     finally:
         streamer.remove()
-        if op_streamer is not None:
-            op_streamer.remove()
     if exchange is not None:
         _add_up(sums, exchange)
     return {
@@ -348,8 +333,7 @@ def _ops(
     """The float model's op sites and their counterparts in each quantized graph (none: no op rows)."""
     if not any(isinstance(model, torch.fx.GraphModule) for model in quantized_models.values()):
         return None, {}
-    with eval_mode(float_model):
-        float_ops = FloatOps(float_model, example)
+    float_ops = FloatOps(float_model, example)  # its forward runs in eval mode, without gradients
     return float_ops, {key: quantized_ops(float_ops, model) for key, model in quantized_models.items()}
 
 
@@ -364,7 +348,7 @@ def _op_rows(
         rows.append(
             LayerActivationComparison(
                 fqn=name,
-                kind=float_ops.kind(name).value,
+                kind=float_ops.kinds[name].value,
                 quantized_type=calls[0].quantized_type,
                 quantized=any(op.quantized for op in calls),
                 compared_at=name + "".join(f"+{type(step).__name__.lower()}" for step in calls[0].then),

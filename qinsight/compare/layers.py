@@ -20,7 +20,7 @@ depends on the flow:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.ao.quantization.quantize_fx  # noqa: F401  registers the quantized_decomposed ops read below
@@ -112,6 +112,28 @@ def _qualified_name(obj: object) -> str:
     return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
+class Arrival(NamedTuple):
+    """How a quantized model's layer or op input arrived: its per-tensor qparams (None: not
+    quantized) and whether channels-last; what a local run quantizes the float input like."""
+
+    qparams: tuple[float, int, torch.dtype] | None
+    channels_last: bool
+
+    @classmethod
+    def of(cls, value: torch.Tensor) -> Arrival:
+        per_tensor = value.is_quantized and value.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric)
+        qparams = (value.q_scale(), value.q_zero_point(), value.dtype) if per_tensor else None
+        return cls(qparams, value.dim() == 4 and not value.is_contiguous() and value.is_contiguous(memory_format=torch.channels_last))
+
+    def like(self, operand: torch.Tensor) -> torch.Tensor:
+        """The float ``operand`` as the op's own arrived: quantized with its qparams, in its layout
+        (so the local output is laid out as the quantized model's, and compared without a copy)."""
+        if self.qparams is not None:
+            operand = torch.quantize_per_tensor(operand.float(), *self.qparams)
+        # after quantizing: a copy of 1 byte per value instead of 4
+        return operand.contiguous(memory_format=torch.channels_last) if self.channels_last else operand
+
+
 class ModuleLayer:
     """A layer of a ``convert_fx`` (or eager-converted) model: a module named like the float one."""
 
@@ -120,7 +142,7 @@ class ModuleLayer:
         self.quantized_type = _qualified_name(module)
         # torch.ao.nn.quantized, .quantized.dynamic, .quantized.reference, .intrinsic.quantized
         self.quantized = ".quantized" in type(module).__module__
-        self._input: torch.Tensor | None = None
+        self._arrived = Arrival(None, channels_last=False)
 
     def weight(self) -> torch.Tensor:
         weight = dequantized_weight(self.module)
@@ -129,7 +151,8 @@ class ModuleLayer:
         return weight
 
     def _keep_input(self, _module: nn.Module, args: tuple[Any, ...]) -> None:
-        self._input = args[0]
+        if isinstance(args[0], torch.Tensor):
+            self._arrived = Arrival.of(args[0])  # its qparams, not the tensor: the batch's activations are freed
 
     def attach(self, on_output: OnOutput) -> Detach:
         removers = [
@@ -151,9 +174,7 @@ class ModuleLayer:
         return type(module) is nn.ReLU and "ReLU" in type(self.module).__name__
 
     def local(self, float_input: torch.Tensor) -> torch.Tensor:
-        arrived = self._input
-        if isinstance(arrived, torch.Tensor) and arrived.is_quantized:
-            float_input = torch.quantize_per_tensor(float_input, arrived.q_scale(), arrived.q_zero_point(), arrived.dtype)
+        float_input = self._arrived.like(float_input)
         # forward, not __call__: the hooks attach() put on the module must not see this run
         # (they would dequantize its output a second time and overwrite the kept input).
         output: torch.Tensor = self.module.forward(float_input)
@@ -339,6 +360,7 @@ def quantized_layers(
 
 
 __all__ = [
+    "Arrival",
     "QDQ_TARGETS",
     "QUANTIZE_TARGETS",
     "GraphProgram",

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import fx, nn
 
-from qinsight.compare.layers import QDQ_TARGETS, QUANTIZE_TARGETS, GraphProgram, constant_nodes, walk_tail
+from qinsight.compare.layers import QDQ_TARGETS, QUANTIZE_TARGETS, Arrival, GraphProgram, constant_nodes, walk_tail
 from qinsight.core.errors import FrontendError
 from qinsight.core.sites import OpCall, OpKind
 from qinsight.frontends import OP_NAME_KINDS, CallTap, Discovery, WatchCall, exported_op_names, hidden_calls
@@ -115,7 +115,7 @@ class GraphOp:
         self.quantized = self.output is not end  # and where FX's output is a quantized tensor: seen on the first run
         self.operands = [arg for arg in _flat_nodes(node) if arg not in constant]
         self.starts = [self._entering(arg) for arg in self.operands]
-        self._arrived: dict[fx.Node, _Arrival] = {}
+        self._arrived: dict[fx.Node, Arrival] = {}
         self._program = GraphProgram(model, self.starts, self.output, constant, name)
 
     @staticmethod
@@ -145,7 +145,7 @@ class GraphOp:
 
     def _arrival(self, start: fx.Node) -> Callable[[torch.Tensor], None]:
         def arrive(value: torch.Tensor) -> None:
-            self._arrived[start] = _Arrival.of(value)
+            self._arrived[start] = Arrival.of(value)
 
         return arrive
 
@@ -156,27 +156,6 @@ class GraphOp:
             arrival = self._arrived.get(start)
             starts[start] = operand if arrival is None else arrival.like(operand)
         return self._program.run(starts)
-
-
-class _Arrival(NamedTuple):
-    """How an operand arrived: its per-tensor qparams (None: not quantized) and whether channels-last."""
-
-    qparams: tuple[float, int, torch.dtype] | None
-    channels_last: bool
-
-    @classmethod
-    def of(cls, value: torch.Tensor) -> _Arrival:
-        per_tensor = value.is_quantized and value.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric)
-        qparams = (value.q_scale(), value.q_zero_point(), value.dtype) if per_tensor else None
-        return cls(qparams, value.dim() == 4 and not value.is_contiguous() and value.is_contiguous(memory_format=torch.channels_last))
-
-    def like(self, operand: torch.Tensor) -> torch.Tensor:
-        """The float ``operand`` as the op's own arrived: quantized with its qparams, in its layout
-        (so the local output is laid out as the quantized model's, and compared without a copy)."""
-        if self.qparams is not None:
-            operand = torch.quantize_per_tensor(operand.float(), *self.qparams)
-        # after quantizing: a copy of 1 byte per value instead of 4
-        return operand.contiguous(memory_format=torch.channels_last) if self.channels_last else operand
 
 
 def _as_module(node: fx.Node) -> nn.Module:
@@ -195,12 +174,7 @@ class FloatOps:
         discovery = Discovery(model).run(example)
         self.modules: dict[str, OpKind] = {fqn: discovery.kinds[fqn] for fqn in discovery.module_calls}
         self.calls: dict[OpCall, OpKind] = {call: kind for call, (kind, _rank) in discovery.tap.seen.items()}
-
-    def kind(self, name: str) -> OpKind:
-        found = self.modules.get(name)
-        if found is not None:
-            return found
-        return next(kind for call, kind in self.calls.items() if call.name == name)
+        self.kinds: dict[str, OpKind] = self.modules | {call.name: kind for call, kind in self.calls.items()}
 
     def watch(self, model: nn.Module, on_call: OnCall) -> Detach:
         """Calls ``on_call(name, operands, output)`` for every call of every op site, until the detach."""
@@ -262,7 +236,7 @@ def quantized_ops(float_ops: FloatOps, quantized_model: nn.Module) -> dict[str, 
 
 
 def _by_module_stack(named: dict[fx.Node, str], float_ops: FloatOps) -> dict[str, list[tuple[fx.Node, bool]]]:
-    wanted = set(float_ops.modules) | {call.name for call in float_ops.calls}
+    wanted = float_ops.kinds.keys()
     matched: dict[str, list[tuple[fx.Node, bool]]] = {}
     for node, name in named.items():
         if name in wanted:
