@@ -102,7 +102,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         merge_reports,
     )
     from qinsight.core.shards import Shard
+    from qinsight.core.plan import PlanStep, QuantPlan, SiteSensitivity, SuggestionCheck, Target
     from qinsight.distributed import shard
+    from qinsight.planning import plan
     from qinsight.plugin import Detector, Metric, ModelView
 
 _HOMES: dict[str, str] = {
@@ -179,6 +181,12 @@ _HOMES: dict[str, str] = {
     "instrument": "qinsight.pipeline",
     "merge_reports": "qinsight.pipeline",
     "Shard": "qinsight.core.shards",
+    "PlanStep": "qinsight.core.plan",
+    "QuantPlan": "qinsight.core.plan",
+    "SiteSensitivity": "qinsight.core.plan",
+    "SuggestionCheck": "qinsight.core.plan",
+    "Target": "qinsight.core.plan",
+    "plan": "qinsight.planning",
     "shard": "qinsight.distributed",
     "ReportDiff": "qinsight.outputs.diff",
     "diff_reports": "qinsight.outputs.diff",
@@ -188,7 +196,10 @@ _HOMES: dict[str, str] = {
 }
 
 
-_LAYERS = ("core", "plugin", "observe", "distributed", "frontends", "detectors", "compare", "pipeline", "outputs", "examples", "cli")
+_LAYERS = (
+    "core", "plugin", "observe", "distributed", "frontends", "detectors", "compare", "pipeline", "outputs", "planning",
+    "examples", "cli",
+)
 
 
 def __getattr__(name: str) -> object:
@@ -249,6 +260,12 @@ __all__ = [
     "OutlierDetector",
     "OutlierFinding",
     "Parameter",
+    "PlanStep",
+    "QuantPlan",
+    "SiteSensitivity",
+    "SuggestionCheck",
+    "Target",
+    "plan",
     "PerChannelDetector",
     "PerChannelFinding",
     "SideBits",

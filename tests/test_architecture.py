@@ -18,7 +18,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "qinsight"
 
 # Lowest first: what a layer may import is itself and everything before it.
-LAYERS = ("core", "plugin", "observe", "distributed", "frontends", "detectors", "compare", "pipeline", "outputs", "examples", "cli")
+LAYERS = ("core", "plugin", "observe", "distributed", "frontends", "detectors", "compare", "pipeline", "outputs", "planning", "examples", "cli")
 
 # Imports inside a function of a lower layer that reach up on purpose: the conveniences on the core's
 # types (report.save(), report.to_text(), ...), each importing its output module when called.
@@ -28,6 +28,9 @@ CONVENIENCES = {
     ("qinsight.core.report", "qinsight.outputs.pt2e"),
     ("qinsight.core.report", "qinsight.outputs.qconfig"),
     ("qinsight.core.comparison", "qinsight.outputs.tables"),
+    ("qinsight.core.plan", "qinsight.outputs.qconfig"),
+    ("qinsight.core.plan", "qinsight.outputs.pt2e"),
+    ("qinsight.core.plan", "qinsight.outputs.text"),
 }
 
 

@@ -135,3 +135,20 @@ def test_usage_errors_exit_2_and_debug_shows_the_traceback(saved: Path) -> None:
     bad.write_text("{")
     debug = qinsight("--debug", "show", str(bad))
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "ReportFileError" in debug.stderr
+
+
+def test_plan_reaches_a_target_writes_the_plan_and_exits_one_when_it_cannot(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    result = qinsight("plan", "--example", "cnn", "--batches", "3", "--eval-batches", "2", "--target", "sqnr>=30", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "Plan (fx, backend x86): target sqnr>=30 reached" in result.stdout
+    assert "scoring the curve: 0/" in result.stderr and result.stderr.endswith(f"qinsight: wrote {out}\n")
+    loaded = api.load_report(out)
+    assert loaded.plan is not None and loaded.plan.reached and loaded.plan.verified_score >= 30.0
+    assert qinsight("show", str(out)).stdout == result.stdout
+    # a target no config can reach: the report still prints, and the exit code says so
+    unreachable = qinsight("plan", "--example", "cnn", "--batches", "3", "--eval-batches", "2", "--target", "sqnr>=200", "--quiet")
+    assert unreachable.returncode == 1 and "target sqnr>=200 NOT reached" in unreachable.stdout
+    assert unreachable.stderr == "qinsight: the plan does not reach sqnr>=200\n"
+    bad = qinsight("plan", "--example", "cnn", "--target", "sqnr>30")
+    assert bad.returncode == 2 and bad.stderr.startswith("qinsight: error: --target: a target reads like")

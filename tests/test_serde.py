@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import qinsight
 from _support import MLP, gaussian_batches, seeded
+from qinsight.core.plan import STAGES
 from qinsight.examples import example
 from qinsight.outputs.serde import (
     _STRICT,
@@ -99,6 +100,40 @@ st.register_type_strategy(
     st.builds(LayerActivationComparison, batches=COUNTS, propagated=METRIC_VALUES, local=METRIC_VALUES),
 )
 
+# plan scores: finite here (a NaN scalar never compares equal); test_plan saves NaN scores in a file
+SCORES = st.floats(-1e6, 1e6)
+FRACTIONS = st.floats(0.0, 1.0)
+for _cls in (qinsight.PlanStep, qinsight.SuggestionCheck, qinsight.SiteSensitivity, qinsight.Target, qinsight.QuantPlan):
+    attrs.resolve_types(_cls)
+st.register_type_strategy(
+    qinsight.PlanStep,
+    st.builds(qinsight.PlanStep, score=SCORES, quantized_fraction=FRACTIONS, stage=st.sampled_from(STAGES)),
+)
+st.register_type_strategy(
+    qinsight.SuggestionCheck,
+    st.builds(qinsight.SuggestionCheck, before=SCORES, alone=SCORES, together=SCORES, without=SCORES),
+)
+st.register_type_strategy(
+    qinsight.SiteSensitivity,
+    st.builds(qinsight.SiteSensitivity, parameters=COUNTS, float_only=SCORES, quantized_only=SCORES, gain=SCORES),
+)
+st.register_type_strategy(qinsight.Target, st.builds(qinsight.Target, threshold=st.floats(-1e6, 1e6)))
+st.register_type_strategy(
+    qinsight.QuantPlan,
+    st.builds(
+        qinsight.QuantPlan,
+        default_score=SCORES,
+        verified_score=SCORES,
+        quantized_fraction=FRACTIONS,
+        agreement=SCORES,
+        evaluations=COUNTS,
+        steps=st.lists(st.from_type(qinsight.PlanStep), max_size=3).map(tuple),
+        checks=st.lists(st.from_type(qinsight.SuggestionCheck), max_size=2).map(tuple),
+        sensitivities=st.lists(st.from_type(qinsight.SiteSensitivity), max_size=2).map(tuple),
+        sites=st.lists(st.from_type(OpSite), max_size=2).map(tuple),
+    ),
+)
+
 SNAPSHOT = Path(__file__).parent / "data" / "report_schema.json"
 
 # attrs compares fields with ==, and NaN != NaN: a NaN in a scalar field never compares equal.
@@ -131,7 +166,7 @@ st.register_type_strategy(
 def all_classes() -> list[type]:
     names = set(schema()["classes"])
     found: dict[str, type] = {}
-    for module in ("qinsight", "qinsight.detectors.dynamic_static", "qinsight.core.precision", "qinsight.core.stats", "qinsight.core.suggestions", "qinsight.core.report", "qinsight.core.equalization", "qinsight.core.comparison"):
+    for module in ("qinsight", "qinsight.core.plan", "qinsight.detectors.dynamic_static", "qinsight.core.precision", "qinsight.core.stats", "qinsight.core.suggestions", "qinsight.core.report", "qinsight.core.equalization", "qinsight.core.comparison"):
         mod = importlib.import_module(module)
         for name in names:
             if hasattr(mod, name):

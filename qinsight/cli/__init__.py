@@ -59,6 +59,15 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", metavar="FILE.json", help="write the comparison as a report file")
     compare.add_argument("--html", metavar="FILE.html", help="write it as a self-contained page")
 
+    planned = commands.add_parser("plan", help="find what to keep in float so that the quantized model reaches a target")
+    _model_source(planned)
+    planned.add_argument("--eval-data", metavar="PKG.MOD:FACTORY", help="with --model: a function returning the evaluation batches")
+    planned.add_argument("--eval-batches", type=int, default=4, help="evaluation batches of an example (default 4)")
+    planned.add_argument("--target", default="sqnr>=30", help="sqnr>=DB, cosine>=X, top1>=X or float<=N (default sqnr>=30)")
+    planned.add_argument("--flow", choices=("fx", "pt2e"), default="fx", help="prepare_fx/convert_fx (default) or PT2E")
+    planned.add_argument("--quiet", action="store_true", help="no progress lines")
+    _outputs(planned)
+
     merge = commands.add_parser("merge", help="merge reports of one model calibrated on disjoint data into one")
     merge.add_argument("files", nargs="+", metavar="REPORT.json")
     _outputs(merge)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from qinsight.cli import ranks
 from qinsight.cli.gates import check_verdict_gates, parse_diff_gates, tripped_diff, tripped_findings
-from qinsight.cli.output import Progress, check_targets, note, write, wrote
+from qinsight.cli.output import Progress, StageProgress, check_targets, note, write, wrote
 from qinsight.core.errors import PluginLoadError, UsageError
 from qinsight.core.report import Report
 from qinsight.core.shards import Shard
@@ -169,6 +169,54 @@ def _compare(args: argparse.Namespace) -> int:
         return _finish(comparison_report(comparison, model_name=name), args, writes=launch is None or launch.rank == 0)
 
 
+def _evaluation_data(args: argparse.Namespace) -> list[object]:
+    """The batches a plan is measured on, none of them a calibration batch."""
+    if args.eval_batches < 1:
+        raise UsageError("--eval-batches must be at least 1")
+    if args.example:
+        from qinsight.examples import example
+
+        return list(example(args.example).data(args.batches + args.eval_batches)[args.batches :])
+    if not args.eval_data:
+        raise UsageError("--model needs --eval-data (a function returning batches not used for calibration)")
+    data = _load(args.eval_data, "--eval-data")()
+    if not isinstance(data, Iterable):
+        raise UsageError(f"--eval-data gave {type(data).__name__}, not an iterable of batches")
+    return list(data)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from qinsight.core.plan import Target
+    from qinsight.pipeline import diagnose
+    from qinsight.planning import plan
+
+    check_targets([args.out, args.html], [])
+    for line in check_verdict_gates(args.fail_on, requested_ids(None)):
+        note(line)
+    try:
+        target = Target.parse(args.target)
+    except ValueError as exc:
+        raise UsageError(f"--target: {exc}") from exc
+    model, data, name = _model_and_data(args, None, whole=True)
+    calibration, evaluation = list(data), _evaluation_data(args)
+    if not calibration:
+        raise UsageError("no batches to calibrate on")
+    progress = None if args.quiet else StageProgress()
+    try:
+        with warnings.catch_warnings():  # torch's and torchao's deprecation notices: nothing the user can act on
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|torchao)(\.|$)")
+            report = diagnose(model, calibration, model_name=name)
+            found = plan(model, calibration, evaluation, target=target, flow=args.flow, report=report, progress=progress)
+    finally:
+        if progress is not None:
+            progress.finish()
+    status = _finish(report.with_plan(found), args)
+    if not found.reached:
+        note(f"the plan does not reach {target}")
+        return 1
+    return status
+
+
 def _show(args: argparse.Namespace) -> int:
     check_targets([args.html], [args.file])
     report = load_report(args.file)
@@ -265,6 +313,7 @@ def run(args: argparse.Namespace) -> int:
     commands: dict[str, Callable[[], int]] = {
         "diagnose": lambda: _diagnose(args),
         "compare": lambda: _compare(args),
+        "plan": lambda: _plan(args),
         "merge": lambda: _merge(args),
         "show": lambda: _show(args),
         "diff": lambda: _diff(args),

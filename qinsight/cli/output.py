@@ -77,6 +77,37 @@ class Progress:
             self.printed = self.done
 
 
+class StageProgress:
+    """A plan's stages on stderr: the stage, steps done of all, and an ETA for the stage.
+
+    On a terminal one line is rewritten in place; in a log, a line per stage
+    and per tenth of its steps."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.stage = ""
+        self.start = time.perf_counter()
+        self.printed = -1
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if stage != self.stage:
+            if self.tty and self.stage:
+                print(file=sys.stderr, flush=True)
+            self.stage, self.start, self.printed = stage, time.perf_counter(), -1
+        elapsed = time.perf_counter() - self.start
+        eta = f", ETA {elapsed / done * (total - done):.0f}s" if done and total > done else ""
+        line = f"{stage}: {done}/{total}{eta}"
+        if self.tty:
+            print(f"\r{line}\x1b[K", end="", file=sys.stderr, flush=True)
+        elif done == 0 or done - self.printed >= max(total // 10, 1):
+            print(line, file=sys.stderr, flush=True)
+            self.printed = done
+
+    def finish(self) -> None:
+        if self.tty and self.stage:
+            print(file=sys.stderr, flush=True)
+
+
 def _same_file(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)

@@ -20,6 +20,7 @@ import attrs
 from qinsight.core.comparison import Comparison
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.findings import Finding
+from qinsight.core.plan import QuantPlan
 from qinsight.core.sites import OpSite, Side
 from qinsight.core.stats import Observation
 from qinsight.core.suggestions import QuantSuggestion, SuggestionConflict
@@ -104,6 +105,7 @@ class Report:
     equalization_mapping: EqualizationMapping = EqualizationMapping()
     failures: tuple[DetectorFailure, ...] = ()
     comparison: Comparison | None = None
+    plan: QuantPlan | None = None
 
     def __attrs_post_init__(self) -> None:
         for what, names in (
@@ -118,6 +120,10 @@ class Report:
     def with_comparison(self, comparison: Comparison) -> Report:
         """This report carrying ``comparison`` (float vs quantized), to save and show together."""
         return attrs.evolve(self, comparison=comparison)
+
+    def with_plan(self, plan: QuantPlan) -> Report:
+        """This report carrying ``plan`` (:func:`qinsight.plan`), to save and show together."""
+        return attrs.evolve(self, plan=plan)
 
     def result(self, detector: str) -> DetectorResult:
         for result in self.results:

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 from qinsight.core.report import Report
 from qinsight.outputs.files import write_atomically
+from qinsight.outputs.plans import plan_tables, summary_lines
 from qinsight.outputs.tables import comparison_tables
 from qinsight.outputs.view import ReportView
 
@@ -126,6 +127,25 @@ def _comparison(report: Report) -> str:
     return "\n".join(parts)
 
 
+def _plan(report: Report) -> str:
+    from qinsight.outputs.plots import plot_plan
+    from qinsight.outputs.qconfig import plan_code  # torch, only when the page shows a plan
+
+    if report.plan is None:
+        return ""
+    summary, *details = summary_lines(report.plan)
+    parts = [f"<h2>Plan: {_e(report.plan.target)} ({_e(report.plan.flow)})</h2>", f"<p>{_e(summary)}</p>"]
+    parts.append("<ul>" + "".join(f"<li>{_e(line.strip())}</li>" for line in details) + "</ul>")
+    parts.append(_png(plot_plan(report.plan)))
+    parts.append(f"<pre>{_e(chr(10).join(plan_code(report.plan)))}</pre>")
+    for table in plan_tables(report.plan):
+        parts.append(f"<h3>{_e(table.title)}</h3>")
+        parts.append(_table(table.header, ([f"<td>{_e(cell)}</td>" for cell in row] for row in table.rows)))
+        if table.note:
+            parts.append(f"<p>{_e(table.note)}</p>")
+    return "\n".join(parts)
+
+
 def render_html(report: Report) -> str:
     from qinsight.outputs.plots import plot_feature
 
@@ -164,6 +184,7 @@ def render_html(report: Report) -> str:
 {summary}
 {diagnosis}
 {_comparison(report)}
+{_plan(report)}
 </body></html>
 """
 

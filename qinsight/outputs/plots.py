@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 
 from qinsight.core.comparison import ActivationComparison
+from qinsight.core.plan import QuantPlan
 from qinsight.outputs.view import ReportView
 
 
@@ -123,4 +124,34 @@ def plot_sqnr(activations: ActivationComparison) -> Figure:
     axes.set_ylabel("SQNR (dB)")
     axes.legend(fontsize=8)
     axes.set_title(_title("float vs quantized, SQNR per layer", left_out))
+    return figure
+
+
+def plot_plan(plan: QuantPlan) -> Figure:
+    """The search: the score of each prefix of the sites in the plan's order against the fraction of
+    parameters it quantizes (the curve), and the sites tried one by one after the chosen prefix."""
+    if not plan.steps:
+        return _empty("plan", "the plan has no search steps")
+    figure = Figure(figsize=(6, 3.5), layout="constrained")
+    axes = figure.add_subplot()
+    curve = [(s.quantized_fraction, s.score) for s in plan.steps if s.stage in ("start", "curve", "budget")]
+    axes.plot(*zip(*curve), marker="o", markersize=3, label="quantized in order (each prefix)")
+    before = 0.0
+    kept: list[tuple[float, float]] = []
+    missed: list[tuple[float, float]] = []
+    for step in plan.steps:
+        if step.stage == "refine":
+            (kept if step.kept else missed).append((step.quantized_fraction if step.kept else before, step.score))
+        if step.kept:
+            before = step.quantized_fraction
+    if kept:
+        axes.plot(*zip(*kept), "o", color="tab:green", markersize=4, label="tried after the prefix: kept")
+    if missed:
+        axes.plot(*zip(*missed), "x", color="tab:red", label="tried after the prefix: missed, kept in float")
+    if not plan.target.is_budget:
+        axes.axhline(plan.target.threshold, color="gray", linestyle="--", label=f"target {plan.target}")
+    axes.set_xlabel("fraction of layer parameters quantized")
+    axes.set_ylabel(f"{plan.metric} (simulated)")
+    axes.legend(fontsize=8)
+    axes.set_title(_plain(f"plan ({plan.flow}): {plan.metric} as sites are quantized"))
     return figure

@@ -34,10 +34,11 @@ from torch import fx
 
 from qinsight.core.errors import MissingExtraError
 from qinsight.frontends import exported_op_names, exported_sites, layer_name
-from qinsight.core.sites import WeightScheme
-from qinsight.core.suggestions import ActivationMode
+from qinsight.core.sites import OpSite, WeightScheme
+from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 
 if TYPE_CHECKING:
+    from qinsight.core.plan import QuantPlan
     from qinsight.core.report import Report
 
 INSTALL_HINT = "PT2E quantization needs torchao: pip install 'qinsight[pt2e]'"
@@ -94,13 +95,13 @@ def _unannotated_layers(model: fx.GraphModule, fqns: set[str]) -> set[str]:
     return {fqn for fqn in fqns if fqn in annotated and not annotated[fqn]}
 
 
-def _honouring(inner: Any, report: Report) -> Any:
-    """``inner``, then the report's float ops stripped and what it left unquantized recorded and warned of."""
+def _honouring(inner: Any, sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...]) -> Any:
+    """``inner``, then the float ops stripped and what it left unquantized recorded and warned of."""
     from torchao.quantization.pt2e.quantizer import Quantizer
 
-    layers = {site.fqn for site in report.sites if site.kind.is_layer}
-    float_ops = {s.fqn for s in report.suggestions if s.keep_float and s.fqn not in layers}
-    quantized_layers = layers - {s.fqn for s in report.suggestions if s.keep_float}
+    layers = {site.fqn for site in sites if site.kind.is_layer}
+    float_ops = {s.fqn for s in suggestions if s.keep_float and s.fqn not in layers}
+    quantized_layers = layers - {s.fqn for s in suggestions if s.keep_float}
 
     class ReportQuantizer(Quantizer):  # type: ignore[misc]
         """The composed X86InductorQuantizer, with the report's op suggestions applied per node."""
@@ -151,14 +152,30 @@ def default_x86_quantizer() -> Any:
 
 def to_pt2e_quantizer(report: Report) -> Any:
     """A quantizer that applies ``report``'s suggestions (X86InductorQuantizer, composed when dynamic)."""
+    if len(report.equalization_mapping):
+        warnings.warn(
+            "PT2E has no input-weight equalization; these modules stay unequalized: "
+            + ", ".join(report.equalization_mapping.fqns),
+            stacklevel=3,
+        )
+    return advice_quantizer(report.sites, report.suggestions)
+
+
+def plan_pt2e_quantizer(plan: QuantPlan) -> Any:
+    """The quantizer of a plan: its kept suggestions and its sites in float."""
+    return advice_quantizer(plan.sites, plan.suggestions)
+
+
+def advice_quantizer(sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...]) -> Any:
+    """A quantizer applying ``suggestions`` about ``sites`` (a report's, or a plan's)."""
     x86, composable, observer = _torchao()
     static_config = x86.get_default_x86_inductor_quantization_config()
     dynamic_config = x86.get_default_x86_inductor_quantization_config(is_dynamic=True)
     static = x86.X86InductorQuantizer().set_global(static_config)
     dynamic = x86.X86InductorQuantizer()
     dynamic_modules = []
-    layers = {site.fqn for site in report.sites if site.kind.is_layer}
-    for suggestion in (s for s in report.suggestions if s.fqn in layers):
+    layers = {site.fqn for site in sites if site.kind.is_layer}
+    for suggestion in (s for s in suggestions if s.fqn in layers):
         per_tensor = suggestion.weight is WeightScheme.PER_TENSOR
         if suggestion.keep_float:
             static.set_module_name_qconfig(suggestion.fqn, None)
@@ -169,10 +186,4 @@ def to_pt2e_quantizer(report: Report) -> Any:
             dynamic_modules.append(suggestion.fqn)
         elif per_tensor:
             static.set_module_name_qconfig(suggestion.fqn, _per_tensor_weights(static_config, observer))
-    if len(report.equalization_mapping):
-        warnings.warn(
-            "PT2E has no input-weight equalization; these modules stay unequalized: "
-            + ", ".join(report.equalization_mapping.fqns),
-            stacklevel=3,
-        )
-    return _honouring(composable([dynamic, static]) if dynamic_modules else static, report)
+    return _honouring(composable([dynamic, static]) if dynamic_modules else static, sites, suggestions)

@@ -42,6 +42,7 @@ from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 from qinsight.frontends import resolve_target
 
 if TYPE_CHECKING:
+    from qinsight.core.plan import QuantPlan
     from qinsight.core.report import Report
 
 
@@ -114,16 +115,23 @@ def mapping_entries(report: Report) -> list[MappingEntry]:
     """The setter calls that turn the base mapping into the report's, in order (later ones win)."""
     if not report.sites:
         return []  # a file holding a comparison only (no backend recorded)
-    default = get_default_qconfig(report.metadata.backend)  # type: ignore[no-untyped-call]
+    return advice_entries(report.sites, report.suggestions, report.metadata.backend)
+
+
+def advice_entries(
+    all_sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...], backend: str
+) -> list[MappingEntry]:
+    """The setter calls applying ``suggestions`` about ``all_sites`` (a report's, or a plan's)."""
+    default = get_default_qconfig(backend)  # type: ignore[no-untyped-call]
     float_qparams = Choice(float_qparams_weight_only_qconfig, "float_qparams_weight_only_qconfig")
-    sites = {site.fqn: site for site in report.sites}
-    suggested_fqns = {s.fqn for s in report.suggestions}
+    sites = {site.fqn: site for site in all_sites}
+    suggested_fqns = {s.fqn for s in suggestions}
     entries = [
         _entry(site, site.fqn, float_qparams)
-        for site in report.sites
+        for site in all_sites
         if site.kind is OpKind.EMBEDDING and site.quantized and site.fqn not in suggested_fqns
     ]
-    for suggestion in report.suggestions:
+    for suggestion in suggestions:
         site = sites.get(suggestion.fqn)
         if site is not None and site.kind is OpKind.EMBEDDING and not suggestion.keep_float:
             if site.quantized:  # only float qparams work for embeddings, whatever else was suggested
@@ -140,14 +148,32 @@ def _warn_methods(entries: list[MappingEntry]) -> None:
             "FX configures tensor methods (x.softmax(...)) for the whole model, not per call: the settings of "
             + ", ".join(methods)
             + " apply to every call of those methods",
-            stacklevel=3,
+            stacklevel=4,
         )
 
 
 def to_qconfig_mapping(report: Report, base: QConfigMapping | None = None) -> QConfigMapping:
     """A QConfigMapping that ``prepare_fx``/``convert_fx`` accept and that applies the report's suggestions."""
-    mapping = copy.deepcopy(base) if base is not None else get_default_qconfig_mapping(report.metadata.backend)
-    entries = mapping_entries(report)
+    return _applied(mapping_entries(report), report.metadata.backend, base)
+
+
+def plan_qconfig_mapping(plan: QuantPlan, base: QConfigMapping | None = None) -> QConfigMapping:
+    """The QConfigMapping of a plan: its kept suggestions and its sites in float."""
+    return advice_mapping(plan.sites, plan.suggestions, plan.backend, base)
+
+
+def advice_mapping(
+    sites: tuple[OpSite, ...],
+    suggestions: tuple[QuantSuggestion, ...],
+    backend: str,
+    base: QConfigMapping | None = None,
+) -> QConfigMapping:
+    """The QConfigMapping applying ``suggestions`` about ``sites`` to ``base`` (the backend's default)."""
+    return _applied(advice_entries(sites, suggestions, backend), backend, base)
+
+
+def _applied(entries: list[MappingEntry], backend: str, base: QConfigMapping | None) -> QConfigMapping:
+    mapping = copy.deepcopy(base) if base is not None else get_default_qconfig_mapping(backend)
     _warn_methods(entries)
     for entry in entries:
         setter: Callable[..., QConfigMapping] = getattr(mapping, entry.setter)
@@ -157,7 +183,15 @@ def to_qconfig_mapping(report: Report, base: QConfigMapping | None = None) -> QC
 
 def entries_code(report: Report) -> list[str]:
     """Python lines that build ``mapping``, the same QConfigMapping as :func:`to_qconfig_mapping`."""
-    backend = report.metadata.backend
+    return _code(mapping_entries(report), report.metadata.backend)
+
+
+def plan_code(plan: QuantPlan) -> list[str]:
+    """Python lines that build ``mapping``, the same QConfigMapping as :func:`plan_qconfig_mapping`."""
+    return _code(advice_entries(plan.sites, plan.suggestions, plan.backend), plan.backend)
+
+
+def _code(entries: list[MappingEntry], backend: str) -> list[str]:
     lines = [
         "import operator",
         "import torch",
@@ -171,5 +205,5 @@ def entries_code(report: Report) -> list[str]:
         f"default = get_default_qconfig({backend!r})",
         f"mapping = get_default_qconfig_mapping({backend!r})",
     ]
-    lines += [f"mapping.{e.setter}({', '.join(e.key_code)}, {e.choice.code})" for e in mapping_entries(report)]
+    lines += [f"mapping.{e.setter}({', '.join(e.key_code)}, {e.choice.code})" for e in entries]
     return lines

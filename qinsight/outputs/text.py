@@ -10,7 +10,9 @@ import re
 from collections.abc import Sequence
 
 from qinsight.core.findings import Finding
+from qinsight.core.plan import QuantPlan
 from qinsight.core.report import DetectorResult, Report
+from qinsight.outputs.plans import plan_text
 
 MAX_NAMES = 8  # modules named on a summary line before "and N more"
 
@@ -99,8 +101,15 @@ def render_text(report: Report, *, everything: bool = False) -> str:
         lines.extend(f"  {note}" for note in notes)
     if report.comparison is not None:
         lines.extend(["", _comparison_lines(report)])
+    if report.plan is not None:
+        lines.extend(["", plan_text(report.plan).rstrip("\n")])
     lines.extend(_legend("\n".join(lines)))
     return "\n".join(lines) + "\n"
+
+
+def render_plan(plan: QuantPlan) -> str:
+    """A plan for people: what it reached, the suggestions it checked, the sensitivities, the search."""
+    return plan_text(plan)
 
 
 def _legend(text: str) -> list[str]:

@@ -1,0 +1,220 @@
+"""A quantization plan: which sites to keep in float so that the quantized model reaches a quality target,
+with every number it rests on measured on the user's evaluation data.
+
+The plan is built by :func:`qinsight.plan` (``qinsight/planning/``); here are
+only its immutable results, saved in report files like everything else:
+
+- :class:`Target`: what "good enough" means (``sqnr>=30``, ``cosine>=0.995``,
+  ``top1>=0.94``, a user's metric, or "the best score with at most N sites
+  in float");
+- :class:`SuggestionCheck`: a report suggestion applied alone, its measured
+  effect, and whether the plan kept it (and why not);
+- :class:`SiteSensitivity`: the output metric with only this site in float,
+  and with only this site quantized;
+- :class:`PlanStep`: one site more quantized, the score measured with it, and
+  whether it stayed (the quality-vs-fraction-quantized curve);
+- :class:`QuantPlan`: all of it, the final config as suggestions, and the
+  score of that config re-measured through the real flow next to the flow's
+  default config.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from qinsight.core.sites import OpSite
+from qinsight.core.suggestions import QuantSuggestion
+
+if TYPE_CHECKING:
+    from torch.ao.quantization import QConfigMapping
+
+_TARGET = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
+# Metrics where lower is better; every other metric is higher-is-better.
+LOWER_IS_BETTER = frozenset({"float", "mse", "max_abs"})
+
+
+def _finite_or_nan(_instance: object, _attribute: object, value: float) -> None:
+    if math.isinf(value):
+        raise ValueError(f"a score must be finite or NaN (not measured), not {value}")
+
+
+@attrs.frozen(kw_only=True)
+class Target:
+    """What the plan must reach: ``metric >= threshold`` (or ``<=`` for lower-is-better metrics).
+
+    ``metric == "float"`` is the budget form: at most ``threshold`` sites in
+    float, the best score of the plan's metric within it.
+    """
+
+    metric: str
+    threshold: float = attrs.field(validator=_finite_or_nan)
+    higher_is_better: bool = True
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        """``"sqnr>=30"``, ``"cosine>=0.995"``, ``"top1>=0.94"``, ``"float<=5"`` (the CLI's form too)."""
+        match = _TARGET.match(text)
+        if match is None:
+            raise ValueError(f"a target reads like 'sqnr>=30', 'cosine>=0.995' or 'float<=5', not {text!r}")
+        metric, operator, number = match.groups()
+        higher = operator == ">="
+        if higher == (metric in LOWER_IS_BETTER):
+            wanted = "<=" if metric in LOWER_IS_BETTER else ">="
+            raise ValueError(f"{metric} is bounded with {wanted}: {metric}{wanted}{number}")
+        threshold = float(number)
+        if not math.isfinite(threshold):
+            raise ValueError(f"a target's number must be finite, not {number}")
+        return cls(metric=metric, threshold=threshold, higher_is_better=higher)
+
+    @property
+    def is_budget(self) -> bool:
+        return self.metric == "float"
+
+    def met(self, score: float) -> bool:
+        """Whether ``score`` reaches the target (never for a NaN score)."""
+        if math.isnan(score):
+            return False
+        return score >= self.threshold if self.higher_is_better else score <= self.threshold
+
+    def __str__(self) -> str:
+        return f"{self.metric}{'>=' if self.higher_is_better else '<='}{self.threshold:g}"
+
+
+@attrs.frozen(kw_only=True)
+class SuggestionCheck:
+    """One report suggestion, measured alone and among the others.
+
+    ``before`` is the flow's default config; ``alone`` the default with only
+    this suggestion; ``together`` the default with every kept suggestion and
+    ``without`` the same without this one, so ``effect`` is what it adds
+    among the others (suggestions that only help together, such as keeping
+    both ends of a residual stream in float, show it there). ``kept`` says
+    whether the plan starts from it; ``reason`` says why not, or why it could
+    not be measured (then its scores are NaN and it is kept, marked so).
+    """
+
+    fqn: str
+    change: str
+    before: float = attrs.field(validator=_finite_or_nan)
+    alone: float = attrs.field(validator=_finite_or_nan)
+    together: float = attrs.field(default=math.nan, validator=_finite_or_nan)
+    without: float = attrs.field(default=math.nan, validator=_finite_or_nan)
+    kept: bool
+    reason: str = ""
+
+    @property
+    def measured(self) -> bool:
+        return not math.isnan(self.alone)
+
+    @property
+    def effect(self) -> float:
+        """What it adds among the other kept suggestions (its effect alone where that is all there is)."""
+        if math.isnan(self.together) or math.isnan(self.without):
+            return self.alone - self.before
+        return self.together - self.without
+
+
+@attrs.frozen(kw_only=True)
+class SiteSensitivity:
+    """How much one site matters to the model's output, measured end to end.
+
+    ``float_only``: the score with every site quantized but this one;
+    ``quantized_only``: with only this one quantized. ``gain`` is
+    ``float_only`` minus the all-quantized score; ``parameters`` is the weight
+    count the site would keep in float.
+    """
+
+    fqn: str
+    kind: str
+    parameters: int = attrs.field(validator=attrs.validators.ge(0))
+    float_only: float = attrs.field(validator=_finite_or_nan)
+    quantized_only: float = attrs.field(validator=_finite_or_nan)
+    gain: float = attrs.field(validator=_finite_or_nan)
+
+
+STAGES = ("start", "curve", "refine", "budget")
+
+
+@attrs.frozen(kw_only=True)
+class PlanStep:
+    """One site quantized (``fqn``) and the score the simulation measured then.
+
+    ``stage`` ``"start"``: every candidate in float (``fqn == ""``);
+    ``"curve"``: the site added to all before it (the quality-vs-fraction
+    curve), ``kept`` if it is in the longest prefix that meets the target;
+    ``"refine"``: a later site tried alone on top of that prefix, ``kept`` if
+    the target still held (else it stays in float); ``"budget"``: one more
+    site in float, for ``float<=N`` targets. ``quantized_fraction`` is the
+    share of layer parameters quantized at that point.
+    """
+
+    fqn: str
+    score: float = attrs.field(validator=_finite_or_nan)
+    kept: bool
+    quantized_fraction: float = attrs.field(validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)])
+    stage: str = attrs.field(default="curve", validator=attrs.validators.in_(STAGES))
+
+
+@attrs.frozen(kw_only=True)
+class QuantPlan:
+    """The sites to keep in float so that the quantized model reaches ``target``, and the evidence.
+
+    ``default_score`` is the flow's default config and ``verified_score`` the
+    plan's config, both quantized through the real flow (prepare, calibrate,
+    convert) and measured on the evaluation data; ``steps`` are the
+    simulation's scores along the way; ``quantized_fraction`` is the share of
+    the layers' parameters the final config quantizes. ``suggestions`` is the config the plan
+    ends with (the kept report suggestions and one ``keep_float`` per kept
+    site); ``sites`` are the sites they name, so the config can be rebuilt
+    from the plan alone. ``agreement`` is the Spearman correlation between the
+    cheap local-error ranking and the measured gains (NaN where not computed).
+    """
+
+    flow: str
+    backend: str
+    metric: str
+    target: Target
+    reached: bool
+    default_score: float = attrs.field(validator=_finite_or_nan)
+    verified_score: float = attrs.field(validator=_finite_or_nan)
+    steps: tuple[PlanStep, ...] = ()
+    quantized_fraction: float = attrs.field(default=1.0, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)])
+    checks: tuple[SuggestionCheck, ...] = ()
+    sensitivities: tuple[SiteSensitivity, ...] = ()
+    agreement: float = attrs.field(default=math.nan, validator=_finite_or_nan)
+    suggestions: tuple[QuantSuggestion, ...] = ()
+    sites: tuple[OpSite, ...] = ()
+    evaluations: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    notes: tuple[str, ...] = ()
+
+    @property
+    def kept_float(self) -> tuple[str, ...]:
+        """The sites the plan keeps in float (the kept suggestions' and the search's)."""
+        return tuple(s.fqn for s in self.suggestions if s.keep_float)
+
+    def sensitivity(self, fqn: str) -> SiteSensitivity:
+        for found in self.sensitivities:
+            if found.fqn == fqn:
+                return found
+        raise KeyError(f"no sensitivity measured for {fqn!r}")
+
+    def qconfig_mapping(self, base: QConfigMapping | None = None) -> QConfigMapping:
+        """The plan's config for FX graph mode; see :func:`qinsight.outputs.qconfig.plan_qconfig_mapping`."""
+        from qinsight.outputs.qconfig import plan_qconfig_mapping
+
+        return plan_qconfig_mapping(self, base=base)
+
+    def pt2e_quantizer(self) -> Any:
+        """The plan's config for PT2E; see :func:`qinsight.outputs.pt2e.plan_pt2e_quantizer`."""
+        from qinsight.outputs.pt2e import plan_pt2e_quantizer
+
+        return plan_pt2e_quantizer(self)
+
+    def to_text(self) -> str:
+        from qinsight.outputs.text import render_plan
+
+        return render_plan(self)

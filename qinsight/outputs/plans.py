@@ -1,0 +1,95 @@
+"""A plan as summary lines and titled tables, which the text and the HTML outputs lay out."""
+
+from __future__ import annotations
+
+import math
+
+from qinsight.core.plan import QuantPlan
+from qinsight.outputs.tables import DEFAULT_LIMIT, Table, tables_as_text
+
+
+def _score(value: float) -> str:
+    return f"{value:.4g}" if math.isfinite(value) else "not measured"
+
+
+def _delta(value: float) -> str:
+    return f"{value:+.3g}" if math.isfinite(value) else "not measured"
+
+
+def summary_lines(plan: QuantPlan) -> list[str]:
+    """What the plan reached, against what, and what it keeps in float."""
+    verdict = "reached" if plan.reached else "NOT reached"
+    floats = plan.kept_float
+    lines = [
+        f"Plan ({plan.flow}, backend {plan.backend}): target {plan.target} {verdict}: {plan.metric} "
+        f"{_score(plan.verified_score)} quantized for real, the flow's default config {_score(plan.default_score)}",
+        f"  {plan.quantized_fraction:.1%} of the layers' parameters quantized; {len(floats)} sites kept in float; "
+        f"{plan.evaluations} simulated evaluations of the data",
+    ]
+    if floats:
+        shown = ", ".join(floats[:DEFAULT_LIMIT]) + (f" and {len(floats) - DEFAULT_LIMIT} more" if len(floats) > DEFAULT_LIMIT else "")
+        lines.append(f"  kept in float: {shown}")
+    if math.isfinite(plan.agreement):
+        lines.append(
+            f"  Spearman between each site's cost quantized alone and its gain kept alone in float: {plan.agreement:.2f}"
+        )
+    lines.extend(f"  note: {note}" for note in plan.notes)
+    return lines
+
+
+def check_table(plan: QuantPlan, limit: int = DEFAULT_LIMIT) -> Table:
+    """The report's suggestions that changed something, each measured alone; dropped ones first."""
+    checks = sorted(plan.checks, key=lambda c: (c.kept, not c.measured))
+    shown = checks[:limit]
+    rows = tuple(
+        (c.fqn, c.change, _score(c.before), _score(c.alone), _delta(c.effect) if c.measured else "", "yes" if c.kept else "no", c.reason)
+        for c in shown
+    )
+    note = f"{len(checks) - len(shown)} more in the file" if len(checks) > len(shown) else ""
+    return Table(
+        f"Suggestions, measured ({plan.metric}: default config, with it alone, what it adds among the others)",
+        ("site", "change", "default", "alone", "among others", "kept", "why"),
+        rows,
+        note,
+    )
+
+
+def sensitivity_table(plan: QuantPlan, limit: int = DEFAULT_LIMIT) -> Table:
+    """The sites whose quantization alone costs most: where precision matters."""
+    ranked = sorted(plan.sensitivities, key=lambda s: s.quantized_only if plan.target.higher_is_better else -s.quantized_only)
+    shown = ranked[:limit]
+    rows = tuple(
+        (s.fqn, s.kind, str(s.parameters), _score(s.quantized_only), _score(s.float_only), _delta(s.gain)) for s in shown
+    )
+    note = f"{len(ranked) - len(shown)} more sites in the file" if len(ranked) > len(shown) else ""
+    return Table(
+        f"Sensitivity, costliest first ({plan.metric} with only the site quantized / only the site in float)",
+        ("site", "kind", "parameters", "quantized alone", "float alone", "gain in float"),
+        rows,
+        note,
+    )
+
+
+def curve_table(plan: QuantPlan, limit: int = DEFAULT_LIMIT) -> Table:
+    """The search's last steps: each site tried, the score, and whether it stayed quantized."""
+    steps = plan.steps[-limit:]
+    rows = tuple(
+        (s.fqn or "(all candidates in float)", _score(s.score), "quantized" if s.kept else "kept in float", f"{s.quantized_fraction:.1%}")
+        for s in steps
+    )
+    note = f"the first {len(plan.steps) - len(steps)} steps are in the file" if len(plan.steps) > len(steps) else ""
+    return Table(f"Search, last steps ({plan.metric} simulated)", ("site", "score", "then", "quantized"), rows, note)
+
+
+def plan_tables(plan: QuantPlan, limit: int = DEFAULT_LIMIT) -> list[Table]:
+    tables = [sensitivity_table(plan, limit), curve_table(plan, limit)]
+    if any(c.measured or not c.kept for c in plan.checks):
+        tables.insert(0, check_table(plan, limit))
+    return tables
+
+
+def plan_text(plan: QuantPlan) -> str:
+    return "\n".join([*summary_lines(plan), "", *tables_as_text(plan_tables(plan))]).rstrip("\n") + "\n"
+
+
+__all__ = ["check_table", "curve_table", "plan_tables", "plan_text", "sensitivity_table", "summary_lines"]

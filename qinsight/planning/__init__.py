@@ -1,0 +1,6 @@
+"""Plans that reach a quality target: suggestions verified by applying them, sensitivity measured end
+to end, sites kept in float until the target holds (``qinsight.plan``)."""
+
+from qinsight.planning.search import Progress, plan
+
+__all__ = ["Progress", "plan"]

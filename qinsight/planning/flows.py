@@ -1,0 +1,267 @@
+"""The two flows a plan targets, behind one interface: quantize a model for real with given advice
+(``prepare``/calibrate/``convert``), and build the switchable :class:`~qinsight.planning.simulate.Simulation`.
+
+- FX: the advice is a ``QConfigMapping`` (:func:`~qinsight.outputs.qconfig.advice_entries`);
+  the prepared graph's nodes are named as the report names its sites (module
+  names; functional calls by owner, call and index, which ``prepare_fx``
+  records in ``node_name_to_scope``); an edge belongs to the site producing it
+  and the sites consuming it.
+- PT2E: the advice is a torchao quantizer (:func:`~qinsight.outputs.pt2e.advice_quantizer`);
+  nodes are named by the exported frontend; an edge belongs to whoever's
+  annotation asked for it (a consumer's input spec, a producer's output spec).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+from qinsight.core.errors import InvalidParameterError
+from qinsight.core.sites import OpSite
+from qinsight.core.suggestions import QuantSuggestion
+from qinsight.frontends import (
+    batch_arguments,
+    classify,
+    eval_mode,
+    exported_op_names,
+    exported_sites,
+    layer_name,
+    resolve_target,
+    run_batch,
+)
+from qinsight.outputs.pt2e import advice_quantizer
+from qinsight.outputs.qconfig import advice_mapping
+from qinsight.planning.simulate import (
+    Owners,
+    Simulation,
+    WeightSwap,
+    fake_quantized_rows,
+    fake_quantized_weight,
+    observer_types,
+)
+
+FLOWS = ("fx", "pt2e")
+_ANNOTATION = "quantization_annotation"
+
+
+def _example(batch: object) -> tuple[Any, ...]:
+    args, kwargs = batch_arguments(batch)
+    return tuple(args) + tuple(kwargs.values())
+
+
+def _calibrate(prepared: nn.Module, batches: Sequence[object]) -> None:
+    with eval_mode(prepared), torch.no_grad():
+        for batch in batches:
+            run_batch(prepared, batch)
+
+
+class Flow:
+    """How one flow quantizes a model with some advice, for real and as a simulation."""
+
+    name = ""
+    dynamic_max = 255  # the top of a dynamic activation's range
+    def __init__(self, model: nn.Module, sites: tuple[OpSite, ...], backend: str) -> None:
+        self.model, self.sites, self.backend = model, sites, backend
+        self.names = {site.fqn for site in sites}
+
+    def shapes_from(self, batches: Sequence[object]) -> None:
+        """Learn what the flow needs to know of the inputs' shapes (PT2E's dynamic dimensions)."""
+
+    def prepare(self, suggestions: tuple[QuantSuggestion, ...], example: tuple[Any, ...]) -> fx.GraphModule:
+        raise NotImplementedError
+
+    def convert(self, prepared: fx.GraphModule) -> nn.Module:
+        raise NotImplementedError
+
+    def owners(self, model: fx.GraphModule) -> Callable[[fx.Node], Owners]:
+        raise NotImplementedError
+
+    def weights(self, model: fx.GraphModule) -> dict[str, WeightSwap]:
+        return {}
+
+    def quantize(self, suggestions: tuple[QuantSuggestion, ...], calibration: Sequence[object]) -> nn.Module:
+        """What a user does with the advice: prepare, calibrate, convert."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the advice's own warnings were shown with the report
+            prepared = self.prepare(suggestions, _example(calibration[0]))
+            _calibrate(prepared, calibration)
+            return self.convert(prepared)
+
+    def simulation(self, calibration: Sequence[object]) -> Simulation:
+        """The model prepared with the flow's default advice, calibrated, every observer switchable."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prepared = self.prepare((), _example(calibration[0]))
+        _calibrate(prepared, calibration)
+        return Simulation(prepared, self.owners(prepared), self.weights(prepared), self.dynamic_max)
+
+
+class FxFlow(Flow):
+    name = "fx"
+
+    @property
+    def dynamic_max(self) -> int:  # type: ignore[override]
+        """fbgemm's dynamic Linear reduces its input to 7 bits (x86 and fbgemm backends)."""
+        return 127 if self.backend in ("x86", "fbgemm") else 255
+
+    def prepare(self, suggestions: tuple[QuantSuggestion, ...], example: tuple[Any, ...]) -> fx.GraphModule:
+        mapping = advice_mapping(self.sites, suggestions, self.backend)
+        return prepare_fx(copy.deepcopy(self.model).eval(), mapping, example)
+
+    def convert(self, prepared: fx.GraphModule) -> nn.Module:
+        return convert_fx(prepared)
+
+    def _site_of(self, model: fx.GraphModule) -> Callable[[fx.Node], str | None]:
+        scope = model.meta["_observed_graph_module_attrs"].node_name_to_scope
+        calls = {
+            (site.call.owner, site.call.target if site.call.is_method else resolve_target(site.call.target), site.call.index): site.fqn
+            for site in self.sites
+            if site.call is not None
+        }
+        names: dict[fx.Node, str] = {}
+        counts: dict[tuple[str, object], int] = {}
+        for node in model.graph.nodes:
+            if node.op == "call_module" and str(node.target) in self.names:
+                names[node] = str(node.target)
+            elif node.op in ("call_function", "call_method"):
+                owner = scope.get(node.name, ("", None))[0]
+                key = (owner, node.target)
+                index = counts.get(key, 0)
+                counts[key] = index + 1
+                if (owner, node.target, index) in calls:
+                    names[node] = calls[owner, node.target, index]
+        return names.get
+
+    def owners(self, model: fx.GraphModule) -> Callable[[fx.Node], Owners]:
+        """Owners by the graph's shape: the site producing the edge and the sites consuming it, through
+        ops that are no sites (a flatten, a dropout) and the observers FX puts around those. A site
+        whose output FX does not observe is not quantized (a softmax whose qconfig its pattern
+        refuses): it owns nothing, and ownership does not pass through it.
+
+        Not modelled: FX also quantizes at some ops that are no sites when the sites around them are
+        float (a reshape under the global qconfig re-quantizes a float Linear's output), so the real
+        score of a plan with many float sites can fall short of the simulated one; the plan's
+        verification measures that and keeps more in float where it does."""
+        site_of = self._site_of(model)
+        observers = observer_types()
+        quantized = {
+            node for node in model.graph.nodes
+            if any(u.op == "call_module" and isinstance(model.get_submodule(str(u.target)), observers) for u in node.users)
+        }
+
+        def through(node: fx.Node, step: Callable[[fx.Node], list[fx.Node]], found: set[str], depth: int = 0) -> None:
+            for nxt in step(node):
+                name = site_of(nxt)
+                if name is not None:
+                    if nxt in quantized:
+                        found.add(name)
+                elif depth < 16:
+                    through(nxt, step, found, depth + 1)
+
+        def owners(observer: fx.Node) -> Owners:
+            source = observer.args[0]
+            assert isinstance(source, fx.Node)
+            producers: set[str] = set()
+            through(observer, lambda n: [a for a in n.all_input_nodes if n.op != "placeholder"][:1], producers)
+            consumers: set[str] = set()
+            through(observer, lambda n: list(n.users), consumers)
+            return Owners(next(iter(producers), None), consumers, weight=source.op == "get_attr")
+
+        return owners
+
+    def weights(self, model: fx.GraphModule) -> dict[str, WeightSwap]:
+        qconfigs = model.meta["_observed_graph_module_attrs"].node_name_to_qconfig
+        swaps: dict[str, WeightSwap] = {}
+        for node in model.graph.nodes:
+            if node.op != "call_module" or qconfigs.get(node.name) is None:
+                continue
+            module = model.get_submodule(str(node.target))
+            if isinstance(module, nn.Embedding):  # float-qparams weight-only: 8 bits per row
+                weight = module.weight.detach().clone()
+                swaps[str(node.target)] = (module, weight, fake_quantized_rows(weight))
+                continue
+            found = classify(module)
+            if found is None:
+                continue
+            holder = found[1]
+            weight = holder.get_parameter("weight").detach().clone()
+            scheme = getattr(qconfigs[node.name].weight(), "qscheme", torch.per_tensor_symmetric)
+            per_channel = scheme in (torch.per_channel_symmetric, torch.per_channel_affine)
+            swaps[str(node.target)] = (holder, weight, fake_quantized_weight(weight, per_channel))
+        return swaps
+
+
+class Pt2eFlow(Flow):
+    name = "pt2e"
+
+    def __init__(self, model: nn.Module, sites: tuple[OpSite, ...], backend: str) -> None:
+        super().__init__(model, sites, backend)
+        self.dynamic_shapes: Any = None
+
+    def shapes_from(self, batches: Sequence[object]) -> None:
+        """Export with every input dimension that differs between ``batches`` dynamic (token counts)."""
+        examples = [_example(batch) for batch in batches]
+        first = examples[0]
+
+        def varying(position: int) -> dict[int, Any] | None:
+            value = first[position]
+            if not isinstance(value, torch.Tensor):
+                return None
+            dims = {
+                dim: torch.export.Dim.AUTO
+                for dim in range(value.dim())
+                if any(isinstance(e[position], torch.Tensor) and e[position].shape[dim] != value.shape[dim] for e in examples)
+            }
+            return dims or None
+
+        shapes = tuple(varying(position) for position in range(len(first)))
+        self.dynamic_shapes = shapes if any(shape is not None for shape in shapes) else None
+
+    def prepare(self, suggestions: tuple[QuantSuggestion, ...], example: tuple[Any, ...]) -> fx.GraphModule:
+        from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+        model = copy.deepcopy(self.model).eval()
+        exported = torch.export.export(model, example, dynamic_shapes=self.dynamic_shapes).module()
+        prepared: fx.GraphModule = prepare_pt2e(exported, advice_quantizer(self.sites, suggestions))
+        return prepared
+
+    def convert(self, prepared: fx.GraphModule) -> nn.Module:
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+        converted: nn.Module = convert_pt2e(prepared)
+        return converted
+
+    def owners(self, model: fx.GraphModule) -> Callable[[fx.Node], Owners]:
+        names = {node: name for node, name in exported_op_names(model).items() if name in self.names}
+        names.update({node: layer_name(node, model) for node in exported_sites(model)})
+
+        def owners(observer: fx.Node) -> Owners:
+            source = observer.args[0]
+            assert isinstance(source, fx.Node)
+            consumers = [
+                names[user]
+                for user in observer.users
+                if user in names and source in getattr(user.meta.get(_ANNOTATION), "input_qspec_map", {})
+            ]
+            annotation = source.meta.get(_ANNOTATION)
+            producer = names.get(source) if getattr(annotation, "output_qspec", None) is not None else None
+            return Owners(producer, consumers, weight=source.op == "get_attr")
+
+        return owners
+
+
+def flow_for(name: str, model: nn.Module, sites: tuple[OpSite, ...], backend: str) -> Flow:
+    if name == "fx":
+        return FxFlow(model, sites, backend)
+    if name == "pt2e":
+        return Pt2eFlow(model, sites, backend)
+    raise InvalidParameterError("plan", "flow", name, "'fx' or 'pt2e'")
+
+
+__all__ = ["FLOWS", "Flow", "FxFlow", "Pt2eFlow", "flow_for"]

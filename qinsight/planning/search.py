@@ -1,0 +1,346 @@
+"""``qinsight.plan``: from a diagnosis to a config that reaches a quality target, every step measured.
+
+1. **Checks** (:mod:`.checks`). Each report suggestion is applied in the
+   simulation alone and among the others; one that lowers the score among
+   the others is dropped, with the measured effect as the reason.
+2. **Sensitivity.** Per candidate site: the score with only that site in
+   float, and with only that site quantized. Both start from cached runs
+   (all quantized, all float) and recompute only what the site reaches.
+3. **Search.** From every candidate in float, sites are quantized in order of
+   least output noise (measured alone) per parameter, each prefix scored: the
+   quality-vs-fraction-quantized curve. The longest prefix that meets the
+   target is kept; each later site is then tried alone on top of it and kept
+   if the target still holds. Choosing on the whole curve rather than
+   stopping at the first miss keeps a coarse metric (top-1 agreement on a
+   few dozen samples, where one sample flips a step) from ending the search
+   early. The budget form (``float<=N``) keeps in float the N sites whose
+   quantization alone costs most, and takes the best prefix.
+4. **Verification.** The plan's config and the flow's default are quantized
+   for real (prepare, calibrate, convert) and scored. Where the real score
+   misses the target the simulation reached, the longest prefix of the
+   sites the search quantized that reaches it for real is found by
+   bisection; a plan scoring below the default is replaced by the default
+   config, and says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+
+from qinsight.core.errors import InvalidParameterError
+from qinsight.core.plan import PlanStep, QuantPlan, SiteSensitivity, Target
+from qinsight.core.report import Report
+from qinsight.core.sites import OpSite
+from qinsight.core.suggestions import QuantSuggestion
+from qinsight.frontends import classify, eval_mode, run_batch
+from qinsight.planning.checks import check_suggestions
+from qinsight.planning.flows import Flow, flow_for
+from qinsight.planning.scores import MetricFunction, Scorer
+from qinsight.planning.simulate import Mode, Run, Simulation
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+def _quiet(_stage: str, _done: int, _total: int) -> None:
+    return None
+
+
+@attrs.define
+class _Search:
+    """What every stage shares: the simulation, the scorer and each candidate's weight count."""
+
+    sim: Simulation
+    scorer: Scorer
+    candidates: list[str]
+    parameters: dict[str, int]
+    kinds: dict[str, str]
+    progress: Progress
+
+    def fraction(self, modes: Mapping[str, Mode]) -> float:
+        total = sum(self.parameters.values())
+        if total == 0:
+            return 1.0
+        return sum(n for site, n in self.parameters.items() if modes.get(site, Mode.STATIC) is not Mode.FLOAT) / total
+
+
+def plan(
+    model: nn.Module,
+    calibration_data: Iterable[Any],
+    evaluation_data: Iterable[Any],
+    *,
+    target: str | Target = "sqnr>=30",
+    flow: str = "fx",
+    backend: str = "x86",
+    metric: str | MetricFunction | None = None,
+    report: Report | None = None,
+    progress: Progress | None = None,
+) -> QuantPlan:
+    """The sites to keep in float so that ``model``, quantized with ``flow``, reaches ``target`` on
+    ``evaluation_data``, starting from the report's verified suggestions (:class:`QuantPlan`).
+
+    ``target`` is ``"sqnr>=30"``, ``"cosine>=0.995"``, ``"top1>=0.94"``, or
+    ``"float<=N"`` (the best score with at most N sites in float, by
+    ``metric``, default SQNR); with ``metric`` a function of (float outputs,
+    quantized outputs), name it in the target (``"accuracy>=0.98"``).
+    ``report`` is the diagnosis to start from (default: :func:`qinsight.diagnose`
+    on the calibration data).
+    """
+    goal = Target.parse(target) if isinstance(target, str) else target
+    calibration, evaluation = list(calibration_data), list(evaluation_data)
+    for name, batches in (("calibration_data", calibration), ("evaluation_data", evaluation)):
+        if not batches:
+            raise InvalidParameterError("plan", name, "no batches", "at least one batch")
+    chosen = metric if metric is not None else ("sqnr" if goal.is_budget else goal.metric)
+    metric_name = chosen if isinstance(chosen, str) else (goal.metric if not goal.is_budget else getattr(chosen, "__name__", "metric"))
+    if report is None:
+        from qinsight.pipeline import diagnose
+
+        report = diagnose(model, calibration, backend=backend)
+    steps_of = progress or _quiet
+    flow_impl = flow_for(flow, model, report.sites, backend)
+    flow_impl.shapes_from(calibration + evaluation)
+    scorer = Scorer(_float_outputs(model, evaluation), chosen, metric_name)
+    steps_of("calibrating the simulation", 0, 1)
+    sim = flow_impl.simulation(calibration)
+    names = {site.fqn for site in report.sites}
+    candidates = [site for site in sim.sites if site in names]
+    kinds = {site.fqn: site.kind.value for site in report.sites}
+    search = _Search(sim, scorer, candidates, _parameters(model, candidates), kinds, steps_of)
+    default = {site: Mode.STATIC for site in candidates}
+    checks, start = check_suggestions(
+        sim, lambda run: scorer(run.outputs), report.suggestions, default, evaluation, goal.higher_is_better or goal.is_budget
+    )
+    sensitivities, noise, quantized_run, float_run = _sensitivities(search, start, evaluation)
+    kept = tuple(s for s in report.suggestions if any(c.fqn == s.fqn and c.kept for c in checks))
+    default_score = scorer(_outputs(flow_impl.quantize((), calibration), evaluation))
+    steps, modes = _choose(search, goal, start, float_run, quantized_run, noise)
+    modes, verified, notes = _verified(flow_impl, calibration, evaluation, scorer, goal, kept, start, steps, modes)
+    suggestions = _advice(kept, modes)
+    if _worse(verified, default_score, goal):
+        notes.append(f"the plan ({verified:.4g}) scored below the default config ({default_score:.4g}): the default is returned")
+        suggestions, verified, modes = (), default_score, {site: Mode.STATIC for site in candidates}
+    return QuantPlan(
+        flow=flow_impl.name,
+        backend=backend,
+        metric=metric_name,
+        target=goal,
+        reached=goal.is_budget or goal.met(verified),
+        default_score=default_score,
+        verified_score=verified,
+        steps=steps,
+        quantized_fraction=search.fraction(modes),
+        checks=checks,
+        sensitivities=sensitivities,
+        agreement=_spearman([-s.quantized_only for s in sensitivities], [s.gain for s in sensitivities]),
+        suggestions=suggestions,
+        sites=_named_sites(report.sites, suggestions),
+        evaluations=math.ceil(sim.evaluations),
+        notes=tuple(notes),
+    )
+
+
+def _float_outputs(model: nn.Module, batches: Sequence[object]) -> list[Any]:
+    with eval_mode(model), torch.no_grad():
+        return [run_batch(model, batch) for batch in batches]
+
+
+def _outputs(model: nn.Module, batches: Sequence[object]) -> list[Any]:
+    with torch.no_grad():
+        return [run_batch(model, batch) for batch in batches]
+
+
+def _parameters(model: nn.Module, sites: list[str]) -> dict[str, int]:
+    counts = {}
+    modules = dict(model.named_modules())
+    for site in sites:
+        module = modules.get(site)
+        found = classify(module) if module is not None else None
+        weight = getattr(found[1] if found else module, "weight", None)
+        counts[site] = int(weight.numel()) if isinstance(weight, torch.Tensor) else 0
+    return counts
+
+
+def _sensitivities(
+    search: _Search, start: dict[str, Mode], evaluation: Sequence[object]
+) -> tuple[tuple[SiteSensitivity, ...], dict[str, float], Run, Run]:
+    """Each site alone in float and alone quantized; the output noise of each alone quantized (the
+    search's order); the all-quantized and all-float runs later runs start from."""
+    sim, scorer = search.sim, search.scorer
+    quantized_run = sim.run(start, evaluation)
+    everything_float = {site: Mode.FLOAT for site in search.candidates}
+    float_run = sim.run(everything_float, evaluation)
+    all_quantized = scorer(quantized_run.outputs)
+    found, noise = [], {}
+    for done, site in enumerate(search.candidates):
+        search.progress("measuring sensitivity", done, len(search.candidates))
+        float_only = scorer(sim.run_changed({**start, site: Mode.FLOAT}, quantized_run).outputs)
+        quantized_mode = start[site] if start[site] is not Mode.FLOAT else Mode.STATIC
+        alone = sim.run_changed({**everything_float, site: quantized_mode}, float_run).outputs
+        noise[site] = scorer.noise(alone)
+        found.append(
+            SiteSensitivity(
+                fqn=site,
+                kind=search.kinds.get(site, ""),
+                parameters=search.parameters[site],
+                float_only=float_only,
+                quantized_only=scorer(alone),
+                gain=float_only - all_quantized,
+            )
+        )
+    return tuple(found), noise, quantized_run, float_run
+
+
+def _choose(
+    search: _Search, goal: Target, start: dict[str, Mode], float_run: Run, quantized_run: Run, noise: Mapping[str, float]
+) -> tuple[tuple[PlanStep, ...], dict[str, Mode]]:
+    """The curve, then the refinement: sites in order of least noise per parameter are quantized one
+    by one from all in float, each prefix scored; the longest prefix that meets the target is kept,
+    and each site after it is tried alone on top and kept if the target still holds."""
+    if goal.is_budget:
+        return _within_budget(search, int(goal.threshold), start, quantized_run, noise)
+    fixed = {site for site, mode in start.items() if mode is Mode.FLOAT}
+    order = sorted((s for s in search.candidates if s not in fixed), key=lambda s: noise[s] / (search.parameters[s] + 1))
+    modes = {site: Mode.FLOAT for site in search.candidates}
+    run = float_run
+    steps = [PlanStep(fqn="", score=search.scorer(run.outputs), kept=True, quantized_fraction=search.fraction(modes), stage="start")]
+    curve = []
+    for done, site in enumerate(order):
+        search.progress("scoring the curve", done, len(order))
+        modes = {**modes, site: start[site]}
+        run = search.sim.run_changed(modes, run)
+        curve.append(PlanStep(fqn=site, score=search.scorer(run.outputs), kept=True, quantized_fraction=search.fraction(modes), stage="curve"))
+    met = [index for index, step in enumerate(curve) if goal.met(step.score)]
+    longest = met[-1] + 1 if met else 0
+    steps += [attrs.evolve(step, kept=index < longest) for index, step in enumerate(curve)]
+    modes = {**{site: Mode.FLOAT for site in search.candidates}, **{site: start[site] for site in order[:longest]}}
+    run = search.sim.run_changed(modes, run)
+    for done, site in enumerate(order[longest:]):
+        search.progress("refining", done, len(order) - longest)
+        trial = {**modes, site: start[site]}
+        trial_run = search.sim.run_changed(trial, run)
+        score = search.scorer(trial_run.outputs)
+        kept = goal.met(score)
+        if kept:
+            modes, run = trial, trial_run
+        steps.append(PlanStep(fqn=site, score=score, kept=kept, quantized_fraction=search.fraction(modes), stage="refine"))
+    return tuple(steps), modes
+
+
+def _within_budget(
+    search: _Search, budget: int, start: dict[str, Mode], quantized_run: Run, noise: Mapping[str, float]
+) -> tuple[tuple[PlanStep, ...], dict[str, Mode]]:
+    """At most ``budget`` sites in float: the costliest alone, one by one, and the best prefix."""
+    modes, run = dict(start), quantized_run
+    steps = [PlanStep(fqn="", score=search.scorer(run.outputs), kept=True, quantized_fraction=search.fraction(modes), stage="start")]
+    best, best_modes = steps[0].score, dict(modes)
+    for site in sorted((s for s in search.candidates if start[s] is not Mode.FLOAT), key=lambda s: -noise[s])[:budget]:
+        modes = {**modes, site: Mode.FLOAT}
+        run = search.sim.run_changed(modes, run)
+        score = search.scorer(run.outputs)
+        steps.append(PlanStep(fqn=site, score=score, kept=True, quantized_fraction=search.fraction(modes), stage="budget"))
+        if score > best:
+            best, best_modes = score, dict(modes)
+    return tuple(steps), best_modes
+
+
+def _verified(
+    flow: Flow,
+    calibration: Sequence[object],
+    evaluation: Sequence[object],
+    scorer: Scorer,
+    goal: Target,
+    kept: tuple[QuantSuggestion, ...],
+    start: dict[str, Mode],
+    steps: tuple[PlanStep, ...],
+    modes: dict[str, Mode],
+) -> tuple[dict[str, Mode], float, list[str]]:
+    """The plan's config quantized for real and scored. Where it misses a target the simulation
+    reached, the longest prefix of the quantized sites (in the order they were taken) that reaches
+    it for real is found by bisection: each probe is one real quantization."""
+
+    def real(prefix_modes: Mapping[str, Mode]) -> float:
+        return scorer(_outputs(flow.quantize(_advice(kept, prefix_modes), calibration), evaluation))
+
+    verified = real(modes)
+    if goal.is_budget or goal.met(verified) or not goal.met(_best_score(steps)):
+        return modes, verified, []
+    taken = [step.fqn for step in steps if step.fqn and step.kept]
+    floats = {site: Mode.FLOAT for site in taken}
+
+    def prefix(n: int) -> dict[str, Mode]:
+        return {**modes, **floats, **{site: start[site] for site in taken[:n]}}
+
+    low, high, best = 0, len(taken), math.nan  # prefix(low) is assumed to reach the target, prefix(high) does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        score = real(prefix(middle))
+        if goal.met(score):
+            low, best = middle, score
+        else:
+            high = middle
+    if math.isnan(best):
+        best = real(prefix(low))
+    note = (
+        f"the real flow scored {verified:.4g} where the simulation reached the target: "
+        f"{len(taken) - low} of the {len(taken)} sites the search quantized are kept in float after bisecting for real"
+    )
+    return prefix(low), best, [note]
+
+
+def _advice(kept: tuple[QuantSuggestion, ...], modes: Mapping[str, Mode]) -> tuple[QuantSuggestion, ...]:
+    """The kept suggestions and one keep-float suggestion per site the plan leaves in float."""
+    floats = [site for site, mode in modes.items() if mode is Mode.FLOAT]
+    planned = [QuantSuggestion(fqn=site, keep_float=True, sources=("qinsight.plan",)) for site in floats]
+    return tuple(s for s in kept if s.fqn not in set(floats)) + tuple(planned)
+
+
+def _best_score(steps: Sequence[PlanStep]) -> float:
+    kept = [step.score for step in steps if step.kept]
+    return kept[-1] if kept else math.nan
+
+
+def _worse(score: float, than: float, goal: Target) -> bool:
+    if math.isnan(score) or math.isnan(than):
+        return False
+    return score < than if goal.higher_is_better or goal.is_budget else score > than
+
+
+def _named_sites(sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...]) -> tuple[OpSite, ...]:
+    named = {s.fqn for s in suggestions}
+    return tuple(site for site in sites if site.fqn in named or site.kind.value == "embedding")
+
+
+def _spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties); NaN with fewer than three finite pairs."""
+    pairs = [(a, b) for a, b in zip(x, y) if math.isfinite(a) and math.isfinite(b)]
+    if len(pairs) < 3:
+        return math.nan
+
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=values.__getitem__)
+        result = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                result[order[k]] = (i + j) / 2.0
+            i = j + 1
+        return result
+
+    rx, ry = ranks([a for a, _ in pairs]), ranks([b for _, b in pairs])
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sx = math.sqrt(sum((a - mx) ** 2 for a in rx))
+    sy = math.sqrt(sum((b - my) ** 2 for b in ry))
+    return cov / (sx * sy) if sx > 0 and sy > 0 else math.nan
+
+
+__all__ = ["Progress", "plan"]

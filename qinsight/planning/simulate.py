@@ -1,0 +1,324 @@
+"""One calibrated model whose every quantization can be switched: what makes end-to-end sensitivity cheap.
+
+A prepared graph (``prepare_fx`` or ``prepare_pt2e``), calibrated once, holds
+an observer on every edge the flow quantizes. Each observer is replaced by a
+:class:`Switch` that fake-quantizes with the observer's qparams (or per batch,
+for a dynamic site) or passes the value through; weights get their
+quantized-dequantized copy, swapped in or out. Which switches are on follows
+from which sites are quantized, the way the flows decide it: an edge stays
+quantized while any site that owns it is quantized (its producer's output or
+a consumer's input), so keeping one site in float between two quantized ones
+changes only its own weight, as in the real flows. Who owns an edge is read
+from the quantizer's annotations in a PT2E graph, and from the graph's shape
+in an FX one (the producing site and the consuming ones, through ops that are
+no sites, such as a flatten).
+
+Runs are graph interpretations that can start where a change starts: the
+values of every node under one configuration are cached, and a configuration
+that differs in a few sites recomputes only the nodes downstream of them
+(in-place ops are made out-of-place first, so no run changes a cached value).
+"""
+
+from __future__ import annotations
+
+import enum
+import operator
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.ao.quantization.observer import ObserverBase
+
+from qinsight.frontends import batch_arguments
+
+_RANGES = {torch.quint8: (0, 255), torch.qint8: (-128, 127), torch.uint8: (0, 255), torch.int8: (-128, 127)}
+
+
+class Mode(enum.Enum):
+    """How a site runs in the simulation."""
+
+    FLOAT = "float"
+    STATIC = "static"
+    DYNAMIC = "dynamic"  # weights quantized, the input quantized per batch, the output left in float
+
+
+class Switch(nn.Module):
+    """An observer turned into a fake quantizer that can be turned off (``mode``) or made dynamic."""
+
+    def __init__(self, observer: nn.Module) -> None:
+        super().__init__()
+        self.mode = Mode.STATIC
+        dtype = getattr(observer, "dtype", torch.float32)
+        self.passthrough = dtype not in _RANGES or bool(getattr(observer, "is_dynamic", False))
+        self.qmin, self.qmax = _RANGES.get(dtype, (0, 255))
+        self.axis: int | None = None
+        self.scale, self.zero_point = torch.ones(1), torch.zeros(1, dtype=torch.int32)
+        if not self.passthrough:
+            scale, zero_point = observer.calculate_qparams()  # type: ignore[operator]
+            self.scale, self.zero_point = scale.float().reshape(-1), zero_point.int().reshape(-1)
+            if self.scale.numel() > 1:
+                self.axis = int(getattr(observer, "ch_axis", 0))
+        self.constant: torch.Tensor | None = None  # a weight's fake-quantized value, computed once
+        self.dynamic_max = 255
+
+    def forward(self, value: torch.Tensor) -> torch.Tensor:
+        if self.mode is Mode.FLOAT:
+            return value
+        if self.mode is Mode.DYNAMIC or self.passthrough:
+            return dynamic_fake_quantize(value, self.dynamic_max) if self.mode is Mode.DYNAMIC else value
+        if self.constant is not None:
+            return self.constant
+        return self.quantize(value)
+
+    def quantize(self, value: torch.Tensor) -> torch.Tensor:
+        if self.axis is not None:
+            return torch.fake_quantize_per_channel_affine(
+                value, self.scale, self.zero_point, self.axis, self.qmin, self.qmax
+            )
+        return torch.fake_quantize_per_tensor_affine(
+            value, float(self.scale[0]), int(self.zero_point[0]), self.qmin, self.qmax
+        )
+
+
+def dynamic_fake_quantize(value: torch.Tensor, quant_max: int = 255) -> torch.Tensor:
+    """Per-tensor affine quantization to ``0..quant_max`` with this tensor's own range, as dynamic
+    kernels do (fbgemm's reduce their range to 7 bits: ``quant_max=127``)."""
+    low, high = torch.aminmax(value.detach())
+    low_value, high_value = min(float(low), 0.0), max(float(high), 0.0)
+    scale = max((high_value - low_value) / quant_max, 1e-8)
+    zero_point = int(round(-low_value / scale))
+    return torch.fake_quantize_per_tensor_affine(value, scale, min(max(zero_point, 0), quant_max), 0, quant_max)
+
+
+def fake_quantized_weight(weight: torch.Tensor, per_channel: bool) -> torch.Tensor:
+    """Symmetric int8 weights, per output channel or per tensor (the x86 flows' weight schemes)."""
+    w = weight.detach()
+    if per_channel:
+        bound = w.abs().reshape(w.shape[0], -1).amax(dim=1).clamp_min(1e-12)
+        scale = (bound / 127.5).float()
+        zero = torch.zeros_like(scale, dtype=torch.int32)
+        return torch.fake_quantize_per_channel_affine(w, scale, zero, 0, -128, 127)
+    step = max(float(w.abs().max()) / 127.5, 1e-12)
+    return torch.fake_quantize_per_tensor_affine(w, step, 0, -128, 127)
+
+
+def fake_quantized_rows(weight: torch.Tensor) -> torch.Tensor:
+    """Affine 8-bit weights with a float scale and offset per row: embeddings' float-qparams scheme."""
+    w = weight.detach()
+    low = w.amin(dim=1, keepdim=True)
+    scale = ((w.amax(dim=1, keepdim=True) - low) / 255.0).clamp_min(1e-8)
+    return torch.clamp(torch.round((w - low) / scale), 0, 255) * scale + low
+
+
+class Owners:
+    """Who decides whether an edge is quantized: consumers that quantize their input, a producer that
+    quantizes its output. An edge owned by no site is left in float: no quantized op reads or writes
+    it (a token count clamped between two float ops, say), so the flows do not quantize it either."""
+
+    def __init__(self, producer: str | None, consumers: Iterable[str], weight: bool) -> None:
+        self.producer = producer
+        self.consumers = tuple(sorted(set(consumers)))
+        self.weight = weight  # a constant: only its consumers count
+
+    @property
+    def sites(self) -> tuple[str, ...]:
+        return self.consumers + ((self.producer,) if self.producer and not self.weight else ())
+
+    def mode(self, modes: Mapping[str, Mode]) -> Mode:
+        if not self.sites:
+            return Mode.FLOAT
+        consumer_modes = [modes.get(site, Mode.STATIC) for site in self.consumers]
+        if self.weight:
+            return Mode.FLOAT if all(m is Mode.FLOAT for m in consumer_modes) else Mode.STATIC
+        producer = modes.get(self.producer, Mode.STATIC) if self.producer else Mode.FLOAT
+        if producer is Mode.STATIC or Mode.STATIC in consumer_modes:
+            return Mode.STATIC
+        return Mode.DYNAMIC if Mode.DYNAMIC in consumer_modes else Mode.FLOAT
+
+
+WeightSwap = tuple[nn.Module, torch.Tensor, torch.Tensor]  # (holder, float weight, fake-quantized weight)
+
+
+class Simulation:
+    """A calibrated prepared graph with a switch per observer and a weight swap per FX layer.
+
+    ``owners`` gives each observer node its :class:`Owners`; ``weights`` the FX
+    layers' weight swaps by site (PT2E weights are observed in the graph).
+    """
+
+    def __init__(
+        self,
+        model: fx.GraphModule,
+        owners: Callable[[fx.Node], Owners],
+        weights: Mapping[str, WeightSwap],
+        dynamic_max: int = 255,
+    ) -> None:
+        self.model = model
+        self.weights = dict(weights)
+        self.switches: dict[fx.Node, tuple[Switch, Owners]] = {}
+        observers = observer_types()
+        _out_of_place(model)
+        _one_observer_per_edge(model, observers)
+        for node in list(model.graph.nodes):
+            if node.op != "call_module" or not isinstance(model.get_submodule(str(node.target)), observers):
+                continue
+            who = owners(node)
+            switch = Switch(model.get_submodule(str(node.target)))
+            switch.dynamic_max = dynamic_max
+            if who.weight and not switch.passthrough:
+                switch.constant = switch.quantize(_constant(model, node.args[0]))
+            name = f"{str(node.target)}_switch"
+            model.add_module(name, switch)
+            node.target = name
+            self.switches[node] = (switch, who)
+        model.recompile()
+        self.nodes = list(model.graph.nodes)
+        self.sites = sorted({site for _, who in self.switches.values() for site in who.sites} | set(self.weights))
+        self._starts: dict[str, list[fx.Node]] = {}
+        for node, (_, who) in self.switches.items():
+            for site in who.sites:
+                self._starts.setdefault(site, []).append(node)
+        for node in self.nodes:
+            if node.op == "call_module" and str(node.target) in self.weights:
+                self._starts.setdefault(str(node.target), []).append(node)
+        self._downstream: dict[frozenset[str], set[fx.Node]] = {}
+        self.evaluations = 0.0  # in whole forwards over the data: a partial run counts its share of nodes
+
+    def configure(self, modes: Mapping[str, Mode]) -> None:
+        for switch, who in self.switches.values():
+            switch.mode = who.mode(modes)
+        for site, (holder, float_weight, quantized) in self.weights.items():
+            holder.weight.data = float_weight if modes.get(site, Mode.STATIC) is Mode.FLOAT else quantized
+
+    def downstream(self, sites: Iterable[str]) -> set[fx.Node]:
+        key = frozenset(sites)
+        if key not in self._downstream:
+            found: set[fx.Node] = set()
+            stack = [node for site in key for node in self._starts.get(site, [])]
+            while stack:
+                node = stack.pop()
+                if node not in found:
+                    found.add(node)
+                    stack.extend(node.users)
+            self._downstream[key] = found
+        return self._downstream[key]
+
+    def run(self, modes: Mapping[str, Mode], batches: Sequence[object]) -> Run:
+        """Every batch under ``modes``, keeping every node's value (to start later runs from)."""
+        self.configure(modes)
+        self.evaluations += 1
+        return Run(dict(modes), [self._interpret(batch, None, None) for batch in batches])
+
+    def run_changed(self, modes: Mapping[str, Mode], before: Run) -> Run:
+        """The batches of ``before`` under ``modes``, recomputing only what the sites whose mode
+        changed reach (the rest is ``before``'s values)."""
+        changed = {site for site in set(modes) | set(before.modes) if modes.get(site) != before.modes.get(site)}
+        self.configure(modes)
+        recompute = self.downstream(changed)
+        self.evaluations += len(recompute) / max(len(self.nodes), 1)
+        return Run(dict(modes), [self._interpret(None, recompute, values) for values in before.values])
+
+    def _interpret(
+        self, batch: object, recompute: set[fx.Node] | None, cached: dict[Any, Any] | None
+    ) -> dict[Any, Any]:
+        values: dict[Any, Any] = {}
+        inputs = iter(_flat_inputs(self.model, batch)) if batch is not None else iter(())
+        for node in self.nodes:
+            if cached is not None and recompute is not None and node not in recompute:
+                if node.op == "output":
+                    values[_OUTPUT] = cached[_OUTPUT]
+                elif node in cached:
+                    values[node] = cached[node]
+                continue
+            if node.op == "placeholder":
+                values[node] = next(inputs)
+                continue
+            args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: values[n])
+            if node.op == "output":
+                values[_OUTPUT] = self.model.graph._codegen.process_outputs(args[0])
+            elif node.op == "get_attr":
+                values[node] = _constant(self.model, node)
+            elif node.op == "call_module":
+                values[node] = self.model.get_submodule(str(node.target))(*args, **kwargs)
+            elif node.op == "call_function":
+                values[node] = node.target(*args, **kwargs)
+            else:  # call_method
+                values[node] = getattr(args[0], str(node.target))(*args[1:], **kwargs)
+        return values
+
+
+_OUTPUT = "__output__"
+
+
+_IN_PLACE: dict[object, object] = {
+    operator.iadd: operator.add, operator.imul: operator.mul, operator.isub: operator.sub, operator.itruediv: operator.truediv,
+    torch.relu_: torch.relu,
+}
+
+
+def _out_of_place(model: fx.GraphModule) -> None:
+    """No op writes into its input: a cached value must stay what it was for every later run."""
+    for module in model.modules():
+        if getattr(module, "inplace", False) is True:
+            module.inplace = False  # type: ignore[assignment]
+    for node in model.graph.nodes:
+        if node.kwargs.get("inplace") is True:
+            node.kwargs = {**node.kwargs, "inplace": False}
+        if node.op == "call_function" and node.target in _IN_PLACE:
+            node.target = _IN_PLACE[node.target]
+        elif node.op == "call_method" and str(node.target).endswith("_") and not str(node.target).startswith("_"):
+            if hasattr(torch.Tensor, str(node.target)[:-1]):
+                node.target = str(node.target)[:-1]
+
+
+def _one_observer_per_edge(model: fx.GraphModule, observers: tuple[type, ...]) -> None:
+    """An observer node per consumer: where the producer stays in float, the flows quantize the value
+    only for the consumers that are quantized (FX's quantize node, PT2E's input annotation), and a
+    float consumer reads the float value."""
+    for node in list(model.graph.nodes):
+        if node.op != "call_module" or not isinstance(model.get_submodule(str(node.target)), observers):
+            continue
+        for user in list(node.users)[1:]:
+            with model.graph.inserting_after(node):
+                copy = model.graph.call_module(str(node.target), node.args)
+            user.replace_input_with(node, copy)
+
+
+def observer_types() -> tuple[type, ...]:
+    """torch's observer base, and torchao's where it is loaded (``prepare_pt2e`` inserts torchao's own
+    classes; a graph holding them has imported torchao, so an FX-only run never loads it)."""
+    torchao_observers = sys.modules.get("torchao.quantization.pt2e.observer")
+    if torchao_observers is None:
+        return (ObserverBase,)
+    return (ObserverBase, torchao_observers.ObserverBase)
+
+
+class Run:
+    """The node values of every batch under one configuration (``modes``)."""
+
+    def __init__(self, modes: dict[str, Mode], values: list[dict[Any, Any]]) -> None:
+        self.modes, self.values = modes, values
+
+    @property
+    def outputs(self) -> list[Any]:
+        return [values[_OUTPUT] for values in self.values]
+
+
+def _constant(model: fx.GraphModule, node: object) -> torch.Tensor:
+    assert isinstance(node, fx.Node) and node.op == "get_attr"
+    value: Any = model
+    for part in str(node.target).split("."):
+        value = getattr(value, part)
+    return value  # type: ignore[no-any-return]
+
+
+def _flat_inputs(model: fx.GraphModule, batch: object) -> list[Any]:
+    """The placeholders' values for ``batch``: keyword batches bound by name, pytree inputs flattened."""
+    import inspect
+
+    args, kwargs = batch_arguments(batch)
+    bound = inspect.signature(model.forward).bind(*args, **kwargs)
+    flat: list[Any] = model.graph._codegen.process_inputs(*bound.args)
+    return list(flat)
