@@ -55,6 +55,10 @@ def _example(batch: object) -> tuple[Any, ...]:
     return tuple(args) + tuple(kwargs.values())
 
 
+def _example_of(model: fx.GraphModule) -> tuple[Any, ...]:
+    return model.meta["qinsight_example"]  # type: ignore[no-any-return]
+
+
 def _calibrate(prepared: nn.Module, batches: Sequence[object]) -> None:
     with eval_mode(prepared), torch.no_grad():
         for batch in batches:
@@ -98,6 +102,7 @@ class Flow:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             prepared = self.prepare((), _example(calibration[0]))
+        prepared.meta["qinsight_example"] = _example(calibration[0])
         _calibrate(prepared, calibration)
         return Simulation(prepared, self.owners(prepared), self.weights(prepared), self.dynamic_max)
 
@@ -144,11 +149,12 @@ class FxFlow(Flow):
         whose output FX does not observe is not quantized (a softmax whose qconfig its pattern
         refuses): it owns nothing, and ownership does not pass through it.
 
-        Not modelled: FX also quantizes at some ops that are no sites when the sites around them are
-        float (a reshape under the global qconfig re-quantizes a float Linear's output), so the real
-        score of a plan with many float sites can fall short of the simulated one; the plan's
-        verification measures that and keeps more in float where it does."""
+        FX also quantizes some edges whatever the sites around them do: ops that are no sites but
+        take the global qconfig and want a quantized input (a transpose, an unsqueeze, a clamp). FX
+        itself says which: they keep their observers when every site is in float
+        (:meth:`_pinned_edges`), and those edges are pinned on."""
         site_of = self._site_of(model)
+        pinned = self._pinned_edges(_example_of(model))
         observers = observer_types()
         quantized = {
             node for node in model.graph.nodes
@@ -171,9 +177,24 @@ class FxFlow(Flow):
             through(observer, lambda n: [a for a in n.all_input_nodes if n.op != "placeholder"][:1], producers)
             consumers: set[str] = set()
             through(observer, lambda n: list(n.users), consumers)
-            return Owners(next(iter(producers), None), consumers, weight=source.op == "get_attr")
+            edge = any((source.name, user.name) in pinned for user in observer.users)
+            return Owners(next(iter(producers), None), consumers, weight=source.op == "get_attr", pinned=edge)
 
         return owners
+
+    def _pinned_edges(self, example: tuple[Any, ...]) -> set[tuple[str, str]]:
+        """The (producer, consumer) node names FX still observes with every site in float."""
+        everything_float = tuple(QuantSuggestion(fqn=site.fqn, keep_float=True) for site in self.sites)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prepared = self.prepare(everything_float, example)
+        observers = observer_types()
+        return {
+            (str(node.args[0].name), user.name)
+            for node in prepared.graph.nodes
+            if node.op == "call_module" and isinstance(prepared.get_submodule(str(node.target)), observers)
+            for user in node.users
+        }
 
     def weights(self, model: fx.GraphModule) -> dict[str, WeightSwap]:
         qconfigs = model.meta["_observed_graph_module_attrs"].node_name_to_qconfig

@@ -117,16 +117,19 @@ class Owners:
     quantizes its output. An edge owned by no site is left in float: no quantized op reads or writes
     it (a token count clamped between two float ops, say), so the flows do not quantize it either."""
 
-    def __init__(self, producer: str | None, consumers: Iterable[str], weight: bool) -> None:
+    def __init__(self, producer: str | None, consumers: Iterable[str], weight: bool, pinned: bool = False) -> None:
         self.producer = producer
         self.consumers = tuple(sorted(set(consumers)))
         self.weight = weight  # a constant: only its consumers count
+        self.pinned = pinned  # quantized by the flow whatever the sites do
 
     @property
     def sites(self) -> tuple[str, ...]:
         return self.consumers + ((self.producer,) if self.producer and not self.weight else ())
 
     def mode(self, modes: Mapping[str, Mode]) -> Mode:
+        if self.pinned:
+            return Mode.STATIC
         if not self.sites:
             return Mode.FLOAT
         consumer_modes = [modes.get(site, Mode.STATIC) for site in self.consumers]
