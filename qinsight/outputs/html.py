@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from qinsight.core.report import Report
 from qinsight.outputs.files import write_atomically
 from qinsight.outputs.plans import plan_tables, summary_lines
-from qinsight.outputs.tables import comparison_tables
+from qinsight.outputs.tables import Table, comparison_tables
 from qinsight.outputs.view import ReportView
 
 KEY_FEATURES = (
@@ -111,6 +111,16 @@ def _details(report: Report, view: ReportView) -> str:
     return "".join(parts)
 
 
+def _titled_tables(tables: list[Table]) -> list[str]:
+    parts = []
+    for table in tables:
+        parts.append(f"<h3>{_e(table.title)}</h3>")
+        parts.append(_table(table.header, ([f"<td>{_e(cell)}</td>" for cell in row] for row in table.rows)))
+        if table.note:
+            parts.append(f"<p>{_e(table.note)}</p>")
+    return parts
+
+
 def _comparison(report: Report) -> str:
     from qinsight.outputs.plots import plot_sqnr
 
@@ -119,11 +129,7 @@ def _comparison(report: Report) -> str:
     parts = [f"<h2>Float vs quantized{_e(' (' + report.comparison.quantized + ')' if report.comparison.quantized else '')}</h2>"]
     if report.comparison.activations is not None:
         parts.append(_png(plot_sqnr(report.comparison.activations)))
-    for table in comparison_tables(report.comparison):
-        parts.append(f"<h3>{_e(table.title)}</h3>")
-        parts.append(_table(table.header, ([f"<td>{_e(cell)}</td>" for cell in row] for row in table.rows)))
-        if table.note:
-            parts.append(f"<p>{_e(table.note)}</p>")
+    parts.extend(_titled_tables(comparison_tables(report.comparison)))
     return "\n".join(parts)
 
 
@@ -138,11 +144,7 @@ def _plan(report: Report) -> str:
     parts.append("<ul>" + "".join(f"<li>{_e(line.strip())}</li>" for line in details) + "</ul>")
     parts.append(_png(plot_plan(report.plan)))
     parts.append(f"<pre>{_e(chr(10).join(plan_code(report.plan)))}</pre>")
-    for table in plan_tables(report.plan):
-        parts.append(f"<h3>{_e(table.title)}</h3>")
-        parts.append(_table(table.header, ([f"<td>{_e(cell)}</td>" for cell in row] for row in table.rows)))
-        if table.note:
-            parts.append(f"<p>{_e(table.note)}</p>")
+    parts.extend(_titled_tables(plan_tables(report.plan)))
     return "\n".join(parts)
 
 

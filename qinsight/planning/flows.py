@@ -22,7 +22,7 @@ import torch
 from torch import fx, nn
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
-from qinsight.core.errors import InvalidParameterError
+from qinsight.core.errors import FrontendError, InvalidParameterError
 from qinsight.core.sites import OpSite
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.frontends import (
@@ -93,15 +93,24 @@ class Flow:
         """What a user does with the advice: prepare, calibrate, convert."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the advice's own warnings were shown with the report
-            prepared = self.prepare(suggestions, _example(calibration[0]))
+            prepared = self._prepared(suggestions, _example(calibration[0]))
             _calibrate(prepared, calibration)
             return self.convert(prepared)
+
+    def _prepared(self, suggestions: tuple[QuantSuggestion, ...], example: tuple[Any, ...]) -> fx.GraphModule:
+        """:meth:`prepare`, its failures (tracing, export, a quantizer that refuses a pattern) said as one."""
+        try:
+            return self.prepare(suggestions, example)
+        except Exception as exc:
+            raise FrontendError(
+                f"the {self.name} flow cannot prepare {type(self.model).__name__}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def simulation(self, calibration: Sequence[object]) -> Simulation:
         """The model prepared with the flow's default advice, calibrated, every observer switchable."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            prepared = self.prepare((), _example(calibration[0]))
+            prepared = self._prepared((), _example(calibration[0]))
         prepared.meta["qinsight_example"] = _example(calibration[0])
         _calibrate(prepared, calibration)
         return Simulation(prepared, self.owners(prepared), self.weights(prepared), self.dynamic_max)
@@ -187,7 +196,7 @@ class FxFlow(Flow):
         everything_float = tuple(QuantSuggestion(fqn=site.fqn, keep_float=True) for site in self.sites)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            prepared = self.prepare(everything_float, example)
+            prepared = self._prepared(everything_float, example)
         observers = observer_types()
         return {
             (str(node.args[0].name), user.name)
