@@ -55,10 +55,6 @@ def _example(batch: object) -> tuple[Any, ...]:
     return tuple(args) + tuple(kwargs.values())
 
 
-def _example_of(model: fx.GraphModule) -> tuple[Any, ...]:
-    return model.meta["qinsight_example"]  # type: ignore[no-any-return]
-
-
 def _calibrate(prepared: nn.Module, batches: Sequence[object]) -> None:
     with eval_mode(prepared), torch.no_grad():
         for batch in batches:
@@ -70,6 +66,7 @@ class Flow:
 
     name = ""
     dynamic_max = 255  # the top of a dynamic activation's range
+
     def __init__(self, model: nn.Module, sites: tuple[OpSite, ...], backend: str) -> None:
         self.model, self.sites, self.backend = model, sites, backend
         self.names = {site.fqn for site in sites}
@@ -83,7 +80,7 @@ class Flow:
     def convert(self, prepared: fx.GraphModule) -> nn.Module:
         raise NotImplementedError
 
-    def owners(self, model: fx.GraphModule) -> Callable[[fx.Node], Owners]:
+    def owners(self, model: fx.GraphModule, example: tuple[Any, ...]) -> Callable[[fx.Node], Owners]:
         raise NotImplementedError
 
     def weights(self, model: fx.GraphModule) -> dict[str, WeightSwap]:
@@ -108,12 +105,12 @@ class Flow:
 
     def simulation(self, calibration: Sequence[object]) -> Simulation:
         """The model prepared with the flow's default advice, calibrated, every observer switchable."""
+        example = _example(calibration[0])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            prepared = self._prepared((), _example(calibration[0]))
-        prepared.meta["qinsight_example"] = _example(calibration[0])
+            prepared = self._prepared((), example)
         _calibrate(prepared, calibration)
-        return Simulation(prepared, self.owners(prepared), self.weights(prepared), self.dynamic_max)
+        return Simulation(prepared, self.owners(prepared, example), self.weights(prepared), self.dynamic_max)
 
 
 class FxFlow(Flow):
@@ -152,7 +149,7 @@ class FxFlow(Flow):
                     names[node] = calls[owner, node.target, index]
         return names.get
 
-    def owners(self, model: fx.GraphModule) -> Callable[[fx.Node], Owners]:
+    def owners(self, model: fx.GraphModule, example: tuple[Any, ...]) -> Callable[[fx.Node], Owners]:
         """Owners by the graph's shape: the site producing the edge and the sites consuming it, through
         ops that are no sites (a flatten, a dropout) and the observers FX puts around those. A site
         whose output FX does not observe is not quantized (a softmax whose qconfig its pattern
@@ -163,7 +160,7 @@ class FxFlow(Flow):
         itself says which: they keep their observers when every site is in float
         (:meth:`_pinned_edges`), and those edges are pinned on."""
         site_of = self._site_of(model)
-        pinned = self._pinned_edges(_example_of(model))
+        pinned = self._pinned_edges(example)
         observers = observer_types()
         quantized = {
             node for node in model.graph.nodes
@@ -267,7 +264,7 @@ class Pt2eFlow(Flow):
         converted: nn.Module = convert_pt2e(prepared)
         return converted
 
-    def owners(self, model: fx.GraphModule) -> Callable[[fx.Node], Owners]:
+    def owners(self, model: fx.GraphModule, example: tuple[Any, ...]) -> Callable[[fx.Node], Owners]:
         names = {node: name for node, name in exported_op_names(model).items() if name in self.names}
         names.update({node: layer_name(node, model) for node in exported_sites(model)})
 
