@@ -42,19 +42,23 @@ def _example_inputs(batch: object) -> tuple[Any, ...]:
     return args
 
 
-def _prepare(model: nn.Module, config: object, example_inputs: tuple[Any, ...]) -> tuple[nn.Module, bool]:
-    """The prepared copy of ``model``, and whether it is a PT2E graph."""
+def prepare_config(
+    model: nn.Module, config: object, example_inputs: tuple[Any, ...], dynamic_shapes: Any = None
+) -> tuple[nn.Module, bool]:
+    """The prepared copy of ``model`` under ``config`` (a QConfigMapping: FX; a torchao Quantizer:
+    PT2E, exported with ``dynamic_shapes``), and whether it is a PT2E graph."""
     if isinstance(config, QConfigMapping):
         return prepare_fx(copy.deepcopy(model).eval(), config, example_inputs), False
     if callable(getattr(config, "annotate", None)):  # a torchao Quantizer: PT2E
         from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
-        exported = torch.export.export(copy.deepcopy(model).eval(), example_inputs).module()
+        exported = torch.export.export(copy.deepcopy(model).eval(), example_inputs, dynamic_shapes=dynamic_shapes).module()
         return prepare_pt2e(exported, config), True
     raise InvalidParameterError("compare_configs", "configs", type(config).__name__, "a QConfigMapping or a torchao Quantizer per name")
 
 
-def _convert(prepared: nn.Module, pt2e: bool) -> nn.Module:
+def convert_prepared(prepared: nn.Module, pt2e: bool) -> nn.Module:
+    """``convert_pt2e`` or ``convert_fx`` of a :func:`prepare_config` model, calibrated."""
     if pt2e:
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
@@ -76,14 +80,14 @@ def quantize_candidates(
     if first is None:
         raise InvalidParameterError("compare_configs", "calibration", "no batches", "at least one batch")
     example = example_inputs if example_inputs is not None else _example_inputs(first)
-    prepared = {name: _prepare(model, config, example) for name, config in configs.items()}
+    prepared = {name: prepare_config(model, config, example) for name, config in configs.items()}
     with torch.no_grad(), contextlib.ExitStack() as stack:
         for module, _pt2e in prepared.values():
             stack.enter_context(eval_mode(module))
         for batch in itertools.chain([first], batches):
             for module, _pt2e in prepared.values():
                 run_batch(module, batch)
-    return {name: _convert(module, pt2e) for name, (module, pt2e) in prepared.items()}
+    return {name: convert_prepared(module, pt2e) for name, (module, pt2e) in prepared.items()}
 
 
 def compare_configs(
@@ -147,4 +151,4 @@ def compare_configs(
     return ConfigComparison(configs=tuple(configs), rank_by=rank_by, rows=tuple(rows))
 
 
-__all__ = ["compare_configs", "quantize_candidates"]
+__all__ = ["compare_configs", "convert_prepared", "prepare_config", "quantize_candidates"]

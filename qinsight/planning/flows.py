@@ -13,15 +13,14 @@
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
+from qinsight.compare.configs import convert_prepared, prepare_config
 from qinsight.core.errors import FrontendError, InvalidParameterError
 from qinsight.core.sites import OpSite
 from qinsight.core.suggestions import QuantSuggestion
@@ -74,10 +73,10 @@ class Flow:
     def shapes_from(self, batches: Sequence[object]) -> None:
         """Learn what the flow needs to know of the inputs' shapes (PT2E's dynamic dimensions)."""
 
-    def prepare(self, suggestions: tuple[QuantSuggestion, ...], example: tuple[Any, ...]) -> fx.GraphModule:
-        raise NotImplementedError
+    dynamic_shapes: Any = None
 
-    def convert(self, prepared: fx.GraphModule) -> nn.Module:
+    def config(self, suggestions: tuple[QuantSuggestion, ...]) -> object:
+        """The torch config applying ``suggestions``: a QConfigMapping (FX) or a quantizer (PT2E)."""
         raise NotImplementedError
 
     def owners(self, model: fx.GraphModule, example: tuple[Any, ...]) -> Callable[[fx.Node], Owners]:
@@ -92,16 +91,18 @@ class Flow:
             warnings.simplefilter("ignore")  # the advice's own warnings were shown with the report
             prepared = self._prepared(suggestions, _example(calibration[0]))
             _calibrate(prepared, calibration)
-            return self.convert(prepared)
+            return convert_prepared(prepared, self.name == "pt2e")
 
     def _prepared(self, suggestions: tuple[QuantSuggestion, ...], example: tuple[Any, ...]) -> fx.GraphModule:
         """:meth:`prepare`, its failures (tracing, export, a quantizer that refuses a pattern) said as one."""
         try:
-            return self.prepare(suggestions, example)
+            prepared, _pt2e = prepare_config(self.model, self.config(suggestions), example, self.dynamic_shapes)
         except Exception as exc:
             raise FrontendError(
                 f"the {self.name} flow cannot prepare {type(self.model).__name__}: {type(exc).__name__}: {exc}"
             ) from exc
+        assert isinstance(prepared, fx.GraphModule)
+        return prepared
 
     def simulation(self, calibration: Sequence[object]) -> Simulation:
         """The model prepared with the flow's default advice, calibrated, every observer switchable."""
@@ -121,12 +122,8 @@ class FxFlow(Flow):
         """fbgemm's dynamic Linear reduces its input to 7 bits (x86 and fbgemm backends)."""
         return 127 if self.backend in ("x86", "fbgemm") else 255
 
-    def prepare(self, suggestions: tuple[QuantSuggestion, ...], example: tuple[Any, ...]) -> fx.GraphModule:
-        mapping = advice_mapping(self.sites, suggestions, self.backend)
-        return prepare_fx(copy.deepcopy(self.model).eval(), mapping, example)
-
-    def convert(self, prepared: fx.GraphModule) -> nn.Module:
-        return convert_fx(prepared)
+    def config(self, suggestions: tuple[QuantSuggestion, ...]) -> object:
+        return advice_mapping(self.sites, suggestions, self.backend)
 
     def _site_of(self, model: fx.GraphModule) -> Callable[[fx.Node], str | None]:
         scope = model.meta["_observed_graph_module_attrs"].node_name_to_scope
@@ -227,10 +224,6 @@ class FxFlow(Flow):
 class Pt2eFlow(Flow):
     name = "pt2e"
 
-    def __init__(self, model: nn.Module, sites: tuple[OpSite, ...], backend: str) -> None:
-        super().__init__(model, sites, backend)
-        self.dynamic_shapes: Any = None
-
     def shapes_from(self, batches: Sequence[object]) -> None:
         """Export with every input dimension that differs between ``batches`` dynamic (token counts)."""
         examples = [_example(batch) for batch in batches]
@@ -250,19 +243,8 @@ class Pt2eFlow(Flow):
         shapes = tuple(varying(position) for position in range(len(first)))
         self.dynamic_shapes = shapes if any(shape is not None for shape in shapes) else None
 
-    def prepare(self, suggestions: tuple[QuantSuggestion, ...], example: tuple[Any, ...]) -> fx.GraphModule:
-        from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
-
-        model = copy.deepcopy(self.model).eval()
-        exported = torch.export.export(model, example, dynamic_shapes=self.dynamic_shapes).module()
-        prepared: fx.GraphModule = prepare_pt2e(exported, advice_quantizer(self.sites, suggestions))
-        return prepared
-
-    def convert(self, prepared: fx.GraphModule) -> nn.Module:
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
-
-        converted: nn.Module = convert_pt2e(prepared)
-        return converted
+    def config(self, suggestions: tuple[QuantSuggestion, ...]) -> object:
+        return advice_quantizer(self.sites, suggestions)
 
     def owners(self, model: fx.GraphModule, example: tuple[Any, ...]) -> Callable[[fx.Node], Owners]:
         names = {node: name for node, name in exported_op_names(model).items() if name in self.names}

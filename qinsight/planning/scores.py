@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from qinsight.compare.metrics import sqnr
 from qinsight.core.errors import InvalidParameterError
 
 MetricFunction = Callable[[Sequence[Any], Sequence[Any]], float]
@@ -33,11 +34,8 @@ def output_rows(output: Any) -> torch.Tensor:
 
 
 def _sqnr(reference: torch.Tensor, candidate: torch.Tensor) -> float:
-    noise = float((reference - candidate).double().pow(2).sum())
-    signal = float(reference.double().pow(2).sum())
-    if noise == 0.0:
-        return 200.0  # bit-identical: as high as float32 arithmetic can tell apart
-    return min(200.0, 10.0 * math.log10(max(signal, 1e-300) / noise))
+    """The comparison's SQNR, capped: a plan's scores are finite (bit-identical reads 200 dB)."""
+    return max(-200.0, min(200.0, sqnr(reference, candidate)))
 
 
 def _cosine(reference: torch.Tensor, candidate: torch.Tensor) -> float:

@@ -31,7 +31,7 @@ import torch
 from torch import fx, nn
 from torch.ao.quantization.observer import ObserverBase
 
-from qinsight.frontends import batch_arguments
+from qinsight.frontends import batch_arguments, fetch_attr
 
 _RANGES = {torch.quint8: (0, 255), torch.qint8: (-128, 127), torch.uint8: (0, 255), torch.int8: (-128, 127)}
 
@@ -60,6 +60,8 @@ class Switch(nn.Module):
             self.scale, self.zero_point = scale.float().reshape(-1), zero_point.int().reshape(-1)
             if self.scale.numel() > 1:
                 self.axis = int(getattr(observer, "ch_axis", 0))
+        # per-tensor qparams as numbers, read once: not a tensor-to-number sync on every batch
+        self.step, self.zero = float(self.scale[0]), int(self.zero_point[0])
         self.constant: torch.Tensor | None = None  # a weight's fake-quantized value, computed once
         self.dynamic_max = 255
 
@@ -77,9 +79,7 @@ class Switch(nn.Module):
             return torch.fake_quantize_per_channel_affine(
                 value, self.scale, self.zero_point, self.axis, self.qmin, self.qmax
             )
-        return torch.fake_quantize_per_tensor_affine(
-            value, float(self.scale[0]), int(self.zero_point[0]), self.qmin, self.qmax
-        )
+        return torch.fake_quantize_per_tensor_affine(value, self.step, self.zero, self.qmin, self.qmax)
 
 
 def dynamic_fake_quantize(value: torch.Tensor, quant_max: int = 255) -> torch.Tensor:
@@ -311,10 +311,9 @@ class Run:
 
 def _constant(model: fx.GraphModule, node: object) -> torch.Tensor:
     assert isinstance(node, fx.Node) and node.op == "get_attr"
-    value: Any = model
-    for part in str(node.target).split("."):
-        value = getattr(value, part)
-    return value  # type: ignore[no-any-return]
+    value = fetch_attr(model, str(node.target))
+    assert isinstance(value, torch.Tensor)
+    return value
 
 
 def _flat_inputs(model: fx.GraphModule, batch: object) -> list[Any]:
