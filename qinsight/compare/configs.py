@@ -32,7 +32,7 @@ from qinsight.core.comparison import (
 )
 from qinsight.core.errors import InvalidParameterError
 from qinsight.distributed import current_shard
-from qinsight.frontends import batch_arguments, eval_mode, model_structure, run_batch
+from qinsight.frontends import batch_arguments, eval_mode, model_structure, run_batch, separate_shared_calls
 
 
 def _example_inputs(batch: object) -> tuple[Any, ...]:
@@ -53,7 +53,7 @@ def prepare_config(
         from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
         exported = torch.export.export(copy.deepcopy(model).eval(), example_inputs, dynamic_shapes=dynamic_shapes).module()
-        return prepare_pt2e(exported, config), True
+        return prepare_pt2e(separate_shared_calls(exported), config), True
     raise InvalidParameterError("compare_configs", "configs", type(config).__name__, "a QConfigMapping or a torchao Quantizer per name")
 
 

@@ -18,6 +18,7 @@ taps and recompiles, which gives back the same graph and code.
 from __future__ import annotations
 
 import itertools
+import pydoc
 from collections.abc import Callable, Sequence
 
 import torch
@@ -170,6 +171,39 @@ def exported_op_names(model: fx.GraphModule) -> dict[fx.Node, str]:
         counts[owner, op] = index + 1
         names[node] = f"{owner}.{op}#{index}" if owner else f"{op}#{index}"
     return names
+
+
+def separate_shared_calls(model: fx.GraphModule) -> fx.GraphModule:
+    """Give each call of a module called more than once (one ``nn.ReLU`` reused) its own source partition.
+
+    torchao's quantizers group an exported graph's nodes by the module that made
+    them (``get_source_partitions``), so every call of a shared module lands in
+    one partition with several outputs, and X86InductorQuantizer's conv/linear
+    fusions raise "Input partition has more than one output node"
+    (pytorch/ao#4478; torchvision's ResNet blocks share their ReLU). Each call
+    already has its own ``nn_module_stack`` key (``relu``, ``relu@1``...): it
+    becomes the node's ``source_fn_stack``, which the partitioning reads first.
+    Module names are untouched. Returns ``model``, changed in place.
+    """
+    def innermost(node: fx.Node) -> tuple[str, str, object] | None:
+        stack = node.meta.get("nn_module_stack") if node.op == "call_function" else None
+        if not stack or node.meta.get("source_fn_stack") is not None:
+            return None
+        key, (fqn, cls) = list(stack.items())[-1]
+        return key, fqn, cls
+
+    keys: dict[str, set[str]] = {}
+    for node in model.graph.nodes:
+        if (found := innermost(node)) is not None:
+            keys.setdefault(found[1], set()).add(found[0])
+    for node in model.graph.nodes:
+        found = innermost(node)
+        if found is None or len(keys[found[1]]) < 2:
+            continue
+        cls = pydoc.locate(found[2]) if isinstance(found[2], str) else found[2]
+        if isinstance(cls, type):
+            node.meta["source_fn_stack"] = [(found[0], cls)]
+    return model
 
 
 def exported_sites(model: nn.Module) -> list[fx.Node]:
@@ -336,7 +370,7 @@ def _quantized_by_pt2e(model: fx.GraphModule) -> set[fx.Node] | None:
     except ImportError:
         return None
     quantizer = x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
-    quantizer.annotate(model)  # on the graph itself, then cleaned: no copy of the weights
+    quantizer.annotate(separate_shared_calls(model))  # on the graph itself, then cleaned: no copy of the weights
     annotated = {node for node in model.graph.nodes if node.meta.pop("quantization_annotation", None) is not None}
     return annotated
 

@@ -33,7 +33,7 @@ import torch
 from torch import fx
 
 from qinsight.core.errors import MissingExtraError
-from qinsight.frontends import exported_op_names, exported_sites, layer_name
+from qinsight.frontends import exported_op_names, exported_sites, layer_name, separate_shared_calls
 from qinsight.core.sites import OpSite, WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 
@@ -116,7 +116,7 @@ def _honouring(inner: Any, sites: tuple[OpSite, ...], suggestions: tuple[QuantSu
             return result
 
         def annotate(self, model: fx.GraphModule) -> fx.GraphModule:
-            self.inner.annotate(model)
+            self.inner.annotate(separate_shared_calls(model))  # a reused nn.ReLU would make it raise
             found = strip_annotations(model, float_ops)
             missed = sorted(_unannotated_layers(model, quantized_layers)) + sorted(float_ops - found)
             self.unhonoured = tuple(missed)
