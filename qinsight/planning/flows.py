@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -23,7 +23,7 @@ from torch import fx, nn
 from qinsight.compare.configs import convert_prepared, prepare_config
 from qinsight.core.errors import FrontendError, InvalidParameterError
 from qinsight.core.sites import OpSite
-from qinsight.core.suggestions import QuantSuggestion
+from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 from qinsight.frontends import (
     batch_arguments,
     classify,
@@ -37,6 +37,8 @@ from qinsight.frontends import (
 from qinsight.outputs.pt2e import advice_quantizer
 from qinsight.outputs.qconfig import advice_mapping
 from qinsight.planning.simulate import (
+    EdgeRule,
+    Mode,
     Owners,
     Simulation,
     WeightSwap,
@@ -111,7 +113,12 @@ class Flow:
             warnings.simplefilter("ignore")
             prepared = self._prepared((), example)
         _calibrate(prepared, calibration)
-        return Simulation(prepared, self.owners(prepared, example), self.weights(prepared), self.dynamic_max)
+        rule = self.edge_rule(prepared)  # from the graph as prepared, before the switches go in
+        return Simulation(prepared, self.owners(prepared, example), self.weights(prepared), self.dynamic_max, rule)
+
+    def edge_rule(self, prepared: fx.GraphModule) -> EdgeRule | None:
+        """The flow's own answer to which edges it quantizes under each config, where asking is cheap."""
+        return None
 
 
 class FxFlow(Flow):
@@ -246,6 +253,33 @@ class Pt2eFlow(Flow):
     def config(self, suggestions: tuple[QuantSuggestion, ...]) -> object:
         return advice_quantizer(self.sites, suggestions)
 
+    def edge_rule(self, prepared: fx.GraphModule) -> EdgeRule:
+        """The quantizer itself, asked again for each config: whether an edge is quantized depends on
+        the neighbours (X86InductorQuantizer quantizes an add only fused with a quantized conv, a pool
+        only after a quantized op), which no per-edge ownership captures. Annotating the prepared
+        graph without its observers takes milliseconds."""
+        bare = _without_observers(prepared)
+
+        def quantized_edges(modes: Mapping[str, Mode]) -> dict[tuple[str, str], Mode]:
+            for node in bare.graph.nodes:
+                node.meta.pop(_ANNOTATION, None)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # sites the quantizer cannot honour were said with the report
+                self.config(mode_suggestions(modes)).annotate(bare)  # type: ignore[attr-defined]
+            edges: dict[tuple[str, str], Mode] = {}
+            for node in bare.graph.nodes:
+                annotation = node.meta.get(_ANNOTATION)
+                for source, spec in getattr(annotation, "input_qspec_map", {}).items():
+                    if spec is not None:  # a bias the quantizer leaves in float
+                        edges[source.name, node.name] = _spec_mode(spec)
+                output = getattr(annotation, "output_qspec", None)
+                if output is not None:
+                    for user in node.users:
+                        edges.setdefault((node.name, user.name), _spec_mode(output))
+            return edges
+
+        return quantized_edges
+
     def owners(self, model: fx.GraphModule, example: tuple[Any, ...]) -> Callable[[fx.Node], Owners]:
         names = {node: name for node, name in exported_op_names(model).items() if name in self.names}
         names.update({node: layer_name(node, model) for node in exported_sites(model)})
@@ -263,6 +297,34 @@ class Pt2eFlow(Flow):
             return Owners(producer, consumers, weight=source.op == "get_attr")
 
         return owners
+
+
+def mode_suggestions(modes: Mapping[str, Mode]) -> tuple[QuantSuggestion, ...]:
+    """The advice that runs sites in ``modes``: float sites kept float, dynamic ones made dynamic."""
+    return tuple(
+        QuantSuggestion(fqn=site, keep_float=True, sources=("qinsight.plan",)) if mode is Mode.FLOAT
+        else QuantSuggestion(fqn=site, activation=ActivationMode.DYNAMIC, sources=("qinsight.plan",))
+        for site, mode in sorted(modes.items(), key=lambda item: item[0])
+        if mode is not Mode.STATIC
+    )
+
+
+def _spec_mode(spec: object) -> Mode:
+    return Mode.DYNAMIC if getattr(spec, "is_dynamic", False) else Mode.STATIC
+
+
+def _without_observers(prepared: fx.GraphModule) -> fx.GraphModule:
+    """A copy of the prepared graph's nodes (same names and metadata, shared weights) with every
+    observer bypassed: the graph the quantizer annotated."""
+    graph = fx.Graph()
+    output = graph.graph_copy(prepared.graph, {})
+    graph.output(output)
+    observers = observer_types()
+    for node in list(graph.nodes):
+        if node.op == "call_module" and isinstance(prepared.get_submodule(str(node.target)), observers):
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+    return fx.GraphModule(prepared, graph)
 
 
 def flow_for(name: str, model: nn.Module, sites: tuple[OpSite, ...], backend: str) -> Flow:

@@ -157,13 +157,17 @@ class Simulation:
         owners: Callable[[fx.Node], Owners],
         weights: Mapping[str, WeightSwap],
         dynamic_max: int = 255,
+        edge_rule: EdgeRule | None = None,
     ) -> None:
         self.model = model
         self.weights = dict(weights)
         self.switches: dict[fx.Node, tuple[Switch, Owners]] = {}
+        self.edge_rule = edge_rule
         observers = observer_types()
         _out_of_place(model)
         _one_observer_per_edge(model, observers)
+        chain = set(_observer_nodes(model, observers))
+        self._edges = {node: _edge(node, chain) for node in chain}
         for node in list(model.graph.nodes):
             if node.op != "call_module" or not isinstance(model.get_submodule(str(node.target)), observers):
                 continue
@@ -172,34 +176,47 @@ class Simulation:
             switch.dynamic_max = dynamic_max
             if who.weight and not switch.passthrough:
                 switch.constant = switch.quantize(_constant(model, node.args[0]))
-            name = f"{str(node.target)}_switch"
+            name = f"{node.name}_switch"  # one per node: the copies of a shared observer switch apart
             model.add_module(name, switch)
             node.target = name
             self.switches[node] = (switch, who)
         model.recompile()
         self.nodes = list(model.graph.nodes)
         self.sites = sorted({site for _, who in self.switches.values() for site in who.sites} | set(self.weights))
-        self._starts: dict[str, list[fx.Node]] = {}
-        for node, (_, who) in self.switches.items():
-            for site in who.sites:
-                self._starts.setdefault(site, []).append(node)
-        for node in self.nodes:
-            if node.op == "call_module" and str(node.target) in self.weights:
-                self._starts.setdefault(str(node.target), []).append(node)
-        self._downstream: dict[frozenset[str], set[fx.Node]] = {}
+        self._weight_users = {
+            str(node.target): node for node in self.nodes if node.op == "call_module" and str(node.target) in self.weights
+        }
+        self._decided: dict[frozenset[tuple[str, Mode]], dict[fx.Node, Mode]] = {}
+        self._downstream: dict[frozenset[fx.Node], set[fx.Node]] = {}
         self.evaluations = 0.0  # in whole forwards over the data: a partial run counts its share of nodes
 
+    def switch_modes(self, modes: Mapping[str, Mode]) -> dict[fx.Node, Mode]:
+        """Each switch's mode when the sites run in ``modes``: the flow's own answer where it has one
+        (``edge_rule``: PT2E's quantizer, asked again), else the owners' rule."""
+        key = frozenset(modes.items())
+        found = self._decided.get(key)
+        if found is None:
+            if self.edge_rule is None:
+                found = {node: who.mode(modes) for node, (_, who) in self.switches.items()}
+            else:
+                edges = self.edge_rule(modes)
+                found = {node: edges.get(self._edges[node], Mode.FLOAT) for node in self.switches}
+            if len(self._decided) > 1024:  # a search asks for a few hundred configs; bound it anyway
+                self._decided.clear()
+            self._decided[key] = found
+        return found
+
     def configure(self, modes: Mapping[str, Mode]) -> None:
-        for switch, who in self.switches.values():
-            switch.mode = who.mode(modes)
+        for node, mode in self.switch_modes(modes).items():
+            self.switches[node][0].mode = mode
         for site, (holder, float_weight, quantized) in self.weights.items():
             holder.weight.data = float_weight if modes.get(site, Mode.STATIC) is Mode.FLOAT else quantized
 
-    def downstream(self, sites: Iterable[str]) -> set[fx.Node]:
-        key = frozenset(sites)
+    def downstream(self, starts: Iterable[fx.Node]) -> set[fx.Node]:
+        key = frozenset(starts)
         if key not in self._downstream:
             found: set[fx.Node] = set()
-            stack = [node for site in key for node in self._starts.get(site, [])]
+            stack = list(key)
             while stack:
                 node = stack.pop()
                 if node not in found:
@@ -217,9 +234,14 @@ class Simulation:
     def run_changed(self, modes: Mapping[str, Mode], before: Run) -> Run:
         """The batches of ``before`` under ``modes``, recomputing only what the sites whose mode
         changed reach (the rest is ``before``'s values)."""
-        changed = {site for site in set(modes) | set(before.modes) if modes.get(site) != before.modes.get(site)}
+        was, now = self.switch_modes(before.modes), self.switch_modes(modes)
+        starts = [node for node in self.switches if was[node] is not now[node]]
+        starts += [
+            node for site, node in self._weight_users.items()
+            if (modes.get(site, Mode.STATIC) is Mode.FLOAT) != (before.modes.get(site, Mode.STATIC) is Mode.FLOAT)
+        ]
         self.configure(modes)
-        recompute = self.downstream(changed)
+        recompute = self.downstream(starts)
         self.evaluations += len(recompute) / max(len(self.nodes), 1)
         return Run(dict(modes), [self._interpret(None, recompute, values) for values in before.values])
 
@@ -287,6 +309,32 @@ def _one_observer_per_edge(model: fx.GraphModule, observers: tuple[type, ...]) -
             with model.graph.inserting_after(node):
                 copy = model.graph.call_module(str(node.target), node.args)
             user.replace_input_with(node, copy)
+
+
+EdgeRule = Callable[[Mapping[str, Mode]], Mapping[tuple[str, str], Mode]]
+"""A flow's own answer to "which edges does it quantize when the sites run in these modes": the
+mode of each quantized edge, by (producing node, consuming node) names; edges not named stay float."""
+
+
+def _observer_nodes(model: fx.GraphModule, observers: tuple[type, ...]) -> list[fx.Node]:
+    return [
+        node for node in model.graph.nodes
+        if node.op == "call_module" and isinstance(model.get_submodule(str(node.target)), observers)
+    ]
+
+
+def _edge(observer: fx.Node, chain: set[fx.Node]) -> tuple[str, str]:
+    """The (producer, consumer) node names of the edge an observer node sits on, through observer
+    chains (an output observer followed by a consumer's input observer)."""
+    source = observer
+    while source in chain:
+        first = source.args[0]
+        assert isinstance(first, fx.Node)
+        source = first
+    consumer = observer
+    while consumer in chain and consumer.users:
+        consumer = next(iter(consumer.users))
+    return source.name, consumer.name if consumer not in chain else ""
 
 
 def observer_types() -> tuple[type, ...]:
