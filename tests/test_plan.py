@@ -164,6 +164,29 @@ def test_the_measured_sensitivity_agrees_with_brute_force(
     assert worst == names[min(range(len(names)), key=simulated.__getitem__)]  # the residual adds
 
 
+def test_pt2e_leave_one_float_simulated_is_the_real_flow_bit_for_bit() -> None:
+    """MobileNetV2, real weights: keeping a conv in float changes which edges X86InductorQuantizer
+    quantizes (a conv + add fusion, an expansion conv fed by a residual stream); the simulation asks
+    the quantizer again, so each config scores what one real prepare/calibrate/convert does.
+    tests/benchmarks/bench_plan.py does all 53 layers: Spearman 1.0 against brute force."""
+    pytest.importorskip("torchao")
+    from _support import mobilenet_v2_or_skip, photo_crops
+
+    model = mobilenet_v2_or_skip()
+    calibration, held_out = photo_crops(8, seed=1), photo_crops(8, seed=2)
+    report = qinsight.diagnose(model, calibration)
+    planned = flow_for("pt2e", model, report.sites, "x86")
+    planned.shapes_from(calibration + held_out)
+    sim = planned.simulation(calibration)
+    everything = {site: Mode.STATIC for site in sim.sites}
+    quantized = sim.run(everything, held_out)
+    for site in ("features.3.conv.2", "features.9.conv.0.0", "classifier.1"):
+        simulated = sim.run_changed({**everything, site: Mode.FLOAT}, quantized).outputs
+        real = _outputs(planned.quantize((QuantSuggestion(fqn=site, keep_float=True),), calibration), held_out)
+        assert sqnr(torch.cat(real), torch.cat(simulated)) > 80.0, site
+        assert not torch.equal(torch.cat(simulated), torch.cat(quantized.outputs))  # the change is seen
+
+
 def test_a_plan_is_never_worse_than_the_default_and_a_budget_keeps_at_most_n_sites_float(
     residual: tuple[nn.Module, list[Any], list[Any], qinsight.Report]
 ) -> None:

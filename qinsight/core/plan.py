@@ -136,6 +136,7 @@ class SiteSensitivity:
     gain: float = attrs.field(validator=_finite_or_nan)
 
 
+STEP_MODES = ("", "static", "dynamic")
 STAGES = ("start", "curve", "refine", "budget")
 
 
@@ -149,7 +150,10 @@ class PlanStep:
     ``"refine"``: a later site tried alone on top of that prefix, ``kept`` if
     the target still held (else it stays in float); ``"budget"``: one more
     site in float, for ``float<=N`` targets. ``quantized_fraction`` is the
-    share of layer parameters quantized at that point.
+    share of layer parameters quantized at that point. ``mode`` is what the
+    step made of the site: ``"dynamic"`` (a Linear's weights int8, its input
+    quantized per batch) or ``"static"``; a Linear can take both steps, dynamic
+    first. ``""``: the mode its suggestions give (files before 1.8).
     """
 
     fqn: str
@@ -157,6 +161,7 @@ class PlanStep:
     kept: bool
     quantized_fraction: float = attrs.field(validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)])
     stage: str = attrs.field(default="curve", validator=attrs.validators.in_(STAGES))
+    mode: str = attrs.field(default="", validator=attrs.validators.in_(STEP_MODES))
 
 
 @attrs.frozen(kw_only=True)

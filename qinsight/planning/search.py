@@ -39,8 +39,8 @@ from qinsight.core.report import Report
 from qinsight.core.sites import OpSite
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.frontends import classify, eval_mode, run_batch
-from qinsight.planning.checks import check_suggestions
-from qinsight.planning.flows import Flow, flow_for
+from qinsight.planning.checks import check_suggestions, mode_of
+from qinsight.planning.flows import Flow, flow_for, mode_suggestions
 from qinsight.planning.scores import MetricFunction, Scorer
 from qinsight.planning.simulate import Mode, Run, Simulation
 
@@ -117,9 +117,10 @@ def plan(
         sim, lambda run: scorer(run.outputs), report.suggestions, default, evaluation, goal.higher_is_better or goal.is_budget
     )
     sensitivities, noise, quantized_run, float_run = _sensitivities(search, start, evaluation)
+    dynamic_noise = _dynamic_noise(search, start, float_run, noise)
     kept = tuple(s for s in report.suggestions if any(c.fqn == s.fqn and c.kept for c in checks))
     default_score = scorer(_outputs(flow_impl.quantize((), calibration), evaluation))
-    steps, modes = _choose(search, goal, start, float_run, quantized_run, noise)
+    steps, modes = _choose(search, goal, start, float_run, quantized_run, noise, dynamic_noise)
     modes, verified, notes = _verified(flow_impl, calibration, evaluation, scorer, goal, kept, start, steps, modes)
     suggestions = _advice(kept, modes)
     if _worse(verified, default_score, goal):
@@ -196,40 +197,96 @@ def _sensitivities(
     return tuple(found), noise, quantized_run, float_run
 
 
+def _dynamic_noise(search: _Search, start: dict[str, Mode], float_run: Run, noise: Mapping[str, float]) -> dict[str, float]:
+    """For each Linear that starts static, the output noise with it alone quantized dynamically, where
+    that is less than static: those get a step to dynamic (weights int8, the input per batch) before
+    the step to static. One partial run each, from the all-float run."""
+    everything_float = {site: Mode.FLOAT for site in search.candidates}
+    found = {}
+    linears = [site for site in search.candidates if search.kinds.get(site) == "linear" and start[site] is Mode.STATIC]
+    for done, site in enumerate(linears):
+        search.progress("measuring dynamic Linears", done, len(linears))
+        alone = search.sim.run_changed({**everything_float, site: Mode.DYNAMIC}, float_run).outputs
+        dynamic = search.scorer.noise(alone)
+        if dynamic < noise[site]:
+            found[site] = dynamic
+    return found
+
+
+Move = tuple[str, Mode]  # a site, and the mode a search step gives it
+
+
+def _moves(search: _Search, start: dict[str, Mode], noise: Mapping[str, float], dynamic_noise: Mapping[str, float]) -> list[Move]:
+    """Every step down from float, in order of the output noise it adds (measured alone) per weight
+    parameter it quantizes: a Linear with a dynamic step takes it first (all its weights), then the
+    step to static (no more weights: ordered by its extra noise, after the weight-bearing steps)."""
+    keyed: list[tuple[float, int, Move]] = []
+    for site in search.candidates:
+        if start[site] is Mode.FLOAT:
+            continue
+        weights = search.parameters[site] + 1
+        if site in dynamic_noise:
+            first = dynamic_noise[site] / weights
+            keyed.append((first, len(keyed), (site, Mode.DYNAMIC)))
+            keyed.append((max(first, noise[site] - dynamic_noise[site]), len(keyed), (site, Mode.STATIC)))
+        else:
+            keyed.append((noise[site] / weights, len(keyed), (site, start[site])))
+    return [move for _, _, move in sorted(keyed)]
+
+
 def _choose(
-    search: _Search, goal: Target, start: dict[str, Mode], float_run: Run, quantized_run: Run, noise: Mapping[str, float]
+    search: _Search,
+    goal: Target,
+    start: dict[str, Mode],
+    float_run: Run,
+    quantized_run: Run,
+    noise: Mapping[str, float],
+    dynamic_noise: Mapping[str, float],
 ) -> tuple[tuple[PlanStep, ...], dict[str, Mode]]:
-    """The curve, then the refinement: sites in order of least noise per parameter are quantized one
-    by one from all in float, each prefix scored; the longest prefix that meets the target is kept,
-    and each site after it is tried alone on top and kept if the target still holds."""
+    """The curve, then the refinement: the steps of :func:`_moves` are taken one by one from all in
+    float, each prefix scored; the longest prefix that meets the target is kept, and each step after
+    it is tried alone on top and kept if the target still holds."""
     if goal.is_budget:
         return _within_budget(search, int(goal.threshold), start, quantized_run, noise)
-    fixed = {site for site, mode in start.items() if mode is Mode.FLOAT}
-    order = sorted((s for s in search.candidates if s not in fixed), key=lambda s: noise[s] / (search.parameters[s] + 1))
+    moves = _moves(search, start, noise, dynamic_noise)
     modes = {site: Mode.FLOAT for site in search.candidates}
     run = float_run
     steps = [PlanStep(fqn="", score=search.scorer(run.outputs), kept=True, quantized_fraction=search.fraction(modes), stage="start")]
     curve = []
-    for done, site in enumerate(order):
-        search.progress("scoring the curve", done, len(order))
-        modes = {**modes, site: start[site]}
+    for done, (site, mode) in enumerate(moves):
+        search.progress("scoring the curve", done, len(moves))
+        modes = {**modes, site: mode}
         run = search.sim.run_changed(modes, run)
-        curve.append(PlanStep(fqn=site, score=search.scorer(run.outputs), kept=True, quantized_fraction=search.fraction(modes), stage="curve"))
+        curve.append(_step(search, site, mode, search.scorer(run.outputs), modes, "curve"))
     met = [index for index, step in enumerate(curve) if goal.met(step.score)]
     longest = met[-1] + 1 if met else 0
     steps += [attrs.evolve(step, kept=index < longest) for index, step in enumerate(curve)]
-    modes = {**{site: Mode.FLOAT for site in search.candidates}, **{site: start[site] for site in order[:longest]}}
+    modes = _taken({site: Mode.FLOAT for site in search.candidates}, moves[:longest])
     run = search.sim.run_changed(modes, run)
-    for done, site in enumerate(order[longest:]):
-        search.progress("refining", done, len(order) - longest)
-        trial = {**modes, site: start[site]}
+    for done, (site, mode) in enumerate(moves[longest:]):
+        search.progress("refining", done, len(moves) - longest)
+        if mode is Mode.STATIC and site in dynamic_noise and modes[site] is not Mode.DYNAMIC:
+            continue  # its step to dynamic was not kept
+        trial = {**modes, site: mode}
         trial_run = search.sim.run_changed(trial, run)
         score = search.scorer(trial_run.outputs)
         kept = goal.met(score)
         if kept:
             modes, run = trial, trial_run
-        steps.append(PlanStep(fqn=site, score=score, kept=kept, quantized_fraction=search.fraction(modes), stage="refine"))
+        steps.append(attrs.evolve(_step(search, site, mode, score, modes, "refine"), kept=kept))
     return tuple(steps), modes
+
+
+def _step(search: _Search, site: str, mode: Mode, score: float, modes: Mapping[str, Mode], stage: str) -> PlanStep:
+    return PlanStep(fqn=site, score=score, kept=True, quantized_fraction=search.fraction(modes), stage=stage, mode=mode.value)
+
+
+def _taken(modes: Mapping[str, Mode], moves: Iterable[Move]) -> dict[str, Mode]:
+    """``modes`` after ``moves``, in order (a Linear's static step overrides its dynamic one)."""
+    result = dict(modes)
+    for site, mode in moves:
+        result[site] = mode
+    return result
 
 
 def _within_budget(
@@ -270,11 +327,11 @@ def _verified(
     verified = real(modes)
     if goal.is_budget or goal.met(verified) or not goal.met(_best_score(steps)):
         return modes, verified, []
-    taken = [step.fqn for step in steps if step.fqn and step.kept]
-    floats = {site: Mode.FLOAT for site in taken}
+    taken = [(step.fqn, Mode(step.mode) if step.mode else start[step.fqn]) for step in steps if step.fqn and step.kept]
+    floats = {site: Mode.FLOAT for site, _ in taken}
 
     def prefix(n: int) -> dict[str, Mode]:
-        return {**modes, **floats, **{site: start[site] for site in taken[:n]}}
+        return _taken({**modes, **floats}, taken[:n])
 
     low, high, best = 0, len(taken), math.nan  # prefix(low) is assumed to reach the target, prefix(high) does not
     while high - low > 1:
@@ -287,17 +344,18 @@ def _verified(
     if math.isnan(best):
         best = real(prefix(low))
     note = (
-        f"the real flow scored {verified:.4g} where the simulation reached the target: "
-        f"{len(taken) - low} of the {len(taken)} sites the search quantized are kept in float after bisecting for real"
+        f"the real flow scored {verified:.6g} where the simulation reached the target: "
+        f"{len(taken) - low} of the {len(taken)} steps the search took are undone after bisecting for real"
     )
     return prefix(low), best, [note]
 
 
 def _advice(kept: tuple[QuantSuggestion, ...], modes: Mapping[str, Mode]) -> tuple[QuantSuggestion, ...]:
-    """The kept suggestions and one keep-float suggestion per site the plan leaves in float."""
-    floats = [site for site, mode in modes.items() if mode is Mode.FLOAT]
-    planned = [QuantSuggestion(fqn=site, keep_float=True, sources=("qinsight.plan",)) for site in floats]
-    return tuple(s for s in kept if s.fqn not in set(floats)) + tuple(planned)
+    """The kept suggestions, and the plan's own for each site it runs otherwise than they say
+    (kept in float, or a Linear made dynamic)."""
+    said = {s.fqn: mode_of(s) for s in kept}
+    moved = {site: mode for site, mode in modes.items() if mode is not Mode.STATIC and said.get(site, Mode.STATIC) is not mode}
+    return tuple(s for s in kept if s.fqn not in moved) + mode_suggestions(moved)
 
 
 def _best_score(steps: Sequence[PlanStep]) -> float:
