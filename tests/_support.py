@@ -57,6 +57,18 @@ class TwiceLinear(nn.Module):
         return self.out(self.shared(torch.relu(self.shared(x))))
 
 
+class DataDependent(nn.Module):
+    """Control flow on a value: neither FX tracing nor torch.export can follow it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fc(x) if x.sum() > 0 else -self.fc(x)
+        return out
+
+
 def seeded(model: nn.Module, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     for p in model.parameters():

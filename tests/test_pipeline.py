@@ -127,14 +127,7 @@ def test_module_called_twice_is_observed_on_every_call() -> None:
 
 
 def test_untraceable_model_is_a_frontend_error() -> None:
-    class DataDependent(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc = nn.Linear(4, 4)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = self.fc(x) if x.sum() > 0 else -self.fc(x)
-            return out
+    from _support import DataDependent
 
     with pytest.raises(FrontendError, match=r"DataDependent cannot be FX-traced"):
         qinsight.diagnose(DataDependent(), [torch.randn(2, 4)], frontend="fx")

@@ -7,8 +7,9 @@
   records in ``node_name_to_scope``); an edge belongs to the site producing it
   and the sites consuming it.
 - PT2E: the advice is a torchao quantizer (:func:`~qinsight.outputs.pt2e.advice_quantizer`);
-  nodes are named by the exported frontend; an edge belongs to whoever's
-  annotation asked for it (a consumer's input spec, a producer's output spec).
+  nodes are named by the exported frontend; which edges are quantized under a
+  config is the quantizer's own answer, asked again on the prepared graph
+  without its observers (a consumer's input spec, a producer's output spec).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@
    (all quantized, all float) and recompute only what the site reaches.
 3. **Search.** From every candidate in float, sites are quantized in order of
    least output noise (measured alone) per parameter, each prefix scored: the
-   quality-vs-fraction-quantized curve. The longest prefix that meets the
+   quality-vs-fraction-quantized curve. A Linear that adds less noise dynamic
+   than static steps to dynamic first, to static later. The longest prefix that meets the
    target is kept; each later site is then tried alone on top of it and kept
    if the target still holds. Choosing on the whole curve rather than
    stopping at the first miss keeps a coarse metric (top-1 agreement on a

@@ -4,14 +4,14 @@ A prepared graph (``prepare_fx`` or ``prepare_pt2e``), calibrated once, holds
 an observer on every edge the flow quantizes. Each observer is replaced by a
 :class:`Switch` that fake-quantizes with the observer's qparams (or per batch,
 for a dynamic site) or passes the value through; weights get their
-quantized-dequantized copy, swapped in or out. Which switches are on follows
-from which sites are quantized, the way the flows decide it: an edge stays
-quantized while any site that owns it is quantized (its producer's output or
-a consumer's input), so keeping one site in float between two quantized ones
-changes only its own weight, as in the real flows. Who owns an edge is read
-from the quantizer's annotations in a PT2E graph, and from the graph's shape
-in an FX one (the producing site and the consuming ones, through ops that are
-no sites, such as a flatten).
+quantized-dequantized copy, swapped in or out. An observer read by several
+consumers becomes one switch per consumer. Which switches are on follows from
+which sites are quantized, the way the flows decide it: where the flow can be
+asked cheaply (PT2E: its quantizer annotates the graph again), by an
+:data:`EdgeRule`; else an edge stays quantized while any site that owns it is
+quantized (its producer's output or a consumer's input), owners read from the
+graph's shape (FX: the producing site and the consuming ones, through ops
+that are no sites, such as a flatten).
 
 Runs are graph interpretations that can start where a change starts: the
 values of every node under one configuration are cached, and a configuration
