@@ -4,7 +4,7 @@ quantization, and a model that reuses one nn.ReLU, as torchvision's ResNets do."
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
@@ -27,7 +27,9 @@ def _batches(images: torch.Tensor, size: int) -> list[torch.Tensor]:
     return list(images.split(size))
 
 
-def _accuracy_metric(labels: torch.Tensor):  # type: ignore[no-untyped-def]
+def _accuracy_metric(labels: torch.Tensor) -> Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], float]:
+    """The metric a user with labels passes: accuracy of the quantized model's argmax (evaluation order)."""
+
     def accuracy(_float: Sequence[torch.Tensor], quantized: Sequence[torch.Tensor]) -> float:
         return float((torch.cat([out.argmax(dim=1) for out in quantized]) == labels).double().mean())
 

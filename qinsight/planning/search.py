@@ -9,12 +9,12 @@
 3. **Search.** From every candidate in float, sites are quantized in order of
    least output noise (measured alone) per parameter, each prefix scored: the
    quality-vs-fraction-quantized curve. A Linear that adds less noise dynamic
-   than static steps to dynamic first, to static later. The longest prefix that meets the
-   target is kept; each later site is then tried alone on top of it and kept
-   if the target still holds. Choosing on the whole curve rather than
-   stopping at the first miss keeps a coarse metric (top-1 agreement on a
-   few dozen samples, where one sample flips a step) from ending the search
-   early. The budget form (``float<=N``) keeps in float the N sites whose
+   than static steps to dynamic first, to static later. The longest prefix
+   that meets the target is kept; each later step is then tried alone on top
+   of it and kept if the target still holds. Choosing on the whole curve
+   rather than stopping at the first miss keeps a coarse metric (top-1
+   agreement on a few dozen samples, where one sample flips a step) from
+   ending the search early. The budget form (``float<=N``) keeps in float the N sites whose
    quantization alone costs most, and takes the best prefix.
 4. **Verification.** The plan's config and the flow's default are quantized
    for real (prepare, calibrate, convert) and scored. Where the real score

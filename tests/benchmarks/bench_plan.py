@@ -83,7 +83,7 @@ def main() -> None:
     print(file=sys.stderr)
     brute_seconds = time.perf_counter() - began
 
-    print(f"{args.model}, {args.flow}, {len(sites)} layers, {metric} on {args.evaluation} held-out samples")
+    print(f"{args.model}, {args.flow}, {len(sites)} layers, {metric} on {len(scorer.rows)} held-out samples")
     print(f"default config: {default:.3f} for real, {base:.3f} simulated")
     print(f"simulated: {sim_seconds:.1f} s, {sim_forwards:.1f} evaluation forwards (bound 1.5 x (sites + 1) = {1.5 * (len(sites) + 1):.1f})")
     print(f"brute force: {brute_seconds:.1f} s ({len(sites) + 1} real quantizations)")
