@@ -6,16 +6,9 @@
 2. **Sensitivity.** Per candidate site: the score with only that site in
    float, and with only that site quantized. Both start from cached runs
    (all quantized, all float) and recompute only what the site reaches.
-3. **Search.** From every candidate in float, sites are quantized in order of
-   least output noise (measured alone) per parameter, each prefix scored: the
-   quality-vs-fraction-quantized curve. A Linear that adds less noise dynamic
-   than static steps to dynamic first, to static later. The longest prefix
-   that meets the target is kept; each later step is then tried alone on top
-   of it and kept if the target still holds. Choosing on the whole curve
-   rather than stopping at the first miss keeps a coarse metric (top-1
-   agreement on a few dozen samples, where one sample flips a step) from
-   ending the search early. The budget form (``float<=N``) keeps in float the N sites whose
-   quantization alone costs most, and takes the best prefix.
+3. **Search** (:mod:`.curve`): the quality-vs-fraction-quantized curve from
+   every candidate in float, the longest prefix that meets the target, then
+   each later step tried alone on top of it.
 4. **Verification.** The plan's config and the flow's default are quantized
    for real (prepare, calibrate, convert) and scored. Where the real score
    misses the target the simulation reached, the longest prefix of the
@@ -27,10 +20,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import attrs
 import torch
 from torch import nn
 
@@ -41,33 +33,14 @@ from qinsight.core.sites import OpSite
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.frontends import classify, eval_mode, run_batch
 from qinsight.planning.checks import check_suggestions, mode_of
+from qinsight.planning.curve import Progress, Search, choose, measure_dynamic_noise, taken
 from qinsight.planning.flows import Flow, flow_for, mode_suggestions
 from qinsight.planning.scores import MetricFunction, Scorer
-from qinsight.planning.simulate import Mode, Run, Simulation
-
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
+from qinsight.planning.simulate import Mode, Run
 
 
 def _quiet(_stage: str, _done: int, _total: int) -> None:
     return None
-
-
-@attrs.define
-class _Search:
-    """What every stage shares: the simulation, the scorer and each candidate's weight count."""
-
-    sim: Simulation
-    scorer: Scorer
-    candidates: list[str]
-    parameters: dict[str, int]
-    kinds: dict[str, str]
-    progress: Progress
-
-    def fraction(self, modes: Mapping[str, Mode]) -> float:
-        total = sum(self.parameters.values())
-        if total == 0:
-            return 1.0
-        return sum(n for site, n in self.parameters.items() if modes.get(site, Mode.STATIC) is not Mode.FLOAT) / total
 
 
 def plan(
@@ -112,16 +85,16 @@ def plan(
     names = {site.fqn for site in report.sites}
     candidates = [site for site in sim.sites if site in names]
     kinds = {site.fqn: site.kind.value for site in report.sites}
-    search = _Search(sim, scorer, candidates, _parameters(model, candidates), kinds, steps_of)
+    search = Search(sim, scorer, candidates, _parameters(model, candidates), kinds, steps_of)
     default = {site: Mode.STATIC for site in candidates}
     checks, start = check_suggestions(
         sim, lambda run: scorer(run.outputs), report.suggestions, default, evaluation, goal.higher_is_better or goal.is_budget
     )
     sensitivities, noise, quantized_run, float_run = _sensitivities(search, start, evaluation)
-    dynamic_noise = _dynamic_noise(search, start, float_run, noise)
+    dynamic_noise = measure_dynamic_noise(search, start, float_run, noise)
     kept = tuple(s for s in report.suggestions if any(c.fqn == s.fqn and c.kept for c in checks))
     default_score = scorer(_outputs(flow_impl.quantize((), calibration), evaluation))
-    steps, modes = _choose(search, goal, start, float_run, quantized_run, noise, dynamic_noise)
+    steps, modes = choose(search, goal, start, float_run, quantized_run, noise, dynamic_noise)
     modes, verified, notes = _verified(flow_impl, calibration, evaluation, scorer, goal, kept, start, steps, modes)
     suggestions = _advice(kept, modes)
     if _worse(verified, default_score, goal):
@@ -169,7 +142,7 @@ def _parameters(model: nn.Module, sites: list[str]) -> dict[str, int]:
 
 
 def _sensitivities(
-    search: _Search, start: dict[str, Mode], evaluation: Sequence[object]
+    search: Search, start: dict[str, Mode], evaluation: Sequence[object]
 ) -> tuple[tuple[SiteSensitivity, ...], dict[str, float], Run, Run]:
     """Each site alone in float and alone quantized; the output noise of each alone quantized (the
     search's order); the all-quantized and all-float runs later runs start from."""
@@ -198,115 +171,6 @@ def _sensitivities(
     return tuple(found), noise, quantized_run, float_run
 
 
-def _dynamic_noise(search: _Search, start: dict[str, Mode], float_run: Run, noise: Mapping[str, float]) -> dict[str, float]:
-    """For each Linear that starts static, the output noise with it alone quantized dynamically, where
-    that is less than static: those get a step to dynamic (weights int8, the input per batch) before
-    the step to static. One partial run each, from the all-float run."""
-    everything_float = {site: Mode.FLOAT for site in search.candidates}
-    found = {}
-    linears = [site for site in search.candidates if search.kinds.get(site) == "linear" and start[site] is Mode.STATIC]
-    for done, site in enumerate(linears):
-        search.progress("measuring dynamic Linears", done, len(linears))
-        alone = search.sim.run_changed({**everything_float, site: Mode.DYNAMIC}, float_run).outputs
-        dynamic = search.scorer.noise(alone)
-        if dynamic < noise[site]:
-            found[site] = dynamic
-    return found
-
-
-Move = tuple[str, Mode]  # a site, and the mode a search step gives it
-
-
-def _moves(search: _Search, start: dict[str, Mode], noise: Mapping[str, float], dynamic_noise: Mapping[str, float]) -> list[Move]:
-    """Every step down from float, in order of the output noise it adds (measured alone) per weight
-    parameter it quantizes: a Linear with a dynamic step takes it first (all its weights), then the
-    step to static (no more weights: ordered by its extra noise, after the weight-bearing steps)."""
-    keyed: list[tuple[float, int, Move]] = []
-    for site in search.candidates:
-        if start[site] is Mode.FLOAT:
-            continue
-        weights = search.parameters[site] + 1
-        if site in dynamic_noise:
-            first = dynamic_noise[site] / weights
-            keyed.append((first, len(keyed), (site, Mode.DYNAMIC)))
-            keyed.append((max(first, noise[site] - dynamic_noise[site]), len(keyed), (site, Mode.STATIC)))
-        else:
-            keyed.append((noise[site] / weights, len(keyed), (site, start[site])))
-    return [move for _, _, move in sorted(keyed)]
-
-
-def _choose(
-    search: _Search,
-    goal: Target,
-    start: dict[str, Mode],
-    float_run: Run,
-    quantized_run: Run,
-    noise: Mapping[str, float],
-    dynamic_noise: Mapping[str, float],
-) -> tuple[tuple[PlanStep, ...], dict[str, Mode]]:
-    """The curve, then the refinement: the steps of :func:`_moves` are taken one by one from all in
-    float, each prefix scored; the longest prefix that meets the target is kept, and each step after
-    it is tried alone on top and kept if the target still holds."""
-    if goal.is_budget:
-        return _within_budget(search, int(goal.threshold), start, quantized_run, noise)
-    moves = _moves(search, start, noise, dynamic_noise)
-    modes = {site: Mode.FLOAT for site in search.candidates}
-    run = float_run
-    steps = [PlanStep(fqn="", score=search.scorer(run.outputs), kept=True, quantized_fraction=search.fraction(modes), stage="start")]
-    curve = []
-    for done, (site, mode) in enumerate(moves):
-        search.progress("scoring the curve", done, len(moves))
-        modes = {**modes, site: mode}
-        run = search.sim.run_changed(modes, run)
-        curve.append(_step(search, site, mode, search.scorer(run.outputs), modes, "curve"))
-    met = [index for index, step in enumerate(curve) if goal.met(step.score)]
-    longest = met[-1] + 1 if met else 0
-    steps += [attrs.evolve(step, kept=index < longest) for index, step in enumerate(curve)]
-    modes = _taken({site: Mode.FLOAT for site in search.candidates}, moves[:longest])
-    run = search.sim.run_changed(modes, run)
-    for done, (site, mode) in enumerate(moves[longest:]):
-        search.progress("refining", done, len(moves) - longest)
-        if mode is Mode.STATIC and site in dynamic_noise and modes[site] is not Mode.DYNAMIC:
-            continue  # its step to dynamic was not kept
-        trial = {**modes, site: mode}
-        trial_run = search.sim.run_changed(trial, run)
-        score = search.scorer(trial_run.outputs)
-        kept = goal.met(score)
-        if kept:
-            modes, run = trial, trial_run
-        steps.append(attrs.evolve(_step(search, site, mode, score, modes, "refine"), kept=kept))
-    return tuple(steps), modes
-
-
-def _step(search: _Search, site: str, mode: Mode, score: float, modes: Mapping[str, Mode], stage: str) -> PlanStep:
-    return PlanStep(fqn=site, score=score, kept=True, quantized_fraction=search.fraction(modes), stage=stage, mode=mode.value)
-
-
-def _taken(modes: Mapping[str, Mode], moves: Iterable[Move]) -> dict[str, Mode]:
-    """``modes`` after ``moves``, in order (a Linear's static step overrides its dynamic one)."""
-    result = dict(modes)
-    for site, mode in moves:
-        result[site] = mode
-    return result
-
-
-def _within_budget(
-    search: _Search, budget: int, start: dict[str, Mode], quantized_run: Run, noise: Mapping[str, float]
-) -> tuple[tuple[PlanStep, ...], dict[str, Mode]]:
-    """At most ``budget`` sites in float: the costliest alone, one by one, and the best prefix."""
-    modes, run = dict(start), quantized_run
-    steps = [PlanStep(fqn="", score=search.scorer(run.outputs), kept=True, quantized_fraction=search.fraction(modes), stage="start")]
-    best, best_modes = steps[0].score, dict(modes)
-    for site in sorted((s for s in search.candidates if start[s] is not Mode.FLOAT), key=lambda s: -noise[s])[:budget]:
-        modes = {**modes, site: Mode.FLOAT}
-        run = search.sim.run_changed(modes, run)
-        score = search.scorer(run.outputs)
-        steps.append(PlanStep(fqn=site, score=score, kept=True, quantized_fraction=search.fraction(modes), stage="budget"))
-        if score > best:
-            best, best_modes = score, dict(modes)
-    return tuple(steps), best_modes
-
-
 def _verified(
     flow: Flow,
     calibration: Sequence[object],
@@ -328,13 +192,13 @@ def _verified(
     verified = real(modes)
     if goal.is_budget or goal.met(verified) or not goal.met(_best_score(steps)):
         return modes, verified, []
-    taken = [(step.fqn, Mode(step.mode) if step.mode else start[step.fqn]) for step in steps if step.fqn and step.kept]
-    floats = {site: Mode.FLOAT for site, _ in taken}
+    path = [(step.fqn, Mode(step.mode) if step.mode else start[step.fqn]) for step in steps if step.fqn and step.kept]
+    floats = {site: Mode.FLOAT for site, _ in path}
 
     def prefix(n: int) -> dict[str, Mode]:
-        return _taken({**modes, **floats}, taken[:n])
+        return taken({**modes, **floats}, path[:n])
 
-    low, high, best = 0, len(taken), math.nan  # prefix(low) is assumed to reach the target, prefix(high) does not
+    low, high, best = 0, len(path), math.nan  # prefix(low) is assumed to reach the target, prefix(high) does not
     while high - low > 1:
         middle = (low + high) // 2
         score = real(prefix(middle))
@@ -346,7 +210,7 @@ def _verified(
         best = real(prefix(low))
     note = (
         f"the real flow scored {verified:.6g} where the simulation reached the target: "
-        f"{len(taken) - low} of the {len(taken)} steps the search took are undone after bisecting for real"
+        f"{len(path) - low} of the {len(path)} steps the search took are undone after bisecting for real"
     )
     return prefix(low), best, [note]
 

@@ -1,0 +1,151 @@
+"""How a plan chooses what to quantize: the quality-vs-fraction-quantized curve and its refinement.
+
+Every step takes one site down from float (a Linear that adds less noise
+dynamic than static: to dynamic first, to static later), in order of the
+output noise it adds alone per weight parameter it quantizes. Each prefix of
+the steps is scored in the simulation; the longest prefix that meets the
+target is kept and each later step tried alone on top of it. The budget form
+(``float<=N``) keeps in float the N sites costliest alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import attrs
+
+from qinsight.core.plan import PlanStep, Target
+from qinsight.planning.scores import Scorer
+from qinsight.planning.simulate import Mode, Run, Simulation
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+@attrs.define
+class Search:
+    """What every stage shares: the simulation, the scorer and each candidate's weight count."""
+
+    sim: Simulation
+    scorer: Scorer
+    candidates: list[str]
+    parameters: dict[str, int]
+    kinds: dict[str, str]
+    progress: Progress
+
+    def fraction(self, modes: Mapping[str, Mode]) -> float:
+        total = sum(self.parameters.values())
+        if total == 0:
+            return 1.0
+        return sum(n for site, n in self.parameters.items() if modes.get(site, Mode.STATIC) is not Mode.FLOAT) / total
+
+
+def measure_dynamic_noise(search: Search, start: dict[str, Mode], float_run: Run, noise: Mapping[str, float]) -> dict[str, float]:
+    """For each Linear that starts static, the output noise with it alone quantized dynamically, where
+    that is less than static: those get a step to dynamic (weights int8, the input per batch) before
+    the step to static. One partial run each, from the all-float run."""
+    everything_float = {site: Mode.FLOAT for site in search.candidates}
+    found = {}
+    linears = [site for site in search.candidates if search.kinds.get(site) == "linear" and start[site] is Mode.STATIC]
+    for done, site in enumerate(linears):
+        search.progress("measuring dynamic Linears", done, len(linears))
+        alone = search.sim.run_changed({**everything_float, site: Mode.DYNAMIC}, float_run).outputs
+        dynamic = search.scorer.noise(alone)
+        if dynamic < noise[site]:
+            found[site] = dynamic
+    return found
+
+
+Move = tuple[str, Mode]  # a site, and the mode a search step gives it
+
+
+def steps_down(search: Search, start: dict[str, Mode], noise: Mapping[str, float], dynamic_noise: Mapping[str, float]) -> list[Move]:
+    """Every step down from float, in order of the output noise it adds (measured alone) per weight
+    parameter it quantizes: a Linear with a dynamic step takes it first (all its weights), then the
+    step to static (no more weights: ordered by its extra noise, after the weight-bearing steps)."""
+    keyed: list[tuple[float, int, Move]] = []
+    for site in search.candidates:
+        if start[site] is Mode.FLOAT:
+            continue
+        weights = search.parameters[site] + 1
+        if site in dynamic_noise:
+            first = dynamic_noise[site] / weights
+            keyed.append((first, len(keyed), (site, Mode.DYNAMIC)))
+            keyed.append((max(first, noise[site] - dynamic_noise[site]), len(keyed), (site, Mode.STATIC)))
+        else:
+            keyed.append((noise[site] / weights, len(keyed), (site, start[site])))
+    return [move for _, _, move in sorted(keyed)]
+
+
+def choose(
+    search: Search,
+    goal: Target,
+    start: dict[str, Mode],
+    float_run: Run,
+    quantized_run: Run,
+    noise: Mapping[str, float],
+    dynamic_noise: Mapping[str, float],
+) -> tuple[tuple[PlanStep, ...], dict[str, Mode]]:
+    """The curve, then the refinement: the steps of :func:`steps_down` are taken one by one from all in
+    float, each prefix scored; the longest prefix that meets the target is kept, and each step after
+    it is tried alone on top and kept if the target still holds."""
+    if goal.is_budget:
+        return within_budget(search, int(goal.threshold), start, quantized_run, noise)
+    moves = steps_down(search, start, noise, dynamic_noise)
+    modes = {site: Mode.FLOAT for site in search.candidates}
+    run = float_run
+    steps = [PlanStep(fqn="", score=search.scorer(run.outputs), kept=True, quantized_fraction=search.fraction(modes), stage="start")]
+    curve = []
+    for done, (site, mode) in enumerate(moves):
+        search.progress("scoring the curve", done, len(moves))
+        modes = {**modes, site: mode}
+        run = search.sim.run_changed(modes, run)
+        curve.append(_step(search, site, mode, search.scorer(run.outputs), modes, "curve"))
+    met = [index for index, step in enumerate(curve) if goal.met(step.score)]
+    longest = met[-1] + 1 if met else 0
+    steps += [attrs.evolve(step, kept=index < longest) for index, step in enumerate(curve)]
+    modes = taken({site: Mode.FLOAT for site in search.candidates}, moves[:longest])
+    run = search.sim.run_changed(modes, run)
+    for done, (site, mode) in enumerate(moves[longest:]):
+        search.progress("refining", done, len(moves) - longest)
+        if mode is Mode.STATIC and site in dynamic_noise and modes[site] is not Mode.DYNAMIC:
+            continue  # its step to dynamic was not kept
+        trial = {**modes, site: mode}
+        trial_run = search.sim.run_changed(trial, run)
+        score = search.scorer(trial_run.outputs)
+        kept = goal.met(score)
+        if kept:
+            modes, run = trial, trial_run
+        steps.append(attrs.evolve(_step(search, site, mode, score, modes, "refine"), kept=kept))
+    return tuple(steps), modes
+
+
+def _step(search: Search, site: str, mode: Mode, score: float, modes: Mapping[str, Mode], stage: str) -> PlanStep:
+    return PlanStep(fqn=site, score=score, kept=True, quantized_fraction=search.fraction(modes), stage=stage, mode=mode.value)
+
+
+def taken(modes: Mapping[str, Mode], moves: Iterable[Move]) -> dict[str, Mode]:
+    """``modes`` after ``moves``, in order (a Linear's static step overrides its dynamic one)."""
+    result = dict(modes)
+    for site, mode in moves:
+        result[site] = mode
+    return result
+
+
+def within_budget(
+    search: Search, budget: int, start: dict[str, Mode], quantized_run: Run, noise: Mapping[str, float]
+) -> tuple[tuple[PlanStep, ...], dict[str, Mode]]:
+    """At most ``budget`` sites in float: the costliest alone, one by one, and the best prefix."""
+    modes, run = dict(start), quantized_run
+    steps = [PlanStep(fqn="", score=search.scorer(run.outputs), kept=True, quantized_fraction=search.fraction(modes), stage="start")]
+    best, best_modes = steps[0].score, dict(modes)
+    for site in sorted((s for s in search.candidates if start[s] is not Mode.FLOAT), key=lambda s: -noise[s])[:budget]:
+        modes = {**modes, site: Mode.FLOAT}
+        run = search.sim.run_changed(modes, run)
+        score = search.scorer(run.outputs)
+        steps.append(PlanStep(fqn=site, score=score, kept=True, quantized_fraction=search.fraction(modes), stage="budget"))
+        if score > best:
+            best, best_modes = score, dict(modes)
+    return tuple(steps), best_modes
+
+
+__all__ = ["Move", "Progress", "Search", "choose", "measure_dynamic_noise", "steps_down", "taken", "within_budget"]
