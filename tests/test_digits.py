@@ -57,6 +57,17 @@ def test_a_reused_relu_gets_one_partition_per_call_and_names_stay(digits: Digits
     assert {node.name: dict(node.meta.get("nn_module_stack") or {}) for node in exported.graph.nodes} == before
 
 
+def test_diagnosing_the_exported_model_asks_torchao_and_leaves_its_graph_as_it_was(digits: Digits) -> None:
+    """The exported frontend asks X86InductorQuantizer which ops it quantizes: that raised on a reused
+    ReLU; now it answers, and the partition marks it needed are taken off the user's graph again."""
+    pytest.importorskip("torchao")
+    batch = digits.train_images[:64]
+    exported = torch.export.export(digits.model, (batch,)).module()
+    report = qinsight.diagnose(exported, [batch])
+    assert {site.fqn for site in report.sites if site.kind.is_layer} == {"conv1", "conv2", "conv3", "fc"}
+    assert all("source_fn_stack" not in node.meta for node in exported.graph.nodes)
+
+
 def test_the_report_quantizer_prepares_a_model_with_a_reused_relu(digits: Digits) -> None:
     """X86InductorQuantizer alone raises on this model (pytorch/ao#4478); the report's quantizer does not."""
     pytest.importorskip("torchao")

@@ -370,8 +370,11 @@ def _quantized_by_pt2e(model: fx.GraphModule) -> set[fx.Node] | None:
     except ImportError:
         return None
     quantizer = x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
+    unmarked = [node for node in model.graph.nodes if "source_fn_stack" not in node.meta]
     quantizer.annotate(separate_shared_calls(model))  # on the graph itself, then cleaned: no copy of the weights
     annotated = {node for node in model.graph.nodes if node.meta.pop("quantization_annotation", None) is not None}
+    for node in unmarked:  # nothing of ours left on the user's graph
+        node.meta.pop("source_fn_stack", None)
     return annotated
 
 

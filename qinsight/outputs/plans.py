@@ -74,7 +74,12 @@ def curve_table(plan: QuantPlan, limit: int = DEFAULT_LIMIT) -> Table:
     """The search's last steps: each site tried, the score, and whether it stayed quantized."""
     steps = plan.steps[-limit:]
     rows = tuple(
-        (s.fqn or "(all candidates in float)", _score(s.score), (f"quantized {s.mode}".strip() if s.kept else "kept in float"), f"{s.quantized_fraction:.1%}")
+        (
+            s.fqn or "(all candidates in float)",
+            _score(s.score),
+            f"quantized {s.mode}".strip() if s.kept else "kept in float",
+            f"{s.quantized_fraction:.1%}",
+        )
         for s in steps
     )
     note = f"the first {len(plan.steps) - len(steps)} steps are in the file" if len(plan.steps) > len(steps) else ""
