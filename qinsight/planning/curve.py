@@ -19,6 +19,10 @@ from qinsight.planning.scores import Scorer
 from qinsight.planning.simulate import Mode, Run, Simulation
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
+# Refinement passes over the steps still not taken: a step refused at one point can fit once others
+# are in (a coarse metric like top-1 on a few dozen samples is not monotone). Passes stop early when
+# one takes nothing; the bound keeps the worst case linear in the steps.
+REFINE_PASSES = 3
 
 
 @attrs.define
@@ -87,7 +91,7 @@ def choose(
 ) -> tuple[tuple[PlanStep, ...], dict[str, Mode]]:
     """The curve, then the refinement: the steps of :func:`steps_down` are taken one by one from all in
     float, each prefix scored; the longest prefix that meets the target is kept, and each step after
-    it is tried alone on top and kept if the target still holds."""
+    it is tried alone on top and kept if the target still holds, in passes until one takes none."""
     if goal.is_budget:
         return within_budget(search, int(goal.threshold), start, quantized_run, noise)
     moves = steps_down(search, start, noise, dynamic_noise)
@@ -105,17 +109,26 @@ def choose(
     steps += [attrs.evolve(step, kept=index < longest) for index, step in enumerate(curve)]
     modes = taken({site: Mode.FLOAT for site in search.candidates}, moves[:longest])
     run = search.sim.run_changed(modes, run)
-    for done, (site, mode) in enumerate(moves[longest:]):
-        search.progress("refining", done, len(moves) - longest)
-        if mode is Mode.STATIC and site in dynamic_noise and modes[site] is not Mode.DYNAMIC:
-            continue  # its step to dynamic was not kept
-        trial = {**modes, site: mode}
-        trial_run = search.sim.run_changed(trial, run)
-        score = search.scorer(trial_run.outputs)
-        kept = goal.met(score)
-        if kept:
-            modes, run = trial, trial_run
-        steps.append(attrs.evolve(_step(search, site, mode, score, modes, "refine"), kept=kept))
+    pending = moves[longest:]
+    for _ in range(REFINE_PASSES):
+        rejected: list[Move] = []
+        for done, (site, mode) in enumerate(pending):
+            search.progress("refining", done, len(pending))
+            if mode is Mode.STATIC and site in dynamic_noise and modes[site] is not Mode.DYNAMIC:
+                rejected.append((site, mode))  # its step to dynamic is not taken (yet)
+                continue
+            trial = {**modes, site: mode}
+            trial_run = search.sim.run_changed(trial, run)
+            score = search.scorer(trial_run.outputs)
+            kept = goal.met(score)
+            if kept:
+                modes, run = trial, trial_run
+            else:
+                rejected.append((site, mode))
+            steps.append(attrs.evolve(_step(search, site, mode, score, modes, "refine"), kept=kept))
+        if len(rejected) == len(pending):
+            break
+        pending = rejected
     return tuple(steps), modes
 
 
