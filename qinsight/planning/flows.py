@@ -45,7 +45,7 @@ from qinsight.planning.simulate import (
     WeightSwap,
     fake_quantized_rows,
     fake_quantized_weight,
-    observer_types,
+    observer_nodes,
 )
 
 FLOWS = ("fx", "pt2e")
@@ -166,11 +166,7 @@ class FxFlow(Flow):
         (:meth:`_pinned_edges`), and those edges are pinned on."""
         site_of = self._site_of(model)
         pinned = self._pinned_edges(example)
-        observers = observer_types()
-        quantized = {
-            node for node in model.graph.nodes
-            if any(u.op == "call_module" and isinstance(model.get_submodule(str(u.target)), observers) for u in node.users)
-        }
+        quantized = {observer.args[0] for observer in observer_nodes(model)}
 
         def through(node: fx.Node, step: Callable[[fx.Node], list[fx.Node]], found: set[str], depth: int = 0) -> None:
             for nxt in step(node):
@@ -199,11 +195,10 @@ class FxFlow(Flow):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             prepared = self._prepared(everything_float, example)
-        observers = observer_types()
         return {
-            (str(node.args[0].name), user.name)
-            for node in prepared.graph.nodes
-            if node.op == "call_module" and isinstance(prepared.get_submodule(str(node.target)), observers)
+            (source.name, user.name)
+            for node in observer_nodes(prepared)
+            if isinstance(source := node.args[0], fx.Node)
             for user in node.users
         }
 
@@ -318,13 +313,12 @@ def _without_observers(prepared: fx.GraphModule) -> fx.GraphModule:
     """A copy of the prepared graph's nodes (same names and metadata, shared weights) with every
     observer bypassed: the graph the quantizer annotated."""
     graph = fx.Graph()
-    output = graph.graph_copy(prepared.graph, {})
-    graph.output(output)
-    observers = observer_types()
-    for node in list(graph.nodes):
-        if node.op == "call_module" and isinstance(prepared.get_submodule(str(node.target)), observers):
-            node.replace_all_uses_with(node.args[0])
-            graph.erase_node(node)
+    copies: dict[fx.Node, fx.Node] = {}
+    graph.output(graph.graph_copy(prepared.graph, copies))
+    for observer in observer_nodes(prepared):
+        node = copies[observer]
+        node.replace_all_uses_with(node.args[0])  # type: ignore[arg-type]
+        graph.erase_node(node)
     return fx.GraphModule(prepared, graph)
 
 

@@ -163,14 +163,12 @@ class Simulation:
         self.weights = dict(weights)
         self.switches: dict[fx.Node, tuple[Switch, Owners]] = {}
         self.edge_rule = edge_rule
-        observers = observer_types()
         _out_of_place(model)
-        _one_observer_per_edge(model, observers)
-        chain = set(_observer_nodes(model, observers))
-        self._edges = {node: _edge(node, chain) for node in chain}
-        for node in list(model.graph.nodes):
-            if node.op != "call_module" or not isinstance(model.get_submodule(str(node.target)), observers):
-                continue
+        _one_observer_per_edge(model)
+        observers = observer_nodes(model)
+        members = set(observers)
+        self._edges = {node: _edge(node, members) for node in observers}
+        for node in observers:
             who = owners(node)
             switch = Switch(model.get_submodule(str(node.target)))
             switch.dynamic_max = dynamic_max
@@ -298,13 +296,11 @@ def _out_of_place(model: fx.GraphModule) -> None:
                 node.target = str(node.target)[:-1]
 
 
-def _one_observer_per_edge(model: fx.GraphModule, observers: tuple[type, ...]) -> None:
+def _one_observer_per_edge(model: fx.GraphModule) -> None:
     """An observer node per consumer: where the producer stays in float, the flows quantize the value
     only for the consumers that are quantized (FX's quantize node, PT2E's input annotation), and a
     float consumer reads the float value."""
-    for node in list(model.graph.nodes):
-        if node.op != "call_module" or not isinstance(model.get_submodule(str(node.target)), observers):
-            continue
+    for node in observer_nodes(model):
         for user in list(node.users)[1:]:
             with model.graph.inserting_after(node):
                 copy = model.graph.call_module(str(node.target), node.args)
@@ -316,7 +312,9 @@ EdgeRule = Callable[[Mapping[str, Mode]], Mapping[tuple[str, str], Mode]]
 mode of each quantized edge, by (producing node, consuming node) names; edges not named stay float."""
 
 
-def _observer_nodes(model: fx.GraphModule, observers: tuple[type, ...]) -> list[fx.Node]:
+def observer_nodes(model: fx.GraphModule) -> list[fx.Node]:
+    """The nodes of a prepared graph that call an observer, in graph order."""
+    observers = observer_types()
     return [
         node for node in model.graph.nodes
         if node.op == "call_module" and isinstance(model.get_submodule(str(node.target)), observers)
