@@ -191,3 +191,81 @@ def test_constant_input_is_a_finding_not_an_error() -> None:
 def test_invalid_parameters(name: str, value: float) -> None:
     with pytest.raises(InvalidParameterError, match=name):
         InputWeightEqualizationDetector(**{name: value})
+
+
+class ConvAfterConvBnRelu(nn.Module):
+    """conv2 reads a fused conv-bn-relu whose channels differ 40x in scale: the detector asks to
+    equalize conv2, and torch's equalization there loses the scale it takes from conv2's input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.bn = nn.BatchNorm2d(16)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(16, 8, 3, padding=1)
+        with torch.no_grad():
+            self.bn.weight[:3] *= 40
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.conv2(self.relu(self.bn(self.conv1(x))))
+        return out
+
+
+class SharedInput(nn.Module):
+    """fc2 reads fc1's output, which also feeds the add: prepare_fx equalizes nothing at fc2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc1(x)
+        out: torch.Tensor = self.fc3(self.fc2(y) + y)
+        return out
+
+
+def quantized_sqnr(model: nn.Module, calibration: list[torch.Tensor], held_out: list[torch.Tensor], **equalize: object) -> float:
+    prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), (calibration[0],), **equalize)
+    for batch in calibration:
+        prepared(batch)
+    quantized = convert_fx(prepared)
+    with torch.no_grad():
+        values = [20 * torch.log10(model(b).norm() / (model(b) - quantized(b)).norm()).item() for b in held_out]
+    return sum(values) / len(values)
+
+
+def test_an_equalization_torch_cannot_apply_is_refused_with_the_reason(tmp_path: object) -> None:
+    torch.manual_seed(0)
+    model = ConvAfterConvBnRelu().eval()
+    calibration, held_out = gaussian_batches((4, 3, 16, 16), 10)[:6], gaussian_batches((4, 3, 16, 16), 10)[6:]
+    report = qinsight.diagnose(model, calibration)
+    assert equalization(report)["conv2"].recommended  # the detector asks
+    assert report.equalization_mapping.fqns == ()  # the mapping does not
+    (refused,) = report.equalization_mapping.refused
+    assert refused.fqn == "conv2" and "`conv1`" in refused.reason and "qinsight.equalization" in refused.sources
+    suggestion = report.suggestion("conv2")
+    assert suggestion is None or not suggestion.equalize
+    assert "Not equalized (1)" in report.to_text() and refused.reason in report.to_text()
+    # What the refusal spares the user, measured: torch's equalization of conv2, applied as asked.
+    plain = quantized_sqnr(model, calibration, held_out)
+    asked = quantized_sqnr(model, calibration, held_out, _equalization_config=qinsight.EqualizationMapping(
+        entries=(qinsight.EqualizationEntry(fqn="conv2"),)).to_torch())
+    assert plain > 25.0 and asked < plain - 30.0  # measured: 29.1 dB -> -18.3 dB
+    path = f"{tmp_path}/report.json"
+    report.save(path)
+    assert qinsight.Report.load(path).equalization_mapping == report.equalization_mapping
+
+
+def test_equalizations_are_checked_by_what_torch_does() -> None:
+    from qinsight.pipeline.equalizable import refused_equalizations
+
+    torch.manual_seed(0)
+    conv = ConvAfterConvBnRelu().eval()
+    image = gaussian_batches((2, 3, 16, 16), 1)[0]
+    assert set(refused_equalizations(conv, ["conv2"], image, "x86")) == {"conv2"}
+    # Equalized too, the producer carries the scale in its weights: both are kept.
+    assert refused_equalizations(conv, ["conv1", "conv2"], image, "x86") == {}
+    torch.manual_seed(0)
+    shared = SharedInput().eval()
+    refused = refused_equalizations(shared, ["fc1", "fc2", "fc3"], torch.randn(16, 8), "x86")
+    assert list(refused) == ["fc2"] and "inserts no equalization" in refused["fc2"]

@@ -25,10 +25,23 @@ class EqualizationEntry:
 
 
 @attrs.frozen(kw_only=True)
+class EqualizationRefusal:
+    """A suggested equalization left out because torch cannot apply it as it is: applied by
+    ``prepare_fx``'s own equalization, it changes what the float model computes (or torch skips
+    it). ``reason`` says what was measured; ``sources`` are the detectors that asked."""
+
+    fqn: str
+    reason: str
+    sources: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
 class EqualizationMapping:
-    """The modules whose suggestion says ``equalize``, in forward order."""
+    """The modules whose suggestion says ``equalize``, in forward order; ``refused``: the
+    suggested ones torch cannot apply, with the reason."""
 
     entries: tuple[EqualizationEntry, ...] = ()
+    refused: tuple[EqualizationRefusal, ...] = ()
 
     @property
     def fqns(self) -> tuple[str, ...]:

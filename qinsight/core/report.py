@@ -13,12 +13,13 @@ import collections
 import enum
 import math
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from qinsight.core.comparison import Comparison
-from qinsight.core.equalization import EqualizationMapping
+from qinsight.core.equalization import EqualizationMapping, EqualizationRefusal
 from qinsight.core.findings import Finding
 from qinsight.core.plan import QuantPlan
 from qinsight.core.sites import OpSite, Side
@@ -124,6 +125,27 @@ class Report:
     def with_plan(self, plan: QuantPlan) -> Report:
         """This report carrying ``plan`` (:func:`qinsight.plan`), to save and show together."""
         return attrs.evolve(self, plan=plan)
+
+    def with_equalization_refused(self, reasons: Mapping[str, str]) -> Report:
+        """This report with the equalizations named in ``reasons`` (fqn to why) refused: out of the
+        mapping and of their suggestions (one that said nothing else is dropped), kept with the reason."""
+        mapping = self.equalization_mapping
+        refused = tuple(
+            EqualizationRefusal(fqn=entry.fqn, reason=reasons[entry.fqn], sources=entry.sources)
+            for entry in mapping.entries
+            if entry.fqn in reasons
+        )
+        if not refused:
+            return self
+        kept = tuple(entry for entry in mapping.entries if entry.fqn not in reasons)
+        suggestions = tuple(
+            attrs.evolve(s, equalize=None) if s.fqn in reasons else s for s in self.suggestions
+        )
+        return attrs.evolve(
+            self,
+            suggestions=tuple(s for s in suggestions if s.describe() != "no change"),
+            equalization_mapping=EqualizationMapping(entries=kept, refused=mapping.refused + refused),
+        )
 
     def result(self, detector: str) -> DetectorResult:
         for result in self.results:

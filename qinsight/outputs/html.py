@@ -64,6 +64,14 @@ def config_code(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _refused_equalizations(report: Report) -> str:
+    refused = report.equalization_mapping.refused
+    if not refused:
+        return ""
+    items = "".join(f"<li><code>{_e(r.fqn)}</code>: {_e(r.reason)}</li>" for r in refused)
+    return f"<p>Suggested but not equalized: torch cannot apply these as they are.</p><ul>{items}</ul>"
+
+
 def _table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     body = "".join(f"<tr>{''.join(rows_cells)}</tr>" for rows_cells in rows)
@@ -169,6 +177,7 @@ def render_html(report: Report) -> str:
 <p>Paste to quantize with <code>prepare_fx(model, mapping, example_inputs)</code>, or use
 <code>report.qconfig_mapping()</code> / <code>report.pt2e_quantizer()</code>.</p>
 <pre id="config">{_e(config_code(report))}</pre>
+{_refused_equalizations(report)}
 <h2>Modules</h2>
 {_verdict_table(report)}
 <h2>Plots</h2>

@@ -90,6 +90,10 @@ def render_text(report: Report, *, everything: bool = False) -> str:
             f"Equalize: {', '.join(report.equalization_mapping.fqns)} "
             "(prepare_fx's _equalization_config; PT2E has no equalization)"
         )
+    refused = report.equalization_mapping.refused
+    if refused:
+        lines.append(f"Not equalized ({len(refused)}), though suggested:")
+        lines.extend(f"  {r.fqn}: {r.reason}" for r in refused)
     kept = _kept_float(report)
     if kept:
         lines.append(f"Kept in float ({len(kept)}), and why:")

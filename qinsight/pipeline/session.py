@@ -31,6 +31,7 @@ from qinsight.distributed import Exchange, sharing_failures
 from qinsight.frontends import Frontend, eval_mode, run_batch, view_of
 from qinsight.observe.instrumenter import Instrumenter
 from qinsight.pipeline.analysis import DetectorChoice, analyze, choose_detectors, metadata
+from qinsight.pipeline.equalizable import refused_equalizations
 from qinsight.plugin.detector import Detector, ModelView
 
 Progress = Callable[[int], None]
@@ -46,6 +47,13 @@ def _next_batch(batches: Iterator[object], index: int) -> object:
     if batch is None:
         raise CalibrationError(f"calibration batch {index} is None, not a tensor, tuple or mapping", batch=index)
     return batch
+
+
+def _as_batch(args: tuple[object, ...], kwargs: dict[str, object]) -> object | None:
+    """A forward call's arguments as a batch (:func:`~qinsight.frontends.batch_arguments`), if one can say them."""
+    if kwargs and args:
+        return None
+    return dict(kwargs) if kwargs else tuple(args)
 
 
 class Session:
@@ -84,6 +92,7 @@ class Session:
                 self._failures.append(DetectorFailure(detector=detector.id, stage=FailureStage.INSERT_POINTS, error=describe(exc)))
         self._instrumenter = Instrumenter(view, (p for points in self._points.values() for p in points))
         self._forwards = 0
+        self._example: object | None = None  # the first batch, to check the suggested equalizations on
         self._frozen: ObservedStats | None = None
         self._report: Report | None = None
 
@@ -92,14 +101,16 @@ class Session:
         """Forward passes of the model seen so far (in this process)."""
         return self._forwards
 
-    def _count_forward(self, _module: nn.Module, _args: tuple[object, ...]) -> None:
+    def _count_forward(self, _module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
+        if self._forwards == 0:
+            self._example = _as_batch(args, kwargs)
         shard = self._shard
         self._instrumenter.clock.index = shard.batch_index(self._forwards) if shard is not None else self._forwards
         self._forwards += 1
 
     @contextlib.contextmanager
     def _attached(self) -> Iterator[None]:
-        remove_counter = self.view.model.register_forward_pre_hook(self._count_forward).remove
+        remove_counter = self.view.model.register_forward_pre_hook(self._count_forward, with_kwargs=True).remove
         try:
             self._instrumenter.attach()
             yield
@@ -170,7 +181,7 @@ class Session:
                 "no calibration batches ran: the calibration data was empty or the model was never called "
                 "inside the instrument() block"
             )
-        return analyze(
+        report = analyze(
             self.view,
             [d for d in self.detectors if d.id in self._points],  # the others failed before calibration, recorded
             stats,
@@ -178,6 +189,16 @@ class Session:
             failures=self._failures,
             strict=self._strict,
         )
+        return report.with_equalization_refused(self._refused_equalizations(report.equalization_mapping.fqns))
+
+    def _refused_equalizations(self, fqns: tuple[str, ...]) -> dict[str, str]:
+        """The suggested equalizations torch cannot apply (:mod:`.equalizable`), checked on the first batch."""
+        if not fqns or self._example is None:
+            return {}
+        if self.view.frontend == "export":
+            reason = "the exported graph's flow (PT2E) has no input-weight equalization; torch equalizes only in prepare_fx"
+            return dict.fromkeys(fqns, reason)
+        return refused_equalizations(self.view.model, fqns, self._example, self._backend)
 
 
 def _session(
