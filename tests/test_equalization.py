@@ -1,12 +1,14 @@
 """InputWeightEqualizationDetector: differential against torch (ranges and s_c to 1e-5,
 the inverted verdict asserted as a divergence), ported tests 19-21, grouped convs, and
-proof that the fixed verdict helps: equalizing what it recommends raises the SQNR."""
+proof that the fixed verdict helps: equalizing what it recommends raises the SQNR; equalizations
+torch cannot apply refused at diagnosis, and plans that measure each equalization for real."""
 
 from __future__ import annotations
 
 import copy
 import math
 
+import attrs
 import pytest
 import torch
 from torch import nn
@@ -269,3 +271,45 @@ def test_equalizations_are_checked_by_what_torch_does() -> None:
     shared = SharedInput().eval()
     refused = refused_equalizations(shared, ["fc1", "fc2", "fc3"], torch.randn(16, 8), "x86")
     assert list(refused) == ["fc2"] and "inserts no equalization" in refused["fc2"]
+
+
+def test_a_plan_measures_each_equalization_for_real_and_keeps_what_helps() -> None:
+    model, calibration, held_out = seeded_outlier_mlp(), outlier_batches(8, 0), outlier_batches(4, 1)
+    plan = qinsight.plan(model, calibration, held_out, target="sqnr>=25", flow="fx")
+    (check,) = [c for c in plan.checks if c.change == "equalize"]
+    assert check.fqn == "fc1" and check.kept and check.measured
+    assert check.alone > check.before + 2.0  # measured: the default config 27.5 dB, with fc1 equalized 31.8 dB
+    assert plan.equalization_mapping().fqns == ("fc1",)
+    assert "equalized: fc1" in plan.to_text()
+    # Applied as a user would, the plan's mapping and equalization give the plan's score.
+    prepared = prepare_fx(copy.deepcopy(model), plan.qconfig_mapping(), (calibration[0],),
+                          _equalization_config=plan.equalization_mapping().to_torch())
+    for batch in calibration:
+        prepared(batch)
+    quantized = convert_fx(prepared)
+    with torch.no_grad():
+        reference = torch.cat([model(b) for b in held_out])
+        error = reference - torch.cat([quantized(b) for b in held_out])
+    assert 20 * math.log10(reference.norm() / error.norm()) == pytest.approx(plan.verified_score, abs=0.01)
+    assert plan.verified_score > plan.default_score + 2.0
+
+    pt2e = qinsight.plan(model, calibration, held_out, target="sqnr>=25", flow="pt2e")
+    (unmeasured,) = [c for c in pt2e.checks if c.change == "equalize"]
+    assert not unmeasured.kept and "no input-weight equalization" in unmeasured.reason
+    assert pt2e.equalization_mapping().fqns == ()
+
+
+def test_a_plan_drops_an_equalization_that_lowers_the_real_score() -> None:
+    torch.manual_seed(0)
+    model = ConvAfterConvBnRelu().eval()
+    data = gaussian_batches((4, 3, 16, 16), 10)
+    report = qinsight.diagnose(model, data[:6])
+    # As a report from elsewhere might say: equalize both convs (torch carries conv2's scale into conv1).
+    asked = attrs.evolve(report, suggestions=tuple(attrs.evolve(s, equalize=True) for s in report.suggestions))
+    plan = qinsight.plan(model, data[:6], data[6:], target="sqnr>=25", flow="fx", report=asked)
+    checks = {c.fqn: c for c in plan.checks if c.change == "equalize"}
+    assert not checks["conv2"].kept and "measured for real" in checks["conv2"].reason
+    assert checks["conv2"].alone < checks["conv2"].before - 30.0  # measured: 29.1 dB -> -18.3 dB
+    assert checks["conv2"].effect < -10.0  # even with conv1 equalized too: measured -14.6 dB
+    assert "conv2" not in plan.equalization_mapping()
+    assert plan.verified_score >= plan.default_score

@@ -43,12 +43,18 @@ def _example_inputs(batch: object) -> tuple[Any, ...]:
 
 
 def prepare_config(
-    model: nn.Module, config: object, example_inputs: tuple[Any, ...], dynamic_shapes: Any = None
+    model: nn.Module,
+    config: object,
+    example_inputs: tuple[Any, ...],
+    dynamic_shapes: Any = None,
+    equalization: QConfigMapping | None = None,
 ) -> tuple[nn.Module, bool]:
-    """The prepared copy of ``model`` under ``config`` (a QConfigMapping: FX; a torchao Quantizer:
-    PT2E, exported with ``dynamic_shapes``), and whether it is a PT2E graph."""
+    """The prepared copy of ``model`` under ``config`` (a QConfigMapping: FX, with ``equalization``
+    as prepare_fx's ``_equalization_config``; a torchao Quantizer: PT2E, exported with
+    ``dynamic_shapes``), and whether it is a PT2E graph."""
     if isinstance(config, QConfigMapping):
-        return prepare_fx(copy.deepcopy(model).eval(), config, example_inputs), False
+        copied = copy.deepcopy(model).eval()
+        return prepare_fx(copied, config, example_inputs, _equalization_config=equalization), False
     if callable(getattr(config, "annotate", None)):  # a torchao Quantizer: PT2E
         from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
 from qinsight.core.sites import OpSite
 from qinsight.core.suggestions import QuantSuggestion
 
@@ -200,6 +201,13 @@ class QuantPlan:
     def kept_float(self) -> tuple[str, ...]:
         """The sites the plan keeps in float (the kept suggestions' and the search's)."""
         return tuple(s.fqn for s in self.suggestions if s.keep_float)
+
+    def equalization_mapping(self) -> EqualizationMapping:
+        """The equalizations the plan keeps (measured for real in FX), for ``prepare_fx``'s
+        ``_equalization_config`` (:meth:`EqualizationMapping.to_torch`)."""
+        return EqualizationMapping(
+            entries=tuple(EqualizationEntry(fqn=s.fqn, sources=s.sources) for s in self.suggestions if s.equalize)
+        )
 
     def sensitivity(self, fqn: str) -> SiteSensitivity:
         for found in self.sensitivities:

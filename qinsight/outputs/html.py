@@ -51,17 +51,7 @@ def config_code(report: Report) -> str:
     """Python that builds the same QConfigMapping as ``report.qconfig_mapping()``."""
     from qinsight.outputs.qconfig import entries_code  # torch, only when the page shows the code
 
-    lines = entries_code(report)
-    if len(report.equalization_mapping):
-        lines += [
-            "",
-            "# input-weight equalization: prepare_fx(..., _equalization_config=equalization)",
-            "from torch.ao.quantization import QConfigMapping",
-            "from torch.ao.quantization.fx._equalize import default_equalization_qconfig",
-            "equalization = QConfigMapping()",
-        ]
-        lines += [f"equalization.set_module_name({fqn!r}, default_equalization_qconfig)" for fqn in report.equalization_mapping.fqns]
-    return "\n".join(lines) + "\n"
+    return "\n".join(entries_code(report)) + "\n"
 
 
 def _refused_equalizations(report: Report) -> str:

@@ -29,6 +29,9 @@ def summary_lines(plan: QuantPlan) -> list[str]:
     if floats:
         shown = ", ".join(floats[:DEFAULT_LIMIT]) + (f" and {len(floats) - DEFAULT_LIMIT} more" if len(floats) > DEFAULT_LIMIT else "")
         lines.append(f"  kept in float: {shown}")
+    equalized = plan.equalization_mapping().fqns
+    if equalized:
+        lines.append(f"  equalized: {', '.join(equalized)} (plan.equalization_mapping().to_torch() for prepare_fx)")
     if math.isfinite(plan.agreement):
         lines.append(
             f"  Spearman between each site's cost quantized alone and its gain kept alone in float: {plan.agreement:.2f}"

@@ -37,6 +37,7 @@ from torch.ao.quantization import (
     get_default_qconfig_mapping,
 )
 
+from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.sites import OpKind, OpSite, WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 from qinsight.frontends import resolve_target
@@ -183,12 +184,28 @@ def _applied(entries: list[MappingEntry], backend: str, base: QConfigMapping | N
 
 def entries_code(report: Report) -> list[str]:
     """Python lines that build ``mapping``, the same QConfigMapping as :func:`to_qconfig_mapping`."""
-    return _code(mapping_entries(report), report.metadata.backend)
+    return _code(mapping_entries(report), report.metadata.backend) + equalization_code(report.equalization_mapping)
 
 
 def plan_code(plan: QuantPlan) -> list[str]:
-    """Python lines that build ``mapping``, the same QConfigMapping as :func:`plan_qconfig_mapping`."""
-    return _code(advice_entries(plan.sites, plan.suggestions, plan.backend), plan.backend)
+    """Python lines that build ``mapping``, the same QConfigMapping as :func:`plan_qconfig_mapping`
+    (and ``equalization``, as ``plan.equalization_mapping().to_torch()``, where it equalizes)."""
+    entries = advice_entries(plan.sites, plan.suggestions, plan.backend)
+    return _code(entries, plan.backend) + equalization_code(plan.equalization_mapping())
+
+
+def equalization_code(mapping: EqualizationMapping) -> list[str]:
+    """Python lines that build ``equalization``, the same as ``mapping.to_torch()``; none if it is empty."""
+    if not len(mapping):
+        return []
+    lines = [
+        "",
+        "# input-weight equalization: prepare_fx(..., _equalization_config=equalization)",
+        "from torch.ao.quantization import QConfigMapping",
+        "from torch.ao.quantization.fx._equalize import default_equalization_qconfig",
+        "equalization = QConfigMapping()",
+    ]
+    return lines + [f"equalization.set_module_name({fqn!r}, default_equalization_qconfig)" for fqn in mapping.fqns]
 
 
 def _code(entries: list[MappingEntry], backend: str) -> list[str]:

@@ -20,8 +20,10 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.ao.quantization import QConfigMapping
 
 from qinsight.compare.configs import convert_prepared, prepare_config
+from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
 from qinsight.core.errors import FrontendError, InvalidParameterError
 from qinsight.core.sites import OpSite
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
@@ -68,6 +70,7 @@ class Flow:
 
     name = ""
     dynamic_max = 255  # the top of a dynamic activation's range
+    equalizes = False  # whether the flow has input-weight equalization
 
     def __init__(self, model: nn.Module, sites: tuple[OpSite, ...], backend: str) -> None:
         self.model, self.sites, self.backend = model, sites, backend
@@ -88,6 +91,10 @@ class Flow:
     def weights(self, model: fx.GraphModule) -> dict[str, WeightSwap]:
         return {}
 
+    def equalization(self, suggestions: tuple[QuantSuggestion, ...]) -> QConfigMapping | None:
+        """The flow's own form of the suggested input-weight equalizations; ``None``: it has none."""
+        return None
+
     def quantize(self, suggestions: tuple[QuantSuggestion, ...], calibration: Sequence[object]) -> nn.Module:
         """What a user does with the advice: prepare, calibrate, convert."""
         with warnings.catch_warnings():
@@ -99,7 +106,8 @@ class Flow:
     def _prepared(self, suggestions: tuple[QuantSuggestion, ...], example: tuple[Any, ...]) -> fx.GraphModule:
         """:meth:`prepare`, its failures (tracing, export, a quantizer that refuses a pattern) said as one."""
         try:
-            prepared, _pt2e = prepare_config(self.model, self.config(suggestions), example, self.dynamic_shapes)
+            config, equalization = self.config(suggestions), self.equalization(suggestions)
+            prepared, _pt2e = prepare_config(self.model, config, example, self.dynamic_shapes, equalization)
         except Exception as exc:
             raise FrontendError(
                 f"the {self.name} flow cannot prepare {type(self.model).__name__}: {type(exc).__name__}: {exc}"
@@ -124,6 +132,7 @@ class Flow:
 
 class FxFlow(Flow):
     name = "fx"
+    equalizes = True
 
     @property
     def dynamic_max(self) -> int:  # type: ignore[override]
@@ -132,6 +141,11 @@ class FxFlow(Flow):
 
     def config(self, suggestions: tuple[QuantSuggestion, ...]) -> object:
         return advice_mapping(self.sites, suggestions, self.backend)
+
+    def equalization(self, suggestions: tuple[QuantSuggestion, ...]) -> QConfigMapping | None:
+        """prepare_fx's ``_equalization_config`` for the suggestions that say equalize."""
+        entries = tuple(EqualizationEntry(fqn=s.fqn, sources=s.sources) for s in suggestions if s.equalize)
+        return EqualizationMapping(entries=entries).to_torch() if entries else None
 
     def _site_of(self, model: fx.GraphModule) -> Callable[[fx.Node], str | None]:
         scope = model.meta["_observed_graph_module_attrs"].node_name_to_scope

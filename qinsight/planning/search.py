@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -32,9 +32,9 @@ from qinsight.core.report import Report
 from qinsight.core.sites import OpSite
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.frontends import classify, eval_mode, run_batch
-from qinsight.planning.checks import check_suggestions, mode_of
+from qinsight.planning.checks import check_all, mode_of
 from qinsight.planning.curve import Progress, Search, choose, measure_dynamic_noise, taken
-from qinsight.planning.flows import Flow, flow_for, mode_suggestions
+from qinsight.planning.flows import flow_for, mode_suggestions
 from qinsight.planning.scores import MetricFunction, Scorer
 from qinsight.planning.simulate import Mode, Run
 
@@ -87,15 +87,20 @@ def plan(
     kinds = {site.fqn: site.kind.value for site in report.sites}
     search = Search(sim, scorer, candidates, _parameters(model, candidates), kinds, steps_of)
     default = {site: Mode.STATIC for site in candidates}
-    checks, start = check_suggestions(
-        sim, lambda run: scorer(run.outputs), report.suggestions, default, evaluation, goal.higher_is_better or goal.is_budget
+    higher = goal.higher_is_better or goal.is_budget
+
+    def real(advice: tuple[QuantSuggestion, ...]) -> float:
+        return scorer(_outputs(flow_impl.quantize(advice, calibration), evaluation))
+
+    default_score = real(())
+    checks, start, kept = check_all(
+        sim, lambda run: scorer(run.outputs), real if flow_impl.equalizes else None, report.suggestions, default,
+        evaluation, higher, flow_impl.name, default_score,
     )
     sensitivities, noise, quantized_run, float_run = _sensitivities(search, start, evaluation)
     dynamic_noise = measure_dynamic_noise(search, start, float_run, noise)
-    kept = tuple(s for s in report.suggestions if any(c.fqn == s.fqn and c.kept for c in checks))
-    default_score = scorer(_outputs(flow_impl.quantize((), calibration), evaluation))
     steps, modes = choose(search, goal, start, float_run, quantized_run, noise, dynamic_noise)
-    modes, verified, notes = _verified(flow_impl, calibration, evaluation, scorer, goal, kept, start, steps, modes)
+    modes, verified, notes = _verified(real, goal, kept, start, steps, modes)
     suggestions = _advice(kept, modes)
     if _worse(verified, default_score, goal):
         notes.append(f"the plan ({verified:.4g}) scored below the default config ({default_score:.4g}): the default is returned")
@@ -172,10 +177,7 @@ def _sensitivities(
 
 
 def _verified(
-    flow: Flow,
-    calibration: Sequence[object],
-    evaluation: Sequence[object],
-    scorer: Scorer,
+    real_score: Callable[[tuple[QuantSuggestion, ...]], float],
     goal: Target,
     kept: tuple[QuantSuggestion, ...],
     start: dict[str, Mode],
@@ -187,7 +189,7 @@ def _verified(
     it for real is found by bisection: each probe is one real quantization."""
 
     def real(prefix_modes: Mapping[str, Mode]) -> float:
-        return scorer(_outputs(flow.quantize(_advice(kept, prefix_modes), calibration), evaluation))
+        return real_score(_advice(kept, prefix_modes))
 
     verified = real(modes)
     if goal.is_budget or goal.met(verified) or not goal.met(_best_score(steps)):
