@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from _support import ConvBnReluCNN, DataDependent, gaussian_batches, seeded
+from _support import MLP, ConvBnReluCNN, DataDependent, gaussian_batches, seeded
 from hypothesis import given
 from hypothesis import strategies as st
 from test_whole_model import ResidualBlock, outputs, quantize, residual_stream, sqnr
@@ -19,6 +19,7 @@ from torch import nn
 
 import qinsight
 from qinsight import QuantPlan, Target
+from qinsight.core.sites import WeightScheme
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.examples import example
 from qinsight.planning.flows import flow_for
@@ -209,6 +210,36 @@ def test_a_plan_on_a_cnn_in_both_flows(flow: str) -> None:
     assert plan.reached == (plan.verified_score >= 40.0)
     assert plan.steps[0].fqn == "" and plan.steps[0].score >= plan.default_score  # every candidate in float
     assert plan.evaluations <= 2 * (len(plan.sensitivities) + 2) + len(plan.steps)
+
+
+@pytest.mark.parametrize("flow", ["fx", "pt2e"])
+def test_what_the_simulation_cannot_apply_is_measured_for_real(flow: str) -> None:
+    """Per-tensor weights (no built-in detector asks; a plugin may) are quantized for real, and
+    dropped where they lower the real score: here fc2's rows but one are 50x smaller (fc3 reads
+    them 50x louder), so one scale for all of fc2 leaves them few levels."""
+    if flow == "pt2e":
+        pytest.importorskip("torchao")
+    model = seeded(MLP()).eval()
+    with torch.no_grad():
+        model.fc2.weight[1:] /= 50
+        model.fc2.bias[1:] /= 50
+        model.fc3.weight[:, 1:] *= 50
+    data = gaussian_batches((16, 16), 10)
+    report = qinsight.diagnose(model, data[:6])
+    as_a_plugin_says = tuple(
+        attrs.evolve(s, weight=WeightScheme.PER_TENSOR) if s.fqn in ("fc2", "fc3") else s for s in report.suggestions
+    )
+    plan = qinsight.plan(model, data[:6], data[6:], target="sqnr>=20", flow=flow,
+                         report=attrs.evolve(report, suggestions=as_a_plugin_says))
+    checks = {c.fqn: c for c in plan.checks if c.change == "weight per_tensor"}
+    assert set(checks) == {"fc2", "fc3"} and all(c.measured for c in checks.values())
+    assert not checks["fc2"].kept and "measured for real" in checks["fc2"].reason
+    assert checks["fc2"].alone < checks["fc2"].before - 3.0
+    assert all(c.kept == (c.together >= c.without) for c in checks.values())
+    planned = {s.fqn: s.weight for s in plan.suggestions}
+    assert planned.get("fc2") is not WeightScheme.PER_TENSOR
+    if "fc3" not in plan.kept_float:  # the search may float it; otherwise the plan says what the check kept
+        assert (planned.get("fc3") is WeightScheme.PER_TENSOR) == checks["fc3"].kept
 
 
 def test_a_plan_travels_in_the_report_file_and_shows_in_text_and_html(

@@ -1,8 +1,8 @@
 """The report's suggestions, each applied alone on the flow's default config, and among the others.
 A suggestion that lowers the score among the others is dropped, with the measured effect as the
-reason. Keep-float and activation modes are applied in the simulation; input-weight equalization,
-which the simulation cannot express, through the real flow (FX: prepare_fx's own equalization);
-one that cannot be applied either way is kept and marked not measured."""
+reason. Keep-float and activation modes are applied in the simulation; what the simulation cannot
+express (input-weight equalization, per-tensor weights) through the real flow, one prepare /
+calibrate / convert each. A suggestion saying both is checked as its two parts."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from qinsight.core.suggestions import ActivationMode, QuantSuggestion, merge_sug
 from qinsight.planning.simulate import Mode, Run, Simulation
 
 Score = Callable[[Run], float]
+RealScore = Callable[[tuple[QuantSuggestion, ...]], float]  # a config quantized by the flow, scored
 
 
 def is_default(suggestion: QuantSuggestion) -> bool:
@@ -29,25 +30,35 @@ def is_default(suggestion: QuantSuggestion) -> bool:
     )
 
 
-def split_equalization(suggestions: Sequence[QuantSuggestion]) -> tuple[list[QuantSuggestion], list[QuantSuggestion]]:
-    """Each suggestion's equalization apart from the rest, as they are measured apart: the rest
-    (those that still say something) and the equalizations."""
-    rest = [attrs.evolve(s, equalize=None) for s in suggestions]
-    equalize = [QuantSuggestion(fqn=s.fqn, equalize=True, sources=s.sources) for s in suggestions if s.equalize]
-    return [s for s in rest if s.describe() != "no change"], equalize
+def split_for_real(suggestions: Sequence[QuantSuggestion]) -> tuple[list[QuantSuggestion], list[QuantSuggestion]]:
+    """Each suggestion as the part the simulation applies (keep-float, activation mode, per-channel
+    weights) and the parts only the real flow can (an equalization, per-tensor weights), each a
+    suggestion of its own; parts that say nothing are left out."""
+    simulated, real = [], []
+    for s in suggestions:
+        per_tensor = s.weight is WeightScheme.PER_TENSOR and not s.keep_float
+        rest = attrs.evolve(s, equalize=None, weight=None if per_tensor else s.weight)
+        if rest.describe() != "no change":
+            simulated.append(rest)
+        if s.equalize and not s.keep_float:
+            real.append(QuantSuggestion(fqn=s.fqn, equalize=True, sources=s.sources))
+        if per_tensor:
+            real.append(QuantSuggestion(fqn=s.fqn, weight=WeightScheme.PER_TENSOR, sources=s.sources))
+    return simulated, real
 
 
-def mode_of(suggestion: QuantSuggestion) -> Mode | None:
-    """The simulated mode that applies a suggestion's keep-float and activation choice, ``None``
-    where the simulation cannot apply it (a per-tensor weight scheme)."""
+def mode_of(suggestion: QuantSuggestion) -> Mode:
+    """The simulated mode that applies a suggestion's keep-float and activation choice."""
     if suggestion.keep_float:
         return Mode.FLOAT
-    if suggestion.weight is WeightScheme.PER_TENSOR:
-        return None
     return Mode.DYNAMIC if suggestion.activation is ActivationMode.DYNAMIC else Mode.STATIC
 
 
-def check_suggestions(
+def _worse(a: float, b: float, higher_is_better: bool) -> bool:
+    return a < b if higher_is_better else a > b
+
+
+def check_simulated(
     sim: Simulation,
     score: Score,
     suggestions: Sequence[QuantSuggestion],
@@ -55,27 +66,23 @@ def check_suggestions(
     evaluation: Sequence[object],
     higher_is_better: bool,
 ) -> tuple[tuple[SuggestionCheck, ...], dict[str, Mode]]:
-    """Every suggestion checked; the modes the search starts from (the default with the kept ones)."""
+    """Every suggestion checked in the simulation; the modes the search starts from (the default
+    with the kept ones)."""
     base = sim.run(default, evaluation)
     before = score(base)
-    measurable = {
-        s.fqn: mode for s in suggestions if not is_default(s) and s.fqn in default and (mode := mode_of(s)) is not None
-    }
+    measurable = {s.fqn: mode_of(s) for s in suggestions if not is_default(s) and s.fqn in default}
     alone = {fqn: score(sim.run_changed({**default, fqn: mode}, base)) for fqn, mode in measurable.items()}
     together_modes = {**default, **measurable}
     together_run = sim.run_changed(together_modes, base)
     together = score(together_run)
     without = {fqn: score(sim.run_changed({**together_modes, fqn: default[fqn]}, together_run)) for fqn in measurable}
 
-    def worse(a: float, b: float) -> bool:
-        return a < b if higher_is_better else a > b
-
     checks: list[SuggestionCheck] = []
     start = dict(default)
     for suggestion in suggestions:
         fqn, change = suggestion.fqn, suggestion.describe()
         if fqn in measurable:
-            kept = not worse(together, without[fqn])
+            kept = not _worse(together, without[fqn], higher_is_better)
             reason = "" if kept else f"not applied: {together - without[fqn]:+.3g} on the output among the other suggestions"
             check = SuggestionCheck(
                 fqn=fqn, change=change, before=before, alone=alone[fqn], together=together, without=without[fqn],
@@ -87,76 +94,68 @@ def check_suggestions(
             check = SuggestionCheck(fqn=fqn, change=change, before=before, alone=before, kept=True,
                                     reason="what the flow's default config does already")
         else:
-            reason = (
-                "not measured: the flow's default config does not quantize this site" if fqn not in default
-                else "not measured: the simulation has no per-tensor weights"
-            )
             check = SuggestionCheck(fqn=fqn, change=change, before=before, alone=math.nan, kept=True,
-                                    reason=reason + "; applied as suggested")
+                                    reason="not measured: the flow's default config does not quantize this site; "
+                                    "applied as suggested")
         checks.append(check)
     return tuple(checks), start
 
 
-def check_equalizations(
-    real: Callable[[tuple[QuantSuggestion, ...]], float],
+def check_real(
+    real: RealScore,
     others: Sequence[QuantSuggestion],
-    equalizations: Sequence[QuantSuggestion],
+    parts: Sequence[QuantSuggestion],
     before: float,
     higher_is_better: bool,
 ) -> list[SuggestionCheck]:
-    """Each equalization quantized for real (``real`` scores a config): alone on the default config,
-    and with the ``others`` (the kept suggestions) and the other equalizations, with and without it."""
-    if not equalizations:
+    """Each part quantized for real: alone on the default config, and with the ``others`` (the kept
+    suggestions) and the other parts, with and without it."""
+    if not parts:
         return []
-    together_config = (*others, *equalizations)
+    together_config = (*others, *parts)
     together = real(together_config)
     checks = []
-    for suggestion in equalizations:
-        alone = real((suggestion,))
-        without = real(tuple(s for s in together_config if s is not suggestion))
-        kept = (together >= without) if higher_is_better else (together <= without)
+    for part in parts:
+        without = real(tuple(s for s in together_config if s is not part))
+        kept = not _worse(together, without, higher_is_better)
         checks.append(SuggestionCheck(
-            fqn=suggestion.fqn, change=suggestion.describe(), before=before, alone=alone, together=together,
+            fqn=part.fqn, change=part.describe(), before=before, alone=real((part,)), together=together,
             without=without, kept=kept,
-            reason="measured for real (prepare_fx with its equalization)" if kept
+            reason="measured for real (prepare, calibrate, convert)" if kept
             else f"not applied: {together - without:+.3g} on the output among the other suggestions, measured for real",
         ))
     return checks
 
 
-def unmeasured_equalizations(equalizations: Sequence[QuantSuggestion], flow: str, before: float) -> list[SuggestionCheck]:
-    """The equalizations of a flow that has none (PT2E): not applied, and said so."""
-    return [
-        SuggestionCheck(fqn=s.fqn, change=s.describe(), before=before, alone=math.nan, kept=False,
-                        reason=f"not applied: the {flow} flow has no input-weight equalization")
-        for s in equalizations
-    ]
-
-
 def check_all(
     sim: Simulation,
     score: Score,
-    real: Callable[[tuple[QuantSuggestion, ...]], float] | None,
+    real: RealScore,
     suggestions: Sequence[QuantSuggestion],
     default: Mapping[str, Mode],
     evaluation: Sequence[object],
     higher_is_better: bool,
     flow: str,
+    equalizes: bool,
     default_score: float,
 ) -> tuple[tuple[SuggestionCheck, ...], dict[str, Mode], tuple[QuantSuggestion, ...]]:
-    """Every suggestion checked: modes in the simulation, equalizations for real (``real`` scores a
-    config quantized by the flow; ``None``: the flow has no equalization). Returns the checks, the
-    modes the search starts from and the kept suggestions (a suggestion's parts merged again)."""
-    modes_said, equalizations = split_equalization(suggestions)
-    checks, start = check_suggestions(sim, score, modes_said, default, evaluation, higher_is_better)
-    kept_modes = [s for s, check in zip(modes_said, checks) if check.kept]
-    equalization_checks = (
-        check_equalizations(real, kept_modes, equalizations, default_score, higher_is_better) if real is not None
-        else unmeasured_equalizations(equalizations, flow, default_score)
-    )
-    kept_equalizations = [s for s, check in zip(equalizations, equalization_checks) if check.kept]
-    kept, _conflicts = merge_suggestions([*kept_modes, *kept_equalizations])  # parts of one suggestion never conflict
-    return checks + tuple(equalization_checks), start, kept
+    """Every suggestion checked, in the simulation or for real (``real``; ``default_score`` is the
+    default config's real score; an equalization in a flow that has none is not applied, and says
+    so). Returns the checks, the modes the search starts from and the
+    kept suggestions (a suggestion's kept parts merged again)."""
+    simulated, for_real = split_for_real(suggestions)
+    checks, start = check_simulated(sim, score, simulated, default, evaluation, higher_is_better)
+    kept = [s for s, check in zip(simulated, checks) if check.kept]
+    measurable = [p for p in for_real if equalizes or not p.equalize]
+    real_checks = check_real(real, kept, measurable, default_score, higher_is_better)
+    kept += [p for p, check in zip(measurable, real_checks) if check.kept]
+    refused = [
+        SuggestionCheck(fqn=p.fqn, change=p.describe(), before=default_score, alone=math.nan, kept=False,
+                        reason=f"not applied: the {flow} flow has no input-weight equalization")
+        for p in for_real if p not in measurable
+    ]
+    merged, _conflicts = merge_suggestions(kept)  # the parts of one suggestion never conflict
+    return checks + tuple(real_checks) + tuple(refused), start, merged
 
 
-__all__ = ["check_all", "check_equalizations", "check_suggestions", "is_default", "mode_of", "split_equalization", "unmeasured_equalizations"]
+__all__ = ["RealScore", "check_all", "check_real", "check_simulated", "is_default", "mode_of", "split_for_real"]

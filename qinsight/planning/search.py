@@ -1,7 +1,8 @@
 """``qinsight.plan``: from a diagnosis to a config that reaches a quality target, every step measured.
 
-1. **Checks** (:mod:`.checks`). Each report suggestion is applied in the
-   simulation alone and among the others; one that lowers the score among
+1. **Checks** (:mod:`.checks`). Each report suggestion is applied alone and
+   among the others, in the simulation (keep-float, activation modes) or for
+   real (equalization, per-tensor weights); one that lowers the score among
    the others is dropped, with the measured effect as the reason.
 2. **Sensitivity.** Per candidate site: the score with only that site in
    float, and with only that site quantized. Both start from cached runs
@@ -94,8 +95,8 @@ def plan(
 
     default_score = real(())
     checks, start, kept = check_all(
-        sim, lambda run: scorer(run.outputs), real if flow_impl.equalizes else None, report.suggestions, default,
-        evaluation, higher, flow_impl.name, default_score,
+        sim, lambda run: scorer(run.outputs), real, report.suggestions, default, evaluation, higher,
+        flow_impl.name, flow_impl.equalizes, default_score,
     )
     sensitivities, noise, quantized_run, float_run = _sensitivities(search, start, evaluation)
     dynamic_noise = measure_dynamic_noise(search, start, float_run, noise)
