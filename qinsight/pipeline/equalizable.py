@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import fx, nn
@@ -35,6 +34,7 @@ from qinsight.frontends import batch_arguments, eval_mode, run_batch
 
 # The float output may move by rounding only: scaling by s and 1/s is exact up to float32.
 CHANGED = 1e-3
+SKIPPED = "torch skips it: prepare_fx inserts no equalization observer at its input"
 
 
 def refused_equalizations(model: nn.Module, fqns: Sequence[str], example: object, backend: str) -> dict[str, str]:
@@ -46,28 +46,26 @@ def refused_equalizations(model: nn.Module, fqns: Sequence[str], example: object
         reference = _float_leaves(run_batch(model, example))
     kept: list[str] = []
     refused: dict[str, str] = {}
+    equalizers = 0  # input equalization observers prepare_fx inserts for the kept ones
     for fqn in fqns:
         try:
-            reason = _why_not(model, [*kept, fqn], fqn, example, reference, backend)
+            prepared = _prepared(model, [*kept, fqn], example, backend)
+            inserted = len(_input_equalizers(prepared))
+            reason = SKIPPED if inserted == equalizers else _changed(prepared, fqn, example, reference)
         except Exception as exc:
             reason = f"torch equalizes only through prepare_fx, which cannot prepare this model ({describe(exc)})"
         if reason:
             refused[fqn] = reason
         else:
             kept.append(fqn)
+            equalizers = inserted
     return refused
 
 
-def _why_not(
-    model: nn.Module, fqns: list[str], fqn: str, example: object, reference: list[torch.Tensor], backend: str
-) -> str:
-    """Why equalizing ``fqns`` (the last one new) does not work as asked; empty where it does."""
-    args, kwargs = batch_arguments(example)
-    inputs = tuple(args) + tuple(kwargs.values())
-    before = _prepared(model, fqns[:-1], inputs, backend)
-    prepared = _prepared(model, fqns, inputs, backend)
-    if len(_input_equalizers(prepared)) == len(_input_equalizers(before)):
-        return "torch skips it: prepare_fx inserts no equalization observer at its input"
+
+def _changed(prepared: fx.GraphModule, fqn: str, example: object, reference: list[torch.Tensor]) -> str:
+    """Why the equalizations ``prepared`` carries (``fqn`` the newest) change the float model's
+    output; empty where they do not."""
     producer = _producer(prepared, fqn)
     with torch.no_grad():
         run_batch(prepared, example)  # the scales come from this batch's ranges
@@ -81,7 +79,9 @@ def _why_not(
     )
 
 
-def _prepared(model: nn.Module, fqns: Sequence[str], inputs: tuple[Any, ...], backend: str) -> fx.GraphModule:
+def _prepared(model: nn.Module, fqns: Sequence[str], example: object, backend: str) -> fx.GraphModule:
+    args, kwargs = batch_arguments(example)
+    inputs = tuple(args) + tuple(kwargs.values())
     equalization = QConfigMapping()
     for name in fqns:
         # torch keeps EqualizationQConfigs in a QConfigMapping, though its annotations admit only QConfig
