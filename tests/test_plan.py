@@ -25,7 +25,7 @@ from qinsight.examples import example
 from qinsight.planning.flows import flow_for
 from qinsight.planning.scores import Scorer
 from qinsight.planning.search import _float_outputs, _outputs, _spearman
-from qinsight.planning.simulate import Mode
+from qinsight.planning.switches import Mode
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ import attrs
 from qinsight.core.plan import SuggestionCheck
 from qinsight.core.sites import WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion, merge_suggestions
-from qinsight.planning.simulate import Mode, Run, Simulation
+from qinsight.planning.simulate import Run, Simulation
+from qinsight.planning.switches import Mode
 
 Score = Callable[[Run], float]
 RealScore = Callable[[tuple[QuantSuggestion, ...]], float]  # a config quantized by the flow, scored

@@ -16,7 +16,8 @@ import attrs
 
 from qinsight.core.plan import PlanStep, Target
 from qinsight.planning.scores import Scorer
-from qinsight.planning.simulate import Mode, Run, Simulation
+from qinsight.planning.simulate import Run, Simulation
+from qinsight.planning.switches import Mode
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 # Refinement passes over the steps still not taken: a step refused at one point can fit once others

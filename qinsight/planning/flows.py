@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -39,16 +41,9 @@ from qinsight.frontends import (
 )
 from qinsight.outputs.pt2e import advice_quantizer
 from qinsight.outputs.qconfig import advice_mapping
-from qinsight.planning.simulate import (
-    EdgeRule,
-    Mode,
-    Owners,
-    Simulation,
-    WeightSwap,
-    fake_quantized_rows,
-    fake_quantized_weight,
-    observer_nodes,
-)
+from qinsight.planning.kernels import QuantizedOps
+from qinsight.planning.simulate import EdgeRule, Owners, RealOps, Simulation, WeightSwap, observer_nodes
+from qinsight.planning.switches import Mode, fake_quantized_rows, fake_quantized_weight
 
 FLOWS = ("fx", "pt2e")
 _ANNOTATION = "quantization_annotation"
@@ -123,7 +118,13 @@ class Flow:
             prepared = self._prepared((), example)
         _calibrate(prepared, calibration)
         rule = self.edge_rule(prepared)  # from the graph as prepared, before the switches go in
-        return Simulation(prepared, self.owners(prepared, example), self.weights(prepared), self.dynamic_max, rule)
+        real_ops = self.real_ops(prepared)
+        return Simulation(prepared, self.owners(prepared, example), self.weights(prepared), self.dynamic_max, rule, real_ops)
+
+    def real_ops(self, prepared: fx.GraphModule) -> RealOps | None:
+        """What runs on quantized tensors in the simulation of the calibrated ``prepared`` graph, as
+        the flow's converted model runs it; ``None``: fake quantization in float is exact already."""
+        return None
 
     def edge_rule(self, prepared: fx.GraphModule) -> EdgeRule | None:
         """The flow's own answer to which edges it quantizes under each config, where asking is cheap."""
@@ -215,6 +216,25 @@ class FxFlow(Flow):
             if isinstance(source := node.args[0], fx.Node)
             for user in node.users
         }
+
+    def real_ops(self, prepared: fx.GraphModule) -> RealOps:
+        """fbgemm's integer kernels round otherwise than fake quantization in float: the layers run
+        convert_fx's static quantized modules (converted from a copy), the other ops the quantized
+        forms FX gives them (:mod:`.kernels`)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            converted = convert_prepared(copy.deepcopy(prepared), pt2e=False)
+        assert isinstance(converted, fx.GraphModule)
+        modules = dict(converted.named_modules())
+        kernels = {
+            name: module for node in prepared.graph.nodes
+            if node.op == "call_module" and (module := modules.get(name := str(node.target))) is not None
+            and _static_kernel(module)
+        }
+        site_of = self._site_of(prepared)
+        sites = {node: site for node in prepared.graph.nodes if (site := site_of(node)) is not None}
+        float_ops = {node.name for node in converted.graph.nodes if any(map(_is_dequantize, node.all_input_nodes))}
+        return functools.partial(QuantizedOps, kernels=kernels, site_of=sites, float_ops=float_ops)
 
     def weights(self, model: fx.GraphModule) -> dict[str, WeightSwap]:
         qconfigs = model.meta["_observed_graph_module_attrs"].node_name_to_qconfig
@@ -316,6 +336,20 @@ def mode_suggestions(modes: Mapping[str, Mode]) -> tuple[QuantSuggestion, ...]:
         else QuantSuggestion(fqn=site, activation=ActivationMode.DYNAMIC, sources=("qinsight.plan",))
         for site, mode in sorted(modes.items(), key=lambda item: item[0])
         if mode is not Mode.STATIC
+    )
+
+
+def _static_kernel(module: nn.Module) -> bool:
+    """A converted FX module that reads a quantized input and writes its own output qparams (a
+    quantized Linear, Conv or LayerNorm; not a dynamic or weight-only one, not a float module)."""
+    kind = type(module).__module__  # weight-only ones (embeddings) have no output scale
+    return kind.startswith("torch.ao.nn.") and ".quantized" in kind and ".dynamic" not in kind and hasattr(module, "scale")
+
+
+def _is_dequantize(node: fx.Node) -> bool:
+    """A converted FX graph's ``dequantize``: what follows it runs in float."""
+    return (node.op == "call_method" and node.target == "dequantize") or (
+        node.op == "call_function" and node.target is torch.dequantize
     )
 
 

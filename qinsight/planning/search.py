@@ -37,7 +37,8 @@ from qinsight.planning.checks import check_all, mode_of
 from qinsight.planning.curve import Progress, Search, choose, measure_dynamic_noise, taken
 from qinsight.planning.flows import flow_for, mode_suggestions
 from qinsight.planning.scores import MetricFunction, Scorer
-from qinsight.planning.simulate import Mode, Run
+from qinsight.planning.simulate import Run
+from qinsight.planning.switches import Mode
 
 
 def _quiet(_stage: str, _done: int, _total: int) -> None:

@@ -21,7 +21,6 @@ that differs in a few sites recomputes only the nodes downstream of them
 
 from __future__ import annotations
 
-import enum
 import operator
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,84 +31,8 @@ from torch import fx, nn
 from torch.ao.quantization.observer import ObserverBase
 
 from qinsight.frontends import batch_arguments, fetch_attr
-
-_RANGES = {torch.quint8: (0, 255), torch.qint8: (-128, 127), torch.uint8: (0, 255), torch.int8: (-128, 127)}
-
-
-class Mode(enum.Enum):
-    """How a site runs in the simulation."""
-
-    FLOAT = "float"
-    STATIC = "static"
-    DYNAMIC = "dynamic"  # weights quantized, the input quantized per batch, the output left in float
-
-
-class Switch(nn.Module):
-    """An observer turned into a fake quantizer that can be turned off (``mode``) or made dynamic."""
-
-    def __init__(self, observer: nn.Module) -> None:
-        super().__init__()
-        self.mode = Mode.STATIC
-        dtype = getattr(observer, "dtype", torch.float32)
-        self.passthrough = dtype not in _RANGES or bool(getattr(observer, "is_dynamic", False))
-        self.qmin, self.qmax = _RANGES.get(dtype, (0, 255))
-        self.axis: int | None = None
-        self.scale, self.zero_point = torch.ones(1), torch.zeros(1, dtype=torch.int32)
-        if not self.passthrough:
-            scale, zero_point = observer.calculate_qparams()  # type: ignore[operator]
-            self.scale, self.zero_point = scale.float().reshape(-1), zero_point.int().reshape(-1)
-            if self.scale.numel() > 1:
-                self.axis = int(getattr(observer, "ch_axis", 0))
-        # per-tensor qparams as numbers, read once: not a tensor-to-number sync on every batch
-        self.step, self.zero = float(self.scale[0]), int(self.zero_point[0])
-        self.constant: torch.Tensor | None = None  # a weight's fake-quantized value, computed once
-        self.dynamic_max = 255
-
-    def forward(self, value: torch.Tensor) -> torch.Tensor:
-        if self.mode is Mode.FLOAT:
-            return value
-        if self.mode is Mode.DYNAMIC or self.passthrough:
-            return dynamic_fake_quantize(value, self.dynamic_max) if self.mode is Mode.DYNAMIC else value
-        if self.constant is not None:
-            return self.constant
-        return self.quantize(value)
-
-    def quantize(self, value: torch.Tensor) -> torch.Tensor:
-        if self.axis is not None:
-            return torch.fake_quantize_per_channel_affine(
-                value, self.scale, self.zero_point, self.axis, self.qmin, self.qmax
-            )
-        return torch.fake_quantize_per_tensor_affine(value, self.step, self.zero, self.qmin, self.qmax)
-
-
-def dynamic_fake_quantize(value: torch.Tensor, quant_max: int = 255) -> torch.Tensor:
-    """Per-tensor affine quantization to ``0..quant_max`` with this tensor's own range, as dynamic
-    kernels do (fbgemm's reduce their range to 7 bits: ``quant_max=127``)."""
-    low, high = torch.aminmax(value.detach())
-    low_value, high_value = min(float(low), 0.0), max(float(high), 0.0)
-    scale = max((high_value - low_value) / quant_max, 1e-8)
-    zero_point = int(round(-low_value / scale))
-    return torch.fake_quantize_per_tensor_affine(value, scale, min(max(zero_point, 0), quant_max), 0, quant_max)
-
-
-def fake_quantized_weight(weight: torch.Tensor, per_channel: bool) -> torch.Tensor:
-    """Symmetric int8 weights, per output channel or per tensor (the x86 flows' weight schemes)."""
-    w = weight.detach()
-    if per_channel:
-        bound = w.abs().reshape(w.shape[0], -1).amax(dim=1).clamp_min(1e-12)
-        scale = (bound / 127.5).float()
-        zero = torch.zeros_like(scale, dtype=torch.int32)
-        return torch.fake_quantize_per_channel_affine(w, scale, zero, 0, -128, 127)
-    step = max(float(w.abs().max()) / 127.5, 1e-12)
-    return torch.fake_quantize_per_tensor_affine(w, step, 0, -128, 127)
-
-
-def fake_quantized_rows(weight: torch.Tensor) -> torch.Tensor:
-    """Affine 8-bit weights with a float scale and offset per row: embeddings' float-qparams scheme."""
-    w = weight.detach()
-    low = w.amin(dim=1, keepdim=True)
-    scale = ((w.amax(dim=1, keepdim=True) - low) / 255.0).clamp_min(1e-8)
-    return torch.clamp(torch.round((w - low) / scale), 0, 255) * scale + low
+from qinsight.planning.kernels import NOT_RUN, QuantizedOps
+from qinsight.planning.switches import Mode, Switch
 
 
 class Owners:
@@ -148,7 +71,11 @@ class Simulation:
     """A calibrated prepared graph with a switch per observer and a weight swap per FX layer.
 
     ``owners`` gives each observer node its :class:`Owners`; ``weights`` the FX
-    layers' weight swaps by site (PT2E weights are observed in the graph).
+    layers' weight swaps by site (PT2E weights are observed in the graph);
+    ``real_ops`` builds, from the graph and its switches, the ops that run on
+    quantized tensors as the flow's converted model runs them (FX:
+    :class:`~qinsight.planning.kernels.QuantizedOps`); with it the switches
+    quantize as ATen's ``quantize_per_tensor`` does.
     """
 
     def __init__(
@@ -158,9 +85,11 @@ class Simulation:
         weights: Mapping[str, WeightSwap],
         dynamic_max: int = 255,
         edge_rule: EdgeRule | None = None,
+        real_ops: RealOps | None = None,
     ) -> None:
         self.model = model
         self.weights = dict(weights)
+        self._modes: Mapping[str, Mode] = {}
         self.switches: dict[fx.Node, tuple[Switch, Owners]] = {}
         self.edge_rule = edge_rule
         _out_of_place(model)
@@ -171,7 +100,7 @@ class Simulation:
         for node in observers:
             who = owners(node)
             switch = Switch(model.get_submodule(str(node.target)))
-            switch.dynamic_max = dynamic_max
+            switch.dynamic_max, switch.aten = dynamic_max, real_ops is not None
             if who.weight and not switch.passthrough:
                 switch.constant = switch.quantize(_constant(model, node.args[0]))
             name = f"{node.name}_switch"  # one per node: the copies of a shared observer switch apart
@@ -179,6 +108,7 @@ class Simulation:
             node.target = name
             self.switches[node] = (switch, who)
         model.recompile()
+        self.ops = real_ops(model, {node: switch for node, (switch, _) in self.switches.items()}) if real_ops else None
         self.nodes = list(model.graph.nodes)
         self.sites = sorted({site for _, who in self.switches.values() for site in who.sites} | set(self.weights))
         self._weight_users = {
@@ -205,6 +135,7 @@ class Simulation:
         return found
 
     def configure(self, modes: Mapping[str, Mode]) -> None:
+        self._modes = modes
         for node, mode in self.switch_modes(modes).items():
             self.switches[node][0].mode = mode
         for site, (holder, float_weight, quantized) in self.weights.items():
@@ -263,6 +194,8 @@ class Simulation:
                 values[_OUTPUT] = self.model.graph._codegen.process_outputs(args[0])
             elif node.op == "get_attr":
                 values[node] = _constant(self.model, node)
+            elif self.ops is not None and (value := self.ops.run(node, values, self._modes)) is not NOT_RUN:
+                values[node] = value
             elif node.op == "call_module":
                 values[node] = self.model.get_submodule(str(node.target))(*args, **kwargs)
             elif node.op == "call_function":
@@ -306,6 +239,9 @@ def _one_observer_per_edge(model: fx.GraphModule) -> None:
                 copy = model.graph.call_module(str(node.target), node.args)
             user.replace_input_with(node, copy)
 
+
+RealOps = Callable[[fx.GraphModule, Mapping[fx.Node, Switch]], QuantizedOps]
+"""Builds the ops that run on quantized tensors, from the graph and its switches (FX's)."""
 
 EdgeRule = Callable[[Mapping[str, Mode]], Mapping[tuple[str, str], Mode]]
 """A flow's own answer to "which edges does it quantize when the sites run in these modes": the

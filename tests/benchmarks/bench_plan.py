@@ -34,7 +34,7 @@ from qinsight.core.suggestions import QuantSuggestion  # noqa: E402
 from qinsight.planning.flows import flow_for  # noqa: E402
 from qinsight.planning.scores import Scorer  # noqa: E402
 from qinsight.planning.search import _float_outputs, _outputs, _spearman  # noqa: E402
-from qinsight.planning.simulate import Mode  # noqa: E402
+from qinsight.planning.switches import Mode  # noqa: E402
 
 
 def _model_and_data(name: str, calibration: int, evaluation: int) -> tuple[torch.nn.Module, list[Any], list[Any], str]:
