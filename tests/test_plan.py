@@ -110,7 +110,8 @@ def test_the_simulated_default_config_scores_what_the_real_flow_does(flow: str) 
     simulated = sim.run({site: Mode.STATIC for site in sim.sites}, held_out).outputs
     real = _outputs(planned.quantize((), calibration), held_out)
     scorer = Scorer(_float_outputs(model, held_out), "sqnr", "sqnr")
-    assert abs(scorer(simulated) - scorer(real)) < 1.0, (scorer(simulated), scorer(real))
+    # FX: fbgemm's kernels run in the simulation where FX runs them; PT2E's quantize rounds as fake quantization
+    assert torch.equal(torch.cat(simulated), torch.cat(real)), (scorer(simulated), scorer(real))
     assert scorer.noise(simulated) > 0  # it is quantized
 
 
@@ -160,23 +161,29 @@ def test_the_measured_sensitivity_agrees_with_brute_force(
         own = tuple(s for s in report.suggestions if s.fqn == name and s.fqn in kept and not s.keep_float)
         brute.append(scorer(_outputs(planned.quantize(others + own, calibration), held_out)))
     simulated = [s.quantized_only for s in residual_plan.sensitivities]
-    assert _spearman(simulated, brute) >= 0.8  # measured 0.82 (13 sites; the LayerNorms' int kernels differ most)
+    # measured 0.84 (13 sites): a site quantized alone between float neighbours is where FX's own choice of
+    # edges differs from the owners' rule (a LayerNorm alone: FX leaves it float); leave-one-float is exact
+    assert _spearman(simulated, brute) >= 0.8
     worst = names[min(range(len(names)), key=brute.__getitem__)]
     assert worst == names[min(range(len(names)), key=simulated.__getitem__)]  # the residual adds
 
 
-def test_pt2e_leave_one_float_simulated_is_the_real_flow_bit_for_bit() -> None:
-    """MobileNetV2, real weights: keeping a conv in float changes which edges X86InductorQuantizer
-    quantizes (a conv + add fusion, an expansion conv fed by a residual stream); the simulation asks
-    the quantizer again, so each config scores what one real prepare/calibrate/convert does.
-    tests/benchmarks/bench_plan.py does all 53 layers: Spearman 1.0 against brute force."""
-    pytest.importorskip("torchao")
+@pytest.mark.parametrize("flow", ["fx", "pt2e"])
+def test_leave_one_float_simulated_is_the_real_flow_bit_for_bit(flow: str) -> None:
+    """MobileNetV2, real weights. PT2E: keeping a conv in float changes which edges
+    X86InductorQuantizer quantizes (a conv + add fusion, an expansion conv fed by a residual stream);
+    the simulation asks the quantizer again. FX: fbgemm's integer kernels round otherwise than fake
+    quantization (the simulated and real model were 12 dB apart at the output); the simulation runs
+    them where FX does. Either way each config scores what one real prepare/calibrate/convert does.
+    tests/benchmarks/bench_plan.py does all 53 layers: Spearman 1.0 against brute force in both."""
+    if flow == "pt2e":
+        pytest.importorskip("torchao")
     from _support import mobilenet_v2_or_skip, photo_crops
 
     model = mobilenet_v2_or_skip()
     calibration, held_out = photo_crops(8, seed=1), photo_crops(8, seed=2)
     report = qinsight.diagnose(model, calibration)
-    planned = flow_for("pt2e", model, report.sites, "x86")
+    planned = flow_for(flow, model, report.sites, "x86")
     planned.shapes_from(calibration + held_out)
     sim = planned.simulation(calibration)
     everything = {site: Mode.STATIC for site in sim.sites}
@@ -184,7 +191,7 @@ def test_pt2e_leave_one_float_simulated_is_the_real_flow_bit_for_bit() -> None:
     for site in ("features.3.conv.2", "features.9.conv.0.0", "classifier.1"):
         simulated = sim.run_changed({**everything, site: Mode.FLOAT}, quantized).outputs
         real = _outputs(planned.quantize((QuantSuggestion(fqn=site, keep_float=True),), calibration), held_out)
-        assert sqnr(torch.cat(real), torch.cat(simulated)) > 80.0, site
+        assert torch.equal(torch.cat(real), torch.cat(simulated)), (site, sqnr(torch.cat(real), torch.cat(simulated)))
         assert not torch.equal(torch.cat(simulated), torch.cat(quantized.outputs))  # the change is seen
 
 
