@@ -90,6 +90,12 @@ def test_a_run_started_from_a_cached_one_is_the_full_run(flow: str) -> None:
     full = sim.run(modes, batches[1:])
     assert torch.equal(run.outputs[0], full.outputs[0])
     assert not torch.equal(run.outputs[0], start.outputs[0])
+    # and back: from every site quantized, sites floated one by one (FX: an op between quantized
+    # neighbours runs on quantized tensors until it is floated, though no switch around it changes)
+    run = sim.run({site: Mode.STATIC for site in sim.sites}, batches[1:])
+    for site in random.Random(1).sample(sim.sites, min(6, len(sim.sites) - 1)):
+        run = sim.run_changed({**run.modes, site: Mode.FLOAT}, run)
+        assert torch.equal(run.outputs[0], sim.run(run.modes, batches[1:]).outputs[0]), site
     # every site in float is the float model in PT2E; FX still quantizes at a few ops that are no sites
     # (a transpose under the global qconfig), as the real flow does
     everything = tuple(QuantSuggestion(fqn=site, keep_float=True) for site in sim.sites)

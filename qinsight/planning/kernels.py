@@ -16,7 +16,7 @@ then on, as before.
 from __future__ import annotations
 
 import operator
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -63,12 +63,21 @@ class QuantizedOps:
                 self._candidates[node] = False  # a layer's kernel quantizes its output itself
             elif node.users and all(user in switches for user in node.users):
                 self._candidates[node] = True  # FX quantizes an op whose output it observes
+        self._site_nodes: dict[str, list[fx.Node]] = {}
+        for node in self._candidates:
+            if node in site_of:
+                self._site_nodes.setdefault(site_of[node], []).append(node)
         # An op run on quantized tensors without output qparams of its own (a pool, a dropout) keeps its
         # input's: the converted model has no requantization after it, whatever its observer says.
         self._keeps_qparams = {
             node for node, needs_users in self._candidates.items()
             if needs_users and node.target not in _WITH_OUTPUT_QPARAMS
         }
+
+    def nodes_of(self, sites: Iterable[str]) -> list[fx.Node]:
+        """The nodes of these sites that can run on quantized tensors: a change of a site's mode
+        changes how they run, even where no switch around them changes."""
+        return [node for site in sites for node in self._site_nodes.get(site, ())]
 
     def run(self, node: fx.Node, values: Mapping[fx.Node, Any], modes: Mapping[str, Mode]) -> Any:
         """The node's value computed on quantized tensors, or :data:`NOT_RUN` (compute it in float)."""
@@ -83,7 +92,7 @@ class QuantizedOps:
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: self._carrier(n, modes).quantized(values[n]))
         try:
             result = self._call(node, args, kwargs, outputs[0] if outputs else None)
-        except (RuntimeError, NotImplementedError, TypeError):  # no quantized kernel for it: float from now on
+        except Exception:  # the op has no quantized form for these arguments: it runs in float from now on
             self._refused.add(node)
             return NOT_RUN
         return result.dequantize() if isinstance(result, torch.Tensor) and result.is_quantized else result

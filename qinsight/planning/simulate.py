@@ -169,6 +169,9 @@ class Simulation:
             node for site, node in self._weight_users.items()
             if (modes.get(site, Mode.STATIC) is Mode.FLOAT) != (before.modes.get(site, Mode.STATIC) is Mode.FLOAT)
         ]
+        if self.ops is not None:
+            changed = {site for site in {*modes, *before.modes} if modes.get(site) is not before.modes.get(site)}
+            starts += self.ops.nodes_of(changed)
         self.configure(modes)
         recompute = self.downstream(starts)
         self.evaluations += len(recompute) / max(len(self.nodes), 1)
