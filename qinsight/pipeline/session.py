@@ -193,11 +193,10 @@ class Session:
 
     def _refused_equalizations(self, fqns: tuple[str, ...]) -> dict[str, str]:
         """The suggested equalizations torch cannot apply (:mod:`.equalizable`), checked on the first batch."""
-        if not fqns or self._example is None:
+        if not fqns or self._example is None or self.view.frontend == "export":
+            # an exported graph is not what prepare_fx equalizes (the user's module is); PT2E has no
+            # equalization at all, which report.pt2e_quantizer() says
             return {}
-        if self.view.frontend == "export":
-            reason = "the exported graph's flow (PT2E) has no input-weight equalization; torch equalizes only in prepare_fx"
-            return dict.fromkeys(fqns, reason)
         return refused_equalizations(self.view.model, fqns, self._example, self._backend)
 
 
