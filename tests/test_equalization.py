@@ -50,6 +50,16 @@ def equalization(report: qinsight.Report) -> dict[str, EqualizationFinding]:
     return {f.fqn: f for f in findings if isinstance(f, EqualizationFinding)}
 
 
+def quantized_sqnr(model: nn.Module, calibration: list[torch.Tensor], held_out: list[torch.Tensor], **equalize: object) -> float:
+    prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), (calibration[0],), **equalize)
+    for batch in calibration:
+        prepared(batch)
+    quantized = convert_fx(prepared)
+    with torch.no_grad():
+        values = [20 * torch.log10(model(b).norm() / (model(b) - quantized(b)).norm()).item() for b in held_out]
+    return sum(values) / len(values)
+
+
 def seeded_outlier_mlp() -> nn.Module:
     torch.manual_seed(0)
     return OutlierMLP().eval()
@@ -96,16 +106,8 @@ def test_fixed_verdict_raises_sqnr_on_outlier_channels() -> None:
     assert fc1.recommended and fc1.channel_share >= 0.9
     assert 3 not in fc1.recommended_channels and 11 not in fc1.recommended_channels  # the wide channels set the scale
 
-    def sqnr(**equalize: object) -> float:
-        prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), (calibration[0],), **equalize)
-        for batch in calibration:
-            prepared(batch)
-        quantized = convert_fx(prepared)
-        with torch.no_grad():
-            values = [20 * torch.log10(model(b).norm() / (model(b) - quantized(b)).norm()).item() for b in held_out]
-        return sum(values) / len(values)
-
-    plain, equalized = sqnr(), sqnr(_equalization_config=report.equalization_mapping.to_torch())
+    plain = quantized_sqnr(model, calibration, held_out)
+    equalized = quantized_sqnr(model, calibration, held_out, _equalization_config=report.equalization_mapping.to_torch())
     assert equalized > plain + 2.0  # measured: 27.5 -> 31.8 dB
 
 
@@ -224,16 +226,6 @@ class SharedInput(nn.Module):
         y = self.fc1(x)
         out: torch.Tensor = self.fc3(self.fc2(y) + y)
         return out
-
-
-def quantized_sqnr(model: nn.Module, calibration: list[torch.Tensor], held_out: list[torch.Tensor], **equalize: object) -> float:
-    prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), (calibration[0],), **equalize)
-    for batch in calibration:
-        prepared(batch)
-    quantized = convert_fx(prepared)
-    with torch.no_grad():
-        values = [20 * torch.log10(model(b).norm() / (model(b) - quantized(b)).norm()).item() for b in held_out]
-    return sum(values) / len(values)
 
 
 def test_an_equalization_torch_cannot_apply_is_refused_with_the_reason(tmp_path: object) -> None:
