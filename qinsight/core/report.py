@@ -138,9 +138,7 @@ class Report:
         if not refused:
             return self
         kept = tuple(entry for entry in mapping.entries if entry.fqn not in reasons)
-        suggestions = tuple(
-            attrs.evolve(s, equalize=None) if s.fqn in reasons else s for s in self.suggestions
-        )
+        suggestions = tuple(attrs.evolve(s, equalize=None) if s.fqn in reasons else s for s in self.suggestions)
         return attrs.evolve(
             self,
             suggestions=tuple(s for s in suggestions if s.describe() != "no change"),

@@ -48,7 +48,8 @@ def _png(figure: object) -> str:
 
 
 def config_code(report: Report) -> str:
-    """Python that builds the same QConfigMapping as ``report.qconfig_mapping()``."""
+    """Python that builds the same QConfigMapping as ``report.qconfig_mapping()`` (and the
+    equalization config, where the report equalizes)."""
     from qinsight.outputs.qconfig import entries_code  # torch, only when the page shows the code
 
     return "\n".join(entries_code(report)) + "\n"

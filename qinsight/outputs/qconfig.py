@@ -183,7 +183,8 @@ def _applied(entries: list[MappingEntry], backend: str, base: QConfigMapping | N
 
 
 def entries_code(report: Report) -> list[str]:
-    """Python lines that build ``mapping``, the same QConfigMapping as :func:`to_qconfig_mapping`."""
+    """Python lines that build ``mapping``, the same QConfigMapping as :func:`to_qconfig_mapping`
+    (and ``equalization``, as ``report.equalization_mapping.to_torch()``, where it equalizes)."""
     return _code(mapping_entries(report), report.metadata.backend) + equalization_code(report.equalization_mapping)
 
 
@@ -196,7 +197,7 @@ def plan_code(plan: QuantPlan) -> list[str]:
 
 def equalization_code(mapping: EqualizationMapping) -> list[str]:
     """Python lines that build ``equalization``, the same as ``mapping.to_torch()``; none if it is empty."""
-    if not len(mapping):
+    if not mapping.entries:
         return []
     lines = [
         "",

@@ -142,8 +142,8 @@ def check_all(
 ) -> tuple[tuple[SuggestionCheck, ...], dict[str, Mode], tuple[QuantSuggestion, ...]]:
     """Every suggestion checked, in the simulation or for real (``real``; ``default_score`` is the
     default config's real score; an equalization in a flow that has none is not applied, and says
-    so). Returns the checks, the modes the search starts from and the
-    kept suggestions (a suggestion's kept parts merged again)."""
+    so). Returns the checks, the modes the search starts from and the kept suggestions (a
+    suggestion's kept parts merged again)."""
     simulated, for_real = split_for_real(suggestions)
     checks, start = check_simulated(sim, score, simulated, default, evaluation, higher_is_better)
     kept = [s for s, check in zip(simulated, checks) if check.kept]
