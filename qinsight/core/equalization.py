@@ -8,9 +8,12 @@ what ``prepare_fx(..., _equalization_config=...)`` takes.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import attrs
+
+from qinsight.core.suggestions import QuantSuggestion
 
 if TYPE_CHECKING:
     from torch.ao.quantization import QConfigMapping
@@ -42,6 +45,11 @@ class EqualizationMapping:
 
     entries: tuple[EqualizationEntry, ...] = ()
     refused: tuple[EqualizationRefusal, ...] = ()
+
+    @classmethod
+    def of(cls, suggestions: Iterable[QuantSuggestion]) -> EqualizationMapping:
+        """The modules of ``suggestions`` that say equalize, in their order."""
+        return cls(entries=tuple(EqualizationEntry(fqn=s.fqn, sources=s.sources) for s in suggestions if s.equalize))
 
     @property
     def fqns(self) -> tuple[str, ...]:

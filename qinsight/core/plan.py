@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
+from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.sites import OpSite
 from qinsight.core.suggestions import QuantSuggestion
 
@@ -205,9 +205,7 @@ class QuantPlan:
     def equalization_mapping(self) -> EqualizationMapping:
         """The equalizations the plan keeps (measured for real in FX), for ``prepare_fx``'s
         ``_equalization_config`` (:meth:`EqualizationMapping.to_torch`)."""
-        return EqualizationMapping(
-            entries=tuple(EqualizationEntry(fqn=s.fqn, sources=s.sources) for s in self.suggestions if s.equalize)
-        )
+        return EqualizationMapping.of(self.suggestions)
 
     def sensitivity(self, fqn: str) -> SiteSensitivity:
         for found in self.sensitivities:

@@ -141,7 +141,7 @@ class Report:
         suggestions = tuple(attrs.evolve(s, equalize=None) if s.fqn in reasons else s for s in self.suggestions)
         return attrs.evolve(
             self,
-            suggestions=tuple(s for s in suggestions if s.describe() != "no change"),
+            suggestions=tuple(s for s in suggestions if not s.changes_nothing),
             equalization_mapping=EqualizationMapping(entries=kept, refused=mapping.refused + refused),
         )
 

@@ -45,10 +45,17 @@ class QuantSuggestion:
     keep_float: bool | None = None
     sources: tuple[str, ...] = ()
 
+    @property
+    def changes_nothing(self) -> bool:
+        """Whether it holds no opinion that changes a config (what :meth:`describe` calls "no change")."""
+        return not self.keep_float and self.activation is None and self.weight is None and not self.equalize
+
     def describe(self) -> str:
         """``activation dynamic, weight per_channel`` — the opinions it holds."""
         if self.keep_float:
             return "keep in float"
+        if self.changes_nothing:
+            return "no change"
         parts = []
         if self.activation is not None:
             parts.append(f"activation {self.activation.value}")
@@ -56,7 +63,7 @@ class QuantSuggestion:
             parts.append(f"weight {self.weight.value}")
         if self.equalize:
             parts.append("equalize")
-        return ", ".join(parts) or "no change"
+        return ", ".join(parts)
 
 
 @attrs.frozen(kw_only=True)

@@ -13,7 +13,7 @@ import torch
 
 from qinsight._version import __version__
 from qinsight.core.comparison import Comparison
-from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
+from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.errors import describe
 from qinsight.core.report import DetectorFailure, DetectorResult, FailureStage, Report, ReportMetadata
 from qinsight.core.stats import ObservedStats
@@ -74,7 +74,6 @@ def analyze(
                 raise
             failed.append(DetectorFailure(detector=detector.id, stage=FailureStage.ANALYZE, error=describe(exc)))
     suggestions, conflicts = merge_suggestions(s for r in results for s in r.suggestions)
-    equalize = tuple(EqualizationEntry(fqn=s.fqn, sources=s.sources) for s in suggestions if s.equalize)
     return Report(
         metadata=metadata,
         sites=view.sites + view.ops,
@@ -82,7 +81,7 @@ def analyze(
         results=tuple(results),
         suggestions=suggestions,
         conflicts=conflicts,
-        equalization_mapping=EqualizationMapping(entries=equalize),
+        equalization_mapping=EqualizationMapping.of(suggestions),
         failures=tuple(failed),
     )
 

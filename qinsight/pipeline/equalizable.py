@@ -16,6 +16,7 @@ equalization is applied for real on a copy, the quantization left out
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from collections.abc import Sequence
 
@@ -29,6 +30,7 @@ from torch.ao.quantization.fx._equalize import (
 )
 from torch.ao.quantization.quantize_fx import prepare_fx
 
+from qinsight.compare.metrics import relative_l2
 from qinsight.core.errors import describe
 from qinsight.frontends import batch_arguments, eval_mode, run_batch
 
@@ -63,14 +65,14 @@ def refused_equalizations(model: nn.Module, fqns: Sequence[str], example: object
 
 
 
-def _changed(prepared: fx.GraphModule, fqn: str, example: object, reference: list[torch.Tensor]) -> str:
+def _changed(prepared: fx.GraphModule, fqn: str, example: object, reference: torch.Tensor) -> str:
     """Why the equalizations ``prepared`` carries (``fqn`` the newest) change the float model's
     output; empty where they do not."""
     producer = _producer(prepared, fqn)
     with torch.no_grad():
         run_batch(prepared, example)  # the scales come from this batch's ranges
         equalized = _float_leaves(run_batch(_convert_equalization_ref(prepared), example))
-    change = _relative_change(reference, equalized)
+    change = relative_l2(reference, equalized) if reference.shape == equalized.shape else math.inf
     if change <= CHANGED:
         return ""
     return (
@@ -115,17 +117,10 @@ def _producer(prepared: fx.GraphModule, fqn: str) -> str:
     return "another op"
 
 
-def _float_leaves(output: object) -> list[torch.Tensor]:
+def _float_leaves(output: object) -> torch.Tensor:
+    """Every floating tensor of a model output, flattened into one."""
     leaves = torch.utils._pytree.tree_leaves(output)
-    return [t.detach().float() for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
-
-
-def _relative_change(reference: list[torch.Tensor], candidate: list[torch.Tensor]) -> float:
-    if len(reference) != len(candidate):
-        return float("inf")
-    error = sum(float((a - b).pow(2).sum()) for a, b in zip(reference, candidate))
-    power = sum(float(a.pow(2).sum()) for a in reference)
-    return (error / power) ** 0.5 if power > 0 else (0.0 if error == 0 else float("inf"))
+    return torch.cat([t.detach().float().reshape(-1) for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()])
 
 
 __all__ = ["CHANGED", "refused_equalizations"]

@@ -39,7 +39,7 @@ def split_for_real(suggestions: Sequence[QuantSuggestion]) -> tuple[list[QuantSu
     for s in suggestions:
         per_tensor = s.weight is WeightScheme.PER_TENSOR and not s.keep_float
         rest = attrs.evolve(s, equalize=None, weight=None if per_tensor else s.weight)
-        if rest.describe() != "no change":
+        if not rest.changes_nothing:
             simulated.append(rest)
         if s.equalize and not s.keep_float:
             real.append(QuantSuggestion(fqn=s.fqn, equalize=True, sources=s.sources))

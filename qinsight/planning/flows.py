@@ -25,7 +25,7 @@ from torch import fx, nn
 from torch.ao.quantization import QConfigMapping
 
 from qinsight.compare.configs import convert_prepared, prepare_config
-from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
+from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.errors import FrontendError, InvalidParameterError
 from qinsight.core.sites import OpSite
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
@@ -145,8 +145,8 @@ class FxFlow(Flow):
 
     def equalization(self, suggestions: tuple[QuantSuggestion, ...]) -> QConfigMapping | None:
         """prepare_fx's ``_equalization_config`` for the suggestions that say equalize."""
-        entries = tuple(EqualizationEntry(fqn=s.fqn, sources=s.sources) for s in suggestions if s.equalize)
-        return EqualizationMapping(entries=entries).to_torch() if entries else None
+        mapping = EqualizationMapping.of(suggestions)
+        return mapping.to_torch() if mapping.entries else None
 
     def _site_of(self, model: fx.GraphModule) -> Callable[[fx.Node], str | None]:
         scope = model.meta["_observed_graph_module_attrs"].node_name_to_scope

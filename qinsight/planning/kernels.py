@@ -53,6 +53,7 @@ class QuantizedOps:
     ) -> None:
         self.model, self.switches, self.kernels, self.site_of = model, switches, kernels, site_of
         self._refused: set[fx.Node] = set()
+        self._running: set[fx.Node] = set()  # the candidates that run quantized in the configured modes
         self._candidates: dict[fx.Node, bool] = {}  # node -> whether its users must be quantized too
         for node in model.graph.nodes:
             if node.op not in ("call_function", "call_method", "call_module") or node in switches:
@@ -79,29 +80,35 @@ class QuantizedOps:
         changes how they run, even where no switch around them changes."""
         return [node for site in sites for node in self._site_nodes.get(site, ())]
 
-    def run(self, node: fx.Node, values: Mapping[fx.Node, Any], modes: Mapping[str, Mode]) -> Any:
+    def configure(self, modes: Mapping[str, Mode]) -> None:
+        """Which candidates run quantized when the sites run in ``modes``: once per configuration
+        (the switches set first), not once per node and batch."""
+        self._running = {node for node in self._candidates if self._runs(node, modes)}
+
+    def run(self, node: fx.Node, values: Mapping[fx.Node, Any]) -> Any:
         """The node's value computed on quantized tensors, or :data:`NOT_RUN` (compute it in float)."""
         if node in self.switches:  # the switch after an op that keeps its input's qparams lets it through
             source = node.args[0]
-            if isinstance(source, fx.Node) and source in self._keeps_qparams and self._runs(source, modes):
+            if isinstance(source, fx.Node) and source in self._keeps_qparams and source in self._running:
                 return values[source]
             return NOT_RUN
-        if not self._runs(node, modes):
+        if node not in self._running:
             return NOT_RUN
         outputs = [self.switches[n] for n in node.users] if self._candidates[node] else []
-        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: self._carrier(n, modes).quantized(values[n]))
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: self._carrier(n).quantized(values[n]))
         try:
             result = self._call(node, args, kwargs, outputs[0] if outputs else None)
         except Exception:  # the op has no quantized form for these arguments: it runs in float from now on
             self._refused.add(node)
+            self._running.discard(node)
             return NOT_RUN
         return result.dequantize() if isinstance(result, torch.Tensor) and result.is_quantized else result
 
-    def _carrier(self, switch_node: fx.Node, modes: Mapping[str, Mode]) -> Switch:
+    def _carrier(self, switch_node: fx.Node) -> Switch:
         """The switch whose qparams the value leaving ``switch_node`` carries: its own, or, after ops
         that keep their input's qparams, the switch before them."""
         source = switch_node.args[0]
-        while isinstance(source, fx.Node) and source in self._keeps_qparams and self._runs(source, modes):
+        while isinstance(source, fx.Node) and source in self._keeps_qparams and source in self._running:
             switch_node = source.all_input_nodes[0]
             source = switch_node.args[0]
         return self.switches[switch_node]

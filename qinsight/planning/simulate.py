@@ -89,7 +89,6 @@ class Simulation:
     ) -> None:
         self.model = model
         self.weights = dict(weights)
-        self._modes: Mapping[str, Mode] = {}
         self.switches: dict[fx.Node, tuple[Switch, Owners]] = {}
         self.edge_rule = edge_rule
         _out_of_place(model)
@@ -135,9 +134,10 @@ class Simulation:
         return found
 
     def configure(self, modes: Mapping[str, Mode]) -> None:
-        self._modes = modes
         for node, mode in self.switch_modes(modes).items():
             self.switches[node][0].mode = mode
+        if self.ops is not None:
+            self.ops.configure(modes)
         for site, (holder, float_weight, quantized) in self.weights.items():
             holder.weight.data = float_weight if modes.get(site, Mode.STATIC) is Mode.FLOAT else quantized
 
@@ -197,7 +197,7 @@ class Simulation:
                 values[_OUTPUT] = self.model.graph._codegen.process_outputs(args[0])
             elif node.op == "get_attr":
                 values[node] = _constant(self.model, node)
-            elif self.ops is not None and (value := self.ops.run(node, values, self._modes)) is not NOT_RUN:
+            elif self.ops is not None and (value := self.ops.run(node, values)) is not NOT_RUN:
                 values[node] = value
             elif node.op == "call_module":
                 values[node] = self.model.get_submodule(str(node.target))(*args, **kwargs)
