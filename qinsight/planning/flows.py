@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 from torch.ao.quantization import QConfigMapping
+from torch.ao.quantization.quantize_fx import prepare_fx
 
 from qinsight.compare.configs import convert_prepared, prepare_config
 from qinsight.core.equalization import EqualizationMapping
@@ -42,7 +44,8 @@ from qinsight.frontends import (
 from qinsight.outputs.pt2e import advice_quantizer
 from qinsight.outputs.qconfig import advice_mapping
 from qinsight.planning.kernels import QuantizedOps
-from qinsight.planning.simulate import EdgeRule, Owners, RealOps, Simulation, WeightSwap, observer_nodes
+from qinsight.planning.observed import FxObserved
+from qinsight.planning.simulate import EdgeRule, Owners, RealOps, Regroup, Simulation, WeightSwap, observer_nodes
 from qinsight.planning.switches import Mode, fake_quantized_rows, fake_quantized_weight
 
 FLOWS = ("fx", "pt2e")
@@ -80,7 +83,7 @@ class Flow:
         """The torch config applying ``suggestions``: a QConfigMapping (FX) or a quantizer (PT2E)."""
         raise NotImplementedError
 
-    def owners(self, model: fx.GraphModule, example: tuple[Any, ...]) -> Callable[[fx.Node], Owners]:
+    def owners(self, model: fx.GraphModule) -> Callable[[fx.Node], Owners]:
         raise NotImplementedError
 
     def weights(self, model: fx.GraphModule) -> dict[str, WeightSwap]:
@@ -117,18 +120,21 @@ class Flow:
             warnings.simplefilter("ignore")
             prepared = self._prepared((), example)
         _calibrate(prepared, calibration)
-        rule = self.edge_rule(prepared)  # from the graph as prepared, before the switches go in
+        rule, regroup = self.observed(prepared, calibration)  # from the graph as prepared, before the switches go in
         real_ops = self.real_ops(prepared)
-        return Simulation(prepared, self.owners(prepared, example), self.weights(prepared), self.dynamic_max, rule, real_ops)
+        return Simulation(
+            prepared, self.owners(prepared), self.weights(prepared), rule, self.dynamic_max, real_ops, regroup
+        )
 
     def real_ops(self, prepared: fx.GraphModule) -> RealOps | None:
         """What runs on quantized tensors in the simulation of the calibrated ``prepared`` graph, as
         the flow's converted model runs it; ``None``: fake quantization in float is exact already."""
         return None
 
-    def edge_rule(self, prepared: fx.GraphModule) -> EdgeRule | None:
-        """The flow's own answer to which edges it quantizes under each config, where asking is cheap."""
-        return None
+    def observed(self, prepared: fx.GraphModule, calibration: Sequence[object]) -> tuple[EdgeRule, Regroup | None]:
+        """The flow's own answer to which edges it quantizes under each config, and with which
+        qparams where they differ from those ``prepared`` was calibrated with (``None``: never)."""
+        raise NotImplementedError
 
 
 class FxFlow(Flow):
@@ -169,18 +175,12 @@ class FxFlow(Flow):
                     names[node] = calls[owner, node.target, index]
         return names.get
 
-    def owners(self, model: fx.GraphModule, example: tuple[Any, ...]) -> Callable[[fx.Node], Owners]:
+    def owners(self, model: fx.GraphModule) -> Callable[[fx.Node], Owners]:
         """Owners by the graph's shape: the site producing the edge and the sites consuming it, through
         ops that are no sites (a flatten, a dropout) and the observers FX puts around those. A site
         whose output FX does not observe is not quantized (a softmax whose qconfig its pattern
-        refuses): it owns nothing, and ownership does not pass through it.
-
-        FX also quantizes some edges whatever the sites around them do: ops that are no sites but
-        take the global qconfig and want a quantized input (a transpose, an unsqueeze, a clamp). FX
-        itself says which: they keep their observers when every site is in float
-        (:meth:`_pinned_edges`), and those edges are pinned on."""
+        refuses): it owns nothing, and ownership does not pass through it."""
         site_of = self._site_of(model)
-        pinned = self._pinned_edges(example)
         quantized = {observer.args[0] for observer in observer_nodes(model)}
 
         def through(node: fx.Node, step: Callable[[fx.Node], list[fx.Node]], found: set[str], depth: int = 0) -> None:
@@ -199,23 +199,30 @@ class FxFlow(Flow):
             through(observer, lambda n: [a for a in n.all_input_nodes if n.op != "placeholder"][:1], producers)
             consumers: set[str] = set()
             through(observer, lambda n: list(n.users), consumers)
-            edge = any((source.name, user.name) in pinned for user in observer.users)
-            return Owners(next(iter(producers), None), consumers, weight=source.op == "get_attr", pinned=edge)
+            return Owners(next(iter(producers), None), consumers, weight=source.op == "get_attr")
 
         return owners
 
-    def _pinned_edges(self, example: tuple[Any, ...]) -> set[tuple[str, str]]:
-        """The (producer, consumer) node names FX still observes with every site in float."""
-        everything_float = tuple(QuantSuggestion(fqn=site.fqn, keep_float=True) for site in self.sites)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            prepared = self._prepared(everything_float, example)
-        return {
-            (source.name, user.name)
-            for node in observer_nodes(prepared)
-            if isinstance(source := node.args[0], fx.Node)
-            for user in node.users
-        }
+    def observed(self, prepared: fx.GraphModule, calibration: Sequence[object]) -> tuple[EdgeRule, Regroup]:
+        """prepare_fx itself, asked for each config: which edges it observes depends on the neighbours
+        (an op that is no site but takes the global qconfig quantizes its input whatever its
+        producer does: a transpose, a clamp), and which observers it shares on the config (see
+        :mod:`.observed`)."""
+        example = _example(calibration[0])
+
+        def prepare(modes: Mapping[str, Mode]) -> fx.GraphModule:
+            # the model's own weights, not a copy: a search asks for hundreds of configs, and preparing
+            # neither changes a weight nor keeps one (conv-bn folding writes a new conv)
+            tensors = itertools.chain(self.model.parameters(), self.model.buffers())
+            shallow = copy.deepcopy(self.model, {id(tensor): tensor for tensor in tensors}).eval()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                prepared = prepare_fx(shallow, advice_mapping(self.sites, mode_suggestions(modes), self.backend), example)
+            assert isinstance(prepared, fx.GraphModule)
+            return prepared
+
+        observed = FxObserved(prepare, lambda model: _calibrate(model, calibration), prepared)
+        return observed.edges, observed.qparams
 
     def real_ops(self, prepared: fx.GraphModule) -> RealOps:
         """fbgemm's integer kernels round otherwise than fake quantization in float: the layers run
@@ -283,11 +290,12 @@ class Pt2eFlow(Flow):
     def config(self, suggestions: tuple[QuantSuggestion, ...]) -> object:
         return advice_quantizer(self.sites, suggestions)
 
-    def edge_rule(self, prepared: fx.GraphModule) -> EdgeRule:
+    def observed(self, prepared: fx.GraphModule, calibration: Sequence[object]) -> tuple[EdgeRule, None]:
         """The quantizer itself, asked again for each config: whether an edge is quantized depends on
         the neighbours (X86InductorQuantizer quantizes an add only fused with a quantized conv, a pool
         only after a quantized op), which no per-edge ownership captures. Annotating the prepared
-        graph without its observers takes milliseconds."""
+        graph without its observers takes milliseconds. PT2E shares no observers: qparams never
+        change with the config."""
         bare = _without_observers(prepared)
 
         def quantized_edges(modes: Mapping[str, Mode]) -> dict[tuple[str, str], Mode]:
@@ -308,9 +316,9 @@ class Pt2eFlow(Flow):
                         edges.setdefault((node.name, user.name), _spec_mode(output))
             return edges
 
-        return quantized_edges
+        return quantized_edges, None
 
-    def owners(self, model: fx.GraphModule, example: tuple[Any, ...]) -> Callable[[fx.Node], Owners]:
+    def owners(self, model: fx.GraphModule) -> Callable[[fx.Node], Owners]:
         names = {node: name for node, name in exported_op_names(model).items() if name in self.names}
         names.update({node: layer_name(node, model) for node in exported_sites(model)})
 

@@ -64,6 +64,12 @@ class QuantizedOps:
                 self._candidates[node] = False  # a layer's kernel quantizes its output itself
             elif node.users and all(user in switches for user in node.users):
                 self._candidates[node] = True  # FX quantizes an op whose output it observes
+        # a layer's kernel writes its output with the qparams of the switch after it (which a config
+        # that shares observers otherwise than the calibrated graph changes: see observed.py)
+        self._writes = {
+            kernels[str(node.target)]: switches[user] for node, needs_users in self._candidates.items()
+            if not needs_users and (user := next(iter(node.users), None)) is not None and user in switches
+        }
         self._site_nodes: dict[str, list[fx.Node]] = {}
         for node in self._candidates:
             if node in site_of:
@@ -84,6 +90,13 @@ class QuantizedOps:
         """Which candidates run quantized when the sites run in ``modes``: once per configuration
         (the switches set first), not once per node and batch."""
         self._running = {node for node in self._candidates if self._runs(node, modes)}
+        for kernel, output in self._writes.items():
+            for name, value in (("scale", output.step), ("zero_point", output.zero)):
+                held = getattr(kernel, name)
+                if isinstance(held, torch.Tensor):  # a LayerNorm keeps its output qparams as buffers
+                    held.fill_(value)
+                else:
+                    setattr(kernel, name, value)
 
     def run(self, node: fx.Node, values: Mapping[fx.Node, Any]) -> Any:
         """The node's value computed on quantized tensors, or :data:`NOT_RUN` (compute it in float)."""
@@ -119,7 +132,10 @@ class QuantizedOps:
         if needs_users is None or node in self._refused:
             return False
         site = self.site_of.get(node)
-        if site is not None and modes.get(site, Mode.STATIC) is not Mode.STATIC:
+        # FX lowers dequantize -> op -> quantize around an op that keeps its input's qparams to the op
+        # on the quantized tensor whatever the op's own qconfig: such a site kept in float between
+        # quantized neighbours still runs quantized (and its output observer is dropped)
+        if site is not None and node not in self._keeps_qparams and modes.get(site, Mode.STATIC) is not Mode.STATIC:
             return False
         if not all(self.switches[n].static_per_tensor for n in node.all_input_nodes):
             return False

@@ -5,13 +5,11 @@ an observer on every edge the flow quantizes. Each observer is replaced by a
 :class:`Switch` that fake-quantizes with the observer's qparams (or per batch,
 for a dynamic site) or passes the value through; weights get their
 quantized-dequantized copy, swapped in or out. An observer read by several
-consumers becomes one switch per consumer. Which switches are on follows from
-which sites are quantized, the way the flows decide it: where the flow can be
-asked cheaply (PT2E: its quantizer annotates the graph again), by an
-:data:`EdgeRule`; else an edge stays quantized while any site that owns it is
-quantized (its producer's output or a consumer's input), owners read from the
-graph's shape (FX: the producing site and the consuming ones, through ops
-that are no sites, such as a flatten).
+consumers becomes one switch per consumer. Which switches are on, and how,
+follows from which sites are quantized, as the flow itself says it for each
+config (an :data:`EdgeRule`: PT2E's quantizer annotates the graph again, FX
+prepares it again); where the flow shares an observer otherwise than in the
+calibrated graph, the switch takes that group's qparams (a :data:`Regroup`).
 
 Runs are graph interpretations that can start where a change starts: the
 values of every node under one configuration are cached, and a configuration
@@ -21,6 +19,7 @@ that differs in a few sites recomputes only the nodes downstream of them
 
 from __future__ import annotations
 
+import collections
 import operator
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,32 +35,17 @@ from qinsight.planning.switches import Mode, Switch
 
 
 class Owners:
-    """Who decides whether an edge is quantized: consumers that quantize their input, a producer that
-    quantizes its output. An edge owned by no site is left in float: no quantized op reads or writes
-    it (a token count clamped between two float ops, say), so the flows do not quantize it either."""
+    """The sites an observed edge belongs to: the site producing it and the sites consuming it (what
+    the plan can switch), and whether it is a constant (a weight, quantized once)."""
 
-    def __init__(self, producer: str | None, consumers: Iterable[str], weight: bool, pinned: bool = False) -> None:
+    def __init__(self, producer: str | None, consumers: Iterable[str], weight: bool) -> None:
         self.producer = producer
         self.consumers = tuple(sorted(set(consumers)))
-        self.weight = weight  # a constant: only its consumers count
-        self.pinned = pinned  # quantized by the flow whatever the sites do
+        self.weight = weight
 
     @property
     def sites(self) -> tuple[str, ...]:
         return self.consumers + ((self.producer,) if self.producer and not self.weight else ())
-
-    def mode(self, modes: Mapping[str, Mode]) -> Mode:
-        if self.pinned:
-            return Mode.STATIC
-        if not self.sites:
-            return Mode.FLOAT
-        consumer_modes = [modes.get(site, Mode.STATIC) for site in self.consumers]
-        if self.weight:
-            return Mode.FLOAT if all(m is Mode.FLOAT for m in consumer_modes) else Mode.STATIC
-        producer = modes.get(self.producer, Mode.STATIC) if self.producer else Mode.FLOAT
-        if producer is Mode.STATIC or Mode.STATIC in consumer_modes:
-            return Mode.STATIC
-        return Mode.DYNAMIC if Mode.DYNAMIC in consumer_modes else Mode.FLOAT
 
 
 WeightSwap = tuple[nn.Module, torch.Tensor, torch.Tensor]  # (holder, float weight, fake-quantized weight)
@@ -72,6 +56,7 @@ class Simulation:
 
     ``owners`` gives each observer node its :class:`Owners`; ``weights`` the FX
     layers' weight swaps by site (PT2E weights are observed in the graph);
+    ``edge_rule`` and ``regroup`` are the flow's answers for each config;
     ``real_ops`` builds, from the graph and its switches, the ops that run on
     quantized tensors as the flow's converted model runs them (FX:
     :class:`~qinsight.planning.kernels.QuantizedOps`); with it the switches
@@ -83,19 +68,22 @@ class Simulation:
         model: fx.GraphModule,
         owners: Callable[[fx.Node], Owners],
         weights: Mapping[str, WeightSwap],
+        edge_rule: EdgeRule,
         dynamic_max: int = 255,
-        edge_rule: EdgeRule | None = None,
         real_ops: RealOps | None = None,
+        regroup: Regroup | None = None,
     ) -> None:
         self.model = model
         self.weights = dict(weights)
         self.switches: dict[fx.Node, tuple[Switch, Owners]] = {}
-        self.edge_rule = edge_rule
+        self.edge_rule, self.regroup = edge_rule, regroup
         _out_of_place(model)
         _one_observer_per_edge(model)
         observers = observer_nodes(model)
         members = set(observers)
         self._edges = {node: _edge(node, members) for node in observers}
+        per_edge = collections.Counter(self._edges.values())
+        self._regroupable = {node for node, edge in self._edges.items() if per_edge[edge] == 1}  # not in a chain
         for node in observers:
             who = owners(node)
             switch = Switch(model.get_submodule(str(node.target)))
@@ -113,29 +101,34 @@ class Simulation:
         self._weight_users = {
             str(node.target): node for node in self.nodes if node.op == "call_module" and str(node.target) in self.weights
         }
-        self._decided: dict[frozenset[tuple[str, Mode]], dict[fx.Node, Mode]] = {}
+        self._decided: dict[frozenset[tuple[str, Mode]], dict[fx.Node, tuple[Mode, QParams | None]]] = {}
         self._downstream: dict[frozenset[fx.Node], set[fx.Node]] = {}
         self.evaluations = 0.0  # in whole forwards over the data: a partial run counts its share of nodes
 
-    def switch_modes(self, modes: Mapping[str, Mode]) -> dict[fx.Node, Mode]:
-        """Each switch's mode when the sites run in ``modes``: the flow's own answer where it has one
-        (``edge_rule``: PT2E's quantizer, asked again), else the owners' rule."""
+    def _states(self, modes: Mapping[str, Mode]) -> dict[fx.Node, tuple[Mode, QParams | None]]:
+        """Each switch's mode when the sites run in ``modes``, as the flow says it (``edge_rule``: PT2E's
+        quantizer asked again, FX's prepare) and, where the flow shares its observer otherwise than
+        in the calibrated graph, its qparams (``regroup``)."""
         key = frozenset(modes.items())
         found = self._decided.get(key)
         if found is None:
-            if self.edge_rule is None:
-                found = {node: who.mode(modes) for node, (_, who) in self.switches.items()}
-            else:
-                edges = self.edge_rule(modes)
-                found = {node: edges.get(self._edges[node], Mode.FLOAT) for node in self.switches}
+            edges = self.edge_rule(modes)
+            decided = {node: edges.get(self._edges[node], Mode.FLOAT) for node in self.switches}
+            regrouped = self.regroup(modes) if self.regroup is not None else {}
+            found = {
+                node: (mode, regrouped.get(self._edges[node]) if node in self._regroupable else None)
+                for node, mode in decided.items()
+            }
             if len(self._decided) > 1024:  # a search asks for a few hundred configs; bound it anyway
                 self._decided.clear()
             self._decided[key] = found
         return found
 
     def configure(self, modes: Mapping[str, Mode]) -> None:
-        for node, mode in self.switch_modes(modes).items():
-            self.switches[node][0].mode = mode
+        for node, (mode, qparams) in self._states(modes).items():
+            switch = self.switches[node][0]
+            switch.mode = mode
+            switch.regroup(qparams)
         if self.ops is not None:
             self.ops.configure(modes)
         for site, (holder, float_weight, quantized) in self.weights.items():
@@ -163,8 +156,10 @@ class Simulation:
     def run_changed(self, modes: Mapping[str, Mode], before: Run) -> Run:
         """The batches of ``before`` under ``modes``, recomputing only what the sites whose mode
         changed reach (the rest is ``before``'s values)."""
-        was, now = self.switch_modes(before.modes), self.switch_modes(modes)
-        starts = [node for node in self.switches if was[node] is not now[node]]
+        was, now = self._states(before.modes), self._states(modes)
+        starts = [node for node in self.switches if was[node][0] is not now[node][0]]
+        # new qparams also change what the layer before writes (its kernel's output qparams)
+        starts += [node.args[0] for node in self.switches if was[node][1] != now[node][1]]  # type: ignore[misc]
         starts += [
             node for site, node in self._weight_users.items()
             if (modes.get(site, Mode.STATIC) is Mode.FLOAT) != (before.modes.get(site, Mode.STATIC) is Mode.FLOAT)
@@ -246,9 +241,16 @@ def _one_observer_per_edge(model: fx.GraphModule) -> None:
 RealOps = Callable[[fx.GraphModule, Mapping[fx.Node, Switch]], QuantizedOps]
 """Builds the ops that run on quantized tensors, from the graph and its switches (FX's)."""
 
-EdgeRule = Callable[[Mapping[str, Mode]], Mapping[tuple[str, str], Mode]]
+Edge = tuple[str, str]  # (producing node, consuming node) names
+QParams = tuple[float, int]  # a per-tensor scale and zero point
+
+EdgeRule = Callable[[Mapping[str, Mode]], Mapping[Edge, Mode]]
 """A flow's own answer to "which edges does it quantize when the sites run in these modes": the
 mode of each quantized edge, by (producing node, consuming node) names; edges not named stay float."""
+
+Regroup = Callable[[Mapping[str, Mode]], Mapping[Edge, QParams]]
+"""A flow's qparams for the edges whose observer, under these modes, is shared otherwise than in the
+calibrated graph (FX's shared observers follow the config): the others keep their switch's own."""
 
 
 def observer_nodes(model: fx.GraphModule) -> list[fx.Node]:
@@ -260,7 +262,7 @@ def observer_nodes(model: fx.GraphModule) -> list[fx.Node]:
     ]
 
 
-def _edge(observer: fx.Node, chain: set[fx.Node]) -> tuple[str, str]:
+def _edge(observer: fx.Node, chain: set[fx.Node]) -> Edge:
     """The (producer, consumer) node names of the edge an observer node sits on, through observer
     chains (an output observer followed by a consumer's input observer)."""
     source = observer

@@ -37,12 +37,18 @@ class Switch(nn.Module):
                 self.axis = int(getattr(observer, "ch_axis", 0))
         # per-tensor qparams as numbers, read once: not a tensor-to-number sync on every batch
         self.step, self.zero = float(self.scale[0]), int(self.zero_point[0])
+        self._calibrated = (self.step, self.zero)
         self.constant: torch.Tensor | None = None  # a weight's fake-quantized value, computed once
         self.dynamic_max = 255
         self.dtype = dtype
         # FX's converted model quantizes with ATen's quantize_per_tensor, which rounds a few values
         # differently from fake quantization; PT2E's decomposed quantize rounds as fake quantization
         self.aten = False
+
+    def regroup(self, qparams: tuple[float, int] | None) -> None:
+        """Quantize with ``qparams`` (per tensor) from now on; ``None``: with the observer's own."""
+        if self.axis is None and not self.passthrough:
+            self.step, self.zero = qparams if qparams is not None else self._calibrated
 
     def forward(self, value: torch.Tensor) -> torch.Tensor:
         if self.mode is Mode.FLOAT:

@@ -1,0 +1,158 @@
+"""What ``prepare_fx`` observes under a config, asked of ``prepare_fx`` itself: which edges it
+quantizes, and which observer each edge shares with others.
+
+FX shares one observer between an op and the ops that keep its qparams (a view, a hardtanh, a
+pool), and which ops share depends on the config. With a Linear in float, the view after it
+looks for its input's observer through the float Linear and takes the observer of the Linear's
+*input*: in MiniLM, the embeddings LayerNorm's output observer then also takes in the key's
+outputs and its scale grows by 16%. With MobileNetV2's hardtanhs in float, each conv's output
+observer no longer also sees the clamped values. A simulation calibrated once under the default
+config has the default's groups, so here each config is prepared (graph work only, a few tenths
+of a second) and only the groups the default does not have are calibrated, on the values they
+would see: FX observes float values whatever the config, so one float pass over the calibration
+data with every other observer out gives them exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterator, Mapping
+
+import torch
+from torch import fx, nn
+
+from qinsight.planning.simulate import Edge, QParams, observer_nodes
+from qinsight.planning.switches import Mode
+
+Signature = tuple[object, ...]  # an observer group: its kind, and the nodes it observes in graph order
+
+
+class FxObserved:
+    """The edges and shared-observer qparams of ``prepare_fx`` under any config, per config.
+
+    ``prepare`` gives the uncalibrated prepared graph of a config; ``calibrate``
+    runs the calibration data through a prepared graph; ``default`` is the
+    default config's prepared graph, whose groups the simulation has already.
+    """
+
+    def __init__(
+        self,
+        prepare: Callable[[Mapping[str, Mode]], fx.GraphModule],
+        calibrate: Callable[[nn.Module], None],
+        default: fx.GraphModule,
+    ) -> None:
+        self._prepare, self._calibrate = prepare, calibrate
+        self._default: dict[Edge, Signature] = {}  # the group each edge is in under the default config
+        self._known: dict[Signature, QParams] = {}  # the default's groups, calibrated
+        members = set(observer_nodes(default))
+        for signature, nodes in _groups(default):
+            qparams = _per_tensor(default.get_submodule(str(nodes[0].target)))
+            if qparams is not None:
+                self._known[signature] = qparams
+            for node in nodes:
+                self._default.update((edge, signature) for edge, chained in _edges_of(node, members) if not chained)
+        self._asked: dict[frozenset[tuple[str, Mode]], tuple[dict[Edge, Mode], dict[Edge, QParams]]] = {}
+
+    def edges(self, modes: Mapping[str, Mode]) -> dict[Edge, Mode]:
+        """The mode of every edge FX quantizes when the sites run in ``modes`` (an :data:`EdgeRule`)."""
+        return self._ask(modes)[0]
+
+    def qparams(self, modes: Mapping[str, Mode]) -> dict[Edge, QParams]:
+        """The qparams of the edges whose observer group differs from the default config's."""
+        return self._ask(modes)[1]
+
+    def _ask(self, modes: Mapping[str, Mode]) -> tuple[dict[Edge, Mode], dict[Edge, QParams]]:
+        key = frozenset(modes.items())
+        found = self._asked.get(key)
+        if found is None:
+            found = self._observed(self._prepare(modes))
+            if len(self._asked) > 1024:  # a search asks for a few hundred configs; bound it anyway
+                self._asked.clear()
+            self._asked[key] = found
+        return found
+
+    def _observed(self, prepared: fx.GraphModule) -> tuple[dict[Edge, Mode], dict[Edge, QParams]]:
+        edges: dict[Edge, Mode] = {}
+        regrouped: dict[Edge, Signature] = {}  # edges in another group than under the default config
+        members = set(observer_nodes(prepared))
+        unknown: dict[Signature, str] = {}
+        for signature, nodes in _groups(prepared):
+            mode = _mode_of(prepared.get_submodule(str(nodes[0].target)))
+            if mode is None:
+                continue
+            for node in nodes:
+                for edge, chained in _edges_of(node, members):
+                    edges[edge] = mode
+                    if mode is Mode.STATIC and not chained and self._default.get(edge) != signature:
+                        regrouped[edge] = signature
+                        if signature not in self._known:
+                            unknown[signature] = str(nodes[0].target)
+        if unknown:  # a group's values do not depend on the config: calibrated once, kept for every config
+            self._known.update(self._calibrated(prepared, unknown))
+        return edges, {edge: self._known[signature] for edge, signature in regrouped.items() if signature in self._known}
+
+    def _calibrated(self, prepared: fx.GraphModule, groups: Mapping[Signature, str]) -> dict[Signature, QParams]:
+        """The qparams of new ``groups`` (by one of their observers' names), calibrated with every other
+        observer out."""
+        kept = {id(prepared.get_submodule(target)) for target in groups.values()}
+        for node in observer_nodes(prepared):
+            if id(prepared.get_submodule(str(node.target))) not in kept:
+                setattr(prepared, str(node.target), nn.Identity())
+        self._calibrate(prepared)
+        found = {signature: _per_tensor(prepared.get_submodule(target)) for signature, target in groups.items()}
+        return {signature: qparams for signature, qparams in found.items() if qparams is not None}
+
+
+def _groups(prepared: fx.GraphModule) -> Iterator[tuple[Signature, list[fx.Node]]]:
+    """Each observer module with the nodes calling it, keyed by what it takes in: its kind and the
+    nodes whose values it observes, in the order it sees them."""
+    calls: dict[int, list[fx.Node]] = {}  # FX shares an observer as one module under several names
+    members = observer_nodes(prepared)
+    for node in members:
+        calls.setdefault(id(prepared.get_submodule(str(node.target))), []).append(node)
+    chains = set(members)
+    for nodes in calls.values():
+        observer = prepared.get_submodule(str(nodes[0].target))
+        kind = (type(observer).__name__, getattr(observer, "dtype", None), getattr(observer, "quant_min", None),
+                getattr(observer, "quant_max", None), getattr(observer, "is_dynamic", False))
+        yield kind + tuple(_source(node, chains).name for node in nodes), nodes
+
+
+def _per_tensor(observer: nn.Module) -> QParams | None:
+    """A calibrated static observer's per-tensor qparams; ``None`` for any other."""
+    if _mode_of(observer) is not Mode.STATIC or not hasattr(observer, "calculate_qparams"):
+        return None
+    scale, zero_point = observer.calculate_qparams()  # type: ignore[operator]
+    return (float(scale), int(zero_point)) if scale.numel() == 1 else None
+
+
+def _mode_of(observer: nn.Module) -> Mode | None:
+    """How an observer quantizes what it observes; ``None``: not to an integer type (float16, say)."""
+    if getattr(observer, "dtype", None) not in (torch.quint8, torch.qint8, torch.uint8, torch.int8):
+        return None
+    return Mode.DYNAMIC if getattr(observer, "is_dynamic", False) else Mode.STATIC
+
+
+def _source(observer: fx.Node, members: Collection[fx.Node]) -> fx.Node:
+    """The node whose value an observer node observes, through chains of observers (``members``)."""
+    source = observer
+    while source in members:
+        first = source.args[0]
+        assert isinstance(first, fx.Node)
+        source = first
+    return source
+
+
+def _edges_of(observer: fx.Node, members: Collection[fx.Node]) -> Iterator[tuple[Edge, bool]]:
+    """The (producer, consumer) edges an observer node sits on, and whether in a chain of observers
+    (``members``): a chain quantizes twice, and its qparams are left as the default's."""
+    source = _source(observer, members)
+    stack = [(user, observer.args[0] is not source) for user in observer.users]
+    while stack:
+        user, through = stack.pop()
+        if user in members:
+            stack.extend((nxt, True) for nxt in user.users)
+        else:
+            yield (source.name, user.name), through
+
+
+__all__ = ["FxObserved"]
