@@ -24,16 +24,17 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import attrs
 import torch
 from torch import nn
 
 from qinsight.core.errors import InvalidParameterError
-from qinsight.core.plan import PlanStep, QuantPlan, SiteSensitivity, Target
+from qinsight.core.plan import PlanStep, QuantPlan, SiteSensitivity, SuggestionCheck, Target
 from qinsight.core.report import Report
 from qinsight.core.sites import OpSite
-from qinsight.core.suggestions import QuantSuggestion
+from qinsight.core.suggestions import QuantSuggestion, merge_suggestions
 from qinsight.frontends import classify, eval_mode, run_batch
-from qinsight.planning.checks import check_all, mode_of
+from qinsight.planning.checks import check_all, mode_of, split_for_real
 from qinsight.planning.curve import Progress, Search, choose, measure_dynamic_noise, taken
 from qinsight.planning.flows import flow_for, mode_suggestions
 from qinsight.planning.scores import MetricFunction, Scorer
@@ -102,7 +103,9 @@ def plan(
     sensitivities, noise, quantized_run, float_run = _sensitivities(search, start, evaluation)
     dynamic_noise = measure_dynamic_noise(search, start, float_run, noise)
     steps, modes = choose(search, goal, start, float_run, quantized_run, noise, dynamic_noise)
-    modes, verified, notes = _verified(real, goal, kept, start, steps, modes)
+    kept, checks, verified, notes = _unseen_parts_checked(real, goal, kept, checks, steps, modes)
+    modes, verified, more = _verified(real, goal, kept, start, steps, modes, verified)
+    notes += more
     suggestions = _advice(kept, modes)
     if _worse(verified, default_score, goal):
         notes.append(f"the plan ({verified:.4g}) scored below the default config ({default_score:.4g}): the default is returned")
@@ -185,15 +188,15 @@ def _verified(
     start: dict[str, Mode],
     steps: tuple[PlanStep, ...],
     modes: dict[str, Mode],
+    verified: float,
 ) -> tuple[dict[str, Mode], float, list[str]]:
-    """The plan's config quantized for real and scored. Where it misses a target the simulation
-    reached, the longest prefix of the quantized sites (in the order they were taken) that reaches
-    it for real is found by bisection: each probe is one real quantization."""
+    """The plan's config as quantized for real (``verified``). Where it misses a target the
+    simulation reached, the longest prefix of the quantized sites (in the order they were taken)
+    that reaches it for real is found by bisection: each probe is one real quantization."""
 
     def real(prefix_modes: Mapping[str, Mode]) -> float:
         return real_score(_advice(kept, prefix_modes))
 
-    verified = real(modes)
     if goal.is_budget or goal.met(verified) or not goal.met(_best_score(steps)):
         return modes, verified, []
     path = [(step.fqn, Mode(step.mode) if step.mode else start[step.fqn]) for step in steps if step.fqn and step.kept]
@@ -217,6 +220,36 @@ def _verified(
         f"{len(path) - low} of the {len(path)} steps the search took are undone after bisecting for real"
     )
     return prefix(low), best, [note]
+
+
+def _unseen_parts_checked(
+    real_score: Callable[[tuple[QuantSuggestion, ...]], float],
+    goal: Target,
+    kept: tuple[QuantSuggestion, ...],
+    checks: tuple[SuggestionCheck, ...],
+    steps: tuple[PlanStep, ...],
+    modes: dict[str, Mode],
+) -> tuple[tuple[QuantSuggestion, ...], tuple[SuggestionCheck, ...], float, list[str]]:
+    """The plan's config quantized for real, with the kept parts the search cannot see (equalization,
+    per-tensor weights: they were measured on the default config, not on this one). Where that
+    misses a target the simulation reached, the config as searched is quantized too, and where it
+    scores better those parts are dropped, their checks saying why."""
+    verified = real_score(_advice(kept, modes))
+    as_searched, unseen = split_for_real(kept)
+    if not unseen or goal.is_budget or goal.met(verified) or not goal.met(_best_score(steps)):
+        return kept, checks, verified, []
+    searched = tuple(merge_suggestions(as_searched)[0])
+    without = real_score(_advice(searched, modes))
+    if not _worse(verified, without, goal):
+        return kept, checks, verified, []
+    said = ", ".join(part.describe() + " at " + part.fqn for part in unseen)
+    reason = f"not applied: the planned config scored {verified:.4g} with it, {without:.4g} without, measured for real"
+    dropped = {(part.fqn, part.describe()) for part in unseen}
+    checks = tuple(
+        attrs.evolve(check, kept=False, reason=reason) if check.kept and (check.fqn, check.change) in dropped else check
+        for check in checks
+    )
+    return searched, checks, without, [f"{said}: dropped, the planned config scored {verified:.4g} with them, {without:.4g} without"]
 
 
 def _advice(kept: tuple[QuantSuggestion, ...], modes: Mapping[str, Mode]) -> tuple[QuantSuggestion, ...]:
