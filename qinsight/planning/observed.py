@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 import torch
 from torch import fx, nn
 
-from qinsight.planning.simulate import Edge, QParams, observer_nodes
+from qinsight.planning.simulate import Edge, QParams, observed_node, observer_nodes
 from qinsight.planning.switches import Mode
 
 Signature = tuple[object, ...]  # an observer group: its kind, and the nodes it observes in graph order
@@ -114,7 +114,7 @@ def _groups(prepared: fx.GraphModule) -> Iterator[tuple[Signature, list[fx.Node]
         observer = prepared.get_submodule(str(nodes[0].target))
         kind = (type(observer).__name__, getattr(observer, "dtype", None), getattr(observer, "quant_min", None),
                 getattr(observer, "quant_max", None), getattr(observer, "is_dynamic", False))
-        yield kind + tuple(_source(node, chains).name for node in nodes), nodes
+        yield kind + tuple(observed_node(node, chains).name for node in nodes), nodes
 
 
 def _per_tensor(observer: nn.Module) -> QParams | None:
@@ -132,20 +132,10 @@ def _mode_of(observer: nn.Module) -> Mode | None:
     return Mode.DYNAMIC if getattr(observer, "is_dynamic", False) else Mode.STATIC
 
 
-def _source(observer: fx.Node, members: Collection[fx.Node]) -> fx.Node:
-    """The node whose value an observer node observes, through chains of observers (``members``)."""
-    source = observer
-    while source in members:
-        first = source.args[0]
-        assert isinstance(first, fx.Node)
-        source = first
-    return source
-
-
 def _edges_of(observer: fx.Node, members: Collection[fx.Node]) -> Iterator[tuple[Edge, bool]]:
     """The (producer, consumer) edges an observer node sits on, and whether in a chain of observers
     (``members``): a chain quantizes twice, and its qparams are left as the default's."""
-    source = _source(observer, members)
+    source = observed_node(observer, members)
     stack = [(user, observer.args[0] is not source) for user in observer.users]
     while stack:
         user, through = stack.pop()

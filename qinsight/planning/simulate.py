@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import operator
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -262,14 +262,20 @@ def observer_nodes(model: fx.GraphModule) -> list[fx.Node]:
     ]
 
 
-def _edge(observer: fx.Node, chain: set[fx.Node]) -> Edge:
-    """The (producer, consumer) node names of the edge an observer node sits on, through observer
-    chains (an output observer followed by a consumer's input observer)."""
+def observed_node(observer: fx.Node, chain: Collection[fx.Node]) -> fx.Node:
+    """The node whose value an observer node observes, through chains of observers (an output
+    observer followed by a consumer's input observer; ``chain``: the graph's observer nodes)."""
     source = observer
     while source in chain:
         first = source.args[0]
         assert isinstance(first, fx.Node)
         source = first
+    return source
+
+
+def _edge(observer: fx.Node, chain: set[fx.Node]) -> Edge:
+    """The (producer, consumer) node names of the edge an observer node sits on, through observer chains."""
+    source = observed_node(observer, chain)
     consumer = observer
     while consumer in chain and consumer.users:
         consumer = next(iter(consumer.users))
