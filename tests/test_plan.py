@@ -312,7 +312,9 @@ def test_what_the_simulation_cannot_apply_is_measured_for_real(flow: str) -> Non
     assert set(checks) == {"fc2", "fc3"} and all(c.measured for c in checks.values())
     assert not checks["fc2"].kept and "measured for real" in checks["fc2"].reason
     assert checks["fc2"].alone < checks["fc2"].before - 3.0
-    assert all(c.kept == (c.together >= c.without) for c in checks.values())
+    for c in checks.values():  # kept where it helped among the others, unless it lowered the planned config
+        dropped_later = "the planned config scored" in c.reason
+        assert c.kept == (c.together >= c.without and not dropped_later), c
     planned = {s.fqn: s.weight for s in plan.suggestions}
     assert planned.get("fc2") is not WeightScheme.PER_TENSOR
     if "fc3" not in plan.kept_float:  # the search may float it; otherwise the plan says what the check kept
