@@ -176,6 +176,16 @@ def test_the_measured_sensitivity_agrees_with_brute_force(
     assert worst == names[min(range(len(names)), key=simulated.__getitem__)]  # the residual adds
 
 
+def _floated_as_simulated_and_for_real(
+    planned: Any, sim: Any, quantized: Any, floats: list[str], calibration: list[Any], held_out: list[Any]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The outputs with ``floats`` kept in float: simulated (started from the all-quantized run
+    ``quantized``) and through the real flow (prepare, calibrate, convert)."""
+    simulated = sim.run_changed({**quantized.modes, **dict.fromkeys(floats, Mode.FLOAT)}, quantized).outputs
+    real = _outputs(planned.quantize(tuple(QuantSuggestion(fqn=s, keep_float=True) for s in floats), calibration), held_out)
+    return torch.cat(simulated), torch.cat(real)
+
+
 @pytest.mark.parametrize("flow", ["fx", "pt2e"])
 def test_leave_one_float_simulated_is_the_real_flow_bit_for_bit(flow: str) -> None:
     """MobileNetV2, real weights. PT2E: keeping a conv in float changes which edges
@@ -196,17 +206,13 @@ def test_leave_one_float_simulated_is_the_real_flow_bit_for_bit(flow: str) -> No
     sim = planned.simulation(calibration)
     everything = {site: Mode.STATIC for site in sim.sites}
     quantized = sim.run(everything, held_out)
-    for site in ("features.3.conv.2", "features.9.conv.0.0", "classifier.1"):
-        simulated = sim.run_changed({**everything, site: Mode.FLOAT}, quantized).outputs
-        real = _outputs(planned.quantize((QuantSuggestion(fqn=site, keep_float=True),), calibration), held_out)
-        assert torch.equal(torch.cat(real), torch.cat(simulated)), (site, sqnr(torch.cat(real), torch.cat(simulated)))
-        assert not torch.equal(torch.cat(simulated), torch.cat(quantized.outputs))  # the change is seen
+    configs = [[site] for site in ("features.3.conv.2", "features.9.conv.0.0", "classifier.1")]
     if flow == "fx":  # a config FX calibrates otherwise (below): the ReLU6s in float
-        relu6 = {site.fqn: Mode.FLOAT for site in report.sites if site.kind.value == "hardtanh"}
-        simulated = sim.run_changed({**everything, **relu6}, quantized).outputs
-        real = _outputs(planned.quantize(tuple(QuantSuggestion(fqn=s, keep_float=True) for s in relu6), calibration), held_out)
-        assert torch.equal(torch.cat(real), torch.cat(simulated)), sqnr(torch.cat(real), torch.cat(simulated))
-        assert not torch.equal(torch.cat(simulated), torch.cat(quantized.outputs))
+        configs.append([site.fqn for site in report.sites if site.kind.value == "hardtanh"])
+    for floats in configs:
+        simulated, real = _floated_as_simulated_and_for_real(planned, sim, quantized, floats, calibration, held_out)
+        assert torch.equal(real, simulated), (floats[:2], sqnr(real, simulated))
+        assert not torch.equal(simulated, torch.cat(quantized.outputs))  # the change is seen
 
 
 def test_the_fx_simulation_calibrates_observers_fx_shares_otherwise_under_a_config() -> None:
@@ -229,9 +235,8 @@ def test_the_fx_simulation_calibrates_observers_fx_shares_otherwise_under_a_conf
     quantized = sim.run(everything, held_out)
     assert torch.equal(torch.cat(quantized.outputs), torch.cat(_outputs(planned.quantize((), calibration), held_out)))
     for site in ("bert.encoder.layer.0.attention.self.key", "bert.encoder.layer.3.intermediate.dense"):
-        simulated = sim.run_changed({**everything, site: Mode.FLOAT}, quantized).outputs
-        real = _outputs(planned.quantize((QuantSuggestion(fqn=site, keep_float=True),), calibration), held_out)
-        assert torch.equal(torch.cat(real), torch.cat(simulated)), (site, sqnr(torch.cat(real), torch.cat(simulated)))
+        simulated, real = _floated_as_simulated_and_for_real(planned, sim, quantized, [site], calibration, held_out)
+        assert torch.equal(real, simulated), (site, sqnr(real, simulated))
 
 
 def test_verification_drops_kept_parts_the_search_cannot_see_where_they_lower_the_planned_config() -> None:

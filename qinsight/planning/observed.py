@@ -42,14 +42,16 @@ class FxObserved:
     ) -> None:
         self._prepare, self._calibrate = prepare, calibrate
         self._default: dict[Edge, Signature] = {}  # the group each edge is in under the default config
-        self._known: dict[Signature, QParams] = {}  # the default's groups, calibrated
-        members = set(observer_nodes(default))
-        for signature, nodes in _groups(default):
-            qparams = _per_tensor(default.get_submodule(str(nodes[0].target)))
-            if qparams is not None:
-                self._known[signature] = qparams
+        # the default's calibrated observers by group, read only where another config moves an edge
+        # into one of them (a histogram's qparams cost a search each)
+        self._calibrated_groups: dict[Signature, nn.Module] = {}
+        self._known: dict[Signature, QParams | None] = {}  # qparams of groups read or calibrated so far
+        members = observer_nodes(default)
+        chains = set(members)
+        for signature, nodes in _groups(default, members):
+            self._calibrated_groups[signature] = default.get_submodule(str(nodes[0].target))
             for node in nodes:
-                self._default.update((edge, signature) for edge, chained in _edges_of(node, members) if not chained)
+                self._default.update((edge, signature) for edge, chained in _edges_of(node, chains) if not chained)
         self._asked: dict[frozenset[tuple[str, Mode]], tuple[dict[Edge, Mode], dict[Edge, QParams]]] = {}
 
     def edges(self, modes: Mapping[str, Mode]) -> dict[Edge, Mode]:
@@ -73,24 +75,30 @@ class FxObserved:
     def _observed(self, prepared: fx.GraphModule) -> tuple[dict[Edge, Mode], dict[Edge, QParams]]:
         edges: dict[Edge, Mode] = {}
         regrouped: dict[Edge, Signature] = {}  # edges in another group than under the default config
-        members = set(observer_nodes(prepared))
+        members = observer_nodes(prepared)
+        chains = set(members)
         unknown: dict[Signature, str] = {}
-        for signature, nodes in _groups(prepared):
+        for signature, nodes in _groups(prepared, members):
             mode = _mode_of(prepared.get_submodule(str(nodes[0].target)))
             if mode is None:
                 continue
+            moved = False
             for node in nodes:
-                for edge, chained in _edges_of(node, members):
+                for edge, chained in _edges_of(node, chains):
                     edges[edge] = mode
                     if mode is Mode.STATIC and not chained and self._default.get(edge) != signature:
-                        regrouped[edge] = signature
-                        if signature not in self._known:
-                            unknown[signature] = str(nodes[0].target)
+                        regrouped[edge], moved = signature, True
+            if moved and signature not in self._known:
+                if signature in self._calibrated_groups:
+                    self._known[signature] = _per_tensor(self._calibrated_groups[signature])
+                else:
+                    unknown[signature] = str(nodes[0].target)
         if unknown:  # a group's values do not depend on the config: calibrated once, kept for every config
             self._known.update(self._calibrated(prepared, unknown))
-        return edges, {edge: self._known[signature] for edge, signature in regrouped.items() if signature in self._known}
+        qparams = {edge: self._known.get(signature) for edge, signature in regrouped.items()}
+        return edges, {edge: found for edge, found in qparams.items() if found is not None}
 
-    def _calibrated(self, prepared: fx.GraphModule, groups: Mapping[Signature, str]) -> dict[Signature, QParams]:
+    def _calibrated(self, prepared: fx.GraphModule, groups: Mapping[Signature, str]) -> dict[Signature, QParams | None]:
         """The qparams of new ``groups`` (by one of their observers' names), calibrated with every other
         observer out."""
         kept = {id(prepared.get_submodule(target)) for target in groups.values()}
@@ -98,15 +106,14 @@ class FxObserved:
             if id(prepared.get_submodule(str(node.target))) not in kept:
                 setattr(prepared, str(node.target), nn.Identity())
         self._calibrate(prepared)
-        found = {signature: _per_tensor(prepared.get_submodule(target)) for signature, target in groups.items()}
-        return {signature: qparams for signature, qparams in found.items() if qparams is not None}
+        return {signature: _per_tensor(prepared.get_submodule(target)) for signature, target in groups.items()}
 
 
-def _groups(prepared: fx.GraphModule) -> Iterator[tuple[Signature, list[fx.Node]]]:
-    """Each observer module with the nodes calling it, keyed by what it takes in: its kind and the
-    nodes whose values it observes, in the order it sees them."""
+def _groups(prepared: fx.GraphModule, members: list[fx.Node]) -> Iterator[tuple[Signature, list[fx.Node]]]:
+    """Each observer module with the nodes calling it (of the graph's observer nodes, ``members``),
+    keyed by what it takes in: its kind and the nodes whose values it observes, in the order it sees
+    them."""
     calls: dict[int, list[fx.Node]] = {}  # FX shares an observer as one module under several names
-    members = observer_nodes(prepared)
     for node in members:
         calls.setdefault(id(prepared.get_submodule(str(node.target))), []).append(node)
     chains = set(members)

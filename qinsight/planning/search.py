@@ -32,7 +32,7 @@ from qinsight.core.errors import InvalidParameterError
 from qinsight.core.plan import PlanStep, QuantPlan, SiteSensitivity, SuggestionCheck, Target
 from qinsight.core.report import Report
 from qinsight.core.sites import OpSite
-from qinsight.core.suggestions import QuantSuggestion, merge_suggestions
+from qinsight.core.suggestions import QuantSuggestion
 from qinsight.frontends import classify, eval_mode, run_batch
 from qinsight.planning.checks import check_all, mode_of, split_for_real
 from qinsight.planning.curve import Progress, Search, choose, measure_dynamic_noise, taken
@@ -238,7 +238,7 @@ def _unseen_parts_checked(
     as_searched, unseen = split_for_real(kept)
     if not unseen or goal.is_budget or goal.met(verified) or not goal.met(_best_score(steps)):
         return kept, checks, verified, []
-    searched = tuple(merge_suggestions(as_searched)[0])
+    searched = tuple(as_searched)  # one part per kept suggestion, as ``kept`` has one per site
     without = real_score(_advice(searched, modes))
     if not _worse(verified, without, goal):
         return kept, checks, verified, []
