@@ -112,6 +112,25 @@ def _entry(site: OpSite | None, fqn: str, choice: Choice) -> MappingEntry:
     )
 
 
+# Ops that are no sites and that FX quantizes under the global qconfig sharing their input's observer:
+# the shape ops, which move values without changing them, and mean. FX quantizes them between float
+# ops too, where the quantize/dequantize pair it puts around them is pure error (MiniLM with every
+# site in float: cosine 0.9986, its attention's views and transposes quantized; the encoder
+# example's final mean, 2.5 dB). Between quantized ops, kept float, they cost a requantization
+# (their consumer observes what they output).
+FOLLOWER_FUNCTIONS = (torch.flatten, torch.mean, torch.narrow, torch.repeat_interleave, torch.squeeze, torch.transpose, torch.unsqueeze)
+FOLLOWER_METHODS = (
+    "contiguous", "detach", "mean", "permute", "repeat", "repeat_interleave", "reshape", "squeeze", "transpose", "unsqueeze", "view",
+)
+
+
+def _follower_entries() -> list[MappingEntry]:
+    """Every follower op kept float: the entries advice adds once it keeps a site float or dynamic."""
+    float_choice = Choice(None, "None")
+    functions = [MappingEntry("set_object_type", (f,), (_object_code(f),), float_choice, "") for f in FOLLOWER_FUNCTIONS]
+    return functions + [MappingEntry("set_object_type", (m,), (repr(m),), float_choice, "") for m in FOLLOWER_METHODS]
+
+
 def mapping_entries(report: Report) -> list[MappingEntry]:
     """The setter calls that turn the base mapping into the report's, in order (later ones win)."""
     if not report.sites:
@@ -122,12 +141,16 @@ def mapping_entries(report: Report) -> list[MappingEntry]:
 def advice_entries(
     all_sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...], backend: str
 ) -> list[MappingEntry]:
-    """The setter calls applying ``suggestions`` about ``all_sites`` (a report's, or a plan's)."""
+    """The setter calls applying ``suggestions`` about ``all_sites`` (a report's, or a plan's); where
+    they keep a site float or dynamic, the ops that follow their input's quantization float too
+    (:data:`FOLLOWER_METHODS`)."""
     default = get_default_qconfig(backend)  # type: ignore[no-untyped-call]
     float_qparams = Choice(float_qparams_weight_only_qconfig, "float_qparams_weight_only_qconfig")
     sites = {site.fqn: site for site in all_sites}
     suggested_fqns = {s.fqn for s in suggestions}
-    entries = [
+    unquantized = any(s.keep_float or s.activation is ActivationMode.DYNAMIC for s in suggestions)
+    entries = _follower_entries() if unquantized else []
+    entries += [
         _entry(site, site.fqn, float_qparams)
         for site in all_sites
         if site.kind is OpKind.EMBEDDING and site.quantized and site.fqn not in suggested_fqns
@@ -143,7 +166,7 @@ def advice_entries(
 
 
 def _warn_methods(entries: list[MappingEntry]) -> None:
-    methods = sorted({e.fqn for e in entries if e.setter == "set_object_type"})
+    methods = sorted({e.fqn for e in entries if e.setter == "set_object_type" and e.fqn})
     if methods:
         warnings.warn(
             "FX configures tensor methods (x.softmax(...)) for the whole model, not per call: the settings of "
@@ -192,7 +215,8 @@ def plan_code(plan: QuantPlan) -> list[str]:
     """Python lines that build ``mapping``, the same QConfigMapping as :func:`plan_qconfig_mapping`
     (and ``equalization``, as ``plan.equalization_mapping().to_torch()``, where it equalizes)."""
     entries = advice_entries(plan.sites, plan.suggestions, plan.backend)
-    return _code(entries, plan.backend) + equalization_code(plan.equalization_mapping())
+    smoothing = ["# for the smoothed model: model = report.plan.smoothing.apply(model)"] if plan.smoothing.entries else []
+    return smoothing + _code(entries, plan.backend) + equalization_code(plan.equalization_mapping())
 
 
 def equalization_code(mapping: EqualizationMapping) -> list[str]:
