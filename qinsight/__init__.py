@@ -103,6 +103,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     )
     from qinsight.core.shards import Shard
     from qinsight.core.plan import PlanStep, QuantPlan, SiteSensitivity, SuggestionCheck, Target
+    from qinsight.core.smoothing import SmoothingEntry, SmoothingMapping
     from qinsight.distributed import shard
     from qinsight.planning import plan
     from qinsight.plugin import Detector, Metric, ModelView
@@ -186,6 +187,8 @@ _HOMES: dict[str, str] = {
     "SiteSensitivity": "qinsight.core.plan",
     "SuggestionCheck": "qinsight.core.plan",
     "Target": "qinsight.core.plan",
+    "SmoothingEntry": "qinsight.core.smoothing",
+    "SmoothingMapping": "qinsight.core.smoothing",
     "plan": "qinsight.planning",
     "shard": "qinsight.distributed",
     "ReportDiff": "qinsight.outputs.diff",
@@ -263,6 +266,8 @@ __all__ = [
     "PlanStep",
     "QuantPlan",
     "SiteSensitivity",
+    "SmoothingEntry",
+    "SmoothingMapping",
     "SuggestionCheck",
     "Target",
     "plan",

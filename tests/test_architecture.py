@@ -31,6 +31,7 @@ CONVENIENCES = {
     ("qinsight.core.plan", "qinsight.outputs.qconfig"),
     ("qinsight.core.plan", "qinsight.outputs.pt2e"),
     ("qinsight.core.plan", "qinsight.outputs.text"),
+    ("qinsight.core.smoothing", "qinsight.outputs.smoothing"),
 }
 
 

@@ -103,7 +103,10 @@ st.register_type_strategy(
 # plan scores: finite here (a NaN scalar never compares equal); test_plan saves NaN scores in a file
 SCORES = st.floats(-1e6, 1e6)
 FRACTIONS = st.floats(0.0, 1.0)
-for _cls in (qinsight.PlanStep, qinsight.SuggestionCheck, qinsight.SiteSensitivity, qinsight.Target, qinsight.QuantPlan):
+for _cls in (
+    qinsight.PlanStep, qinsight.SuggestionCheck, qinsight.SiteSensitivity, qinsight.Target, qinsight.QuantPlan,
+    qinsight.SmoothingEntry, qinsight.SmoothingMapping,
+):
     attrs.resolve_types(_cls)
 st.register_type_strategy(
     qinsight.PlanStep,
@@ -119,6 +122,22 @@ st.register_type_strategy(
 )
 st.register_type_strategy(qinsight.Target, st.builds(qinsight.Target, threshold=st.floats(-1e6, 1e6)))
 st.register_type_strategy(
+    qinsight.SmoothingEntry,
+    st.builds(
+        qinsight.SmoothingEntry,
+        alpha=FRACTIONS,
+        factors=st.lists(st.floats(1e-6, 1e6), min_size=1, max_size=4).map(tuple),
+        sqnr_before=SCORES,
+        sqnr_after=SCORES,
+    ),
+)
+st.register_type_strategy(
+    qinsight.SmoothingMapping,
+    st.lists(st.from_type(qinsight.SmoothingEntry), max_size=2, unique_by=lambda e: e.fqn).map(
+        lambda entries: qinsight.SmoothingMapping(entries=tuple(entries))
+    ),
+)
+st.register_type_strategy(
     qinsight.QuantPlan,
     st.builds(
         qinsight.QuantPlan,
@@ -131,6 +150,7 @@ st.register_type_strategy(
         checks=st.lists(st.from_type(qinsight.SuggestionCheck), max_size=2).map(tuple),
         sensitivities=st.lists(st.from_type(qinsight.SiteSensitivity), max_size=2).map(tuple),
         sites=st.lists(st.from_type(OpSite), max_size=2).map(tuple),
+        smoothing=st.from_type(qinsight.SmoothingMapping),
     ),
 )
 

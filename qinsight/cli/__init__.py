@@ -65,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     planned.add_argument("--eval-batches", type=int, default=4, help="evaluation batches of an example (default 4)")
     planned.add_argument("--target", default="sqnr>=30", help="sqnr>=DB, cosine>=X, top1>=X or float<=N (default sqnr>=30)")
     planned.add_argument("--flow", choices=("fx", "pt2e"), default="fx", help="prepare_fx/convert_fx (default) or PT2E")
+    planned.add_argument(
+        "--smooth", action="store_true", help="smooth the Linears' inputs first (SmoothQuant factors, chosen by measured error)"
+    )
     planned.add_argument("--quiet", action="store_true", help="no progress lines")
     _outputs(planned)
 

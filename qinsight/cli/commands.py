@@ -206,7 +206,9 @@ def _plan(args: argparse.Namespace) -> int:
         with warnings.catch_warnings():  # torch's and torchao's deprecation notices: nothing the user can act on
             warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|torchao)(\.|$)")
             report = diagnose(model, calibration, model_name=name)
-            found = plan(model, calibration, evaluation, target=target, flow=args.flow, report=report, progress=progress)
+            found = plan(
+                model, calibration, evaluation, target=target, flow=args.flow, report=report, progress=progress, smoothing=args.smooth
+            )
     finally:
         if progress is not None:
             progress.finish()

@@ -28,6 +28,7 @@ import attrs
 
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.sites import OpSite
+from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
 
 if TYPE_CHECKING:
@@ -178,6 +179,9 @@ class QuantPlan:
     site); ``sites`` are the sites they name, so the config can be rebuilt
     from the plan alone. ``agreement`` is the Spearman correlation between the
     cheap local-error ranking and the measured gains (NaN where not computed).
+    ``smoothing`` is what the plan did to the model before quantizing it (none
+    unless asked): its config is for ``plan.smoothing.apply(model)``, and its
+    sites are named as in that model; ``default_score`` is the model as given.
     """
 
     flow: str
@@ -196,6 +200,7 @@ class QuantPlan:
     sites: tuple[OpSite, ...] = ()
     evaluations: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     notes: tuple[str, ...] = ()
+    smoothing: SmoothingMapping = SmoothingMapping()
 
     @property
     def kept_float(self) -> tuple[str, ...]:

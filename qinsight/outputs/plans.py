@@ -29,6 +29,14 @@ def summary_lines(plan: QuantPlan) -> list[str]:
     if floats:
         shown = ", ".join(floats[:DEFAULT_LIMIT]) + (f" and {len(floats) - DEFAULT_LIMIT} more" if len(floats) > DEFAULT_LIMIT else "")
         lines.append(f"  kept in float: {shown}")
+    if plan.smoothing.entries:
+        count, alphas = len(plan.smoothing), sorted({entry.alpha for entry in plan.smoothing.entries})
+        which = "the input of 1 Linear" if count == 1 else f"the inputs of {count} Linears"
+        strength = f"{alphas[0]:g}" if len(alphas) == 1 else f"{alphas[0]:g}-{alphas[-1]:g}"
+        lines.append(
+            f"  smoothed {which} (alpha {strength}): the config is for plan.smoothing.apply(model), "
+            "where a smoothed Linear is named <name>.linear"
+        )
     equalized = plan.equalization_mapping().fqns
     if equalized:
         lines.append(f"  equalized: {', '.join(equalized)} (plan.equalization_mapping().to_torch() for prepare_fx)")

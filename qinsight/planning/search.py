@@ -30,15 +30,18 @@ from torch import nn
 
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.plan import PlanStep, QuantPlan, SiteSensitivity, SuggestionCheck, Target
+from qinsight.core.precision import activation_bits
 from qinsight.core.report import Report
-from qinsight.core.sites import OpSite
+from qinsight.core.sites import OpKind, OpSite
+from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.frontends import classify, eval_mode, run_batch
 from qinsight.planning.checks import check_all, mode_of, split_for_real
 from qinsight.planning.curve import Progress, Search, choose, measure_dynamic_noise, taken
-from qinsight.planning.flows import flow_for, mode_suggestions
+from qinsight.planning.flows import Flow, flow_for, mode_suggestions
 from qinsight.planning.scores import MetricFunction, Scorer
 from qinsight.planning.simulate import Run
+from qinsight.planning.smoothing import choose_smoothing
 from qinsight.planning.switches import Mode
 
 
@@ -57,6 +60,7 @@ def plan(
     metric: str | MetricFunction | None = None,
     report: Report | None = None,
     progress: Progress | None = None,
+    smoothing: bool = False,
 ) -> QuantPlan:
     """The sites to keep in float so that ``model``, quantized with ``flow``, reaches ``target`` on
     ``evaluation_data``, starting from the report's verified suggestions (:class:`QuantPlan`).
@@ -66,7 +70,11 @@ def plan(
     ``metric``, default SQNR); with ``metric`` a function of (float outputs,
     quantized outputs), name it in the target (``"accuracy>=0.98"``).
     ``report`` is the diagnosis to start from (default: :func:`qinsight.diagnose`
-    on the calibration data).
+    on the calibration data). With ``smoothing``, the inputs of the Linears
+    whose measured error it lowers are smoothed first (:mod:`.smoothing`) and
+    the plan is made for the smoothed model: ``plan.smoothing.apply(model)``
+    is what its config quantizes, while its ``default_score`` stays that of
+    the model as given.
     """
     goal = Target.parse(target) if isinstance(target, str) else target
     calibration, evaluation = list(calibration_data), list(evaluation_data)
@@ -80,9 +88,14 @@ def plan(
 
         report = diagnose(model, calibration, backend=backend)
     steps_of = progress or _quiet
-    flow_impl = flow_for(flow, model, report.sites, backend)
-    flow_impl.shapes_from(calibration + evaluation)
     scorer = Scorer(_float_outputs(model, evaluation), chosen, metric_name)
+    baseline = _flow(flow, model, report, backend, calibration + evaluation)
+    default_score = scorer(_outputs(baseline.quantize((), calibration), evaluation))
+    smoothed = SmoothingMapping()
+    if smoothing:
+        steps_of("smoothing the Linears' inputs", 0, 1)
+        smoothed, model, report = _smoothed(model, calibration, report, flow, backend)
+    flow_impl = _flow(flow, model, report, backend, calibration + evaluation) if smoothed.entries else baseline
     steps_of("calibrating the simulation", 0, 1)
     sim = flow_impl.simulation(calibration)
     names = {site.fqn for site in report.sites}
@@ -95,10 +108,9 @@ def plan(
     def real(advice: tuple[QuantSuggestion, ...]) -> float:
         return scorer(_outputs(flow_impl.quantize(advice, calibration), evaluation))
 
-    default_score = real(())
     checks, start, kept = check_all(
         sim, lambda run: scorer(run.outputs), real, report.suggestions, default, evaluation, higher,
-        flow_impl.name, flow_impl.equalizes, default_score,
+        flow_impl.name, flow_impl.equalizes, default_score if flow_impl is baseline else real(()),
     )
     sensitivities, noise, quantized_run, float_run = _sensitivities(search, start, evaluation)
     dynamic_noise = measure_dynamic_noise(search, start, float_run, noise)
@@ -110,6 +122,7 @@ def plan(
     if _worse(verified, default_score, goal):
         notes.append(f"the plan ({verified:.4g}) scored below the default config ({default_score:.4g}): the default is returned")
         suggestions, verified, modes = (), default_score, {site: Mode.STATIC for site in candidates}
+        smoothed = SmoothingMapping()
     return QuantPlan(
         flow=flow_impl.name,
         backend=backend,
@@ -127,7 +140,30 @@ def plan(
         sites=_named_sites(report.sites, suggestions),
         evaluations=math.ceil(sim.evaluations),
         notes=tuple(notes),
+        smoothing=smoothed,
     )
+
+
+def _flow(name: str, model: nn.Module, report: Report, backend: str, batches: list[Any]) -> Flow:
+    flow = flow_for(name, model, report.sites, backend)
+    flow.shapes_from(batches)
+    return flow
+
+
+def _smoothed(
+    model: nn.Module, calibration: list[Any], report: Report, flow: str, backend: str
+) -> tuple[SmoothingMapping, nn.Module, Report]:
+    """The Linears' inputs smoothed where that lowers their measured error, the smoothed model and
+    its diagnosis (the model and ``report`` as they are when nothing is smoothed)."""
+    from qinsight.pipeline import diagnose
+
+    bits = activation_bits(backend) if flow == "fx" else 8  # PT2E's x86 quantizer keeps 8 bits
+    linears = [site.fqn for site in report.sites if site.kind is OpKind.LINEAR]
+    mapping = choose_smoothing(model, calibration, linears, bits)
+    if not mapping.entries:
+        return mapping, model, report
+    smoothed = mapping.apply(model)
+    return mapping, smoothed, diagnose(smoothed, calibration, backend=backend)
 
 
 def _float_outputs(model: nn.Module, batches: Sequence[object]) -> list[Any]:
