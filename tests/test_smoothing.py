@@ -105,6 +105,8 @@ def test_what_cannot_be_smoothed_is_refused_before_anything_is_copied(
         SmoothingMapping(entries=(entry("up", 7),)).apply(model)
     with pytest.raises(InvalidParameterError, match=r"WideChannels"):
         SmoothingMapping(entries=(entry("", 64),)).apply(model)
+    with pytest.raises(InvalidParameterError, match=r"fqn=' \(Linear\)'"):  # a bare Linear is the model itself
+        SmoothingMapping(entries=(entry("", 64),)).apply(nn.Linear(64, 2))
     with pytest.raises(ValueError, match="positive and finite"):
         SmoothingEntry(fqn="up", alpha=0.5, factors=(1.0, 0.0), sqnr_before=1.0, sqnr_after=2.0)
     with pytest.raises(ValueError, match="once; repeated"):

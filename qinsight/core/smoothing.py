@@ -50,11 +50,6 @@ class SmoothingEntry:
     sqnr_before: float
     sqnr_after: float
 
-    @property
-    def linear_name(self) -> str:
-        """The Linear's name in the smoothed model."""
-        return f"{self.fqn}.linear"
-
 
 @attrs.frozen(kw_only=True)
 class SmoothingMapping:

@@ -46,7 +46,7 @@ def apply_smoothing(model: nn.Module, mapping: SmoothingMapping) -> nn.Module:
     modules = dict(model.named_modules())
     for entry in mapping.entries:
         found = modules.get(entry.fqn)
-        if type(found) is not nn.Linear:
+        if type(found) is not nn.Linear or not entry.fqn:  # the model itself cannot be replaced in place
             what = "no module" if found is None else type(found).__name__
             raise InvalidParameterError("smoothing", "fqn", f"{entry.fqn} ({what})", "the name of an nn.Linear of the model")
         if found.in_features != len(entry.factors):
