@@ -127,7 +127,10 @@ def test_a_smoothed_plan_applied_as_a_user_would_scores_what_it_says(
     assert plain.reached and plain.kept_float == ("up",) and plain.quantized_fraction == pytest.approx(0.2)
     # measured: FX 34.6 dB, PT2E 33.7 dB, every weight int8; the smoothing multiplications stay float
     assert plan.reached and plan.quantized_fraction == 1.0 and "up" in plan.smoothing.fqns
-    assert set(plan.kept_float) <= {"up.mul#0", "down.mul#0"}  # named as in the smoothed model
+    assert plan.kept_float == () and "up.linear" in {s.fqn for s in plan.sensitivities}  # named as in the smoothed model
+    # the divisions the flow would quantize are kept float and not searched (PT2E quantizes only up's)
+    assert "up.mul#0" in {s.fqn for s in plan.suggestions if s.keep_float} <= set(plan.smoothing.divisions)
+    assert not {"up.mul#0", "down.mul#0"} & {s.fqn for s in plan.sensitivities}
     assert plan.default_score == pytest.approx(plain.default_score)  # the model as given: 23.3 dB FX, 29.6 PT2E
     assert f"smoothed the inputs of {len(plan.smoothing)} Linears" in plan.to_text()
     assert _applied(model, plan, calibration, held_out, flow) == pytest.approx(plan.verified_score, abs=1e-4)

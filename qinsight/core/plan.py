@@ -204,8 +204,10 @@ class QuantPlan:
 
     @property
     def kept_float(self) -> tuple[str, ...]:
-        """The sites the plan keeps in float (the kept suggestions' and the search's)."""
-        return tuple(s.fqn for s in self.suggestions if s.keep_float)
+        """The sites the plan keeps in float (the kept suggestions' and the search's; not the
+        smoothing's divisions, which are float as part of it)."""
+        divisions = set(self.smoothing.divisions)
+        return tuple(s.fqn for s in self.suggestions if s.keep_float and s.fqn not in divisions)
 
     def equalization_mapping(self) -> EqualizationMapping:
         """The equalizations the plan keeps (measured for real in FX), for ``prepare_fx``'s

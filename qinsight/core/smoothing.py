@@ -66,6 +66,11 @@ class SmoothingMapping:
     def fqns(self) -> tuple[str, ...]:
         return tuple(entry.fqn for entry in self.entries)
 
+    @property
+    def divisions(self) -> tuple[str, ...]:
+        """The sites of the smoothed model that divide the inputs (``<fqn>.mul#0``)."""
+        return tuple(f"{entry.fqn}.mul#0" for entry in self.entries)
+
     def __len__(self) -> int:
         return len(self.entries)
 

@@ -36,6 +36,11 @@ class Search:
     parameters: dict[str, int]
     kinds: dict[str, str]
     progress: Progress
+    fixed: dict[str, Mode] = attrs.field(factory=dict)  # sites in the config that are not searched
+
+    def everything_float(self) -> dict[str, Mode]:
+        """Every candidate in float; the fixed sites as they are fixed."""
+        return {**{site: Mode.FLOAT for site in self.candidates}, **self.fixed}
 
     def fraction(self, modes: Mapping[str, Mode]) -> float:
         total = sum(self.parameters.values())
@@ -48,7 +53,7 @@ def measure_dynamic_noise(search: Search, start: dict[str, Mode], float_run: Run
     """For each Linear that starts static, the output noise with it alone quantized dynamically, where
     that is less than static: those get a step to dynamic (weights int8, the input per batch) before
     the step to static. One partial run each, from the all-float run."""
-    everything_float = {site: Mode.FLOAT for site in search.candidates}
+    everything_float = search.everything_float()
     found = {}
     linears = [site for site in search.candidates if search.kinds.get(site) == "linear" and start[site] is Mode.STATIC]
     for done, site in enumerate(linears):
@@ -96,7 +101,7 @@ def choose(
     if goal.is_budget:
         return within_budget(search, int(goal.threshold), start, quantized_run, noise)
     moves = steps_down(search, start, noise, dynamic_noise)
-    modes = {site: Mode.FLOAT for site in search.candidates}
+    modes = search.everything_float()
     run = float_run
     steps = [PlanStep(fqn="", score=search.scorer(run.outputs), kept=True, quantized_fraction=search.fraction(modes), stage="start")]
     curve = []
@@ -108,7 +113,7 @@ def choose(
     met = [index for index, step in enumerate(curve) if goal.met(step.score)]
     longest = met[-1] + 1 if met else 0
     steps += [attrs.evolve(step, kept=index < longest) for index, step in enumerate(curve)]
-    modes = taken({site: Mode.FLOAT for site in search.candidates}, moves[:longest])
+    modes = taken(search.everything_float(), moves[:longest])
     run = search.sim.run_changed(modes, run)
     pending = moves[longest:]
     for _ in range(REFINE_PASSES):

@@ -99,10 +99,12 @@ def plan(
     steps_of("calibrating the simulation", 0, 1)
     sim = flow_impl.simulation(calibration)
     names = {site.fqn for site in report.sites}
-    candidates = [site for site in sim.sites if site in names]
+    # the smoothing's divisions stay float, unsearched: quantized, they would quantize the factors per tensor
+    divisions = {site: Mode.FLOAT for site in smoothed.divisions if site in sim.sites}
+    candidates = [site for site in sim.sites if site in names and site not in divisions]
     kinds = {site.fqn: site.kind.value for site in report.sites}
-    search = Search(sim, scorer, candidates, _parameters(model, candidates), kinds, steps_of)
-    default = {site: Mode.STATIC for site in candidates}
+    search = Search(sim, scorer, candidates, _parameters(model, candidates), kinds, steps_of, divisions)
+    default = {**{site: Mode.STATIC for site in candidates}, **divisions}
     higher = goal.higher_is_better or goal.is_budget
 
     def real(advice: tuple[QuantSuggestion, ...]) -> float:
@@ -194,7 +196,7 @@ def _sensitivities(
     search's order); the all-quantized and all-float runs later runs start from."""
     sim, scorer = search.sim, search.scorer
     quantized_run = sim.run(start, evaluation)
-    everything_float = {site: Mode.FLOAT for site in search.candidates}
+    everything_float = search.everything_float()
     float_run = sim.run(everything_float, evaluation)
     all_quantized = scorer(quantized_run.outputs)
     found, noise = [], {}
