@@ -406,7 +406,7 @@ def test_minilm_fx_plan_with_smoothing_keeps_nine_tenths_of_the_linear_weights_i
     batches = sentence_batches()
     calibration, held_out = batches[:4], batches[4:]
     plan = qinsight.plan(model, calibration, held_out, target="cosine>=0.995", smoothing=True)
-    assert plan.reached and plan.verified_score >= 0.995 and plan.default_score < 0.4  # measured 0.9951; default 0.21
+    assert plan.reached and plan.verified_score >= 0.995 and plan.default_score < 0.4  # measured 0.9953; default 0.21
     assert _linear_fraction(plan) >= 0.9  # measured 1.0, most Linears dynamic
     assert len(plan.smoothing) >= 30 and all(e.sqnr_after > e.sqnr_before for e in plan.smoothing.entries)
     assert any(step.mode == "dynamic" and step.kept for step in plan.steps)
