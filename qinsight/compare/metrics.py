@@ -65,10 +65,15 @@ def mse(reference: torch.Tensor, actual: torch.Tensor) -> float:
     return float(((x - y) ** 2).mean()) if x.numel() else 0.0
 
 
-def _sqnr_of(totals: ErrorTotals) -> float:
-    if totals.err_sq == 0.0:
+def sqnr_of_sums(ref_sq: float, err_sq: float) -> float:
+    """SQNR in dB from the sums of x² and of (x - y)²: inf without error, -inf without signal."""
+    if err_sq == 0.0:
         return math.inf
-    return -math.inf if totals.ref_sq == 0.0 else 10 * math.log10(totals.ref_sq / totals.err_sq)
+    return -math.inf if ref_sq == 0.0 else 10 * math.log10(ref_sq / err_sq)
+
+
+def _sqnr_of(totals: ErrorTotals) -> float:
+    return sqnr_of_sums(totals.ref_sq, totals.err_sq)
 
 
 def _relative_l2_of(totals: ErrorTotals) -> float:

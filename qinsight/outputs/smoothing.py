@@ -21,13 +21,14 @@ from qinsight.core.smoothing import SmoothingMapping
 
 
 class SmoothedLinear(nn.Module):
-    """``linear(x / factors)``, with ``factors`` folded into ``linear``'s weight columns."""
+    """``linear(x / factors)``, with ``factors`` folded into ``linear``'s weight columns: ``linear``
+    is taken over and its weight scaled in place (pass a copy to keep the original)."""
 
     inverse_factors: torch.Tensor
 
     def __init__(self, linear: nn.Linear, factors: torch.Tensor) -> None:
         super().__init__()
-        self.linear = copy.deepcopy(linear)
+        self.linear = linear
         with torch.no_grad():
             self.linear.weight.mul_(factors.to(linear.weight))
         self.register_buffer("inverse_factors", (1.0 / factors).to(linear.weight))
@@ -53,7 +54,7 @@ def apply_smoothing(model: nn.Module, mapping: SmoothingMapping) -> nn.Module:
             raise InvalidParameterError(
                 "smoothing", f"factors of {entry.fqn}", f"{len(entry.factors)} factors", f"{found.in_features}, its input channels"
             )
-    smoothed = copy.deepcopy(model)
+    smoothed = copy.deepcopy(model)  # the one copy: each SmoothedLinear takes over its Linear from it
     for entry in mapping.entries:
         parent_name, _, child = entry.fqn.rpartition(".")
         parent = smoothed.get_submodule(parent_name)

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
+from qinsight.compare.metrics import sqnr_of_sums
 from qinsight.core.smoothing import SmoothingEntry, SmoothingMapping
 from qinsight.frontends import eval_mode, run_batch
 from qinsight.planning.switches import dynamic_fake_quantize, fake_quantized_weight
@@ -50,12 +51,13 @@ def choose_smoothing(model: nn.Module, calibration: Sequence[object], linears: S
     ranges = [_input_ranges(model, chosen, half) for half in halves]
     names = [name for name in ranges[0] if name in ranges[1]]  # forward order: the order the Linears first ran
     errors = {name: _Error() for name in names}
+    weights = {name: chosen[name].weight.detach().float() for name in names}
     for fitted, judged in ((ranges[0], halves[1]), (ranges[1], halves[0])):  # fit on one half, judge on the other
-        candidates = {name: _candidate_factors(fitted[name], chosen[name].weight) for name in names}
+        candidates = {name: _candidate_factors(fitted[name], weights[name]) for name in names}
 
         def measure(name: str, x: torch.Tensor) -> None:
             if name in errors:
-                errors[name].add(x, chosen[name].weight.detach().float(), candidates[name], 2**activation_bits - 1)
+                errors[name].add(x, weights[name], candidates[name], 2**activation_bits - 1)
 
         _run(model, chosen, judged, measure)
     sqnr = {name: errors[name].sqnr() for name in names}
@@ -65,7 +67,7 @@ def choose_smoothing(model: nn.Module, calibration: Sequence[object], linears: S
     best = max(range(1, len(ALPHAS) + 1), key=lambda i: sum(sqnr[name][i] for name in comparable))
     entries = []
     for name in (name for name in names if sqnr[name][best] > sqnr[name][0]):
-        factors = _candidate_factors(torch.maximum(ranges[0][name], ranges[1][name]), chosen[name].weight)[best]
+        factors = _candidate_factors(torch.maximum(ranges[0][name], ranges[1][name]), weights[name])[best]
         entries.append(
             SmoothingEntry(
                 fqn=name, alpha=ALPHAS[best - 1], factors=tuple(factors.tolist()), sqnr_before=sqnr[name][0], sqnr_after=sqnr[name][best]
@@ -88,7 +90,7 @@ class _Error:
             self.noise[i] += float((out - reference).square().sum())
 
     def sqnr(self) -> list[float]:
-        return [_sqnr(self.energy, noise) for noise in self.noise]
+        return [sqnr_of_sums(self.energy, noise) for noise in self.noise]
 
 
 def _input_ranges(model: nn.Module, linears: dict[str, nn.Module], batches: Sequence[object]) -> dict[str, torch.Tensor]:
@@ -105,7 +107,7 @@ def _widen(ranges: dict[str, torch.Tensor], name: str, x: torch.Tensor) -> None:
 
 def _candidate_factors(absmax: torch.Tensor, weight: torch.Tensor) -> list[torch.Tensor]:
     """No smoothing (ones), then SmoothQuant's factors for each alpha of :data:`ALPHAS`."""
-    inputs, columns = absmax.double().clamp(min=_TINY), weight.detach().abs().amax(0).double().clamp(min=_TINY)
+    inputs, columns = absmax.double().clamp(min=_TINY), weight.abs().amax(0).double().clamp(min=_TINY)
     found = [torch.ones_like(inputs)]
     found += [(inputs**alpha / columns ** (1.0 - alpha)).clamp(min=_TINY) for alpha in ALPHAS]
     return [f.float() for f in found]
@@ -134,12 +136,6 @@ def _pre_hooks(linears: dict[str, nn.Module], see: Callable[[str, torch.Tensor],
     finally:
         for handle in handles:
             handle.remove()
-
-
-def _sqnr(signal: float, noise: float) -> float:
-    if noise <= 0.0:
-        return math.inf if signal > 0.0 else 0.0
-    return 10.0 * math.log10(signal / noise) if signal > 0.0 else -math.inf
 
 
 __all__ = ["ALPHAS", "choose_smoothing"]
