@@ -3,6 +3,7 @@ until a target holds, the result re-measured through the real flow (FX and PT2E)
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import random
 
@@ -18,7 +19,7 @@ from test_whole_model import ResidualBlock, outputs, quantize, residual_stream, 
 from torch import nn
 
 import qinsight
-from qinsight import QuantPlan, Target
+from qinsight import QuantPlan, SuggestionCheck, Target
 from qinsight.core.sites import WeightScheme
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.examples import example
@@ -365,6 +366,50 @@ def test_a_plan_travels_in_the_report_file_and_shows_in_text_and_html(
     assert "$.plan.verified_score: " in qinsight.diff_reports(loaded, worse).to_text()
     page = render_html(loaded)
     assert "<h2>Plan: sqnr&gt;=50 (fx)</h2>" in page and page.count("<img") >= 1
+
+
+def test_a_report_carrying_a_plan_gives_the_plans_config_for_the_plans_flow(
+    residual: tuple[nn.Module, list[Any], list[Any], qinsight.Report], residual_plan: QuantPlan
+) -> None:
+    from qinsight.outputs.html import config_code
+    from qinsight.outputs.qconfig import plan_code
+
+    model, calibration, held_out, report = residual
+    carrying = report.with_plan(residual_plan)
+    reference = outputs(model, held_out)
+    # what a user does with the report: its mapping, prepare_fx, calibrate, convert
+    got = sqnr(reference, outputs(quantize(model, carrying.qconfig_mapping(), calibration), held_out))
+    assert got == pytest.approx(residual_plan.verified_score, abs=1e-3)
+    assert config_code(carrying).splitlines() == plan_code(residual_plan)  # the page's pasteable config too
+    assert "report.qconfig_mapping() gives the plan's config below instead" in carrying.to_text()
+    # the plan was made for FX: PT2E gets the report's own suggestions, and is told so
+    if importlib.util.find_spec("torchao") is not None:
+        with pytest.warns(UserWarning, match="made for fx, not pt2e"):
+            carrying.pt2e_quantizer()
+
+
+def test_an_equalization_an_fx_plan_measured_and_dropped_leaves_the_reports_mapping(residual_plan: QuantPlan) -> None:
+    from qinsight.outputs.html import config_code
+
+    chosen = example("cnn")
+    model, data = chosen.model(), chosen.data(3)
+    report = qinsight.diagnose(model, data)
+    assert report.equalization_mapping.fqns == ("fc",)
+    measured = SuggestionCheck(
+        fqn="fc", change="equalize", before=40.0, alone=31.0, kept=False,
+        reason="not applied: the planned config scored 31 with it, 40 without, measured for real",
+    )
+    carrying = report.with_plan(attrs.evolve(residual_plan, checks=(measured,)))
+    assert carrying.equalization_mapping.fqns == ()
+    assert [(r.fqn, r.reason) for r in carrying.equalization_mapping.refused] == [("fc", measured.reason)]
+    assert all(not s.equalize for s in carrying.suggestions)
+    # PT2E measures no equalization (it has none): a PT2E plan leaves the mapping to FX users
+    unmeasured = attrs.evolve(measured, alone=math.nan, kept=True, reason="not applied: the pt2e flow has no input-weight equalization")
+    pt2e = report.with_plan(attrs.evolve(residual_plan, flow="pt2e", checks=(unmeasured,)))
+    assert pt2e.equalization_mapping == report.equalization_mapping
+    with pytest.warns(UserWarning, match="made for pt2e, not fx"):
+        pt2e.qconfig_mapping()
+    assert config_code(pt2e) == config_code(report)
 
 
 def test_a_flow_that_cannot_prepare_the_model_says_so_in_one_error() -> None:

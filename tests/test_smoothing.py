@@ -137,16 +137,23 @@ def test_a_smoothed_plan_applied_as_a_user_would_scores_what_it_says(
 
 
 def _applied(model: nn.Module, plan: qinsight.QuantPlan, calibration: list[torch.Tensor], held_out: list[torch.Tensor], flow: str) -> float:
+    """The plan's config taken as a user takes it from the report of the model as given, which says it
+    is for the smoothed model; applied to that."""
+    report = qinsight.diagnose(model, calibration).with_plan(plan)
     smoothed = plan.smoothing.apply(model)
     if flow == "fx":
         from test_whole_model import quantize
 
-        quantized = quantize(smoothed, plan.qconfig_mapping(), calibration)
+        with pytest.warns(UserWarning, match="its config is for the smoothed model"):
+            mapping = report.qconfig_mapping()
+        quantized = quantize(smoothed, mapping, calibration)
     else:
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
+        with pytest.warns(UserWarning, match="its config is for the smoothed model"):
+            quantizer = report.pt2e_quantizer()
         exported = torch.export.export(smoothed, (calibration[0],)).module()
-        prepared = prepare_pt2e(exported, plan.pt2e_quantizer())
+        prepared = prepare_pt2e(exported, quantizer)
         with torch.no_grad():
             for batch in calibration:
                 prepared(batch)

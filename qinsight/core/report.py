@@ -123,8 +123,25 @@ class Report:
         return attrs.evolve(self, comparison=comparison)
 
     def with_plan(self, plan: QuantPlan) -> Report:
-        """This report carrying ``plan`` (:func:`qinsight.plan`), to save and show together."""
-        return attrs.evolve(self, plan=plan)
+        """This report carrying ``plan`` (:func:`qinsight.plan`), to save and show together.
+
+        The plan's verified config becomes the report's config for the plan's
+        flow (:meth:`plan_for`), and an equalization an FX plan measured and
+        dropped leaves the report's equalization mapping with the plan's reason:
+        the report then applies only what was verified, or could not be.
+        """
+        measured_and_dropped = {
+            check.fqn: check.reason
+            for check in plan.checks
+            if plan.flow == "fx" and check.change == "equalize" and check.measured and not check.kept
+        }
+        return attrs.evolve(self.with_equalization_refused(measured_and_dropped), plan=plan)
+
+    def plan_for(self, flow: str) -> QuantPlan | None:
+        """The attached plan if it was made for ``flow`` (``"fx"`` or ``"pt2e"``): then
+        :meth:`qconfig_mapping` (FX) or :meth:`pt2e_quantizer` (PT2E) is its verified config. A plan
+        made for the other flow is not applied: its measurements say nothing about this one."""
+        return self.plan if self.plan is not None and self.plan.flow == flow else None
 
     def with_equalization_refused(self, reasons: Mapping[str, str]) -> Report:
         """This report with the equalizations named in ``reasons`` (fqn to why) refused: out of the
@@ -181,13 +198,15 @@ class Report:
         return render_text(self, everything=everything)
 
     def pt2e_quantizer(self) -> Any:
-        """A torchao PT2E quantizer applying the suggestions; see :func:`qinsight.outputs.pt2e.to_pt2e_quantizer`."""
+        """A torchao PT2E quantizer applying the suggestions, or the attached PT2E plan's config;
+        see :func:`qinsight.outputs.pt2e.to_pt2e_quantizer`."""
         from qinsight.outputs.pt2e import to_pt2e_quantizer
 
         return to_pt2e_quantizer(self)
 
     def qconfig_mapping(self, base: QConfigMapping | None = None) -> QConfigMapping:
-        """A torch QConfigMapping that applies the suggestions; see :func:`qinsight.outputs.qconfig.to_qconfig_mapping`."""
+        """A torch QConfigMapping that applies the suggestions, or the attached FX plan's config;
+        see :func:`qinsight.outputs.qconfig.to_qconfig_mapping`."""
         from qinsight.outputs.qconfig import to_qconfig_mapping
 
         return to_qconfig_mapping(self, base=base)

@@ -164,9 +164,10 @@ def render_html(report: Report) -> str:
     failures = "".join(
         f'<li class="fail">{_e(f.detector)} failed at {_e(f.stage.value)}: {_e(f.error)}</li>' for f in report.failures
     )
+    source = " It is the attached plan's config, verified below." if report.plan_for("fx") is not None else ""
     diagnosis = f"""<h2>Suggested config</h2>
 <p>Paste to quantize with <code>prepare_fx(model, mapping, example_inputs)</code>, or use
-<code>report.qconfig_mapping()</code> / <code>report.pt2e_quantizer()</code>.</p>
+<code>report.qconfig_mapping()</code> / <code>report.pt2e_quantizer()</code>.{source}</p>
 <pre id="config">{_e(config_code(report))}</pre>
 {_refused_equalizations(report)}
 <h2>Modules</h2>

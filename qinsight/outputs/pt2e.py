@@ -36,6 +36,7 @@ from qinsight.core.errors import MissingExtraError
 from qinsight.frontends import exported_op_names, exported_sites, layer_name, separate_shared_calls
 from qinsight.core.sites import OpSite, WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
+from qinsight.outputs.qconfig import applied_plan
 
 if TYPE_CHECKING:
     from qinsight.core.plan import QuantPlan
@@ -151,7 +152,11 @@ def default_x86_quantizer() -> Any:
 
 
 def to_pt2e_quantizer(report: Report) -> Any:
-    """A quantizer that applies ``report``'s suggestions (X86InductorQuantizer, composed when dynamic)."""
+    """A quantizer that applies ``report``'s suggestions (X86InductorQuantizer, composed when dynamic);
+    where the report carries a PT2E plan (``report.with_plan``), the plan's verified config."""
+    plan = applied_plan(report, "pt2e")
+    if plan is not None:
+        return plan_pt2e_quantizer(plan)
     if len(report.equalization_mapping):
         warnings.warn(
             "PT2E has no input-weight equalization; these modules stay unequalized: "

@@ -177,8 +177,31 @@ def _warn_methods(entries: list[MappingEntry]) -> None:
 
 
 def to_qconfig_mapping(report: Report, base: QConfigMapping | None = None) -> QConfigMapping:
-    """A QConfigMapping that ``prepare_fx``/``convert_fx`` accept and that applies the report's suggestions."""
+    """A QConfigMapping that ``prepare_fx``/``convert_fx`` accept and that applies the report's
+    suggestions; where the report carries an FX plan (``report.with_plan``), the plan's verified config."""
+    plan = applied_plan(report, "fx")
+    if plan is not None:
+        return plan_qconfig_mapping(plan, base)
     return _applied(mapping_entries(report), report.metadata.backend, base)
+
+
+def applied_plan(report: Report, flow: str) -> QuantPlan | None:
+    """The plan whose config ``report`` gives for ``flow`` (:meth:`Report.plan_for`), warning where
+    that config is for the smoothed model, or where an attached plan for the other flow is not applied."""
+    plan = report.plan_for(flow)
+    if plan is not None and plan.smoothing.entries:
+        warnings.warn(
+            f"the attached plan smooths {len(plan.smoothing)} Linears: its config is for the smoothed model, "
+            "model = report.plan.smoothing.apply(model)",
+            stacklevel=4,
+        )
+    elif plan is None and report.plan is not None:
+        warnings.warn(
+            f"the attached plan was made for {report.plan.flow}, not {flow}: this config applies the report's "
+            f"suggestions, not verified in {flow}",
+            stacklevel=4,
+        )
+    return plan
 
 
 def plan_qconfig_mapping(plan: QuantPlan, base: QConfigMapping | None = None) -> QConfigMapping:
@@ -208,6 +231,9 @@ def _applied(entries: list[MappingEntry], backend: str, base: QConfigMapping | N
 def entries_code(report: Report) -> list[str]:
     """Python lines that build ``mapping``, the same QConfigMapping as :func:`to_qconfig_mapping`
     (and ``equalization``, as ``report.equalization_mapping.to_torch()``, where it equalizes)."""
+    plan = report.plan_for("fx")
+    if plan is not None:
+        return plan_code(plan)
     return _code(mapping_entries(report), report.metadata.backend) + equalization_code(report.equalization_mapping)
 
 

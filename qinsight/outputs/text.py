@@ -79,6 +79,9 @@ def render_text(report: Report, *, everything: bool = False) -> str:
         lines.extend(_result_lines(result, everything))
         lines.append("")
     lines.append(f"Suggested config ({len(report.suggestions)} modules):")
+    if report.plan is not None:
+        method = "report.qconfig_mapping()" if report.plan.flow == "fx" else "report.pt2e_quantizer()"
+        lines.append(f"  {method} gives the plan's config below instead: the suggestions it kept, its sites in float")
     if report.suggestions:
         width = max(len(s.fqn) for s in report.suggestions)
         lines.extend(f"  {s.fqn:<{width}}  {s.describe()}" for s in report.suggestions)
