@@ -4,9 +4,10 @@ Built-in metrics (higher is better): ``sqnr`` (dB, over all outputs),
 ``cosine`` (mean per row, e.g. per sentence embedding), ``top1`` (the fraction
 of rows whose argmax agrees). A metric function of one's own gets the float
 and the quantized outputs, one entry per evaluation batch, and returns a
-number (labelled accuracy, a task score...). Every run also gives its noise:
-the output error's power relative to the output's, which adds up across
-sites where their errors are independent, the ranking the plan orders sites by.
+number (labelled accuracy, a task score...). Every run also gives its noise,
+which adds up across sites where their errors are independent, the ranking
+the plan orders sites by: the output error's power relative to the output's,
+and for ``top1`` also the share of each row's margin the error moves.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from qinsight.compare.metrics import sqnr
 from qinsight.core.errors import InvalidParameterError
 
 MetricFunction = Callable[[Sequence[Any], Sequence[Any]], float]
+OUTPUT_NOISE, MARGIN_NOISE = "output noise", "top-1 margins"  # the orders a search can take sites in
 
 
 def output_rows(output: Any) -> torch.Tensor:
@@ -65,9 +67,38 @@ class Scorer:
             return float(measure(self.rows, torch.cat([output_rows(output) for output in outputs])))
         return float(self.metric(self.reference, outputs))
 
-    def noise(self, outputs: Sequence[Any]) -> float:
-        """The output error's power over the output's: ``10 ** (-SQNR / 10)``."""
-        return math.pow(10.0, -_sqnr(self.rows, torch.cat([output_rows(output) for output in outputs])) / 10.0)
+    @property
+    def orders(self) -> tuple[str, ...]:
+        """The noises the search may order sites by: the output's, and for ``top1`` the margins' too."""
+        return (OUTPUT_NOISE, MARGIN_NOISE) if self.metric == "top1" else (OUTPUT_NOISE,)
+
+    def noise(self, outputs: Sequence[Any]) -> dict[str, float]:
+        """Each of :attr:`orders`' noise in ``outputs``: the output error's power over the output's,
+        ``10 ** (-SQNR / 10)``, and for ``top1`` :func:`margin_noise`."""
+        rows = torch.cat([output_rows(output) for output in outputs])
+        found = {OUTPUT_NOISE: math.pow(10.0, -_sqnr(self.rows, rows) / 10.0)}
+        if self.metric == "top1":
+            found[MARGIN_NOISE] = margin_noise(self.rows, rows)
+        return found
 
 
-__all__ = ["BUILTIN", "MetricFunction", "Scorer", "output_rows"]
+def margin_noise(reference: torch.Tensor, candidate: torch.Tensor) -> float:
+    """Per row, how far ``candidate`` moves the margin between the reference's top class and its
+    best other class, as a share of that margin, squared (at most 1: the row flipped); the mean.
+
+    Top-1 flips where the error crosses a row's margin, so a row with a wide margin takes noise
+    that flips a narrow one: the output's SQNR weighs them alike and orders sites by error that
+    never changes a prediction. Squared shares add up across sites whose errors are independent.
+    """
+    top = reference.argmax(dim=1, keepdim=True)
+
+    def margin(rows: torch.Tensor) -> torch.Tensor:
+        others = rows.double().scatter(1, top, -math.inf).amax(dim=1)
+        return rows.double().gather(1, top).squeeze(1) - others
+
+    float_margin = margin(reference)
+    moved = (float_margin - margin(candidate)) / float_margin.clamp_min(1e-12)
+    return float(moved.square().clamp(max=1.0).mean())
+
+
+__all__ = ["BUILTIN", "MARGIN_NOISE", "OUTPUT_NOISE", "MetricFunction", "Scorer", "margin_noise", "output_rows"]

@@ -9,7 +9,8 @@
    (all quantized, all float) and recompute only what the site reaches.
 3. **Search** (:mod:`.curve`): the quality-vs-fraction-quantized curve from
    every candidate in float, the longest prefix that meets the target, then
-   each later step tried alone on top of it.
+   each later step tried alone on top of it (for top-1, in two orders of the
+   sites, the search that quantizes more kept).
 4. **Verification.** The plan's config and the flow's default are quantized
    for real (prepare, calibrate, convert) and scored. Where the real score
    misses the target the simulation reached, the longest prefix of the
@@ -37,7 +38,7 @@ from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.frontends import classify, eval_mode, run_batch
 from qinsight.planning.checks import check_all, mode_of, split_for_real
-from qinsight.planning.curve import Progress, Search, choose, measure_dynamic_noise, taken
+from qinsight.planning.curve import Noise, Progress, Search, choose_order, final_score, measure_dynamic_noise, taken
 from qinsight.planning.flows import Flow, flow_for, mode_suggestions
 from qinsight.planning.scores import MetricFunction, Scorer
 from qinsight.planning.simulate import Run
@@ -116,8 +117,9 @@ def plan(
     )
     sensitivities, noise, quantized_run, float_run = _sensitivities(search, start, evaluation)
     dynamic_noise = measure_dynamic_noise(search, start, float_run, noise)
-    steps, modes = choose(search, goal, start, float_run, quantized_run, noise, dynamic_noise)
-    kept, checks, verified, notes = _unseen_parts_checked(real, goal, kept, checks, steps, modes)
+    steps, modes, notes = choose_order(search, goal, start, float_run, quantized_run, noise, dynamic_noise)
+    kept, checks, verified, unseen = _unseen_parts_checked(real, goal, kept, checks, steps, modes)
+    notes += unseen
     modes, verified, more = _verified(real, goal, kept, start, steps, modes, verified)
     notes += more
     suggestions = _advice(kept, modes)
@@ -191,21 +193,23 @@ def _parameters(model: nn.Module, sites: list[str]) -> dict[str, int]:
 
 def _sensitivities(
     search: Search, start: dict[str, Mode], evaluation: Sequence[object]
-) -> tuple[tuple[SiteSensitivity, ...], dict[str, float], Run, Run]:
-    """Each site alone in float and alone quantized; the output noise of each alone quantized (the
-    search's order); the all-quantized and all-float runs later runs start from."""
+) -> tuple[tuple[SiteSensitivity, ...], Noise, Run, Run]:
+    """Each site alone in float and alone quantized; the noise of each alone quantized, per order the
+    search can take (:attr:`Scorer.orders`); the all-quantized and all-float runs later runs start from."""
     sim, scorer = search.sim, search.scorer
     quantized_run = sim.run(start, evaluation)
     everything_float = search.everything_float()
     float_run = sim.run(everything_float, evaluation)
     all_quantized = scorer(quantized_run.outputs)
-    found, noise = [], {}
+    found: list[SiteSensitivity] = []
+    noise: Noise = {order: {} for order in scorer.orders}
     for done, site in enumerate(search.candidates):
         search.progress("measuring sensitivity", done, len(search.candidates))
         float_only = scorer(sim.run_changed({**start, site: Mode.FLOAT}, quantized_run).outputs)
         quantized_mode = start[site] if start[site] is not Mode.FLOAT else Mode.STATIC
         alone = sim.run_changed({**everything_float, site: quantized_mode}, float_run).outputs
-        noise[site] = scorer.noise(alone)
+        for order, value in scorer.noise(alone).items():
+            noise[order][site] = value
         found.append(
             SiteSensitivity(
                 fqn=site,
@@ -235,7 +239,7 @@ def _verified(
     def real(prefix_modes: Mapping[str, Mode]) -> float:
         return real_score(_advice(kept, prefix_modes))
 
-    if goal.is_budget or goal.met(verified) or not goal.met(_best_score(steps)):
+    if goal.is_budget or goal.met(verified) or not goal.met(final_score(steps)):
         return modes, verified, []
     path = [(step.fqn, Mode(step.mode) if step.mode else start[step.fqn]) for step in steps if step.fqn and step.kept]
     floats = {site: Mode.FLOAT for site, _ in path}
@@ -274,7 +278,7 @@ def _unseen_parts_checked(
     scores better those parts are dropped, their checks saying why."""
     verified = real_score(_advice(kept, modes))
     as_searched, unseen = split_for_real(kept)
-    if not unseen or goal.is_budget or goal.met(verified) or not goal.met(_best_score(steps)):
+    if not unseen or goal.is_budget or goal.met(verified) or not goal.met(final_score(steps)):
         return kept, checks, verified, []
     searched = tuple(as_searched)  # one part per kept suggestion, as ``kept`` has one per site
     without = real_score(_advice(searched, modes))
@@ -296,11 +300,6 @@ def _advice(kept: tuple[QuantSuggestion, ...], modes: Mapping[str, Mode]) -> tup
     said = {s.fqn: mode_of(s) for s in kept}
     moved = {site: mode for site, mode in modes.items() if mode is not Mode.STATIC and said.get(site, Mode.STATIC) is not mode}
     return tuple(s for s in kept if s.fqn not in moved) + mode_suggestions(moved)
-
-
-def _best_score(steps: Sequence[PlanStep]) -> float:
-    kept = [step.score for step in steps if step.kept]
-    return kept[-1] if kept else math.nan
 
 
 def _worse(score: float, than: float, goal: Target) -> bool:
