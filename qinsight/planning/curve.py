@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 import attrs
 
@@ -88,12 +89,24 @@ def choose_order(
     for order, by_site in noise.items():
         steps, modes = choose(search, goal, start, float_run, quantized_run, by_site, dynamic_noise[order])
         score = max(step.score for step in steps) if goal.is_budget else final_score(steps)
-        found.append(((goal.is_budget or goal.met(score), search.fraction(modes), score), order, steps, modes))
-    best = max(found, key=lambda item: item[0])  # the first of equals: the output's noise
+        found.append(_Searched(order, steps, modes, goal.is_budget or goal.met(score), search.fraction(modes), score))
+    best = max(found, key=lambda s: (s.met, s.fraction, s.score))  # the first of equals: the output's noise
     if len(found) == 1:
-        return best[2], best[3], []
-    said = "; ".join(f"by {order}, {rank[1]:.1%} of the weights quantized at {rank[2]:.4g}" for rank, order, _, _ in found)
-    return best[2], best[3], [f"sites taken in order of {best[1]}, of two searches ({said}, simulated)"]
+        return best.steps, best.modes, []
+    said = "; ".join(f"by {s.order}, {s.fraction:.1%} of the weights quantized at {s.score:.4g}" for s in found)
+    return best.steps, best.modes, [f"sites taken in order of {best.order}, of two searches ({said}, simulated)"]
+
+
+class _Searched(NamedTuple):
+    """One search's result, and what ranks it: whether it meets the target, then the share of the
+    weights it quantizes, then its score."""
+
+    order: str
+    steps: tuple[PlanStep, ...]
+    modes: dict[str, Mode]
+    met: bool
+    fraction: float
+    score: float
 
 
 def final_score(steps: Sequence[PlanStep]) -> float:
