@@ -190,3 +190,64 @@ def test_ops_kept_float_lose_their_annotations() -> None:
     default = sqnr(reference, outputs(_pt2e(model, default_x86_quantizer(), calibration), held_out))
     advised = sqnr(reference, outputs(_pt2e(model, report.pt2e_quantizer(), calibration), held_out))
     assert advised >= default - 0.1  # measured 63.7 dB both: X86InductorQuantizer leaves these adds alone
+
+
+def _annotations(graph: torch.fx.GraphModule) -> dict[str, tuple[object, ...]]:
+    """Each annotated node's annotation, by node names and spec fields: comparable across two runs."""
+
+    def spec(s: object) -> object:
+        if s is None:
+            return None
+        shared = getattr(s, "edge_or_node", None)
+        if shared is not None:
+            return ("shared", tuple(n.name for n in shared) if isinstance(shared, tuple) else shared.name)
+        return (type(s).__name__, *(getattr(s, f, None) for f in ("dtype", "qscheme", "ch_axis", "is_dynamic")))
+
+    found = {}
+    for node in graph.graph.nodes:
+        a = node.meta.get("quantization_annotation")
+        if a is not None:
+            inputs = tuple(sorted((src.name, spec(s)) for src, s in a.input_qspec_map.items()))
+            found[node.name] = (inputs, spec(a.output_qspec), a._annotated, getattr(a, "_is_output_of_quantized_pattern", None))
+    return found
+
+
+@pytest.mark.parametrize("example", ["mobilenet_v2", "encoder"])
+def test_the_grouped_quantizer_annotates_node_for_node_as_torchaos_per_module_passes(example: str) -> None:
+    """GroupedX86InductorQuantizer annotates the modules sharing a config in one pass (a PT2E plan
+    annotates every config it simulates); on random mixes of float, per-tensor and dynamic modules
+    its annotations are torchao's, node for node."""
+    import random
+
+    from qinsight.examples import EncoderLayer
+    from qinsight.examples.mobilenet import MobileNetV2
+    from qinsight.outputs.grouped_x86 import GroupedX86InductorQuantizer
+    from torchao.quantization.pt2e import observer
+
+    from qinsight.outputs.pt2e import _per_tensor_weights
+
+    model: nn.Module = MobileNetV2() if example == "mobilenet_v2" else nn.Sequential(EncoderLayer(64, 4, 128), EncoderLayer(64, 4, 128))
+    x = torch.randn(1, 3, 224, 224) if example == "mobilenet_v2" else torch.randn(2, 16, 64)
+    graph = torch.export.export(model.eval(), (x,)).module()
+    layers = [name for name, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    static = get_default_x86_inductor_quantization_config()
+    dynamic = get_default_x86_inductor_quantization_config(is_dynamic=True)
+    rng = random.Random(0)
+    for trial in range(4):
+        mode = "static" if trial % 2 == 0 else "dynamic"
+        kinds = [None, _per_tensor_weights(static, observer)] if mode == "static" else [dynamic, _per_tensor_weights(dynamic, observer)]
+        entries = {name: rng.choice(kinds) for name in rng.sample(layers, k=len(layers) // 3)}
+        annotations = []
+        for kind in (X86InductorQuantizer, GroupedX86InductorQuantizer):
+            quantizer = kind().set_global(static) if mode == "static" else kind()
+            for name, config in entries.items():
+                quantizer.set_module_name_qconfig(name, config)
+            for node in graph.graph.nodes:
+                node.meta.pop("quantization_annotation", None)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                quantizer.annotate(graph)
+            annotations.append(_annotations(graph))
+            assert quantizer.module_name_qconfig == entries  # the entries stay as set
+        assert annotations[0]  # something was annotated
+        assert annotations[1] == annotations[0]

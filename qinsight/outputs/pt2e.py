@@ -50,9 +50,11 @@ def _torchao() -> Any:
         from torchao.quantization.pt2e import observer
         from torchao.quantization.pt2e.quantizer import ComposableQuantizer
         from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
+
+        from qinsight.outputs.grouped_x86 import GroupedX86InductorQuantizer
     except ImportError as exc:
         raise MissingExtraError(f"{INSTALL_HINT} ({exc})") from exc
-    return x86, ComposableQuantizer, observer
+    return x86, GroupedX86InductorQuantizer, ComposableQuantizer, observer
 
 
 _ANNOTATION = "quantization_annotation"
@@ -123,7 +125,7 @@ def _honouring(inner: Any, sites: tuple[OpSite, ...], suggestions: tuple[QuantSu
             self.unhonoured = tuple(missed)
             if missed:
                 warnings.warn(
-                    f"{type(inner).__name__} does not apply the report to {len(missed)} sites (left in float, or an op "
+                    f"{type(inner).__name__.removeprefix('Grouped')} does not apply the report to {len(missed)} sites (left in float, or an op "
                     f"not found in this graph): {', '.join(missed[:10])}{' ...' if len(missed) > 10 else ''}",
                     stacklevel=2,
                 )
@@ -147,7 +149,7 @@ def _per_tensor_weights(config: Any, observer: Any) -> Any:
 
 def default_x86_quantizer() -> Any:
     """torchao's ``X86InductorQuantizer`` with its default static config for every module."""
-    x86, _composable, _observer = _torchao()
+    x86, _grouped, _composable, _observer = _torchao()
     return x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
 
 
@@ -173,22 +175,23 @@ def plan_pt2e_quantizer(plan: QuantPlan) -> Any:
 
 def advice_quantizer(sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...]) -> Any:
     """A quantizer applying ``suggestions`` about ``sites`` (a report's, or a plan's)."""
-    x86, composable, observer = _torchao()
+    x86, grouped, composable, observer = _torchao()
     static_config = x86.get_default_x86_inductor_quantization_config()
     dynamic_config = x86.get_default_x86_inductor_quantization_config(is_dynamic=True)
-    static = x86.X86InductorQuantizer().set_global(static_config)
-    dynamic = x86.X86InductorQuantizer()
+    # one config object per kind of entry: the grouped quantizer annotates the modules of each in one pass
+    per_tensor = {config: _per_tensor_weights(config, observer) for config in (static_config, dynamic_config)}
+    static = grouped().set_global(static_config)
+    dynamic = grouped()
     dynamic_modules = []
     layers = {site.fqn for site in sites if site.kind.is_layer}
     for suggestion in (s for s in suggestions if s.fqn in layers):
-        per_tensor = suggestion.weight is WeightScheme.PER_TENSOR
+        tensor_wise = suggestion.weight is WeightScheme.PER_TENSOR
         if suggestion.keep_float:
             static.set_module_name_qconfig(suggestion.fqn, None)
         elif suggestion.activation is ActivationMode.DYNAMIC:
-            config = _per_tensor_weights(dynamic_config, observer) if per_tensor else dynamic_config
-            dynamic.set_module_name_qconfig(suggestion.fqn, config)
+            dynamic.set_module_name_qconfig(suggestion.fqn, per_tensor[dynamic_config] if tensor_wise else dynamic_config)
             static.set_module_name_qconfig(suggestion.fqn, None)
             dynamic_modules.append(suggestion.fqn)
-        elif per_tensor:
-            static.set_module_name_qconfig(suggestion.fqn, _per_tensor_weights(static_config, observer))
+        elif tensor_wise:
+            static.set_module_name_qconfig(suggestion.fqn, per_tensor[static_config])
     return _honouring(composable([dynamic, static]) if dynamic_modules else static, sites, suggestions)
