@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -123,6 +123,8 @@ def test_undefined_stationarity_is_none() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(batch, min_size=1, max_size=5))
+# values near -500 spread by 100: float32 raw power sums put the kurtosis 1e-4 off (hypothesis found it)
+@example([np.array([[[-392.0], [-601.0], [-601.0]]], dtype=np.float32)])
 def test_tail_statistics_are_what_numpy_computes(batches: list[np.ndarray]) -> None:
     """Mean |x| and values above 6 per channel, kurtosis, and massive tokens (a position whose largest
     |x| is over 100x its batch's median |x|), on the finite batches, from the definitions."""
@@ -139,7 +141,7 @@ def test_tail_statistics_are_what_numpy_computes(batches: list[np.ndarray]) -> N
     values = channels_first.reshape(-1)
     centered = values - values.mean()
     variance = (centered**2).mean()
-    if variance > 1e-6 * max(1.0, values.mean() ** 2):  # raw power sums lose the rest to cancellation
+    if variance > 1e-10 * max(1.0, values.mean() ** 2):  # below, float32's rounding of x - mean is the spread
         assert tails.kurtosis() == pytest.approx((centered**4).mean() / variance**2, rel=1e-4, abs=1e-4)
     massive, hits = 0, np.zeros(3, dtype=int)
     for b in finite:
