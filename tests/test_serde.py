@@ -188,7 +188,7 @@ def all_classes() -> list[type]:
     found: dict[str, type] = {}
     for module in ("qinsight", "qinsight.core.plan", "qinsight.detectors.dynamic_static", "qinsight.core.precision", "qinsight.core.stats", "qinsight.core.suggestions", "qinsight.core.report", "qinsight.core.equalization", "qinsight.core.comparison"):
         mod = importlib.import_module(module)
-        for name in names:
+        for name in sorted(names):  # the same order in every run: parametrized ids do not follow set order
             if hasattr(mod, name):
                 found[name] = getattr(mod, name)
     assert set(found) == names
