@@ -14,12 +14,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import itertools
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -45,7 +44,7 @@ from qinsight.frontends import (
 from qinsight.outputs.pt2e import advice_quantizer
 from qinsight.outputs.qconfig import advice_mapping
 from qinsight.planning.kernels import QuantizedOps
-from qinsight.planning.observed import FxObserved
+from qinsight.planning.observed import FxObserved, no_stack_traces
 from qinsight.planning.simulate import EdgeRule, Owners, RealOps, Regroup, Simulation, WeightSwap, observer_nodes
 from qinsight.planning.switches import Mode, fake_quantized_rows, fake_quantized_weight
 
@@ -216,7 +215,7 @@ class FxFlow(Flow):
             # neither changes a weight nor keeps one (conv-bn folding writes a new conv)
             tensors = itertools.chain(self.model.parameters(), self.model.buffers())
             shallow = copy.deepcopy(self.model, {id(tensor): tensor for tensor in tensors}).eval()
-            with warnings.catch_warnings(), _no_stack_traces():
+            with warnings.catch_warnings(), no_stack_traces():
                 warnings.simplefilter("ignore")
                 prepared = prepare_fx(shallow, advice_mapping(self.sites, mode_suggestions(modes), self.backend), example)
             assert isinstance(prepared, fx.GraphModule)
@@ -336,18 +335,6 @@ class Pt2eFlow(Flow):
             return Owners(producer, consumers, weight=source.op == "get_attr")
 
         return owners
-
-
-@contextlib.contextmanager
-def _no_stack_traces() -> Iterator[None]:
-    """FX's tracer without the Python stack of each node it records (``torch.fx.config``): half of
-    a ``prepare_fx`` of MiniLM, for graphs whose edges are read and dropped, never shown."""
-    saved = torch.fx.config.do_not_emit_stack_traces
-    torch.fx.config.do_not_emit_stack_traces = True
-    try:
-        yield
-    finally:
-        torch.fx.config.do_not_emit_stack_traces = saved
 
 
 def mode_suggestions(modes: Mapping[str, Mode]) -> tuple[QuantSuggestion, ...]:

@@ -15,6 +15,7 @@ data with every other observer out gives them exactly.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection, Iterator, Mapping
 
 import torch
@@ -109,6 +110,18 @@ class FxObserved:
         return {signature: _per_tensor(prepared.get_submodule(target)) for signature, target in groups.items()}
 
 
+@contextlib.contextmanager
+def no_stack_traces() -> Iterator[None]:
+    """FX's tracer without the Python stack of each node it records (``torch.fx.config``): a fifth
+    of a ``prepare_fx`` of MiniLM (0.35 to 0.28 s), for graphs whose edges are read and dropped."""
+    saved = torch.fx.config.do_not_emit_stack_traces
+    torch.fx.config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        torch.fx.config.do_not_emit_stack_traces = saved
+
+
 def _groups(prepared: fx.GraphModule, members: list[fx.Node]) -> Iterator[tuple[Signature, list[fx.Node]]]:
     """Each observer module with the nodes calling it (of the graph's observer nodes, ``members``),
     keyed by what it takes in: its kind and the nodes whose values it observes, in the order it sees
@@ -152,4 +165,4 @@ def _edges_of(observer: fx.Node, members: Collection[fx.Node]) -> Iterator[tuple
             yield (source.name, user.name), through
 
 
-__all__ = ["FxObserved"]
+__all__ = ["FxObserved", "no_stack_traces"]
