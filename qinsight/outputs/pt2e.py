@@ -99,7 +99,8 @@ def _unannotated_layers(model: fx.GraphModule, fqns: set[str]) -> set[str]:
 
 
 def _honouring(inner: Any, sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...]) -> Any:
-    """``inner``, then the float ops stripped and what it left unquantized recorded and warned of."""
+    """``inner`` (the X86InductorQuantizers, alone or composed), then the float ops stripped and what it
+    left unquantized recorded and warned of."""
     from torchao.quantization.pt2e.quantizer import Quantizer
 
     layers = {site.fqn for site in sites if site.kind.is_layer}
@@ -125,7 +126,7 @@ def _honouring(inner: Any, sites: tuple[OpSite, ...], suggestions: tuple[QuantSu
             self.unhonoured = tuple(missed)
             if missed:
                 warnings.warn(
-                    f"{type(inner).__name__.removeprefix('Grouped')} does not apply the report to {len(missed)} sites (left in float, or an op "
+                    f"X86InductorQuantizer does not apply the report to {len(missed)} sites (left in float, or an op "
                     f"not found in this graph): {', '.join(missed[:10])}{' ...' if len(missed) > 10 else ''}",
                     stacklevel=2,
                 )

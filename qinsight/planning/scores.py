@@ -60,6 +60,7 @@ class Scorer:
         self.reference = list(reference)
         self.rows = torch.cat([output_rows(output) for output in reference])
         self.metric, self.name = metric, name
+        self._margins = TopMargins(self.rows) if metric == "top1" else None
 
     def __call__(self, outputs: Sequence[Any]) -> float:
         if isinstance(self.metric, str):
@@ -77,9 +78,28 @@ class Scorer:
         ``10 ** (-SQNR / 10)``, and for ``top1`` :func:`margin_noise`."""
         rows = torch.cat([output_rows(output) for output in outputs])
         found = {OUTPUT_NOISE: math.pow(10.0, -_sqnr(self.rows, rows) / 10.0)}
-        if self.metric == "top1":
-            found[MARGIN_NOISE] = margin_noise(self.rows, rows)
+        if self._margins is not None:
+            found[MARGIN_NOISE] = self._margins.noise(rows)
         return found
+
+
+class TopMargins:
+    """The reference's top class per row and its margin over the best other class, taken once: each
+    candidate's :meth:`noise` reads them (a search scores hundreds of runs against one reference)."""
+
+    def __init__(self, reference: torch.Tensor) -> None:
+        self.top = reference.argmax(dim=1, keepdim=True)
+        self.margin = self._of(reference)
+
+    def _of(self, rows: torch.Tensor) -> torch.Tensor:
+        others = rows.double().scatter(1, self.top, -math.inf).amax(dim=1)
+        return rows.double().gather(1, self.top).squeeze(1) - others
+
+    def noise(self, candidate: torch.Tensor) -> float:
+        """Per row, how far ``candidate`` moves the margin, as a share of it, squared (at most 1: the
+        row flipped); the mean."""
+        moved = (self.margin - self._of(candidate)) / self.margin.clamp_min(1e-12)
+        return float(moved.square().clamp(max=1.0).mean())
 
 
 def margin_noise(reference: torch.Tensor, candidate: torch.Tensor) -> float:
@@ -90,15 +110,7 @@ def margin_noise(reference: torch.Tensor, candidate: torch.Tensor) -> float:
     that flips a narrow one: the output's SQNR weighs them alike and orders sites by error that
     never changes a prediction. Squared shares add up across sites whose errors are independent.
     """
-    top = reference.argmax(dim=1, keepdim=True)
-
-    def margin(rows: torch.Tensor) -> torch.Tensor:
-        others = rows.double().scatter(1, top, -math.inf).amax(dim=1)
-        return rows.double().gather(1, top).squeeze(1) - others
-
-    float_margin = margin(reference)
-    moved = (float_margin - margin(candidate)) / float_margin.clamp_min(1e-12)
-    return float(moved.square().clamp(max=1.0).mean())
+    return TopMargins(reference).noise(candidate)
 
 
-__all__ = ["BUILTIN", "MARGIN_NOISE", "OUTPUT_NOISE", "MetricFunction", "Scorer", "margin_noise", "output_rows"]
+__all__ = ["BUILTIN", "MARGIN_NOISE", "OUTPUT_NOISE", "MetricFunction", "Scorer", "TopMargins", "margin_noise", "output_rows"]
