@@ -17,6 +17,7 @@ from qinsight.frontends.base import (
     batch_arguments,
     eval_mode,
     find_site,
+    hookless_copy,
     run_batch,
 )
 from qinsight.frontends.calls import CallTap, WatchCall, hidden_calls, resolve_target
@@ -80,6 +81,7 @@ __all__ = [
     "fetch_attr",
     "layer_name",
     "find_site",
+    "hookless_copy",
     "fx_view",
     "model_structure",
     "module_name_of",

@@ -7,6 +7,7 @@ the detector contract, since detectors are what read views.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -54,6 +55,25 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
     finally:
         for module, training in modes.items():
             module.training = training
+
+
+_HOOKS = (
+    "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+)
+
+
+def hookless_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` without forward hooks: what a check quantizes or runs while a session may be
+    observing the model (inside ``qinsight.instrument``, its observers hook the modules, and a copy
+    would carry them and feed its values into the statistics)."""
+    copied = copy.deepcopy(model)
+    for module in copied.modules():
+        for name in _HOOKS:
+            hooks = getattr(module, name, None)
+            if hooks:
+                hooks.clear()
+    return copied
 
 
 def find_site(sites: tuple[OpSite, ...], fqn: str) -> OpSite:

@@ -30,9 +30,10 @@ from torch.ao.quantization.fx._equalize import (
 )
 from torch.ao.quantization.quantize_fx import prepare_fx
 
+from qinsight.compare.configs import release_fx_graphs
 from qinsight.compare.metrics import relative_l2
 from qinsight.core.errors import describe
-from qinsight.frontends import batch_arguments, eval_mode, run_batch
+from qinsight.frontends import batch_arguments, eval_mode, hookless_copy, run_batch
 
 # The float output may move by rounding only: scaling by s and 1/s is exact up to float32.
 CHANGED = 1e-3
@@ -44,6 +45,7 @@ def refused_equalizations(model: nn.Module, fqns: Sequence[str], example: object
     order, each is tried together with the ones kept before it, so the kept set is checked as a whole."""
     if not fqns:
         return {}
+    model = hookless_copy(model)  # a session's observers may be on the model: they see nothing of this
     with eval_mode(model), torch.no_grad():
         reference = _float_leaves(run_batch(model, example))
     kept: list[str] = []
@@ -61,6 +63,7 @@ def refused_equalizations(model: nn.Module, fqns: Sequence[str], example: object
         else:
             kept.append(fqn)
             equalizers = inserted
+    release_fx_graphs()
     return refused
 
 

@@ -16,15 +16,18 @@ data with every other observer out gives them exactly.
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Callable, Collection, Iterator, Mapping
 
 import torch
 from torch import fx, nn
 
+from qinsight.compare.configs import release_fx_graphs
 from qinsight.planning.simulate import Edge, QParams, observed_node, observer_nodes
 from qinsight.planning.switches import Mode
 
 Signature = tuple[object, ...]  # an observer group: its kind, and the nodes it observes in graph order
+COLLECT_EVERY = 8  # prepared configs between two collections of the ones dropped
 
 
 class FxObserved:
@@ -71,6 +74,11 @@ class FxObserved:
             if len(self._asked) > 1024:  # a search asks for a few hundred configs; bound it anyway
                 self._asked.clear()
             self._asked[key] = found
+            release_fx_graphs()
+            if len(self._asked) % COLLECT_EVERY == 0:
+                # a GraphModule and its graph refer to each other: only the cycle collector frees a
+                # prepared graph once torch lets go of it, and with a plan's large heap it seldom runs
+                gc.collect()
         return found
 
     def _observed(self, prepared: fx.GraphModule) -> tuple[dict[Edge, Mode], dict[Edge, QParams]]:

@@ -158,8 +158,13 @@ class Simulation:
         changed reach (the rest is ``before``'s values)."""
         was, now = self._states(before.modes), self._states(modes)
         starts = [node for node in self.switches if was[node][0] is not now[node][0]]
-        # new qparams also change what the layer before writes (its kernel's output qparams)
-        starts += [node.args[0] for node in self.switches if was[node][1] != now[node][1]]  # type: ignore[misc]
+        # new qparams also change what the layer before writes (its kernel's output qparams); a model
+        # input has no kernel and keeps its value: the switch itself starts there
+        starts += [
+            node if node.args[0].op == "placeholder" else node.args[0]  # type: ignore[misc, union-attr]
+            for node in self.switches
+            if was[node][1] != now[node][1]
+        ]
         starts += [
             node for site, node in self._weight_users.items()
             if (modes.get(site, Mode.STATIC) is Mode.FLOAT) != (before.modes.get(site, Mode.STATIC) is Mode.FLOAT)
