@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         MetricValue,
         WeightComparison,
     )
+    from qinsight.core.activations import FxActivations, NarrowedInput
     from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
     from qinsight.core.errors import (
         CalibrationError,
@@ -118,6 +119,8 @@ _HOMES: dict[str, str] = {
     "LayerWeightComparison": "qinsight.core.comparison",
     "MetricValue": "qinsight.core.comparison",
     "WeightComparison": "qinsight.core.comparison",
+    "FxActivations": "qinsight.core.activations",
+    "NarrowedInput": "qinsight.core.activations",
     "EqualizationEntry": "qinsight.core.equalization",
     "EqualizationMapping": "qinsight.core.equalization",
     "CalibrationError": "qinsight.core.errors",
@@ -241,6 +244,7 @@ __all__ = [
     "EqualizationMapping",
     "FailureStage",
     "Finding",
+    "FxActivations",
     "FrontendError",
     "InputWeightEqualizationDetector",
     "InsertPoint",
@@ -253,6 +257,7 @@ __all__ = [
     "MetricValue",
     "MissingExtraError",
     "ModelView",
+    "NarrowedInput",
     "Observation",
     "ObservedStats",
     "ObserverError",

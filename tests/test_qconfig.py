@@ -16,7 +16,7 @@ from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 import qinsight
 from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, shifting_batches
 from qinsight import ActivationMode, QuantSuggestion, WeightScheme
-from qinsight.outputs.qconfig import qconfig_for
+from qinsight.pipeline.qconfig import qconfig_for
 
 
 def convert(model: nn.Module, mapping: QConfigMapping, data: list[torch.Tensor]) -> nn.Module:

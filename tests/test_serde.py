@@ -174,6 +174,18 @@ st.register_type_strategy(
     ),
 )
 st.register_type_strategy(
+    qinsight.NarrowedInput, st.builds(qinsight.NarrowedInput, fqn=st.text(), excess=st.floats(0.0, 1e9))
+)
+st.register_type_strategy(
+    qinsight.FxActivations,
+    st.builds(
+        qinsight.FxActivations,
+        bits=st.sampled_from((7, 8)),
+        narrowed=st.lists(st.from_type(qinsight.NarrowedInput), max_size=2).map(tuple),
+        kernels=st.integers(0, 1000),
+    ),
+)
+st.register_type_strategy(
     qinsight.Parameter,
     st.builds(
         qinsight.Parameter,
@@ -186,7 +198,7 @@ st.register_type_strategy(
 def all_classes() -> list[type]:
     names = set(schema()["classes"])
     found: dict[str, type] = {}
-    for module in ("qinsight", "qinsight.core.plan", "qinsight.detectors.dynamic_static", "qinsight.core.precision", "qinsight.core.stats", "qinsight.core.suggestions", "qinsight.core.report", "qinsight.core.equalization", "qinsight.core.comparison"):
+    for module in ("qinsight", "qinsight.core.plan", "qinsight.core.activations", "qinsight.detectors.dynamic_static", "qinsight.core.precision", "qinsight.core.stats", "qinsight.core.suggestions", "qinsight.core.report", "qinsight.core.equalization", "qinsight.core.comparison"):
         mod = importlib.import_module(module)
         for name in sorted(names):  # the same order in every run: parametrized ids do not follow set order
             if hasattr(mod, name):

@@ -68,7 +68,8 @@ def test_its_massive_activations_lead_to_suggestions(smollm2: nn.Module) -> None
     for fqn in ("layers.11.mlp.down_proj", "layers.28.mlp.down_proj"):
         finding, suggestion = precision[fqn], report.suggestion(fqn)
         assert finding.verdict == "too few bits" and finding.worst is not None and finding.worst.tensor_range > 1000
-        assert finding.worst.collapsed_channels > 1500  # of 1536: only the outlier channels span a step
+        # of 1536, most span less than one step (8 bits, qinsight's FX config: 1445 at layer 28; 1534 at torch's 7)
+        assert finding.worst.collapsed_channels > 1400
         assert suggestion is not None and suggestion.activation is ActivationMode.DYNAMIC
     # the residual stream from layer 11 on: channel 507 spans it, every residual add is kept in float
     residual = [f for fqn, f in precision.items() if fqn.startswith(tuple(f"layers.{i}.add#" for i in range(12, 28)))]
@@ -77,8 +78,9 @@ def test_its_massive_activations_lead_to_suggestions(smollm2: nn.Module) -> None
         assert finding.verdict == "too few bits" and finding.worst is not None
         assert 507 in {side.widest_channel for side in finding.sides}
         assert finding.worst.tensor_range > 10_000  # measured ~23,000 once layer 11 has written channel 507
-        # so nearly every other channel is narrower than one step of that scale (measured 545-558 of 576)
-        assert finding.worst.collapsed_channels > 0.9 * finding.worst.channels == 0.9 * 576
+        # so most other channels are narrower than one step of that scale: measured 321-471 of 576 at
+        # 8 bits, qinsight's FX config (545-558 at torch's 7)
+        assert finding.worst.collapsed_channels > 0.5 * finding.worst.channels == 0.5 * 576
         suggestion = report.suggestion(finding.fqn)
         assert suggestion is not None and suggestion.keep_float
     page = render_html(report)

@@ -203,10 +203,7 @@ CASES: dict[str, Callable[[], tuple[nn.Module, list[Any], list[Any]]]] = {
     "encoder": lambda: (example("encoder").model(), *_split(example("encoder").data(8), 4)),
     "resnet18": lambda: (example("resnet18").model(), *_split(example("resnet18").data(4), 2)),
     "residual": lambda: (ResidualBlock().eval(), residual_stream(4, 0), residual_stream(4, 1)),
-    # real weights on crops of a real photo; measured: default 8.1 dB (20/32 top-1 agreement), report 9.4 dB
-    # (17/32: the top-1 of these crops sits between "bow tie" and "military uniform", a noisy measure here)
-    "mobilenet_v2": lambda: (mobilenet_v2_or_skip(), photo_crops(32, 0), photo_crops(32, 1)),
-}
+}  # MobileNetV2: test_mobilenet_v2_fx_with_the_reports_mapping_comes_within_a_db_of_pt2es_default
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -218,6 +215,37 @@ def test_following_the_report_is_never_worse_than_torchs_default(name: str) -> N
     default = sqnr(reference, outputs(quantize(model, get_default_qconfig_mapping("x86"), calibration), held_out))
     advised = sqnr(reference, outputs(quantize(model, report.qconfig_mapping(), calibration), held_out))
     assert advised >= default - 0.1, (default, advised)
+
+
+def test_mobilenet_v2_fx_with_the_reports_mapping_comes_within_a_db_of_pt2es_default() -> None:
+    """Real ImageNet weights, 32 crops of a real photo to calibrate, 32 others held out. torch's FX
+    default observes 7 bits and each conv before its ReLU6; the report's mapping observes 8 bits,
+    each ReLU6 conv whose input a quantized producer observes as the clip leaves it, and its check
+    of fbgemm's kernels keeps one saturating depthwise input at 7. Measured: FX default 7.8 dB
+    (14/32 top-1 agreement), the report's mapping 16.1 dB (29/32), PT2E's default 16.8 dB (31/32)."""
+    pytest.importorskip("torchao")
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from qinsight.outputs.pt2e import default_x86_quantizer
+
+    model, calibration, held_out = mobilenet_v2_or_skip(), photo_crops(32, 0), photo_crops(32, 1)
+    report = qinsight.diagnose(model, calibration)
+    assert report.fx_activations is not None and len(report.fx_activations.narrowed) <= 2
+    reference = outputs(model, held_out)
+    default = outputs(quantize(model, get_default_qconfig_mapping("x86"), calibration), held_out)
+    advised = outputs(quantize(model, report.qconfig_mapping(), calibration), held_out)
+    prepared = prepare_pt2e(torch.export.export(copy.deepcopy(model), (calibration[0],)).module(), default_x86_quantizer())
+    with torch.no_grad():
+        for batch in calibration:
+            prepared(batch)
+    pt2e = outputs(convert_pt2e(prepared), held_out)
+
+    def agreement(actual: torch.Tensor) -> int:
+        return int((actual.argmax(1) == reference.argmax(1)).sum())
+
+    assert sqnr(reference, advised) >= sqnr(reference, default) + 7.0  # 7.8 -> 16.1 dB
+    assert sqnr(reference, advised) >= sqnr(reference, pt2e) - 1.0  # 16.8 dB
+    assert agreement(advised) >= 28 and agreement(default) <= 20  # the issue's bar: PT2E's 28/32 on its crops
 
 
 def test_minilm_under_pt2e_the_reports_quantizer_is_no_worse() -> None:
@@ -352,4 +380,5 @@ def test_the_median_channel_keeps_what_its_share_of_the_scale_gives(bits: int, r
     step = tensor / (2**bits - 1)
     assert found.channels == len(spans)
     assert found.collapsed_channels == sum(1 for r in spans if r < step)
-    assert bits_kept(bits, tensor, tensor) == bits and activation_bits("x86") == 7 and activation_bits("qnnpack") == 8
+    assert bits_kept(bits, tensor, tensor) == bits and activation_bits("x86") == 8 and activation_bits("x86", torch_default=True) == 7
+    assert activation_bits("qnnpack", torch_default=True) == 8

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.sites import OpSite
 from qinsight.core.smoothing import SmoothingMapping
@@ -176,10 +177,12 @@ class QuantPlan:
     simulation's scores along the way; ``quantized_fraction`` is the share of
     the layers' parameters the final config quantizes. ``suggestions`` is the config the plan
     ends with (the kept report suggestions and one ``keep_float`` per kept
-    site); ``sites`` are the sites they name, so the config can be rebuilt
-    from the plan alone. ``agreement`` is the Spearman correlation between the
-    cheap local-error ranking and the measured gains (NaN where not computed).
-    ``smoothing`` is what the plan did to the model before quantizing it (none
+    site); ``sites`` are the sites they name (all of them where ``fx_activations`` is set: its
+    observers follow the graph's edges), so the config can be rebuilt from the plan alone.
+    ``agreement`` is the Spearman correlation between the cheap local-error ranking and the
+    measured gains (NaN where not computed). ``fx_activations`` is how an FX plan's config
+    observes activations (measured against torch's way; ``None`` where torch's scored better, or
+    in PT2E). ``smoothing`` is what the plan did to the model before quantizing it (none
     unless asked): its config is for ``plan.smoothing.apply(model)``, and its
     sites are named as in that model; ``default_score`` is the model as given.
     """
@@ -201,6 +204,7 @@ class QuantPlan:
     evaluations: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     notes: tuple[str, ...] = ()
     smoothing: SmoothingMapping = SmoothingMapping()
+    fx_activations: FxActivations | None = None
 
     @property
     def kept_float(self) -> tuple[str, ...]:
@@ -221,8 +225,8 @@ class QuantPlan:
         raise KeyError(f"no sensitivity measured for {fqn!r}")
 
     def qconfig_mapping(self, base: QConfigMapping | None = None) -> QConfigMapping:
-        """The plan's config for FX graph mode; see :func:`qinsight.outputs.qconfig.plan_qconfig_mapping`."""
-        from qinsight.outputs.qconfig import plan_qconfig_mapping
+        """The plan's config for FX graph mode; see :func:`qinsight.pipeline.qconfig.plan_qconfig_mapping`."""
+        from qinsight.pipeline.qconfig import plan_qconfig_mapping
 
         return plan_qconfig_mapping(self, base=base)
 

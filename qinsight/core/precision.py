@@ -16,12 +16,16 @@ import attrs
 from qinsight.core.sites import Side
 from qinsight.core.stats import ActivationStats, DataCondition
 
-# FX's default qconfigs for these backends observe activations with reduce_range=True.
+# torch's default FX qconfigs for these backends observe activations with reduce_range=True.
 REDUCED_RANGE_BACKENDS = ("x86", "fbgemm")
 
 
-def activation_bits(backend: str) -> int:
-    return 7 if backend in REDUCED_RANGE_BACKENDS else 8
+def activation_bits(backend: str, *, torch_default: bool = False) -> int:
+    """The bits of a static activation in qinsight's configs: 8 for every backend (its FX config
+    observes x86 and fbgemm activations at 8 bits too, checked on the kernels:
+    :mod:`qinsight.core.activations`); with ``torch_default``, torch's default FX config's: 7 for
+    x86 and fbgemm (``reduce_range``)."""
+    return 7 if torch_default and backend in REDUCED_RANGE_BACKENDS else 8
 
 
 def bits_kept(bits: int, tensor_range: float, part_range: float) -> float:

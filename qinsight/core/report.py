@@ -3,7 +3,7 @@
 A Report holds no tensors, modules or dicts: only frozen attrs classes,
 tuples, strings, numbers and enums, so it can be compared, saved and diffed.
 The torch configs and the text are built from it on demand by the output
-modules (:mod:`qinsight.outputs.qconfig`, :mod:`qinsight.outputs.text`); the methods here only
+modules (:mod:`qinsight.pipeline.qconfig`, :mod:`qinsight.outputs.text`); the methods here only
 delegate to them, imported lazily so this module stays torch-free.
 """
 
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from qinsight.core.activations import FxActivations
 from qinsight.core.comparison import Comparison
 from qinsight.core.equalization import EqualizationMapping, EqualizationRefusal
 from qinsight.core.findings import Finding
@@ -107,6 +108,8 @@ class Report:
     failures: tuple[DetectorFailure, ...] = ()
     comparison: Comparison | None = None
     plan: QuantPlan | None = None
+    # how the FX config observes activations (None: torch's default way; absent in files before 1.11)
+    fx_activations: FxActivations | None = None
 
     def __attrs_post_init__(self) -> None:
         for what, names in (
@@ -206,7 +209,7 @@ class Report:
 
     def qconfig_mapping(self, base: QConfigMapping | None = None) -> QConfigMapping:
         """A torch QConfigMapping that applies the suggestions, or the attached FX plan's config;
-        see :func:`qinsight.outputs.qconfig.to_qconfig_mapping`."""
-        from qinsight.outputs.qconfig import to_qconfig_mapping
+        see :func:`qinsight.pipeline.qconfig.to_qconfig_mapping`."""
+        from qinsight.pipeline.qconfig import to_qconfig_mapping
 
         return to_qconfig_mapping(self, base=base)

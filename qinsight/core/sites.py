@@ -135,6 +135,9 @@ class OpSite:
     flow would quantize the op at all (a site it leaves float is still listed);
     ``input_rank`` is the rank of the tensor it was seen with, where the
     frontend ran the model or read it from the graph (``None`` where it did not).
+    ``source`` is the site whose output is its (first) input, and ``clip`` the bounds of
+    a hardtanh (ReLU6) that alone reads its output, past a BatchNorm or ReLU FX fuses, where
+    the FX frontend found them in the graph (``None`` otherwise, and in files before 1.11).
     """
 
     fqn: str
@@ -146,6 +149,8 @@ class OpSite:
     call: OpCall | None = None
     quantized: bool = True
     input_rank: int | None = None
+    source: str | None = None
+    clip: tuple[float, float] | None = None
 
     @property
     def axis(self) -> int | None:

@@ -13,9 +13,10 @@ op is suggested to stay in float: its quantized tensors would carry less than
 that for most channels (a residual stream whose few massive channels dwarf
 the rest is the common case, in BERT and in decoder LLMs alike).
 
-Activation bits are the flow's: 7 for FX's x86 and fbgemm defaults (reduce
-range), 8 otherwise. Ops the flow leaves in float get a finding saying so and
-no observer.
+Activation bits are those of qinsight's configs: 8 (its FX config observes x86
+and fbgemm activations at 8 bits where their kernels do not saturate, where
+torch's default keeps 7: :mod:`qinsight.core.activations`). Ops the flow
+leaves in float get a finding saying so and no observer.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from torch.ao.quantization import QConfigMapping
 from qinsight.core.errors import FrontendError
 from qinsight.core.sites import OpSite
 from qinsight.frontends.base import ModuleView
+from qinsight.frontends.edges import with_edges
 from qinsight.frontends.modules import LeafTracer, classify, site_for_module
 from qinsight.frontends.ops import with_ops
 
@@ -65,5 +66,7 @@ def fx_view(
             layers, ops = with_ops(model, layers, example, qconfig_mapping, backend)
         except FrontendError:
             pass  # the batch fails in the model: calibration reports it, as the error of batch 0
+        linked = with_edges(model, graph, layers + ops)
+        layers, ops = linked[: len(layers)], linked[len(layers) :]
     modules.update({op.fqn: model.get_submodule(op.fqn) for op in ops if op.call is None})
     return ModuleView(frontend="fx", model=model, sites=layers, modules=modules, weights=weights, ops=ops)

@@ -168,7 +168,7 @@ def _functional_tail(node: fx.Node) -> nn.Module | None:
     return None
 
 
-def _tail_step(model: nn.Module, node: fx.Node) -> tuple[str | None, nn.Module] | None:
+def tail_step(model: nn.Module, node: fx.Node) -> tuple[str | None, nn.Module] | None:
     if node.op == "call_module":
         module = model.get_submodule(str(node.target))
         return (str(node.target), module) if isinstance(module, TAIL_TYPES) else None
@@ -193,7 +193,7 @@ def tail_chains(model: nn.Module) -> dict[str, TailChain]:
             continue
         chain: list[tuple[str | None, nn.Module]] = []
         tail = node
-        while len(tail.users) == 1 and (step := _tail_step(model, next(iter(tail.users)))) is not None:
+        while len(tail.users) == 1 and (step := tail_step(model, next(iter(tail.users)))) is not None:
             chain.append(step)
             (tail,) = tail.users
         if chain:

@@ -50,7 +50,7 @@ def _png(figure: object) -> str:
 def config_code(report: Report) -> str:
     """Python that builds the same QConfigMapping as ``report.qconfig_mapping()`` (and the
     equalization config, where the report equalizes)."""
-    from qinsight.outputs.qconfig import entries_code  # torch, only when the page shows the code
+    from qinsight.pipeline.qconfig import entries_code  # torch, only when the page shows the code
 
     return "\n".join(entries_code(report)) + "\n"
 
@@ -134,7 +134,7 @@ def _comparison(report: Report) -> str:
 
 def _plan(report: Report) -> str:
     from qinsight.outputs.plots import plot_plan
-    from qinsight.outputs.qconfig import plan_code  # torch, only when the page shows a plan
+    from qinsight.pipeline.qconfig import plan_code  # torch, only when the page shows a plan
 
     if report.plan is None:
         return ""

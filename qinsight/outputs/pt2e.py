@@ -36,7 +36,7 @@ from qinsight.core.errors import MissingExtraError
 from qinsight.frontends import exported_op_names, exported_sites, layer_name, separate_shared_calls
 from qinsight.core.sites import OpSite, WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
-from qinsight.outputs.qconfig import applied_plan
+from qinsight.pipeline.qconfig import applied_plan
 
 if TYPE_CHECKING:
     from qinsight.core.plan import QuantPlan

@@ -39,7 +39,7 @@ from qinsight.outputs.files import read_capped, write_atomically
 from qinsight.plugin.discovery import finding_type
 
 FORMAT: Final = "qinsight.report"
-SCHEMA_VERSION: Final = (1, 10)
+SCHEMA_VERSION: Final = (1, 11)
 MAX_BYTES: Final = 256 * 1024 * 1024
 _RESERVED: Final = ("type", "summary")  # keys a finding's own fields may not use
 

@@ -93,6 +93,8 @@ def render_text(report: Report, *, everything: bool = False) -> str:
             f"Equalize: {', '.join(report.equalization_mapping.fqns)} "
             "(prepare_fx's _equalization_config; PT2E has no equalization)"
         )
+    if report.fx_activations is not None:
+        lines.append(f"report.qconfig_mapping(): {report.fx_activations.describe()}")
     refused = report.equalization_mapping.refused
     if refused:
         lines.append(f"Not equalized ({len(refused)}), though suggested:")

@@ -20,6 +20,7 @@ import attrs
 import torch
 from torch import nn
 
+from qinsight.core.activations import FxActivations
 from qinsight.core.errors import MergeError, PluginLoadError
 from qinsight.core.report import DetectorResult, Parameter, Report
 from qinsight.core.sites import OpSite, Side
@@ -128,10 +129,12 @@ def merge_reports(reports: Sequence[Report]) -> Report:
     detectors = [_recorded_detector(result) for result in first.results]
     ran = {d.id for d in detectors}
     meta = first.metadata
-    return analyze(
+    merged = analyze(
         RecordedView(first),
         detectors,
         stats,
         metadata=metadata(meta.model, meta.frontend, meta.backend, sum(r.metadata.batches for r in reports)),
         failures=[f for f in first.failures if f.detector not in ran],  # loading or insert points: as in every shard
     )
+    # the kernels were checked on each file's first batch, with the model: what any check narrowed stays narrow
+    return attrs.evolve(merged, fx_activations=FxActivations.merged([r.fx_activations for r in reports]))

@@ -18,10 +18,12 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import attrs
 import torch
 from torch import nn
 from torch.ao.quantization import QConfigMapping
 
+from qinsight.core.activations import FxActivations
 from qinsight.core.errors import CalibrationError, InvalidParameterError, describe
 from qinsight.core.report import DetectorFailure, FailureStage, Report
 from qinsight.core.sites import InsertPoint, check_backend
@@ -32,6 +34,8 @@ from qinsight.frontends import Frontend, eval_mode, run_batch, view_of
 from qinsight.observe.instrumenter import Instrumenter
 from qinsight.pipeline.analysis import DetectorChoice, analyze, choose_detectors, metadata
 from qinsight.pipeline.equalizable import refused_equalizations
+from qinsight.pipeline.qconfig import advice_mapping
+from qinsight.pipeline.saturation import checked_activations
 from qinsight.plugin.detector import Detector, ModelView
 
 Progress = Callable[[int], None]
@@ -189,7 +193,18 @@ class Session:
             failures=self._failures,
             strict=self._strict,
         )
-        return report.with_equalization_refused(self._refused_equalizations(report.equalization_mapping.fqns))
+        report = report.with_equalization_refused(self._refused_equalizations(report.equalization_mapping.fqns))
+        return attrs.evolve(report, fx_activations=self._fx_activations(report))
+
+    def _fx_activations(self, report: Report) -> FxActivations | None:
+        """How the report's FX config observes activations (:mod:`.saturation`), checked on the first batch."""
+        if self._example is None or self.view.frontend == "export":
+            return None  # PT2E observes 8 bits after the clips already
+
+        def mapping(activations: FxActivations) -> QConfigMapping:
+            return advice_mapping(report.sites, report.suggestions, self._backend, None, activations)
+
+        return checked_activations(self.view.model, self._example, self._backend, mapping)
 
     def _refused_equalizations(self, fqns: tuple[str, ...]) -> dict[str, str]:
         """The suggested equalizations torch cannot apply (:mod:`.equalizable`), checked on the first batch."""

@@ -1,7 +1,7 @@
 """The two flows a plan targets, behind one interface: quantize a model for real with given advice
 (``prepare``/calibrate/``convert``), and build the switchable :class:`~qinsight.planning.simulate.Simulation`.
 
-- FX: the advice is a ``QConfigMapping`` (:func:`~qinsight.outputs.qconfig.advice_entries`);
+- FX: the advice is a ``QConfigMapping`` (:func:`~qinsight.pipeline.qconfig.advice_entries`);
   the prepared graph's nodes are named as the report names its sites (module
   names; functional calls by owner, call and index, which ``prepare_fx``
   records in ``node_name_to_scope``); an edge belongs to the site producing it
@@ -26,7 +26,8 @@ from torch import fx, nn
 from torch.ao.quantization import QConfigMapping
 from torch.ao.quantization.quantize_fx import prepare_fx
 
-from qinsight.compare.configs import convert_prepared, prepare_config
+from qinsight.compare.configs import convert_prepared, prepare_config, release_fx_graphs
+from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.errors import FrontendError, InvalidParameterError
 from qinsight.core.sites import OpSite
@@ -42,7 +43,7 @@ from qinsight.frontends import (
     run_batch,
 )
 from qinsight.outputs.pt2e import advice_quantizer
-from qinsight.outputs.qconfig import advice_mapping
+from qinsight.pipeline.qconfig import advice_mapping
 from qinsight.planning.kernels import QuantizedOps
 from qinsight.planning.observed import FxObserved, no_stack_traces
 from qinsight.planning.simulate import EdgeRule, Owners, RealOps, Regroup, Simulation, WeightSwap, observer_nodes
@@ -70,8 +71,11 @@ class Flow:
     dynamic_max = 255  # the top of a dynamic activation's range
     equalizes = False  # whether the flow has input-weight equalization
 
-    def __init__(self, model: nn.Module, sites: tuple[OpSite, ...], backend: str) -> None:
+    def __init__(
+        self, model: nn.Module, sites: tuple[OpSite, ...], backend: str, activations: FxActivations | None = None
+    ) -> None:
         self.model, self.sites, self.backend = model, sites, backend
+        self.activations = activations  # how FX observes activations (None: torch's default; PT2E: unused)
         self.names = {site.fqn for site in sites}
 
     def shapes_from(self, batches: Sequence[object]) -> None:
@@ -99,7 +103,9 @@ class Flow:
             warnings.simplefilter("ignore")  # the advice's own warnings were shown with the report
             prepared = self._prepared(suggestions, _example(calibration[0]))
             _calibrate(prepared, calibration)
-            return convert_prepared(prepared, self.name == "pt2e")
+            converted = convert_prepared(prepared, self.name == "pt2e")
+            release_fx_graphs()  # a plan quantizes for real dozens of times
+            return converted
 
     def _prepared(self, suggestions: tuple[QuantSuggestion, ...], example: tuple[Any, ...]) -> fx.GraphModule:
         """:meth:`prepare`, its failures (tracing, export, a quantizer that refuses a pattern) said as one."""
@@ -147,7 +153,7 @@ class FxFlow(Flow):
         return 127 if self.backend in ("x86", "fbgemm") else 255
 
     def config(self, suggestions: tuple[QuantSuggestion, ...]) -> object:
-        return advice_mapping(self.sites, suggestions, self.backend)
+        return advice_mapping(self.sites, suggestions, self.backend, None, self.activations)
 
     def equalization(self, suggestions: tuple[QuantSuggestion, ...]) -> QConfigMapping | None:
         """prepare_fx's ``_equalization_config`` for the suggestions that say equalize."""
@@ -217,7 +223,8 @@ class FxFlow(Flow):
             shallow = copy.deepcopy(self.model, {id(tensor): tensor for tensor in tensors}).eval()
             with warnings.catch_warnings(), no_stack_traces():
                 warnings.simplefilter("ignore")
-                prepared = prepare_fx(shallow, advice_mapping(self.sites, mode_suggestions(modes), self.backend), example)
+                config = advice_mapping(self.sites, mode_suggestions(modes), self.backend, None, self.activations)
+                prepared = prepare_fx(shallow, config, example)
             assert isinstance(prepared, fx.GraphModule)
             return prepared
 
@@ -378,9 +385,11 @@ def _without_observers(prepared: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(prepared, graph)
 
 
-def flow_for(name: str, model: nn.Module, sites: tuple[OpSite, ...], backend: str) -> Flow:
+def flow_for(
+    name: str, model: nn.Module, sites: tuple[OpSite, ...], backend: str, activations: FxActivations | None = None
+) -> Flow:
     if name == "fx":
-        return FxFlow(model, sites, backend)
+        return FxFlow(model, sites, backend, activations)
     if name == "pt2e":
         return Pt2eFlow(model, sites, backend)
     raise InvalidParameterError("plan", "flow", name, "'fx' or 'pt2e'")

@@ -29,6 +29,7 @@ import attrs
 import torch
 from torch import nn
 
+from qinsight.core.activations import FxActivations
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.plan import PlanStep, QuantPlan, SiteSensitivity, SuggestionCheck, Target
 from qinsight.core.precision import activation_bits
@@ -90,13 +91,23 @@ def plan(
         report = diagnose(model, calibration, backend=backend)
     steps_of = progress or _quiet
     scorer = Scorer(_float_outputs(model, evaluation), chosen, metric_name)
+
+    def score_of(flow: Flow) -> float:  # the flow's config without suggestions, quantized for real
+        return scorer(_outputs(flow.quantize((), calibration), evaluation))
+
     baseline = _flow(flow, model, report, backend, calibration + evaluation)
-    default_score = scorer(_outputs(baseline.quantize((), calibration), evaluation))
+    default_score = score_of(baseline)
+    observing, observing_checks, base_score = _observing(
+        flow, model, report, backend, calibration + evaluation, default_score, goal, score_of
+    )
     smoothed = SmoothingMapping()
     if smoothing:
         steps_of("smoothing the Linears' inputs", 0, 1)
-        smoothed, model, report = _smoothed(model, calibration, report, flow, backend)
-    flow_impl = _flow(flow, model, report, backend, calibration + evaluation) if smoothed.entries else baseline
+        smoothed, model, report = _smoothed(model, calibration, report, flow, backend, observing is not None)
+    flow_impl = observing if observing is not None else baseline
+    if smoothed.entries:
+        activations = report.fx_activations if observing is not None else None  # the smoothed model's own check
+        flow_impl = _flow(flow, model, report, backend, calibration + evaluation, activations)
     steps_of("calibrating the simulation", 0, 1)
     sim = flow_impl.simulation(calibration)
     names = {site.fqn for site in report.sites}
@@ -113,8 +124,9 @@ def plan(
 
     checks, start, kept = check_all(
         sim, lambda run: scorer(run.outputs), real, report.suggestions, default, evaluation, higher,
-        flow_impl.name, flow_impl.equalizes, default_score if flow_impl is baseline else real(()),
+        flow_impl.name, flow_impl.equalizes, base_score if not smoothed.entries else real(()),
     )
+    checks = observing_checks + checks
     sensitivities, noise, quantized_run, float_run = _sensitivities(search, start, evaluation)
     dynamic_noise = measure_dynamic_noise(search, start, float_run, noise)
     steps, modes, notes = choose_order(search, goal, start, float_run, quantized_run, noise, dynamic_noise)
@@ -126,7 +138,7 @@ def plan(
     if _worse(verified, default_score, goal):
         notes.append(f"the plan ({verified:.4g}) scored below the default config ({default_score:.4g}): the default is returned")
         suggestions, verified, modes = (), default_score, {site: Mode.STATIC for site in candidates}
-        smoothed = SmoothingMapping()
+        smoothed, flow_impl = SmoothingMapping(), baseline
     return QuantPlan(
         flow=flow_impl.name,
         backend=backend,
@@ -141,27 +153,51 @@ def plan(
         sensitivities=sensitivities,
         agreement=_spearman([-s.quantized_only for s in sensitivities], [s.gain for s in sensitivities]),
         suggestions=suggestions,
-        sites=_named_sites(report.sites, suggestions),
+        sites=_named_sites(report.sites, suggestions, flow_impl.activations),
         evaluations=math.ceil(sim.evaluations),
         notes=tuple(notes),
         smoothing=smoothed,
+        fx_activations=flow_impl.activations,
     )
 
 
-def _flow(name: str, model: nn.Module, report: Report, backend: str, batches: list[Any]) -> Flow:
-    flow = flow_for(name, model, report.sites, backend)
+def _flow(
+    name: str, model: nn.Module, report: Report, backend: str, batches: list[Any], activations: FxActivations | None = None
+) -> Flow:
+    flow = flow_for(name, model, report.sites, backend, activations)
     flow.shapes_from(batches)
     return flow
 
 
+def _observing(
+    name: str, model: nn.Module, report: Report, backend: str, batches: list[Any], default_score: float, goal: Target,
+    score_of: Callable[[Flow], float],
+) -> tuple[Flow | None, tuple[SuggestionCheck, ...], float]:
+    """The FX flow observing activations as the report says (:mod:`qinsight.core.activations`) where,
+    quantized for real, it scores no worse than torch's default; its check; the score the plan's
+    other checks start from."""
+    if name != "fx" or report.fx_activations is None:
+        return None, (), default_score
+    candidate = _flow(name, model, report, backend, batches, report.fx_activations)
+    score = score_of(candidate)
+    kept = not _worse(score, default_score, goal)
+    check = SuggestionCheck(
+        fqn="(activations)", change=report.fx_activations.describe(), before=default_score, alone=score, kept=kept,
+        reason="measured for real (prepare, calibrate, convert)" if kept
+        else f"not applied: {score - default_score:+.3g} on the output against torch's default observing, measured for real",
+    )
+    return (candidate, (check,), score) if kept else (None, (check,), default_score)
+
+
 def _smoothed(
-    model: nn.Module, calibration: list[Any], report: Report, flow: str, backend: str
+    model: nn.Module, calibration: list[Any], report: Report, flow: str, backend: str, eight_bits: bool
 ) -> tuple[SmoothingMapping, nn.Module, Report]:
     """The Linears' inputs smoothed where that lowers their measured error, the smoothed model and
     its diagnosis (the model and ``report`` as they are when nothing is smoothed)."""
     from qinsight.pipeline import diagnose
 
-    bits = activation_bits(backend) if flow == "fx" else 8  # PT2E's x86 quantizer keeps 8 bits
+    # PT2E's x86 quantizer and qinsight's FX activations keep 8 bits; torch's FX default, 7
+    bits = activation_bits(backend, torch_default=flow == "fx" and not eight_bits)
     linears = [site.fqn for site in report.sites if site.kind is OpKind.LINEAR]
     mapping = choose_smoothing(model, calibration, linears, bits)
     if not mapping.entries:
@@ -308,7 +344,13 @@ def _worse(score: float, than: float, goal: Target) -> bool:
     return score < than if goal.higher_is_better or goal.is_budget else score > than
 
 
-def _named_sites(sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...]) -> tuple[OpSite, ...]:
+def _named_sites(
+    sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...], activations: FxActivations | None
+) -> tuple[OpSite, ...]:
+    """The sites the plan's config is rebuilt from: those its suggestions name and the embeddings;
+    every site where FX observes activations its way (whose observers follow the graph's edges)."""
+    if activations is not None:
+        return sites
     named = {s.fqn for s in suggestions}
     return tuple(site for site in sites if site.fqn in named or site.kind.value == "embedding")
 

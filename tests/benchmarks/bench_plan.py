@@ -59,7 +59,7 @@ def main() -> None:
     warnings.simplefilter("ignore")
     model, calibration, evaluation, metric = _model_and_data(args.model, args.calibration, args.evaluation)
     report = qinsight.diagnose(model, calibration)
-    flow = flow_for(args.flow, model, report.sites, "x86")
+    flow = flow_for(args.flow, model, report.sites, "x86", report.fx_activations)  # as a plan observes
     flow.shapes_from(calibration + evaluation)
     scorer = Scorer(_float_outputs(model, evaluation), metric, metric)
     layers = [site.fqn for site in report.sites if site.kind.is_layer]

@@ -36,11 +36,14 @@ from torch.ao.quantization import (
     get_default_qconfig,
     get_default_qconfig_mapping,
 )
+from torch.ao.quantization.observer import HistogramObserver
 
+from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.sites import OpKind, OpSite, WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 from qinsight.frontends import resolve_target
+from qinsight.pipeline.clipped import ClippedHistogramObserver
 
 if TYPE_CHECKING:
     from qinsight.core.plan import QuantPlan
@@ -66,11 +69,20 @@ class MappingEntry:
     fqn: str  # the site it is for
 
 
-def suggested(suggestion: QuantSuggestion, default: QConfig) -> Choice:
-    """The qconfig that applies ``suggestion``; fields without an opinion keep ``default``'s choice."""
+@attrs.frozen
+class Observer:
+    """An activation observer's constructor and the code that builds it."""
+
+    factory: Any
+    code: str
+
+
+def suggested(suggestion: QuantSuggestion, default: QConfig, observer: Observer | None = None) -> Choice:
+    """The qconfig that applies ``suggestion``; fields without an opinion keep ``default``'s choice
+    (its static activations ``observer``'s, where given)."""
     if suggestion.keep_float:
         return Choice(None, "None")
-    activation, activation_code = default.activation, "default.activation"
+    activation, activation_code = (default.activation, "default.activation") if observer is None else (observer.factory, observer.code)
     if suggestion.activation is ActivationMode.DYNAMIC:
         activation, activation_code = default_dynamic_quant_observer, "default_dynamic_quant_observer"
     weight, weight_code = default.weight, "default.weight"
@@ -131,25 +143,96 @@ def _follower_entries() -> list[MappingEntry]:
     return functions + [MappingEntry("set_object_type", (m,), (repr(m),), float_choice, "") for m in FOLLOWER_METHODS]
 
 
-def mapping_entries(report: Report) -> list[MappingEntry]:
-    """The setter calls that turn the base mapping into the report's, in order (later ones win)."""
+def mapping_entries(report: Report, *, activations: bool = True) -> list[MappingEntry]:
+    """The setter calls that turn the base mapping into the report's, in order (later ones win); with
+    ``activations``, observing them as ``report.fx_activations`` says."""
     if not report.sites:
         return []  # a file holding a comparison only (no backend recorded)
-    return advice_entries(report.sites, report.suggestions, report.metadata.backend)
+    observing = report.fx_activations if activations else None
+    return advice_entries(report.sites, report.suggestions, report.metadata.backend, observing)
+
+
+def base_qconfig(backend: str, activations: FxActivations | None) -> QConfig:
+    """The backend's default qconfig, its activations ``activations.bits`` wide where given."""
+    default: QConfig = get_default_qconfig(backend)  # type: ignore[no-untyped-call]
+    if activations is None:
+        return default
+    return QConfig(activation=_histogram(activations.bits), weight=default.weight)  # type: ignore[no-untyped-call]
+
+
+def _histogram(bits: int) -> Any:
+    return HistogramObserver.with_args(reduce_range=bits < 8)
+
+
+def _observer_entries(
+    all_sites: tuple[OpSite, ...], suggestions: dict[str, QuantSuggestion], activations: FxActivations
+) -> dict[str, Observer]:
+    """The activation observer of each site whose observing differs from the base qconfig's: a layer
+    is clipped where a clip alone reads it and another site's qconfig makes its input's observer
+    (its own would observe the input clipped too); the site whose observer a saturating kernel
+    reads is 7 bits wide."""
+    sites = {site.fqn: site for site in all_sites}
+
+    def static(fqn: str | None) -> bool:
+        site = sites.get(fqn) if fqn is not None else None
+        advice = suggestions.get(fqn) if fqn is not None else None
+        unquantized = advice is not None and (advice.keep_float or advice.activation is ActivationMode.DYNAMIC)
+        return site is not None and site.quantized and not unquantized
+
+    def input_observer_owner(fqn: str) -> str:
+        """The site whose qconfig makes the observer of ``fqn``'s input. Back through the ops that run
+        on their input's quantized tensor and keep its qparams (a hardtanh, a pool: FX runs them so
+        between quantized ops even when told to keep them float), the producer if it is quantized
+        statically, else the first of those ops that is, else ``fqn`` itself."""
+        sharing, source = [], sites[fqn].source
+        while source is not None and source in sites and sites[source].kind in (OpKind.HARDTANH, OpKind.POOL):
+            sharing.append(source)
+            source = sites[source].source
+        if static(source):
+            return str(source)
+        return next((op for op in reversed(sharing) if static(op)), fqn)
+
+    narrow = {input_observer_owner(fqn) for fqn in activations.narrowed_fqns if fqn in sites}
+    choices: dict[str, Observer] = {}
+    for site in all_sites:
+        if not static(site.fqn):
+            continue
+        bits = 7 if site.fqn in narrow else activations.bits
+        if site.kind.is_layer and site.call is None and site.clip is not None and input_observer_owner(site.fqn) != site.fqn:
+            lower, upper = site.clip
+            choices[site.fqn] = Observer(
+                ClippedHistogramObserver.with_args(lower=lower, upper=upper, reduce_range=bits < 8),
+                f"ClippedHistogramObserver.with_args(lower={lower!r}, upper={upper!r}, reduce_range={bits < 8})",
+            )
+        elif bits != activations.bits:
+            choices[site.fqn] = Observer(_histogram(bits), f"HistogramObserver.with_args(reduce_range={bits < 8})")
+    return choices
 
 
 def advice_entries(
-    all_sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...], backend: str
+    all_sites: tuple[OpSite, ...],
+    suggestions: tuple[QuantSuggestion, ...],
+    backend: str,
+    activations: FxActivations | None = None,
 ) -> list[MappingEntry]:
     """The setter calls applying ``suggestions`` about ``all_sites`` (a report's, or a plan's); where
     they keep a site float or dynamic, the ops that follow their input's quantization float too
-    (:data:`FOLLOWER_METHODS`)."""
-    default = get_default_qconfig(backend)  # type: ignore[no-untyped-call]
+    (:data:`FOLLOWER_METHODS`). With ``activations``, the global qconfig and each layer observe as it
+    says (:mod:`qinsight.core.activations`)."""
+    default = base_qconfig(backend, activations)
     float_qparams = Choice(float_qparams_weight_only_qconfig, "float_qparams_weight_only_qconfig")
     sites = {site.fqn: site for site in all_sites}
     suggested_fqns = {s.fqn for s in suggestions}
     unquantized = any(s.keep_float or s.activation is ActivationMode.DYNAMIC for s in suggestions)
-    entries = _follower_entries() if unquantized else []
+    entries = [MappingEntry("set_global", (), (), Choice(default, "default"), "")] if activations is not None else []
+    entries += _follower_entries() if unquantized else []
+    observers = _observer_entries(all_sites, {s.fqn: s for s in suggestions}, activations) if activations is not None else {}
+    plain = QuantSuggestion(fqn="")
+    entries += [
+        _entry(sites[fqn], fqn, suggested(plain, default, observer))
+        for fqn, observer in observers.items()
+        if fqn not in suggested_fqns
+    ]
     entries += [
         _entry(site, site.fqn, float_qparams)
         for site in all_sites
@@ -161,7 +244,7 @@ def advice_entries(
             if site.quantized:  # only float qparams work for embeddings, whatever else was suggested
                 entries.append(_entry(site, suggestion.fqn, float_qparams))
             continue
-        entries.append(_entry(site, suggestion.fqn, suggested(suggestion, default)))
+        entries.append(_entry(site, suggestion.fqn, suggested(suggestion, default, observers.get(suggestion.fqn))))
     return entries
 
 
@@ -178,11 +261,13 @@ def _warn_methods(entries: list[MappingEntry]) -> None:
 
 def to_qconfig_mapping(report: Report, base: QConfigMapping | None = None) -> QConfigMapping:
     """A QConfigMapping that ``prepare_fx``/``convert_fx`` accept and that applies the report's
-    suggestions; where the report carries an FX plan (``report.with_plan``), the plan's verified config."""
+    suggestions; where the report carries an FX plan (``report.with_plan``), the plan's verified config.
+    Activations are observed as ``report.fx_activations`` says, unless ``base`` is given: then as
+    ``base``'s qconfigs say (its global one may quantize nothing)."""
     plan = applied_plan(report, "fx")
     if plan is not None:
         return plan_qconfig_mapping(plan, base)
-    return _applied(mapping_entries(report), report.metadata.backend, base)
+    return _applied(mapping_entries(report, activations=base is None), report.metadata.backend, base)
 
 
 def applied_plan(report: Report, flow: str) -> QuantPlan | None:
@@ -205,8 +290,10 @@ def applied_plan(report: Report, flow: str) -> QuantPlan | None:
 
 
 def plan_qconfig_mapping(plan: QuantPlan, base: QConfigMapping | None = None) -> QConfigMapping:
-    """The QConfigMapping of a plan: its kept suggestions and its sites in float."""
-    return advice_mapping(plan.sites, plan.suggestions, plan.backend, base)
+    """The QConfigMapping of a plan: its kept suggestions and its sites in float (its activations
+    observed as ``plan.fx_activations`` says, unless ``base`` is given)."""
+    activations = plan.fx_activations if base is None else None
+    return advice_mapping(plan.sites, plan.suggestions, plan.backend, base, activations)
 
 
 def advice_mapping(
@@ -214,9 +301,11 @@ def advice_mapping(
     suggestions: tuple[QuantSuggestion, ...],
     backend: str,
     base: QConfigMapping | None = None,
+    activations: FxActivations | None = None,
 ) -> QConfigMapping:
-    """The QConfigMapping applying ``suggestions`` about ``sites`` to ``base`` (the backend's default)."""
-    return _applied(advice_entries(sites, suggestions, backend), backend, base)
+    """The QConfigMapping applying ``suggestions`` about ``sites`` to ``base`` (the backend's default),
+    observing activations as ``activations`` says (torch's default way where ``None``)."""
+    return _applied(advice_entries(sites, suggestions, backend, activations), backend, base)
 
 
 def _applied(entries: list[MappingEntry], backend: str, base: QConfigMapping | None) -> QConfigMapping:
@@ -234,15 +323,16 @@ def entries_code(report: Report) -> list[str]:
     plan = report.plan_for("fx")
     if plan is not None:
         return plan_code(plan)
-    return _code(mapping_entries(report), report.metadata.backend) + equalization_code(report.equalization_mapping)
+    entries = mapping_entries(report)
+    return _code(entries, report.metadata.backend, report.fx_activations) + equalization_code(report.equalization_mapping)
 
 
 def plan_code(plan: QuantPlan) -> list[str]:
     """Python lines that build ``mapping``, the same QConfigMapping as :func:`plan_qconfig_mapping`
     (and ``equalization``, as ``plan.equalization_mapping().to_torch()``, where it equalizes)."""
-    entries = advice_entries(plan.sites, plan.suggestions, plan.backend)
+    entries = advice_entries(plan.sites, plan.suggestions, plan.backend, plan.fx_activations)
     smoothing = ["# for the smoothed model: model = report.plan.smoothing.apply(model)"] if plan.smoothing.entries else []
-    return smoothing + _code(entries, plan.backend) + equalization_code(plan.equalization_mapping())
+    return smoothing + _code(entries, plan.backend, plan.fx_activations) + equalization_code(plan.equalization_mapping())
 
 
 def equalization_code(mapping: EqualizationMapping) -> list[str]:
@@ -259,7 +349,7 @@ def equalization_code(mapping: EqualizationMapping) -> list[str]:
     return lines + [f"equalization.set_module_name({fqn!r}, default_equalization_qconfig)" for fqn in mapping.fqns]
 
 
-def _code(entries: list[MappingEntry], backend: str) -> list[str]:
+def _code(entries: list[MappingEntry], backend: str, activations: FxActivations | None = None) -> list[str]:
     lines = [
         "import operator",
         "import torch",
@@ -269,9 +359,17 @@ def _code(entries: list[MappingEntry], backend: str) -> list[str]:
         "    default_weight_observer, float_qparams_weight_only_qconfig, get_default_qconfig,",
         "    get_default_qconfig_mapping,",
         ")",
-        "",
-        f"default = get_default_qconfig({backend!r})",
-        f"mapping = get_default_qconfig_mapping({backend!r})",
     ]
-    lines += [f"mapping.{e.setter}({', '.join(e.key_code)}, {e.choice.code})" for e in entries]
+    default = f"get_default_qconfig({backend!r})"
+    if activations is not None:
+        lines += [
+            "from torch.ao.quantization.observer import HistogramObserver",
+            "from qinsight.pipeline.clipped import ClippedHistogramObserver",
+        ]
+        default = (
+            f"QConfig(activation=HistogramObserver.with_args(reduce_range={activations.bits < 8}), "
+            f"weight=get_default_qconfig({backend!r}).weight)"
+        )
+    lines += ["", f"default = {default}", f"mapping = get_default_qconfig_mapping({backend!r})"]
+    lines += [f"mapping.{e.setter}({', '.join((*e.key_code, e.choice.code))})" for e in entries]
     return lines

@@ -1,0 +1,133 @@
+"""Whether FX's x86 kernels saturate at 8-bit activations, measured on the model: the check behind
+:class:`~qinsight.core.activations.FxActivations`.
+
+fbgemm multiplies uint8 inputs by int8 weights and adds the products pairwise
+in 16 bits before widening (its depthwise kernels do, on any CPU): two inputs
+near 255 against weights near 127 overflow, which is why torch's x86 default
+keeps activations at 7 bits. Whether a model's inputs come near depends on its
+ranges and zero points, so the model is quantized at 8 bits on a calibration
+batch and each quantized Linear/Conv's output is compared with the exact
+result of the same integer inputs and weights, requantized with the same
+qparams. Rounding leaves them at most one step apart; where the outputs further
+off add more error than the rounding does, the kernel saturates, and its
+input goes back to 7 bits. Narrowing changes
+its producer's qparams, so the model is checked again, up to a few rounds.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.ao.quantization import QConfigMapping
+from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+from qinsight.compare.configs import release_fx_graphs
+from qinsight.core.activations import FxActivations, NarrowedInput
+from qinsight.core.precision import REDUCED_RANGE_BACKENDS
+from qinsight.frontends import batch_arguments, eval_mode, hookless_copy, run_batch
+
+ROUNDS = 3  # checks after narrowing; each narrowing moves only the qparams just before a kernel
+# A kernel saturates where the error beyond rounding exceeds the rounding noise of its own outputs:
+# below, 8 bits still beat 7 (on MobileNetV2 with clipped observers, 9 of 53 kernels are a few
+# saturated sums off, 0.0004 to 0.3 of that noise; unclipped, 4.8 to 1.6e5).
+SATURATED = 1.0
+
+
+def _quantized_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """The converted model's static quantized Linear and Conv modules (fused ReLU included)."""
+    for name, module in model.named_modules():
+        kind = type(module).__module__
+        if ".quantized" in kind and ".dynamic" not in kind and ".reference" not in kind and hasattr(module, "scale"):
+            if callable(getattr(module, "weight", None)) and callable(getattr(module, "bias", None)):
+                yield name, module
+
+
+def _exact(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """What ``module`` computes in exact arithmetic from its quantized input ``x``, in float."""
+    weight = module.weight().dequantize()  # type: ignore[operator]
+    bias = module.bias()  # type: ignore[operator]
+    inputs = x.dequantize()
+    if weight.dim() == 2:
+        out = F.linear(inputs, weight, bias)
+    else:
+        conv: Any = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[weight.dim()]
+        out = conv(inputs, weight, bias, module.stride, module.padding, module.dilation, module.groups)
+    return torch.relu(out) if "ReLU" in type(module).__name__ else out
+
+
+def _excess(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The error ``module``'s outputs ``y`` carry beyond rounding (the outputs more than one step from
+    the exact result), as a multiple of the rounding noise every quantized output has (1/12 step²)."""
+    exact = torch.quantize_per_tensor(_exact(module, x), y.q_scale(), y.q_zero_point(), y.dtype)
+    steps = (exact.int_repr().int() - y.int_repr().int()).float()
+    beyond = torch.where(steps.abs() > 1, steps, 0.0)
+    return float(beyond.square().mean()) * 12.0
+
+
+def saturated(converted: nn.Module, example: object) -> tuple[dict[str, float], int]:
+    """Per quantized Linear/Conv whose outputs on ``example`` are off by more than a step, the share
+    off; and how many kernels ran."""
+    found: dict[str, float] = {}
+    seen: set[str] = set()
+
+    def hook(name: str) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
+        def compare(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            seen.add(name)
+            if args and isinstance(args[0], torch.Tensor) and args[0].is_quantized and output.is_quantized:
+                excess = _excess(module, args[0], output)
+                if excess > 0.0:
+                    found[name] = max(excess, found.get(name, 0.0))
+
+        return compare
+
+    handles = [module.register_forward_hook(hook(name)) for name, module in _quantized_layers(converted)]
+    try:
+        with torch.no_grad():
+            run_batch(converted, example)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found, len(seen)
+
+
+def checked_activations(
+    model: nn.Module, example: object, backend: str, mapping_for: Callable[[FxActivations], QConfigMapping]
+) -> FxActivations | None:
+    """8-bit clip-aware FX activations for ``model``, with the inputs of the kernels that saturate at 8
+    bits narrowed to 7 (measured on ``example``); ``None`` where the backend's default is 8 bits already
+    or the model does not quantize through FX."""
+    if backend not in REDUCED_RANGE_BACKENDS:
+        return None
+    args, kwargs = batch_arguments(example)
+    inputs = tuple(args) + tuple(kwargs.values())
+    activations = FxActivations()
+    model = hookless_copy(model)  # a session's observers may be on the model: they see nothing of this
+    for _ in range(ROUNDS):
+        try:
+            with warnings.catch_warnings(), eval_mode(model):
+                warnings.simplefilter("ignore")
+                prepared = prepare_fx(copy.deepcopy(model), mapping_for(activations), inputs)
+                with torch.no_grad():
+                    run_batch(prepared, example)
+                off, kernels = saturated(convert_fx(prepared), example)
+            release_fx_graphs()
+        except Exception:
+            return None  # FX cannot quantize it: its config stays torch's
+        new = [
+            NarrowedInput(fqn=fqn, excess=excess)
+            for fqn, excess in off.items()
+            if excess > SATURATED and fqn not in activations.narrowed_fqns
+        ]
+        activations = FxActivations(narrowed=activations.narrowed + tuple(new), kernels=kernels)
+        if not new:
+            break
+    return activations
+
+
+__all__ = ["checked_activations", "saturated"]

@@ -1,0 +1,188 @@
+"""qinsight's FX activation observing: 8 bits where fbgemm's kernels do not saturate, a layer that a
+clip alone reads observed as the clip leaves it, and the facts of the graph it rests on."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import fx, nn
+from torch.ao.quantization import get_default_qconfig_mapping
+from torch.ao.quantization.observer import HistogramObserver
+from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+import qinsight
+from qinsight.core.activations import FxActivations
+from qinsight.core.suggestions import QuantSuggestion
+from qinsight.frontends.fx import fx_view
+from qinsight.pipeline.clipped import ClippedHistogramObserver
+from qinsight.pipeline.qconfig import advice_mapping, entries_code
+from qinsight.pipeline.saturation import checked_activations, saturated
+
+
+class Blocks(nn.Module):
+    """The shapes FX observes differently: a first conv reading the model input, conv-BN-ReLU6,
+    a functional relu6, a fused ReLU, a residual add feeding a conv, a Linear into a hardtanh."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU6())
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.pw = nn.Conv2d(8, 8, 1)
+        self.relu = nn.ReLU()
+        self.expand = nn.Conv2d(8, 8, 1)
+        self.fc = nn.Linear(8, 4)
+        self.clip = nn.Hardtanh(-1.0, 1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = F.relu6(self.dw(x))
+        y = x + self.relu(self.pw(x))
+        z = torch.clamp(self.expand(y), 0.0, 6.0)  # a clamp is no hardtanh: not a clip FX shares
+        return self.clip(self.fc(z.mean((2, 3))))
+
+
+def _sites(model: nn.Module, example: torch.Tensor) -> dict[str, Any]:
+    view = fx_view(model, None, example)
+    return {site.fqn: site for site in view.sites + view.ops}
+
+
+def test_the_fx_frontend_reads_what_feeds_each_site_and_which_clip_reads_it() -> None:
+    sites = _sites(Blocks().eval(), torch.randn(2, 3, 8, 8))
+    assert (sites["stem.0"].source, sites["stem.0"].clip) == (None, (0.0, 6.0))  # the model input feeds it
+    assert (sites["dw"].source, sites["dw"].clip) == ("stem.2", (0.0, 6.0))  # F.relu6 after it
+    assert (sites["pw"].source, sites["pw"].clip) == ("relu6#0", None)  # the fused ReLU is no clip
+    assert (sites["relu6#0"].source, sites["stem.2"].source) == ("dw", "stem.0")  # back through the BatchNorm
+    assert (sites["add#0"].source, sites["expand"].source, sites["expand"].clip) == ("relu6#0", "add#0", None)
+    assert (sites["fc"].source, sites["fc"].clip) == (None, (-1.0, 1.0))  # a mean, no site, feeds it
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    values=st.lists(st.floats(-50, 50, allow_nan=False, width=32), min_size=2, max_size=200),
+    bounds=st.tuples(st.floats(-5, 0), st.floats(0.5, 10)),
+    reduce_range=st.booleans(),
+)
+def test_the_clipped_observer_is_torchs_histogram_of_the_clipped_values(
+    values: list[float], bounds: tuple[float, float], reduce_range: bool
+) -> None:
+    x = torch.tensor(values)
+    lower, upper = bounds
+    clipped = ClippedHistogramObserver(lower=lower, upper=upper, reduce_range=reduce_range)
+    plain = HistogramObserver(reduce_range=reduce_range)
+    assert clipped(x) is x  # observing passes the values through
+    plain(x.clamp(lower, upper))
+    assert [float(t) for t in clipped.calculate_qparams()] == [float(t) for t in plain.calculate_qparams()]
+    with pytest.raises(ValueError, match="lower < upper"):
+        ClippedHistogramObserver(lower=1.0, upper=1.0)
+
+
+def _clipped_observers(model: nn.Module, mapping: Any, example: torch.Tensor) -> dict[str, list[str]]:
+    """Each ClippedHistogramObserver of ``prepare_fx``'s graph -> the nodes whose values it observes
+    (a module's name, else the node's)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prepared = prepare_fx(copy.deepcopy(model), mapping, (example,))
+    assert isinstance(prepared, fx.GraphModule)
+    seen: dict[str, list[str]] = {}
+    for node in prepared.graph.nodes:
+        if node.op == "call_module" and isinstance(prepared.get_submodule(node.target), ClippedHistogramObserver):
+            owner = id(prepared.get_submodule(node.target))
+            source = node.args[0]
+            seen.setdefault(str(owner), []).append(str(source.target) if source.op == "call_module" else source.name)
+    return seen
+
+
+def test_a_layer_is_observed_clipped_only_where_its_producer_observes_its_input() -> None:
+    from qinsight.examples.mobilenet import MobileNetV2
+
+    model, x = MobileNetV2().eval(), torch.randn(1, 3, 224, 224)
+    view = fx_view(model, None, x)
+    sites = view.sites + view.ops
+    activations = FxActivations()
+    code = "\n".join(entries_code_for(sites, (), activations))
+    assert "mapping.set_module_name('features.0.0'" not in code  # it reads the image: clipping would clip it
+    assert "mapping.set_module_name('features.1.conv.0.0', QConfig(activation=ClippedHistogramObserver" in code
+    observed = _clipped_observers(model, advice_mapping(sites, (), "x86", None, activations), x)
+    assert len(observed) == 34 and all(_after_the_layer(nodes) for nodes in observed.values()), observed
+    # with the residual add before features.4 in float, FX observes its conv's input with the conv's qconfig
+    floated = (QuantSuggestion(fqn="features.3.add#0", keep_float=True),)
+    code = "\n".join(entries_code_for(sites, floated, activations))
+    assert "'features.4.conv.0.0', QConfig(activation=ClippedHistogramObserver" not in code
+    # a ReLU6 kept float between quantized convs still runs on the quantized tensor: the depthwise conv is clipped
+    floated = (QuantSuggestion(fqn="features.4.conv.0.2", keep_float=True),)
+    assert "'features.4.conv.1.0', QConfig(activation=ClippedHistogramObserver" in "\n".join(entries_code_for(sites, floated, activations))
+    observed = _clipped_observers(model, advice_mapping(sites, floated, "x86", None, activations), x)
+    assert all(_after_the_layer(nodes) for nodes in observed.values()), observed
+
+
+def _after_the_layer(nodes: list[str]) -> bool:
+    """A clipped observer sees its layer's output, its ReLU6's (already clipped), and what keeps their
+    qparams (the last conv's pool and flatten), never an unclipped input: the image, an add's output."""
+    return all(n.startswith("features.") or n in ("adaptive_avg_pool2d", "flatten") for n in nodes)
+
+
+def entries_code_for(sites: tuple[Any, ...], suggestions: tuple[QuantSuggestion, ...], activations: FxActivations) -> list[str]:
+    report = qinsight.Report(
+        metadata=qinsight.ReportMetadata(model="m", frontend="fx", backend="x86", batches=1, qinsight_version="", torch_version=""),
+        sites=sites, observations=(), results=(), suggestions=suggestions, fx_activations=activations,
+    )
+    return entries_code(report)
+
+
+def test_a_kernel_that_saturates_at_eight_bits_reads_its_input_at_seven() -> None:
+    """MobileNetV2 observed as torch does, before each ReLU6: the depthwise convs' 8-bit inputs sit
+    around a mid-range zero point, and fbgemm's 16-bit pair sums overflow."""
+    import attrs
+
+    from qinsight.examples.mobilenet import MobileNetV2
+
+    torch.manual_seed(0)
+    model, batch = MobileNetV2().eval(), torch.randn(2, 3, 128, 128)
+    view = fx_view(model, None, batch)
+    sites = tuple(attrs.evolve(site, clip=None) for site in view.sites + view.ops)
+
+    def mapping(activations: FxActivations) -> Any:
+        return advice_mapping(sites, (), "x86", None, activations)
+
+    def excess(activations: FxActivations) -> dict[str, float]:
+        prepared = prepare_fx(copy.deepcopy(model), mapping(activations), (batch,))
+        with torch.no_grad():
+            prepared(batch)
+        return saturated(convert_fx(prepared), batch)[0]
+
+    checked = checked_activations(model, batch, "x86", mapping)
+    assert checked is not None and checked.kernels == 53
+    before = {n.fqn for n in checked.narrowed if n.excess > 100}  # saturating the first time round
+    assert len(before) >= 5 and all(".conv.1.0" in fqn for fqn in checked.narrowed_fqns)  # depthwise convs only
+    assert max(excess(checked).values(), default=0.0) <= 1.0
+    # each narrowed input is observed at 7 bits by its producer, the expand conv before the ReLU6
+    code = "\n".join(entries_code_for(sites, (), checked))
+    for fqn in before:
+        producer = fqn.replace(".conv.1.0", ".conv.0.0")
+        assert f"mapping.set_module_name({producer!r}, QConfig(activation=HistogramObserver.with_args(reduce_range=True)" in code
+    assert checked_activations(model, batch, "qnnpack", mapping) is None  # its default has 8 bits already
+    assert "clip-aware (53 quantized kernels checked at 8 bits; inputs of features." in checked.describe()
+
+
+def test_the_report_checks_its_activations_and_a_user_base_keeps_its_own() -> None:
+    torch.manual_seed(0)
+    model, batches = Blocks().eval(), [torch.randn(4, 3, 8, 8) for _ in range(2)]
+    report = qinsight.diagnose(model, batches)
+    dynamic = {s.fqn for s in report.suggestions if s.activation is qinsight.ActivationMode.DYNAMIC}
+    assert dynamic == {"fc"} and report.fx_activations == FxActivations(kernels=4)  # the static ones; none saturates
+    assert "report.qconfig_mapping(): FX activations at 8 bits, clip-aware (4 quantized kernels" in report.to_text()
+    assert report.qconfig_mapping().global_qconfig.activation.p.keywords == {"reduce_range": False}  # type: ignore[union-attr]
+    base = get_default_qconfig_mapping("x86")
+    mapped = report.qconfig_mapping(base=base)
+    assert mapped.global_qconfig.activation.p.keywords == {"reduce_range": True}  # type: ignore[union-attr]
+    assert not any(isinstance(q.activation(), ClippedHistogramObserver) for q in mapped.module_name_qconfigs.values() if q)
+    assert qinsight.diagnose(model, batches, backend="qnnpack").fx_activations is None
+    exported = torch.export.export(model, (batches[0],)).module()
+    assert qinsight.diagnose(exported, batches).fx_activations is None  # PT2E observes 8 bits after the clips
