@@ -11,6 +11,13 @@ only entry FX has for them, their name (for every call: a warning says so).
 Embeddings get torch's weight-only float-qparams qconfig, the only one
 ``prepare_fx`` accepts for them (the default mapping makes it raise).
 
+With ``report.fx_activations`` (:mod:`qinsight.core.activations`), the
+global entry observes 8 bits, a layer that a clip alone reads is observed as
+the clip leaves it (:mod:`.clipped`), and the inputs of kernels that saturate
+stay at 7 bits; with a ``base`` of your own, its observers are kept. The
+module lives with the pipeline, which builds the mapping to check it
+(:mod:`.saturation`).
+
 :func:`mapping_entries` is the one list both :func:`to_qconfig_mapping` and the
 HTML page's pasteable code (:func:`entries_code`) are made from.
 """

@@ -40,12 +40,14 @@ SATURATED = 1.0
 
 
 def _quantized_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-    """The converted model's static quantized Linear and Conv modules (fused ReLU included)."""
+    """The converted model's static quantized Linear and Conv modules (fused ReLU included; not the
+    transposed convs or the padding modes :func:`_exact` does not compute)."""
     for name, module in model.named_modules():
-        kind = type(module).__module__
-        if ".quantized" in kind and ".dynamic" not in kind and ".reference" not in kind and hasattr(module, "scale"):
-            if callable(getattr(module, "weight", None)) and callable(getattr(module, "bias", None)):
-                yield name, module
+        kind, cls = type(module).__module__, type(module).__name__
+        static = ".quantized" in kind and ".dynamic" not in kind and ".reference" not in kind and hasattr(module, "scale")
+        plain = "Transpose" not in cls and getattr(module, "padding_mode", "zeros") == "zeros"
+        if static and plain and callable(getattr(module, "weight", None)) and callable(getattr(module, "bias", None)):
+            yield name, module
 
 
 def _exact(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -71,8 +73,8 @@ def _excess(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def saturated(converted: nn.Module, example: object) -> tuple[dict[str, float], int]:
-    """Per quantized Linear/Conv whose outputs on ``example`` are off by more than a step, the share
-    off; and how many kernels ran."""
+    """Per quantized Linear/Conv whose outputs on ``example`` are off by more than a step, its
+    :func:`_excess` (the largest over its calls); and how many kernels ran."""
     found: dict[str, float] = {}
     seen: set[str] = set()
 
