@@ -11,7 +11,7 @@ else one made from the layer's own qconfig.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import attrs
 from torch import fx, nn
@@ -23,9 +23,10 @@ from qinsight.frontends.modules import tail_step
 _FUSED = (nn.modules.batchnorm._BatchNorm, nn.ReLU)  # what FX folds into the layer before it
 
 
-def _node_names(graph: fx.Graph, sites: Iterable[OpSite]) -> dict[fx.Node, str]:
+def site_nodes(graph: fx.Graph, sites: Iterable[OpSite], owner_of: Callable[[fx.Node], str]) -> dict[fx.Node, str]:
     """The graph's nodes that are sites, by site name: modules by target, functional calls by owner
-    (the innermost module of the node's stack), target and index among that owner's calls of it."""
+    (``owner_of`` a node: the innermost module of a trace's stack, or a prepared graph's scope),
+    target and index among that owner's calls of it."""
     known = list(sites)
     modules = {site.fqn for site in known if site.call is None}
     calls = {
@@ -39,13 +40,17 @@ def _node_names(graph: fx.Graph, sites: Iterable[OpSite]) -> dict[fx.Node, str]:
         if node.op == "call_module" and str(node.target) in modules:
             names[node] = str(node.target)
         elif node.op in ("call_function", "call_method"):
-            stack = list((node.meta.get("nn_module_stack") or {}).keys())
-            key = (str(stack[-1]) if stack else "", node.target)
+            key = (owner_of(node), node.target)
             index = counts.get(key, 0)
             counts[key] = index + 1
             if (*key, index) in calls:
                 names[node] = calls[(*key, index)]
     return names
+
+
+def _stack_owner(node: fx.Node) -> str:
+    stack = list((node.meta.get("nn_module_stack") or {}).keys())
+    return str(stack[-1]) if stack else ""
 
 
 def _fused_into(model: nn.Module, node: fx.Node) -> bool:
@@ -84,7 +89,7 @@ def _source_of(model: nn.Module, node: fx.Node, names: dict[fx.Node, str]) -> st
 
 def with_edges(model: nn.Module, graph: fx.Graph, sites: tuple[OpSite, ...]) -> tuple[OpSite, ...]:
     """``sites`` with their ``source`` and ``clip`` read from ``graph`` (a trace of ``model``)."""
-    names = _node_names(graph, sites)
+    names = site_nodes(graph, sites, _stack_owner)
     nodes = {name: node for node, name in names.items()}
     found = []
     for site in sites:
@@ -96,4 +101,4 @@ def with_edges(model: nn.Module, graph: fx.Graph, sites: tuple[OpSite, ...]) -> 
     return tuple(found)
 
 
-__all__ = ["with_edges"]
+__all__ = ["site_nodes", "with_edges"]

@@ -39,9 +39,9 @@ from qinsight.frontends import (
     exported_op_names,
     exported_sites,
     layer_name,
-    resolve_target,
     run_batch,
 )
+from qinsight.frontends.edges import site_nodes
 from qinsight.outputs.pt2e import advice_quantizer
 from qinsight.pipeline.qconfig import advice_mapping
 from qinsight.planning.kernels import QuantizedOps
@@ -162,24 +162,7 @@ class FxFlow(Flow):
 
     def _site_of(self, model: fx.GraphModule) -> Callable[[fx.Node], str | None]:
         scope = model.meta["_observed_graph_module_attrs"].node_name_to_scope
-        calls = {
-            (site.call.owner, site.call.target if site.call.is_method else resolve_target(site.call.target), site.call.index): site.fqn
-            for site in self.sites
-            if site.call is not None
-        }
-        names: dict[fx.Node, str] = {}
-        counts: dict[tuple[str, object], int] = {}
-        for node in model.graph.nodes:
-            if node.op == "call_module" and str(node.target) in self.names:
-                names[node] = str(node.target)
-            elif node.op in ("call_function", "call_method"):
-                owner = scope.get(node.name, ("", None))[0]
-                key = (owner, node.target)
-                index = counts.get(key, 0)
-                counts[key] = index + 1
-                if (owner, node.target, index) in calls:
-                    names[node] = calls[owner, node.target, index]
-        return names.get
+        return site_nodes(model.graph, self.sites, lambda node: str(scope.get(node.name, ("", None))[0])).get
 
     def owners(self, model: fx.GraphModule) -> Callable[[fx.Node], Owners]:
         """Owners by the graph's shape: the site producing the edge and the sites consuming it, through
