@@ -20,6 +20,7 @@ from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, 
 from qinsight import ChannelStatus, DataCondition, InvalidParameterError, OutlierDetector, OutlierFinding
 from qinsight.examples import example
 from qinsight.observe.observers import ActivationObserver, sampled_view
+from qinsight.observe import selection
 from qinsight.observe.selection import _blocks, _top_blocks, channel_percentile, channel_view, lower_rank
 from qinsight.core.sites import ObserverSpec
 
@@ -61,21 +62,24 @@ def test_selection_equals_torch_quantile_lower(rows: int, n: int, p: float, seed
     g = torch.Generator().manual_seed(seed)
     values = torch.randint(-3, 4, (rows, n), generator=g).float() if ties else torch.randn(rows, n, generator=g)
     expected = torch.quantile(values, torch.tensor(p), dim=1, interpolation="lower")
-    for threads in SELECTIONS:
-        with torch_threads(threads):
+    for threads, numpy_row in SELECTIONS:
+        with selecting(threads, numpy_row):
             assert torch.equal(channel_percentile(values, p), expected)
 
 
-# One thread selects with numpy's introselect, more with torch.topk: both must be exact.
-SELECTIONS = (1, 2)
+# Rows select with numpy's introselect when they are short or torch runs one thread, else with
+# torch.topk: both must be exact. A row limit of 0 sends every row to topk.
+SELECTIONS = ((1, selection._NUMPY_ROW), (2, selection._NUMPY_ROW), (2, 0))
 
 
 @contextlib.contextmanager
-def torch_threads(count: int) -> Iterator[None]:
+def selecting(threads: int, numpy_row: int) -> Iterator[None]:
     before = torch.get_num_threads()
-    torch.set_num_threads(count)
+    torch.set_num_threads(threads)
     try:
-        yield
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(selection, "_NUMPY_ROW", numpy_row)
+            yield
     finally:
         torch.set_num_threads(before)
 
@@ -100,8 +104,8 @@ def test_pruned_selection_equals_torch_quantile_on_any_layout(
     x = torch.randint(-2, 3, shape, generator=g).float() if ties else torch.randn(shape, generator=g)
     rows = x.transpose(0, 1).reshape(channels, -1)
     expected = torch.quantile(rows, torch.tensor(p), dim=1, interpolation="lower")
-    for threads in SELECTIONS:
-        with torch_threads(threads):
+    for threads, numpy_row in SELECTIONS:
+        with selecting(threads, numpy_row):
             assert torch.equal(channel_percentile(x, p, axis=1), expected)
             assert torch.equal(channel_percentile(x.squeeze(2) if after == 1 else x, p, axis=1), expected)
 
