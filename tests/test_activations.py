@@ -23,6 +23,7 @@ from qinsight.core.suggestions import QuantSuggestion
 from qinsight.frontends.fx import fx_view
 from qinsight.pipeline.clipped import ClippedHistogramObserver
 from qinsight.pipeline.qconfig import advice_mapping, entries_code
+from qinsight.pipeline import saturation
 from qinsight.pipeline.saturation import checked_activations, saturated
 
 
@@ -167,7 +168,6 @@ def test_a_kernel_that_saturates_at_eight_bits_reads_its_input_at_seven() -> Non
     for fqn in before:
         producer = fqn.replace(".conv.1.0", ".conv.0.0")
         assert f"mapping.set_module_name({producer!r}, QConfig(activation=HistogramObserver.with_args(reduce_range=True)" in code
-    assert checked_activations(model, batch, "qnnpack", mapping) is None  # its default has 8 bits already
     assert "clip-aware (53 quantized kernels checked at 8 bits; inputs of features." in checked.describe()
 
 
@@ -183,6 +183,28 @@ def test_the_report_checks_its_activations_and_a_user_base_keeps_its_own() -> No
     mapped = report.qconfig_mapping(base=base)
     assert mapped.global_qconfig.activation.p.keywords == {"reduce_range": True}  # type: ignore[union-attr]
     assert not any(isinstance(q.activation(), ClippedHistogramObserver) for q in mapped.module_name_qconfigs.values() if q)
-    assert qinsight.diagnose(model, batches, backend="qnnpack").fx_activations is None
+    onednn = qinsight.diagnose(model, batches, backend="onednn")  # 8 bits by default, but before the clips
+    assert onednn.fx_activations == FxActivations(kernels=4)
+    assert any(isinstance(q.activation(), ClippedHistogramObserver) for q in onednn.qconfig_mapping().module_name_qconfigs.values() if q)
     exported = torch.export.export(model, (batches[0],)).module()
     assert qinsight.diagnose(exported, batches).fx_activations is None  # PT2E observes 8 bits after the clips
+
+
+@pytest.mark.parametrize("backend", ["onednn", "fbgemm"])
+def test_the_check_runs_the_backends_own_kernels_and_restores_the_engine(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a converted model packs its weights for the engine set at conversion and runs its kernels
+    torch.manual_seed(0)
+    model, batch = Blocks().eval(), torch.randn(2, 3, 8, 8)
+    sites = fx_view(model, None, batch).sites
+    engines = []
+    checked = saturation.saturated
+
+    def recording(converted: nn.Module, example: object) -> tuple[dict[str, float], int]:
+        engines.append(torch.backends.quantized.engine)
+        return checked(converted, example)
+
+    monkeypatch.setattr(saturation, "saturated", recording)
+    before = torch.backends.quantized.engine
+    found = checked_activations(model, batch, backend, lambda a: advice_mapping(sites, (), backend, None, a))
+    assert found is not None and found.kernels == 5  # the convs and the Linear, static
+    assert engines and set(engines) == {backend} and torch.backends.quantized.engine == before

@@ -1,18 +1,19 @@
-"""How qinsight's FX config observes static activations where torch's x86 (fbgemm) default does worse.
+"""How qinsight's FX config observes static activations where torch's defaults do worse.
 
-torch's default observes every activation with 7 of its 8 bits (``reduce_range``):
-fbgemm's kernels add products pairwise in 16 bits, and 8-bit inputs can saturate
-those sums. It also observes a layer before the ReLU6 that reads it. On
-MobileNetV2 the two together cost 7 dB at the output (9.5 against PT2E's
-16.9). qinsight's config observes with all 8 bits, and a layer that a clip
-alone reads as the clip leaves it (:mod:`qinsight.pipeline.clipped`), where
-the layer's input is observed by its quantized producer.
+torch's x86 (fbgemm) default observes every activation with 7 of its 8 bits
+(``reduce_range``): fbgemm's kernels add products pairwise in 16 bits, and 8-bit
+inputs can saturate those sums. Every backend's default (onednn's and qnnpack's
+too) also observes a layer before the ReLU6 that reads it. On MobileNetV2 the
+two together cost 7 dB at the output under x86 (9.5 against PT2E's 16.9), the
+second alone 2 dB under onednn. qinsight's config observes with all 8 bits, and
+a layer that a clip alone reads as the clip leaves it (:mod:`qinsight.pipeline.clipped`),
+where the layer's input is observed by its quantized producer.
 
 Whether 8 bits saturate depends on the kernels and the data, so it is
-measured: the model is quantized that way on a calibration batch, and each
-quantized kernel's output is compared with the exact result of the same
-integer inputs and weights. A kernel more than one step off (rounding is at
-most one) reads its input at 7 bits again (``narrowed``).
+measured: the model is quantized that way on a calibration batch, with the
+backend's own kernels, and each quantized kernel's output is compared with the
+exact result of the same integer inputs and weights. A kernel more than one step
+off (rounding is at most one) reads its input at 7 bits again (``narrowed``).
 """
 
 from __future__ import annotations

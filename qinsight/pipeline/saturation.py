@@ -1,5 +1,5 @@
-"""Whether FX's x86 kernels saturate at 8-bit activations, measured on the model: the check behind
-:class:`~qinsight.core.activations.FxActivations`.
+"""Whether the backend's FX kernels saturate at 8-bit activations, measured on the model: the check
+behind :class:`~qinsight.core.activations.FxActivations`, run under the backend's quantized engine.
 
 fbgemm multiplies uint8 inputs by int8 weights and adds the products pairwise
 in 16 bits before widening (its depthwise kernels do, on any CPU): two inputs
@@ -8,14 +8,17 @@ keeps activations at 7 bits. Whether a model's inputs come near depends on its
 ranges and zero points, so the model is quantized at 8 bits on a calibration
 batch and each quantized Linear/Conv's output is compared with the exact
 result of the same integer inputs and weights, requantized with the same
-qparams. Rounding leaves them at most one step apart; where the outputs further
-off add more error than the rounding does, the kernel saturates, and its
-input goes back to 7 bits. Narrowing changes
-its producer's qparams, so the model is checked again, up to a few rounds.
+qparams (onednn's default keeps 8 bits, and torch warns that without VNNI
+its kernels may lose accuracy: the check measures which case a CPU is). Rounding
+leaves them at most one step apart; where the outputs further off add more error
+than the rounding does, the kernel saturates, and its input goes back to 7 bits.
+Narrowing changes its producer's qparams, so the model is checked again, up to a
+few rounds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 from collections.abc import Callable, Iterator
@@ -29,7 +32,6 @@ from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 from qinsight.compare.configs import release_fx_graphs
 from qinsight.core.activations import FxActivations, NarrowedInput
-from qinsight.core.precision import REDUCED_RANGE_BACKENDS
 from qinsight.frontends import batch_arguments, eval_mode, hookless_copy, run_batch
 
 ROUNDS = 3  # checks after narrowing; each narrowing moves only the qparams just before a kernel
@@ -98,21 +100,32 @@ def saturated(converted: nn.Module, example: object) -> tuple[dict[str, float], 
     return found, len(seen)
 
 
+@contextlib.contextmanager
+def quantized_engine(backend: str) -> Iterator[None]:
+    """torch's quantized kernels for ``backend`` while the block runs, where this build has them:
+    a converted model packs its weights for, and runs, the engine set at conversion."""
+    before = torch.backends.quantized.engine
+    if backend in torch.backends.quantized.supported_engines:
+        torch.backends.quantized.engine = backend
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = before
+
+
 def checked_activations(
     model: nn.Module, example: object, backend: str, mapping_for: Callable[[FxActivations], QConfigMapping]
 ) -> FxActivations | None:
     """8-bit clip-aware FX activations for ``model``, with the inputs of the kernels that saturate at 8
-    bits narrowed to 7 (measured on ``example``); ``None`` where the backend's default is 8 bits already
-    or the model does not quantize through FX."""
-    if backend not in REDUCED_RANGE_BACKENDS:
-        return None
+    bits narrowed to 7 (measured on ``example``, with the backend's own kernels); ``None`` where the
+    model does not quantize through FX."""
     args, kwargs = batch_arguments(example)
     inputs = tuple(args) + tuple(kwargs.values())
     activations = FxActivations()
     model = hookless_copy(model)  # a session's observers may be on the model: they see nothing of this
     for _ in range(ROUNDS):
         try:
-            with warnings.catch_warnings(), eval_mode(model):
+            with warnings.catch_warnings(), eval_mode(model), quantized_engine(backend):
                 warnings.simplefilter("ignore")
                 prepared = prepare_fx(copy.deepcopy(model), mapping_for(activations), inputs)
                 with torch.no_grad():
