@@ -21,9 +21,9 @@ import qinsight
 from qinsight.core.activations import FxActivations
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.frontends.fx import fx_view
+from qinsight.pipeline import saturation
 from qinsight.pipeline.clipped import ClippedHistogramObserver
 from qinsight.pipeline.qconfig import advice_mapping, entries_code
-from qinsight.pipeline import saturation
 from qinsight.pipeline.saturation import checked_activations, saturated
 
 
@@ -196,7 +196,7 @@ def test_the_check_runs_the_backends_own_kernels_and_restores_the_engine(backend
     torch.manual_seed(0)
     model, batch = Blocks().eval(), torch.randn(2, 3, 8, 8)
     sites = fx_view(model, None, batch).sites
-    engines = []
+    engines: list[str] = []
     checked = saturation.saturated
 
     def recording(converted: nn.Module, example: object) -> tuple[dict[str, float], int]:

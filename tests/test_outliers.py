@@ -19,8 +19,8 @@ import qinsight
 from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, torch_model_report, torch_name
 from qinsight import ChannelStatus, DataCondition, InvalidParameterError, OutlierDetector, OutlierFinding
 from qinsight.examples import example
-from qinsight.observe.observers import ActivationObserver, sampled_view
 from qinsight.observe import selection
+from qinsight.observe.observers import ActivationObserver, sampled_view
 from qinsight.observe.selection import _blocks, _top_blocks, channel_percentile, channel_view, lower_rank
 from qinsight.core.sites import ObserverSpec
 
