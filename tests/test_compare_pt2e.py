@@ -15,6 +15,7 @@ from torch.ao.quantization import QConfig, QConfigMapping
 from torch.ao.quantization.observer import HistogramObserver, default_per_channel_weight_observer
 
 import qinsight
+from qinsight.pipeline.saturation import quantized_engine
 
 xiq = pytest.importorskip("torchao.quantization.pt2e.quantizer.x86_inductor_quantizer")
 from torchao.quantization.pt2e import _numeric_debugger as torchao_debugger  # noqa: E402
@@ -62,12 +63,8 @@ def onednn_kernels() -> Iterator[None]:
     flows are compared on the same arithmetic. A model converted here is packed for oneDNN and runs
     under it.
     """
-    engine = torch.backends.quantized.engine
-    torch.backends.quantized.engine = "onednn"
-    try:
+    with quantized_engine("onednn"):
         yield
-    finally:
-        torch.backends.quantized.engine = engine
 
 
 @pytest.fixture

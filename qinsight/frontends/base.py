@@ -34,6 +34,13 @@ def batch_arguments(batch: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
     )
 
 
+def example_inputs(batch: object) -> tuple[Any, ...]:
+    """A batch's arguments as the one tuple ``prepare_fx`` takes as example inputs (keyword
+    arguments in their order after the positional ones)."""
+    args, kwargs = batch_arguments(batch)
+    return tuple(args) + tuple(kwargs.values())
+
+
 def run_batch(model: nn.Module, batch: object) -> object:
     """Call ``model`` on one batch (see :func:`batch_arguments`)."""
     args, kwargs = batch_arguments(batch)

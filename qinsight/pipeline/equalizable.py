@@ -33,7 +33,7 @@ from torch.ao.quantization.quantize_fx import prepare_fx
 from qinsight.compare.configs import release_fx_graphs
 from qinsight.compare.metrics import relative_l2
 from qinsight.core.errors import describe
-from qinsight.frontends import batch_arguments, eval_mode, hookless_copy, run_batch
+from qinsight.frontends import eval_mode, example_inputs, hookless_copy, run_batch
 
 # The float output may move by rounding only: scaling by s and 1/s is exact up to float32.
 CHANGED = 1e-3
@@ -85,8 +85,7 @@ def _changed(prepared: fx.GraphModule, fqn: str, example: object, reference: tor
 
 
 def _prepared(model: nn.Module, fqns: Sequence[str], example: object, backend: str) -> fx.GraphModule:
-    args, kwargs = batch_arguments(example)
-    inputs = tuple(args) + tuple(kwargs.values())
+    inputs = example_inputs(example)
     equalization = QConfigMapping()
     for name in fqns:
         # torch keeps EqualizationQConfigs in a QConfigMapping, though its annotations admit only QConfig

@@ -32,7 +32,7 @@ from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 from qinsight.compare.configs import release_fx_graphs
 from qinsight.core.activations import FxActivations, NarrowedInput
-from qinsight.frontends import batch_arguments, eval_mode, hookless_copy, run_batch
+from qinsight.frontends import eval_mode, example_inputs, hookless_copy, run_batch
 
 ROUNDS = 3  # checks after narrowing; each narrowing moves only the qparams just before a kernel
 # A kernel saturates where the error beyond rounding exceeds the rounding noise of its own outputs:
@@ -119,8 +119,7 @@ def checked_activations(
     """8-bit clip-aware FX activations for ``model``, with the inputs of the kernels that saturate at 8
     bits narrowed to 7 (measured on ``example``, with the backend's own kernels); ``None`` where the
     model does not quantize through FX."""
-    args, kwargs = batch_arguments(example)
-    inputs = tuple(args) + tuple(kwargs.values())
+    inputs = example_inputs(example)
     activations = FxActivations()
     model = hookless_copy(model)  # a session's observers may be on the model: they see nothing of this
     for _ in range(ROUNDS):

@@ -33,9 +33,9 @@ from qinsight.core.errors import FrontendError, InvalidParameterError
 from qinsight.core.sites import OpSite
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 from qinsight.frontends import (
-    batch_arguments,
     classify,
     eval_mode,
+    example_inputs,
     exported_op_names,
     exported_sites,
     layer_name,
@@ -51,11 +51,6 @@ from qinsight.planning.switches import Mode, fake_quantized_rows, fake_quantized
 
 FLOWS = ("fx", "pt2e")
 _ANNOTATION = "quantization_annotation"
-
-
-def _example(batch: object) -> tuple[Any, ...]:
-    args, kwargs = batch_arguments(batch)
-    return tuple(args) + tuple(kwargs.values())
 
 
 def _calibrate(prepared: nn.Module, batches: Sequence[object]) -> None:
@@ -101,7 +96,7 @@ class Flow:
         """What a user does with the advice: prepare, calibrate, convert."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the advice's own warnings were shown with the report
-            prepared = self._prepared(suggestions, _example(calibration[0]))
+            prepared = self._prepared(suggestions, example_inputs(calibration[0]))
             _calibrate(prepared, calibration)
             converted = convert_prepared(prepared, self.name == "pt2e")
             release_fx_graphs()  # a plan quantizes for real dozens of times
@@ -121,7 +116,7 @@ class Flow:
 
     def simulation(self, calibration: Sequence[object]) -> Simulation:
         """The model prepared with the flow's default advice, calibrated, every observer switchable."""
-        example = _example(calibration[0])
+        example = example_inputs(calibration[0])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             prepared = self._prepared((), example)
@@ -197,7 +192,7 @@ class FxFlow(Flow):
         (an op that is no site but takes the global qconfig quantizes its input whatever its
         producer does: a transpose, a clamp), and which observers it shares on the config (see
         :mod:`.observed`)."""
-        example = _example(calibration[0])
+        example = example_inputs(calibration[0])
 
         def prepare(modes: Mapping[str, Mode]) -> fx.GraphModule:
             # the model's own weights, not a copy: a search asks for hundreds of configs, and preparing
@@ -260,7 +255,7 @@ class Pt2eFlow(Flow):
 
     def shapes_from(self, batches: Sequence[object]) -> None:
         """Export with every input dimension that differs between ``batches`` dynamic (token counts)."""
-        examples = [_example(batch) for batch in batches]
+        examples = [example_inputs(batch) for batch in batches]
         first = examples[0]
 
         def varying(position: int) -> dict[int, Any] | None:
