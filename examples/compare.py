@@ -47,9 +47,9 @@ def main() -> None:
     )
     report = qinsight.diagnose(model, calibration, model_name=chosen.name).with_comparison(comparison)
     path = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()) / "cnn-compared.json"
-    report.save(path)
+    qinsight.save_report(report, path)
     assert qinsight.load_report(path) == report
-    print(comparison.to_text())
+    print(qinsight.to_text(comparison))
     print(f"best config per layer: {comparison.configs.best() if comparison.configs else {}}")
     print(f"saved to {path}; print it again with: qinsight show {path}")
 

@@ -40,11 +40,11 @@ def main() -> None:
     model, data = chosen.model(), chosen.data(16)
 
     report = qinsight.diagnose(model, data, model_name=chosen.name)
-    print(report.to_text())
+    print(qinsight.to_text(report))
 
     qconfig = get_default_qconfig("x86")  # type: ignore[no-untyped-call]  # torch leaves it unannotated
     static = QConfigMapping().set_object_type(nn.Linear, qconfig)
-    suggested = report.qconfig_mapping(base=QConfigMapping())  # only the modules the report names
+    suggested = qinsight.qconfig_mapping(report, base=QConfigMapping())  # only the modules the report names
     print(f"Linear layers, torch's default static int8: {output_sqnr(model, static, data):5.1f} dB")
     print(f"Linear layers, qinsight's suggested config: {output_sqnr(model, suggested, data):5.1f} dB")
 

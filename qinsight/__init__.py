@@ -1,7 +1,9 @@
 """qinsight: typed quantization diagnostics for PyTorch.
 
 The one-step API is :func:`diagnose`; :func:`instrument` is the same for your
-own calibration loop. Both return a :class:`Report`.
+own calibration loop. Both return a :class:`Report`. :func:`plan` finds what to
+keep in float to reach a quality target; :func:`quantize` applies a report or a
+plan (:mod:`qinsight.apply` builds every torch object from them).
 
 Names are imported when first used (PEP 562), so ``import qinsight`` and the
 torch-free core (:mod:`qinsight.core`) load neither torch's quantization stack
@@ -16,195 +18,310 @@ from typing import TYPE_CHECKING
 
 from qinsight._version import __version__
 
-if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
-    from qinsight.compare import compare_activations, compare_configs, compare_weights
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use (``X as X``: re-exported for mypy; a test keeps it equal to _EXPORTS)
+    from qinsight.core.activations import (
+        FxActivations as FxActivations,
+        NarrowedInput as NarrowedInput,
+    )
+    from qinsight.core.advice import (
+        Advice as Advice,
+        advice_of as advice_of,
+    )
     from qinsight.core.comparison import (
-        ActivationComparison,
-        Comparison,
-        ConfigComparison,
-        ConfigScore,
-        LayerActivationComparison,
-        LayerConfigRow,
-        LayerWeightComparison,
-        MetricValue,
-        WeightComparison,
+        ActivationComparison as ActivationComparison,
+        Comparison as Comparison,
+        ConfigComparison as ConfigComparison,
+        ConfigScore as ConfigScore,
+        LayerActivationComparison as LayerActivationComparison,
+        LayerConfigRow as LayerConfigRow,
+        LayerWeightComparison as LayerWeightComparison,
+        MetricValue as MetricValue,
+        WeightComparison as WeightComparison,
     )
-    from qinsight.core.activations import FxActivations, NarrowedInput
-    from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
+    from qinsight.core.equalization import (
+        EqualizationEntry as EqualizationEntry,
+        EqualizationMapping as EqualizationMapping,
+    )
     from qinsight.core.errors import (
-        CalibrationError,
-        FrontendError,
-        InvalidParameterError,
-        MergeError,
-        MissingExtraError,
-        ObserverError,
-        PluginLoadError,
-        QinsightError,
-        ReportFileError,
-        ReportVersionError,
-        ShardError,
-        UsageError,
+        CalibrationError as CalibrationError,
+        FrontendError as FrontendError,
+        InvalidParameterError as InvalidParameterError,
+        MergeError as MergeError,
+        MissingExtraError as MissingExtraError,
+        ObserverError as ObserverError,
+        PluginLoadError as PluginLoadError,
+        QinsightError as QinsightError,
+        ReportFileError as ReportFileError,
+        ReportVersionError as ReportVersionError,
+        ShardError as ShardError,
+        UsageError as UsageError,
     )
-    from qinsight.core.findings import Finding
-    from qinsight.core.precision import SideBits
+    from qinsight.core.findings import (
+        Finding as Finding,
+    )
+    from qinsight.core.plan import (
+        PlanStep as PlanStep,
+        QuantPlan as QuantPlan,
+        SiteSensitivity as SiteSensitivity,
+        SuggestionCheck as SuggestionCheck,
+        Target as Target,
+    )
+    from qinsight.core.precision import (
+        SideBits as SideBits,
+    )
     from qinsight.core.report import (
-        DetectorFailure,
-        DetectorResult,
-        FailureStage,
-        Parameter,
-        Report,
-        ReportMetadata,
+        DetectorFailure as DetectorFailure,
+        DetectorResult as DetectorResult,
+        FailureStage as FailureStage,
+        Parameter as Parameter,
+        Report as Report,
+        ReportMetadata as ReportMetadata,
+    )
+    from qinsight.core.shards import (
+        Shard as Shard,
     )
     from qinsight.core.sites import (
-        InsertPoint,
-        ObserverSpec,
-        OpKind,
-        OpCall,
-        OpSite,
-        Side,
-        WeightScheme,
+        InsertPoint as InsertPoint,
+        ObserverSpec as ObserverSpec,
+        OpCall as OpCall,
+        OpKind as OpKind,
+        OpSite as OpSite,
+        Side as Side,
+        WeightScheme as WeightScheme,
+    )
+    from qinsight.core.smoothing import (
+        SmoothingEntry as SmoothingEntry,
+        SmoothingMapping as SmoothingMapping,
     )
     from qinsight.core.stats import (
-        ActivationStats,
-        BatchMoments,
-        DataCondition,
-        Observation,
-        ObservedStats,
+        ActivationStats as ActivationStats,
+        BatchMoments as BatchMoments,
+        DataCondition as DataCondition,
+        Observation as Observation,
+        ObservedStats as ObservedStats,
     )
     from qinsight.core.suggestions import (
-        ActivationMode,
-        QuantSuggestion,
-        SuggestionConflict,
+        ActivationMode as ActivationMode,
+        QuantSuggestion as QuantSuggestion,
+        SuggestionConflict as SuggestionConflict,
+    )
+    from qinsight.plugin import (
+        Detector as Detector,
+        Metric as Metric,
+        ModelView as ModelView,
+    )
+    from qinsight.distributed import (
+        shard as shard,
     )
     from qinsight.detectors import (
-        ChannelStatus,
-        DynamicStaticDetector,
-        DynamicStaticFinding,
-        EqualizationFinding,
-        InputWeightEqualizationDetector,
-        OutlierDetector,
-        OutlierFinding,
-        PerChannelDetector,
-        PerChannelFinding,
-        PrecisionDetector,
-        PrecisionFinding,
-        RangeConflictDetector,
-        RangeConflictFinding,
-        Stationarity,
+        ChannelStatus as ChannelStatus,
+        DynamicStaticDetector as DynamicStaticDetector,
+        DynamicStaticFinding as DynamicStaticFinding,
+        EqualizationFinding as EqualizationFinding,
+        InputWeightEqualizationDetector as InputWeightEqualizationDetector,
+        OutlierDetector as OutlierDetector,
+        OutlierFinding as OutlierFinding,
+        PerChannelDetector as PerChannelDetector,
+        PerChannelFinding as PerChannelFinding,
+        PrecisionDetector as PrecisionDetector,
+        PrecisionFinding as PrecisionFinding,
+        RangeConflictDetector as RangeConflictDetector,
+        RangeConflictFinding as RangeConflictFinding,
+        Stationarity as Stationarity,
     )
-    from qinsight.outputs.diff import ReportDiff, diff_reports
-    from qinsight.outputs.serde import RawFinding, load_report, save_report
+    from qinsight.compare import (
+        compare_activations as compare_activations,
+        compare_configs as compare_configs,
+        compare_weights as compare_weights,
+    )
+    from qinsight.apply import (
+        config_code as config_code,
+        equalization_config as equalization_config,
+        pt2e_quantizer as pt2e_quantizer,
+        qconfig_mapping as qconfig_mapping,
+        quantize as quantize,
+        smoothed as smoothed,
+    )
     from qinsight.pipeline import (
-        Session,
-        comparison_report,
-        default_detectors,
-        diagnose,
-        instrument,
-        merge_reports,
+        Session as Session,
+        comparison_report as comparison_report,
+        default_detectors as default_detectors,
+        diagnose as diagnose,
+        instrument as instrument,
+        merge_reports as merge_reports,
     )
-    from qinsight.core.shards import Shard
-    from qinsight.core.plan import PlanStep, QuantPlan, SiteSensitivity, SuggestionCheck, Target
-    from qinsight.core.smoothing import SmoothingEntry, SmoothingMapping
-    from qinsight.distributed import shard
-    from qinsight.planning import plan
-    from qinsight.plugin import Detector, Metric, ModelView
+    from qinsight.outputs.diff import (
+        ReportDiff as ReportDiff,
+        diff_reports as diff_reports,
+    )
+    from qinsight.outputs.serde import (
+        RawFinding as RawFinding,
+        load_report as load_report,
+        save_report as save_report,
+    )
+    from qinsight.outputs.text import (
+        to_text as to_text,
+    )
+    from qinsight.planning import (
+        plan as plan,
+    )
 
-_HOMES: dict[str, str] = {
-    "ActivationComparison": "qinsight.core.comparison",
-    "Comparison": "qinsight.core.comparison",
-    "ConfigComparison": "qinsight.core.comparison",
-    "ConfigScore": "qinsight.core.comparison",
-    "LayerActivationComparison": "qinsight.core.comparison",
-    "LayerConfigRow": "qinsight.core.comparison",
-    "LayerWeightComparison": "qinsight.core.comparison",
-    "MetricValue": "qinsight.core.comparison",
-    "WeightComparison": "qinsight.core.comparison",
-    "FxActivations": "qinsight.core.activations",
-    "NarrowedInput": "qinsight.core.activations",
-    "EqualizationEntry": "qinsight.core.equalization",
-    "EqualizationMapping": "qinsight.core.equalization",
-    "CalibrationError": "qinsight.core.errors",
-    "FrontendError": "qinsight.core.errors",
-    "InvalidParameterError": "qinsight.core.errors",
-    "MergeError": "qinsight.core.errors",
-    "MissingExtraError": "qinsight.core.errors",
-    "ObserverError": "qinsight.core.errors",
-    "PluginLoadError": "qinsight.core.errors",
-    "QinsightError": "qinsight.core.errors",
-    "ReportFileError": "qinsight.core.errors",
-    "ReportVersionError": "qinsight.core.errors",
-    "ShardError": "qinsight.core.errors",
-    "UsageError": "qinsight.core.errors",
-    "Finding": "qinsight.core.findings",
-    "DetectorFailure": "qinsight.core.report",
-    "DetectorResult": "qinsight.core.report",
-    "FailureStage": "qinsight.core.report",
-    "Parameter": "qinsight.core.report",
-    "Report": "qinsight.core.report",
-    "ReportMetadata": "qinsight.core.report",
-    "InsertPoint": "qinsight.core.sites",
-    "ObserverSpec": "qinsight.core.sites",
-    "OpKind": "qinsight.core.sites",
-    "OpCall": "qinsight.core.sites",
-    "OpSite": "qinsight.core.sites",
-    "Side": "qinsight.core.sites",
-    "WeightScheme": "qinsight.core.sites",
-    "ActivationStats": "qinsight.core.stats",
-    "BatchMoments": "qinsight.core.stats",
-    "DataCondition": "qinsight.core.stats",
-    "Observation": "qinsight.core.stats",
-    "ObservedStats": "qinsight.core.stats",
-    "ActivationMode": "qinsight.core.suggestions",
-    "QuantSuggestion": "qinsight.core.suggestions",
-    "SuggestionConflict": "qinsight.core.suggestions",
-    "Detector": "qinsight.plugin",
-    "Metric": "qinsight.plugin",
-    "ModelView": "qinsight.plugin",
-    "ChannelStatus": "qinsight.detectors",
-    "DynamicStaticDetector": "qinsight.detectors",
-    "DynamicStaticFinding": "qinsight.detectors",
-    "EqualizationFinding": "qinsight.detectors",
-    "InputWeightEqualizationDetector": "qinsight.detectors",
-    "OutlierDetector": "qinsight.detectors",
-    "OutlierFinding": "qinsight.detectors",
-    "PerChannelDetector": "qinsight.detectors",
-    "PerChannelFinding": "qinsight.detectors",
-    "SideBits": "qinsight.core.precision",
-    "RangeConflictFinding": "qinsight.detectors",
-    "RangeConflictDetector": "qinsight.detectors",
-    "PrecisionFinding": "qinsight.detectors",
-    "PrecisionDetector": "qinsight.detectors",
-    "Stationarity": "qinsight.detectors",
-    "compare_activations": "qinsight.compare",
-    "compare_configs": "qinsight.compare",
-    "compare_weights": "qinsight.compare",
-    "Session": "qinsight.pipeline",
-    "comparison_report": "qinsight.pipeline",
-    "default_detectors": "qinsight.pipeline",
-    "diagnose": "qinsight.pipeline",
-    "instrument": "qinsight.pipeline",
-    "merge_reports": "qinsight.pipeline",
-    "Shard": "qinsight.core.shards",
-    "PlanStep": "qinsight.core.plan",
-    "QuantPlan": "qinsight.core.plan",
-    "SiteSensitivity": "qinsight.core.plan",
-    "SuggestionCheck": "qinsight.core.plan",
-    "Target": "qinsight.core.plan",
-    "SmoothingEntry": "qinsight.core.smoothing",
-    "SmoothingMapping": "qinsight.core.smoothing",
-    "plan": "qinsight.planning",
-    "shard": "qinsight.distributed",
-    "ReportDiff": "qinsight.outputs.diff",
-    "diff_reports": "qinsight.outputs.diff",
-    "RawFinding": "qinsight.outputs.serde",
-    "load_report": "qinsight.outputs.serde",
-    "save_report": "qinsight.outputs.serde",
+# The one list of public names, by the module that defines each: __all__, the lazy lookups and the
+# TYPE_CHECKING imports above are all this list.
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    'qinsight.core.activations': (
+        'FxActivations',
+        'NarrowedInput',
+    ),
+    'qinsight.core.advice': (
+        'Advice',
+        'advice_of',
+    ),
+    'qinsight.core.comparison': (
+        'ActivationComparison',
+        'Comparison',
+        'ConfigComparison',
+        'ConfigScore',
+        'LayerActivationComparison',
+        'LayerConfigRow',
+        'LayerWeightComparison',
+        'MetricValue',
+        'WeightComparison',
+    ),
+    'qinsight.core.equalization': (
+        'EqualizationEntry',
+        'EqualizationMapping',
+    ),
+    'qinsight.core.errors': (
+        'CalibrationError',
+        'FrontendError',
+        'InvalidParameterError',
+        'MergeError',
+        'MissingExtraError',
+        'ObserverError',
+        'PluginLoadError',
+        'QinsightError',
+        'ReportFileError',
+        'ReportVersionError',
+        'ShardError',
+        'UsageError',
+    ),
+    'qinsight.core.findings': (
+        'Finding',
+    ),
+    'qinsight.core.plan': (
+        'PlanStep',
+        'QuantPlan',
+        'SiteSensitivity',
+        'SuggestionCheck',
+        'Target',
+    ),
+    'qinsight.core.precision': (
+        'SideBits',
+    ),
+    'qinsight.core.report': (
+        'DetectorFailure',
+        'DetectorResult',
+        'FailureStage',
+        'Parameter',
+        'Report',
+        'ReportMetadata',
+    ),
+    'qinsight.core.shards': (
+        'Shard',
+    ),
+    'qinsight.core.sites': (
+        'InsertPoint',
+        'ObserverSpec',
+        'OpCall',
+        'OpKind',
+        'OpSite',
+        'Side',
+        'WeightScheme',
+    ),
+    'qinsight.core.smoothing': (
+        'SmoothingEntry',
+        'SmoothingMapping',
+    ),
+    'qinsight.core.stats': (
+        'ActivationStats',
+        'BatchMoments',
+        'DataCondition',
+        'Observation',
+        'ObservedStats',
+    ),
+    'qinsight.core.suggestions': (
+        'ActivationMode',
+        'QuantSuggestion',
+        'SuggestionConflict',
+    ),
+    'qinsight.plugin': (
+        'Detector',
+        'Metric',
+        'ModelView',
+    ),
+    'qinsight.distributed': (
+        'shard',
+    ),
+    'qinsight.detectors': (
+        'ChannelStatus',
+        'DynamicStaticDetector',
+        'DynamicStaticFinding',
+        'EqualizationFinding',
+        'InputWeightEqualizationDetector',
+        'OutlierDetector',
+        'OutlierFinding',
+        'PerChannelDetector',
+        'PerChannelFinding',
+        'PrecisionDetector',
+        'PrecisionFinding',
+        'RangeConflictDetector',
+        'RangeConflictFinding',
+        'Stationarity',
+    ),
+    'qinsight.compare': (
+        'compare_activations',
+        'compare_configs',
+        'compare_weights',
+    ),
+    'qinsight.apply': (
+        'config_code',
+        'equalization_config',
+        'pt2e_quantizer',
+        'qconfig_mapping',
+        'quantize',
+        'smoothed',
+    ),
+    'qinsight.pipeline': (
+        'Session',
+        'comparison_report',
+        'default_detectors',
+        'diagnose',
+        'instrument',
+        'merge_reports',
+    ),
+    'qinsight.outputs.diff': (
+        'ReportDiff',
+        'diff_reports',
+    ),
+    'qinsight.outputs.serde': (
+        'RawFinding',
+        'load_report',
+        'save_report',
+    ),
+    'qinsight.outputs.text': (
+        'to_text',
+    ),
+    'qinsight.planning': (
+        'plan',
+    ),
 }
+_HOMES: dict[str, str] = {name: home for home, names in _EXPORTS.items() for name in names}
 
 
 _LAYERS = (
-    "core", "plugin", "observe", "distributed", "frontends", "detectors", "compare", "pipeline", "outputs", "planning",
-    "examples", "cli",
+    "core", "plugin", "observe", "distributed", "frontends", "detectors", "compare", "apply", "pipeline", "outputs",
+    "planning", "examples", "cli",
 )
 
 
@@ -223,95 +340,4 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_HOMES})
 
 
-__all__ = [
-    "ActivationComparison",
-    "ActivationMode",
-    "ActivationStats",
-    "BatchMoments",
-    "CalibrationError",
-    "ChannelStatus",
-    "Comparison",
-    "ConfigComparison",
-    "ConfigScore",
-    "DataCondition",
-    "Detector",
-    "DetectorFailure",
-    "DetectorResult",
-    "DynamicStaticDetector",
-    "DynamicStaticFinding",
-    "EqualizationEntry",
-    "EqualizationFinding",
-    "EqualizationMapping",
-    "FailureStage",
-    "Finding",
-    "FxActivations",
-    "FrontendError",
-    "InputWeightEqualizationDetector",
-    "InsertPoint",
-    "InvalidParameterError",
-    "LayerActivationComparison",
-    "LayerConfigRow",
-    "LayerWeightComparison",
-    "MergeError",
-    "Metric",
-    "MetricValue",
-    "MissingExtraError",
-    "ModelView",
-    "NarrowedInput",
-    "Observation",
-    "ObservedStats",
-    "ObserverError",
-    "ObserverSpec",
-    "OpKind",
-    "OpCall",
-    "OpSite",
-    "OutlierDetector",
-    "OutlierFinding",
-    "Parameter",
-    "PlanStep",
-    "QuantPlan",
-    "SiteSensitivity",
-    "SmoothingEntry",
-    "SmoothingMapping",
-    "SuggestionCheck",
-    "Target",
-    "plan",
-    "PerChannelDetector",
-    "PerChannelFinding",
-    "SideBits",
-    "RangeConflictFinding",
-    "RangeConflictDetector",
-    "PrecisionFinding",
-    "PrecisionDetector",
-    "PluginLoadError",
-    "QinsightError",
-    "QuantSuggestion",
-    "RawFinding",
-    "Report",
-    "ReportDiff",
-    "ReportFileError",
-    "ReportMetadata",
-    "ReportVersionError",
-    "Session",
-    "Shard",
-    "ShardError",
-    "Side",
-    "Stationarity",
-    "SuggestionConflict",
-    "UsageError",
-    "WeightComparison",
-    "WeightScheme",
-    "__version__",
-    "compare_activations",
-    "compare_configs",
-    "compare_weights",
-    "comparison_report",
-    "default_detectors",
-    "diagnose",
-    "diff_reports",
-    "instrument",
-    "load_report",
-    "merge_reports",
-    "save_report",
-    "shard",
-]
+__all__ = ["__version__", *sorted(_HOMES)]

@@ -22,8 +22,8 @@ from qinsight.core.activations import FxActivations
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.frontends.fx import fx_view
 from qinsight.pipeline import saturation
-from qinsight.pipeline.clipped import ClippedHistogramObserver
-from qinsight.pipeline.qconfig import advice_mapping, entries_code
+from qinsight.apply.clipped import ClippedHistogramObserver
+from qinsight.apply.fx import advice_mapping
 from qinsight.pipeline.saturation import checked_activations, saturated
 
 
@@ -134,7 +134,7 @@ def entries_code_for(sites: tuple[Any, ...], suggestions: tuple[QuantSuggestion,
         metadata=qinsight.ReportMetadata(model="m", frontend="fx", backend="x86", batches=1, qinsight_version="", torch_version=""),
         sites=sites, observations=(), results=(), suggestions=suggestions, fx_activations=activations,
     )
-    return entries_code(report)
+    return qinsight.config_code(report)
 
 
 def test_a_kernel_that_saturates_at_eight_bits_reads_its_input_at_seven() -> None:
@@ -177,15 +177,15 @@ def test_the_report_checks_its_activations_and_a_user_base_keeps_its_own() -> No
     report = qinsight.diagnose(model, batches)
     dynamic = {s.fqn for s in report.suggestions if s.activation is qinsight.ActivationMode.DYNAMIC}
     assert dynamic == {"fc"} and report.fx_activations == FxActivations(kernels=4)  # the static ones; none saturates
-    assert "report.qconfig_mapping(): FX activations at 8 bits, clip-aware (4 quantized kernels" in report.to_text()
-    assert report.qconfig_mapping().global_qconfig.activation.p.keywords == {"reduce_range": False}  # type: ignore[union-attr]
+    assert "qinsight.qconfig_mapping(report): FX activations at 8 bits, clip-aware (4 quantized kernels" in qinsight.to_text(report)
+    assert qinsight.qconfig_mapping(report).global_qconfig.activation.p.keywords == {"reduce_range": False}  # type: ignore[union-attr]
     base = get_default_qconfig_mapping("x86")
-    mapped = report.qconfig_mapping(base=base)
+    mapped = qinsight.qconfig_mapping(report, base=base)
     assert mapped.global_qconfig.activation.p.keywords == {"reduce_range": True}  # type: ignore[union-attr]
     assert not any(isinstance(q.activation(), ClippedHistogramObserver) for q in mapped.module_name_qconfigs.values() if q)
     onednn = qinsight.diagnose(model, batches, backend="onednn")  # 8 bits by default, but before the clips
     assert onednn.fx_activations == FxActivations(kernels=4)
-    assert any(isinstance(q.activation(), ClippedHistogramObserver) for q in onednn.qconfig_mapping().module_name_qconfigs.values() if q)
+    assert any(isinstance(q.activation(), ClippedHistogramObserver) for q in qinsight.qconfig_mapping(onednn).module_name_qconfigs.values() if q)
     exported = torch.export.export(model, (batches[0],)).module()
     assert qinsight.diagnose(exported, batches).fx_activations is None  # PT2E observes 8 bits after the clips
 

@@ -1,7 +1,7 @@
 """The package's layers, as docs/architecture.md draws them, checked on the source.
 
 Each subpackage is a layer; a module may import from its own layer and the ones
-below it, never from a layer above, and the module-level imports form no loop.
+below it, never from a layer above (not even inside a function), and the imports form no loop.
 The core and the plugin contract load no torch, numpy, cattrs or matplotlib.
 """
 
@@ -18,22 +18,10 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "qinsight"
 
 # Lowest first: what a layer may import is itself and everything before it.
-LAYERS = ("core", "plugin", "observe", "distributed", "frontends", "detectors", "compare", "pipeline", "outputs", "planning", "examples", "cli")
-
-# Imports inside a function of a lower layer that reach up on purpose: the conveniences on the core's
-# types (report.save(), report.to_text(), ...), each importing its output module when called.
-CONVENIENCES = {
-    ("qinsight.core.report", "qinsight.outputs.serde"),
-    ("qinsight.core.report", "qinsight.outputs.text"),
-    ("qinsight.core.report", "qinsight.outputs.pt2e"),
-    ("qinsight.core.report", "qinsight.pipeline.qconfig"),
-    ("qinsight.core.comparison", "qinsight.outputs.tables"),
-    ("qinsight.core.plan", "qinsight.pipeline.qconfig"),
-    ("qinsight.core.plan", "qinsight.outputs.pt2e"),
-    ("qinsight.core.plan", "qinsight.outputs.text"),
-    ("qinsight.core.smoothing", "qinsight.outputs.smoothing"),
-}
-
+LAYERS = (
+    "core", "plugin", "observe", "distributed", "frontends", "detectors", "compare", "apply", "pipeline", "outputs", "planning",
+    "examples", "cli",
+)
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
@@ -93,15 +81,8 @@ def test_no_module_imports_from_a_higher_layer() -> None:
         if (low := layer(source)) is not None
         and (high := layer(target)) is not None
         and high > low
-        and (source, target) not in CONVENIENCES
     ]
     assert upward == []
-
-
-def test_conveniences_are_still_needed() -> None:
-    # an allowance nobody uses any more is removed from the list, so the list stays the truth
-    used = {(source, target) for source, target, _names, _eager in edges()}
-    assert CONVENIENCES <= used
 
 
 def find_loop(graph: dict[str, set[str]]) -> list[str]:
@@ -128,7 +109,7 @@ def find_loop(graph: dict[str, set[str]]) -> list[str]:
 def import_graph(*, deferred: bool) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for source, target, _names, eager in edges():
-        if source != target and (eager or deferred) and (source, target) not in CONVENIENCES:
+        if source != target and (eager or deferred):
             graph.setdefault(source, set()).add(target)
     return graph
 
@@ -139,7 +120,7 @@ def test_find_loop_finds_loops() -> None:
 
 
 def test_imports_form_no_loop() -> None:
-    # module-level imports, and also the ones inside functions: only the conveniences may close a loop
+    # module-level imports, and also the ones inside functions
     assert find_loop(import_graph(deferred=False)) == []
     assert find_loop(import_graph(deferred=True)) == []
 
@@ -197,3 +178,48 @@ def test_instrument_is_the_function_and_the_instrumenter_is_reachable() -> None:
 
     assert callable(qinsight.instrument) and not isinstance(qinsight.instrument, type(sys))
     assert Instrumenter.__module__ == "qinsight.observe.instrumenter"
+
+
+def test_the_public_names_are_one_list() -> None:
+    """``__all__``, the lazy lookups and the names type checkers see are all ``_EXPORTS``; every
+    public name of the layers' own ``__all__`` that a user needs is in it."""
+    import qinsight
+
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    checked = {
+        (node.module, alias.name)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    exported = {(home, name) for home, names in qinsight._EXPORTS.items() for name in names}
+    assert checked == exported
+    assert sorted(qinsight.__all__) == sorted(["__version__", *(name for _home, name in exported)])
+    assert len({name for _home, name in exported}) == len(exported)  # no name from two homes
+    for home, name in sorted(exported):
+        assert getattr(qinsight, name) is getattr(__import__(home, fromlist=[name]), name), name
+
+
+def test_a_mapping_from_a_report_file_loads_neither_the_observers_nor_the_pipeline(tmp_path: Path) -> None:
+    probe = (
+        "import sys, qinsight, torch; from torch import nn; "
+        "model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)).eval(); "
+        "report = qinsight.diagnose(model, [torch.randn(2, 4) for _ in range(2)]); "
+        f"qinsight.save_report(report, {str(tmp_path / 'r.json')!r})"
+    )
+    subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    build = (
+        "import sys, qinsight; "
+        f"mapping = qinsight.qconfig_mapping(qinsight.load_report({str(tmp_path / 'r.json')!r})); "
+        "print(type(mapping).__name__, ','.join(sorted({'.'.join(m.split('.')[:2]) for m in sys.modules if m.startswith('qinsight.')})))"
+    )
+    kind, loaded = subprocess.run([sys.executable, "-c", build], capture_output=True, text=True, check=True).stdout.split()
+    assert kind == "QConfigMapping"
+    layers = set(loaded.split(","))
+    # reading the file finds each finding's class with its detector (plugin, detectors); the mapping names
+    # functional calls as the frontends resolve them
+    allowed = {"core", "plugin", "detectors", "frontends", "apply", "outputs", "_version"}
+    assert layers <= {f"qinsight.{layer}" for layer in allowed}, layers
+    assert "qinsight.apply" in layers and not layers & {"qinsight.observe", "qinsight.pipeline", "qinsight.planning"}

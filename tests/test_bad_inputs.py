@@ -68,7 +68,7 @@ def test_any_calibration_data_gives_a_report_or_a_calibration_error(kinds: list[
     else:
         assert report.metadata.batches >= 1
         report_from_json(json.dumps(report_to_dict(report)))
-        report.to_text()
+        qinsight.to_text(report)
     assert hooks_left(model) == 0
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
 
@@ -137,8 +137,8 @@ def test_plugin_results_are_checked_where_they_enter_the_report(tmp_path: Path) 
     assert failures["acme.dict"] == (qinsight.FailureStage.ANALYZE, "TypeError: analyze() returned dict, not a DetectorResult")
     assert "cannot say its verdict or reason: ZeroDivisionError: no reason" in failures["acme.broken"][1]
     assert [r.detector for r in report.results] == ["qinsight.outliers"]
-    report.save(tmp_path / "r.json")  # nothing left that cannot be written or shown
-    assert "detector acme.broken failed at analyze" in report.to_text()
+    qinsight.save_report(report, tmp_path / "r.json")  # nothing left that cannot be written or shown
+    assert "detector acme.broken failed at analyze" in qinsight.to_text(report)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ def pt2e_quantized(model: nn.Module, calibration: list[Any], dynamic: dict[int, 
     pytest.importorskip("torchao")
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from qinsight.outputs.pt2e import default_x86_quantizer
+    from qinsight.apply.pt2e import default_x86_quantizer
 
     args, kwargs = batch_arguments(calibration[0])
     example = tuple(args) + tuple(kwargs.values())
@@ -157,6 +157,6 @@ def test_one_shot_batches_give_the_same_op_rows_and_the_tables_show_them() -> No
     from_list = qinsight.compare_activations(model, flows["fx"], held_out)
     from_iterator = qinsight.compare_activations(model, flows["fx"], iter(held_out))
     assert from_iterator == from_list and from_list.layer("add#1").batches == len(held_out)
-    text = qinsight.Comparison(activations=from_list).to_text(limit=3)
+    text = qinsight.to_text(qinsight.Comparison(activations=from_list), limit=3)
     assert "layer or op" in text and "more layers and ops in the file" in text
     assert from_list.worst(count=1)[0].fqn in text

@@ -40,7 +40,7 @@ def cnn_comparison() -> tuple[qinsight.Report, qinsight.Comparison]:
 def test_a_report_carries_its_comparison_through_a_file(cnn_comparison: tuple[qinsight.Report, qinsight.Comparison], tmp_path: Path) -> None:
     report, comparison = cnn_comparison
     path = tmp_path / "cnn.json"
-    report.save(path)
+    qinsight.save_report(report, path)
     loaded = qinsight.load_report(path)
     assert loaded == report and loaded.comparison == comparison
     assert loaded.comparison is not None and loaded.comparison.activations is not None
@@ -51,7 +51,7 @@ def test_a_report_carries_its_comparison_through_a_file(cnn_comparison: tuple[qi
 def test_comparison_text_lists_the_worst_layers_first(cnn_comparison: tuple[qinsight.Report, qinsight.Comparison]) -> None:
     report, comparison = cnn_comparison
     assert comparison.activations is not None and comparison.configs is not None
-    text = report.to_text()
+    text = qinsight.to_text(report)
     assert "Float vs quantized (convert_fx, x86): cnn" in text
     section = text[text.index("Activations, worst local SQNR first"):]
     worst = comparison.activations.worst(count=1)[0]
@@ -66,10 +66,10 @@ def test_comparison_text_lists_the_worst_layers_first(cnn_comparison: tuple[qins
 def test_qinsight_show_prints_the_comparison(cnn_comparison: tuple[qinsight.Report, qinsight.Comparison], tmp_path: Path) -> None:
     report, _ = cnn_comparison
     path = tmp_path / "cnn.json"
-    report.save(path)
+    qinsight.save_report(report, path)
     shown = run_cli("show", str(path), "--html", str(tmp_path / "cnn.html"))
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout == report.to_text()
+    assert shown.stdout == qinsight.to_text(report)
     page = (tmp_path / "cnn.html").read_text()
     assert "<h2>Float vs quantized (convert_fx, x86)</h2>" in page
     assert "Candidate configs, local sqnr per layer" in page and page.count("data:image/png;base64") >= 2
@@ -87,9 +87,9 @@ def test_a_file_may_hold_a_comparison_only(tmp_path: Path) -> None:
     )
     report = qinsight.comparison_report(comparison, model_name="conv-bn")
     path = tmp_path / "only.json"
-    report.save(path)
+    qinsight.save_report(report, path)
     assert qinsight.load_report(path) == report
-    text = report.to_text()
+    text = qinsight.to_text(report)
     assert text.startswith("Float vs quantized (convert_pt2e, X86InductorQuantizer): conv-bn")
     assert "Suggested config" not in text and "block.2" in text  # block.0 is compared at its fused ReLU
     page = render_html(report)
@@ -115,7 +115,7 @@ def test_tables_stay_short_on_long_models() -> None:
         )
         for i in range(30)
     )
-    text = qinsight.Comparison(activations=qinsight.ActivationComparison(layers=layers)).to_text(limit=5)
+    text = qinsight.to_text(qinsight.Comparison(activations=qinsight.ActivationComparison(layers=layers)), limit=5)
     rows = [line.split()[0] for line in text.splitlines()[2:7]]
     assert rows == ["layer29", "layer28", "layer27", "layer26", "layer25"]
     assert "(25 more layers in the file)" in text

@@ -30,7 +30,7 @@ def test_changed_data_moves_verdicts_numbers_and_suggestions() -> None:
     moved = {n.field for n in changes.numbers}
     assert {"input.statistic", "output.statistic"} <= moved
     assert [(s.before, s.after) for s in changes.suggestions] == [("activation static", "activation dynamic")]
-    assert "qinsight.dynamic_static 0: static -> dynamic recommended" in changes.to_text()
+    assert "qinsight.dynamic_static 0: static -> dynamic recommended" in qinsight.to_text(changes)
 
 
 def test_modules_and_detectors_added_and_removed() -> None:
@@ -45,8 +45,8 @@ def test_modules_and_detectors_added_and_removed() -> None:
 
 def test_diff_command(tmp_path: Path) -> None:
     a, b = tmp_path / "a.json", tmp_path / "b.json"
-    qinsight.diagnose(seeded(MLP()), gaussian_batches((16, 16), 4)).save(a)
-    qinsight.diagnose(seeded(MLP()), gaussian_batches((16, 16), 4, seed=9) + [torch.zeros(16, 16)]).save(b)
+    qinsight.save_report(qinsight.diagnose(seeded(MLP()), gaussian_batches((16, 16), 4)), a)
+    qinsight.save_report(qinsight.diagnose(seeded(MLP()), gaussian_batches((16, 16), 4, seed=9) + [torch.zeros(16, 16)]), b)
     out = subprocess.run([sys.executable, "-m", "qinsight", "diff", str(a), str(b)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "qinsight.dynamic_static fc1.input.constant_batches: 0 -> 1" in out.stdout

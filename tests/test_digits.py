@@ -80,7 +80,7 @@ def test_the_report_quantizer_prepares_a_model_with_a_reused_relu(digits: Digits
     plain = x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
     with pytest.raises(ValueError, match="more than one output node"):
         prepare_pt2e(torch.export.export(digits.model, (calibration[0],)).module(), plain)
-    prepared = prepare_pt2e(exported, report.pt2e_quantizer())
+    prepared = prepare_pt2e(exported, qinsight.pt2e_quantizer(report))
     for batch in calibration:
         prepared(batch)
     quantized = convert_pt2e(prepared)
@@ -106,7 +106,7 @@ def test_a_plan_keeps_the_fp32_accuracy_on_the_test_digits(digits: Digits, flow:
     if flow == "fx":  # the exported mapping, applied by hand, reproduces the plan's accuracy
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            prepared = prepare_fx(digits.model, plan.qconfig_mapping(), (calibration[0],))
+            prepared = prepare_fx(digits.model, qinsight.qconfig_mapping(plan), (calibration[0],))
         for batch in calibration:
             prepared(batch)
         assert digits.accuracy(convert_fx(prepared)) == pytest.approx(plan.verified_score)

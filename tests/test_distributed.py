@@ -52,7 +52,7 @@ def assert_same(a: Any, b: Any, path: str = "") -> None:
 
 def report_json(report: Report, tmp_path: Path, name: str) -> Any:
     path = tmp_path / f"{name}.json"
-    report.save(path)
+    qinsight.save_report(report, path)
     return json.loads(path.read_text())
 
 
@@ -115,7 +115,7 @@ def test_merged_shard_reports_equal_the_one_process_report(one_process: dict[str
     # the weights' statistics travel in the files: a reloaded pair merges the same without the model
     paths = [tmp_path / f"shard{rank}.json" for rank in range(2)]
     for shard, path in zip(shards, paths):
-        shard.save(path)
+        qinsight.save_report(shard, path)
     merged = qinsight.merge_reports([qinsight.load_report(p) for p in paths])
     assert_same_report(merged, one_process["default_report"], tmp_path)
 

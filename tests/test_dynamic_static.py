@@ -89,7 +89,7 @@ def test_nested_detection_case() -> None:
     assert report.suggestion("fc") == qinsight.QuantSuggestion(
         fqn="fc", activation=qinsight.ActivationMode.DYNAMIC, sources=("qinsight.dynamic_static",)
     )
-    assert "dynamic recommended" in report.to_text()
+    assert "dynamic recommended" in qinsight.to_text(report)
 
 
 def test_stationary_data_recommends_static(mlp: nn.Module) -> None:

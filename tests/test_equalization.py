@@ -17,6 +17,7 @@ from torch.ao.quantization.fx._model_report.detector import InputWeightEqualizat
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 import qinsight
+from qinsight.apply.equalization import equalization_qconfig_mapping
 from qinsight.observe.instrumenter import weight_rows
 from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, torch_model_report, torch_name
 from qinsight import DataCondition, EqualizationFinding, InputWeightEqualizationDetector, InvalidParameterError
@@ -107,7 +108,7 @@ def test_fixed_verdict_raises_sqnr_on_outlier_channels() -> None:
     assert 3 not in fc1.recommended_channels and 11 not in fc1.recommended_channels  # the wide channels set the scale
 
     plain = quantized_sqnr(model, calibration, held_out)
-    equalized = quantized_sqnr(model, calibration, held_out, _equalization_config=report.equalization_mapping.to_torch())
+    equalized = quantized_sqnr(model, calibration, held_out, _equalization_config=qinsight.equalization_config(report))
     assert equalized > plain + 2.0  # measured: 27.5 -> 31.8 dB
 
 
@@ -164,7 +165,7 @@ def test_model_without_linear_or_conv() -> None:
     # torch 21: a ReLU-only model gives an empty result.
     report = qinsight.diagnose(nn.Sequential(nn.ReLU()), [torch.randn(2, 3)], detectors=[InputWeightEqualizationDetector()])
     assert equalization(report) == {}
-    assert "qinsight.equalization (ratio_threshold=0.5, channel_fraction=0.4)\n  no applicable modules" in report.to_text()
+    assert "qinsight.equalization (ratio_threshold=0.5, channel_fraction=0.4)\n  no applicable modules" in qinsight.to_text(report)
 
 
 def test_grouped_conv_pairs_channels_with_their_group() -> None:
@@ -239,15 +240,15 @@ def test_an_equalization_torch_cannot_apply_is_refused_with_the_reason(tmp_path:
     assert refused.fqn == "conv2" and "`conv1`" in refused.reason and "qinsight.equalization" in refused.sources
     suggestion = report.suggestion("conv2")
     assert suggestion is None or not suggestion.equalize
-    assert "Not equalized (1)" in report.to_text() and refused.reason in report.to_text()
+    assert "Not equalized (1)" in qinsight.to_text(report) and refused.reason in qinsight.to_text(report)
     # What the refusal spares the user, measured: torch's equalization of conv2, applied as asked.
     plain = quantized_sqnr(model, calibration, held_out)
-    asked = quantized_sqnr(model, calibration, held_out, _equalization_config=qinsight.EqualizationMapping(
-        entries=(qinsight.EqualizationEntry(fqn="conv2"),)).to_torch())
+    asked = quantized_sqnr(model, calibration, held_out, _equalization_config=equalization_qconfig_mapping(qinsight.EqualizationMapping(
+        entries=(qinsight.EqualizationEntry(fqn="conv2"),))))
     assert plain > 25.0 and asked < plain - 30.0  # measured: 29.1 dB -> -18.3 dB
     path = f"{tmp_path}/report.json"
-    report.save(path)
-    assert qinsight.Report.load(path).equalization_mapping == report.equalization_mapping
+    qinsight.save_report(report, path)
+    assert qinsight.load_report(path).equalization_mapping == report.equalization_mapping
 
 
 def test_equalizations_are_checked_by_what_torch_does() -> None:
@@ -272,10 +273,10 @@ def test_a_plan_measures_each_equalization_for_real_and_keeps_what_helps() -> No
     assert check.fqn == "fc1" and check.kept and check.measured
     assert check.alone > check.before + 2.0  # measured: the default config 27.5 dB, with fc1 equalized 31.8 dB
     assert plan.equalization_mapping().fqns == ("fc1",)
-    assert "equalized: fc1" in plan.to_text()
+    assert "equalized: fc1" in qinsight.to_text(plan)
     # Applied as a user would, the plan's mapping and equalization give the plan's score.
-    prepared = prepare_fx(copy.deepcopy(model), plan.qconfig_mapping(), (calibration[0],),
-                          _equalization_config=plan.equalization_mapping().to_torch())
+    prepared = prepare_fx(copy.deepcopy(model), qinsight.qconfig_mapping(plan), (calibration[0],),
+                          _equalization_config=qinsight.equalization_config(plan))
     for batch in calibration:
         prepared(batch)
     quantized = convert_fx(prepared)

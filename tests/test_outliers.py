@@ -290,7 +290,7 @@ def test_random_resnet18_text_is_short_and_flags_few_channels() -> None:
     # torch: 1,311 channels flagged in 40 modules, 1,696 lines of outlier text (PEER.md (c) 6).
     chosen = example("resnet18")
     report = qinsight.diagnose(chosen.model(), chosen.data(3))
-    text = report.to_text()
+    text = qinsight.to_text(report)
     assert len(text.splitlines()) < 100
     flagged = sum(len(f.outlier_channels) for f in outliers(report).values())
     assert flagged < 50

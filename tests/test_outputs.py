@@ -120,7 +120,7 @@ def test_html_page_is_complete_and_self_contained(report: qinsight.Report) -> No
 def test_config_code_builds_the_reports_mapping(report: qinsight.Report) -> None:
     namespace: dict[str, object] = {}
     exec(config_code(report), namespace)  # the code a user pastes
-    pasted, generated = namespace["mapping"], report.qconfig_mapping()
+    pasted, generated = namespace["mapping"], qinsight.qconfig_mapping(report)
     for table in ("module_name_qconfigs", "module_name_object_type_order_qconfigs", "object_type_qconfigs"):
         mine, theirs = getattr(pasted, table), getattr(generated, table)
         assert mine.keys() == theirs.keys()

@@ -52,7 +52,7 @@ def test_simple_conv_with_per_channel_qconfig_needs_nothing() -> None:
     report = run(prepared_fx(ConvModel().eval(), x, mapping), [x], "fbgemm")
     finding = per_channel(report)["conv"]
     assert (finding.supported, finding.used, finding.actionable) == (True, True, False)
-    assert "per-channel in use (1): conv" in report.to_text()
+    assert "per-channel in use (1): conv" in qinsight.to_text(report)
 
 
 def test_linear_model_without_per_channel() -> None:
@@ -63,7 +63,7 @@ def test_linear_model_without_per_channel() -> None:
     findings = per_channel(report)
     assert sorted(findings) == ["fc1", "fc2", "fc3"]
     assert all(f.supported and not f.used and f.actionable for f in findings.values())
-    assert "per-channel recommended (3)" in report.to_text()
+    assert "per-channel recommended (3)" in qinsight.to_text(report)
 
 
 def test_without_a_plan_per_channel_is_recommended_not_said_missing() -> None:

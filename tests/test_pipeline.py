@@ -87,7 +87,7 @@ def test_nan_and_inf_batches_are_counted_not_propagated(mlp: nn.Module) -> None:
     finding = report.result("qinsight.dynamic_static").finding("fc1")
     assert isinstance(finding, DynamicStaticFinding)
     assert finding.input.statistic is not None and 0 < finding.input.statistic <= 1
-    assert "fc1:pre: 2 of 6 batches held NaN/Inf" in report.to_text()
+    assert "fc1:pre: 2 of 6 batches held NaN/Inf" in qinsight.to_text(report)
 
 
 def test_all_nan_data_is_a_no_data_finding(mlp: nn.Module) -> None:
@@ -96,7 +96,7 @@ def test_all_nan_data_is_a_no_data_finding(mlp: nn.Module) -> None:
     assert isinstance(finding, DynamicStaticFinding)
     assert finding.input.condition is DataCondition.NO_DATA
     assert finding.dynamic_recommended is None and finding.actionable
-    assert "no finite activation reached it (2 batches with NaN/Inf)" in report.to_text()
+    assert "no finite activation reached it (2 batches with NaN/Inf)" in qinsight.to_text(report)
     suggestion = report.suggestion("fc1")
     assert suggestion is not None and suggestion.activation is None  # no verdict, no opinion
 
@@ -123,7 +123,7 @@ def test_module_called_twice_is_observed_on_every_call() -> None:
     assert shared.calls == 2
     pre = report.observation("shared", Side.PRE)
     assert pre is not None and pre.stats.batches == 6
-    assert "shared runs 2 times per forward" in report.to_text()
+    assert "shared runs 2 times per forward" in qinsight.to_text(report)
 
 
 def test_untraceable_model_is_a_frontend_error() -> None:
@@ -209,7 +209,7 @@ def test_failing_detector_is_recorded_and_others_stand(mlp: nn.Module, stage: Fa
     assert (failure.detector, failure.stage) == ("test.exploding", stage)
     assert failure.error in ("RuntimeError: no points for you", "ZeroDivisionError: analysis went wrong")
     assert len(report.result("qinsight.dynamic_static").findings) == 3
-    assert "detector test.exploding failed" in report.to_text()
+    assert "detector test.exploding failed" in qinsight.to_text(report)
 
 
 class PointsAtNothing(Exploding):

@@ -151,7 +151,7 @@ def test_a_plan_reaches_its_target_and_its_mapping_reproduces_the_score(
     assert plan.default_score < 25.0  # torch's default: the residual adds on one scale
     # what a user does with the plan: prepare_fx with its mapping, calibrate, convert
     reference = outputs(model, held_out)
-    assert sqnr(reference, outputs(quantize(model, plan.qconfig_mapping(), calibration), held_out)) == pytest.approx(
+    assert sqnr(reference, outputs(quantize(model, qinsight.qconfig_mapping(plan), calibration), held_out)) == pytest.approx(
         plan.verified_score, abs=1e-3
     )
     # most of the weights stay quantized, and the plan says which sites it keeps out
@@ -336,7 +336,7 @@ def test_ops_that_are_no_sites_follow_the_float_ones_in_fx() -> None:
     model, data = chosen.model(), chosen.data(5)
     plan = qinsight.plan(model, data[:3], data[3:], target="sqnr>=30")
     assert plan.reached and plan.quantized_fraction == 1.0  # measured 34.5 dB; default 1.4 dB
-    mapping = plan.qconfig_mapping()
+    mapping = qinsight.qconfig_mapping(plan)
     assert mapping.object_type_qconfigs["mean"] is None and mapping.object_type_qconfigs["transpose"] is None
     assert sqnr(outputs(model, data[3:]), outputs(quantize(model, mapping, data[:3]), data[3:])) == pytest.approx(
         plan.verified_score, abs=1e-4
@@ -382,15 +382,13 @@ def test_a_plan_travels_in_the_report_file_and_shows_in_text_and_html(
 
     report = residual[3].with_plan(attrs.evolve(residual_plan, agreement=math.nan))  # NaN: written as "nan"
     path = tmp_path / "report.json"
-    report.save(path)
-    loaded = qinsight.Report.load(path)
+    qinsight.save_report(report, path)
+    loaded = qinsight.load_report(path)
     assert loaded.plan is not None
     assert loaded.plan.kept_float == residual_plan.kept_float and math.isnan(loaded.plan.agreement)
-    from qinsight.pipeline.qconfig import plan_code
-
-    assert plan_code(loaded.plan) == plan_code(residual_plan)
-    assert "mapping.set_module_name_object_type_order('', operator.add, 0, None)" in plan_code(loaded.plan)
-    text = loaded.to_text()
+    assert qinsight.config_code(loaded.plan) == qinsight.config_code(residual_plan)
+    assert "mapping.set_module_name_object_type_order('', operator.add, 0, None)" in qinsight.config_code(loaded.plan)
+    text = qinsight.to_text(loaded)
     assert "Plan (fx, backend x86): target sqnr>=50 reached" in text
     assert "Sensitivity, costliest first" in text
     worse = attrs.evolve(loaded, plan=attrs.evolve(loaded.plan, verified_score=loaded.plan.verified_score - 5.0))
@@ -403,20 +401,19 @@ def test_a_report_carrying_a_plan_gives_the_plans_config_for_the_plans_flow(
     residual: tuple[nn.Module, list[Any], list[Any], qinsight.Report], residual_plan: QuantPlan
 ) -> None:
     from qinsight.outputs.html import config_code
-    from qinsight.pipeline.qconfig import plan_code
 
     model, calibration, held_out, report = residual
     carrying = report.with_plan(residual_plan)
     reference = outputs(model, held_out)
     # what a user does with the report: its mapping, prepare_fx, calibrate, convert
-    got = sqnr(reference, outputs(quantize(model, carrying.qconfig_mapping(), calibration), held_out))
+    got = sqnr(reference, outputs(quantize(model, qinsight.qconfig_mapping(carrying), calibration), held_out))
     assert got == pytest.approx(residual_plan.verified_score, abs=1e-3)
-    assert config_code(carrying).splitlines() == plan_code(residual_plan)  # the page's pasteable config too
-    assert "report.qconfig_mapping() gives the plan's config below instead" in carrying.to_text()
+    assert config_code(carrying).splitlines() == qinsight.config_code(residual_plan)  # the page's pasteable config too
+    assert "qinsight.qconfig_mapping(report) gives the plan's config below instead" in qinsight.to_text(carrying)
     # the plan was made for FX: PT2E gets the report's own suggestions, and is told so
     if importlib.util.find_spec("torchao") is not None:
         with pytest.warns(UserWarning, match="made for fx, not pt2e"):
-            carrying.pt2e_quantizer()
+            qinsight.pt2e_quantizer(carrying)
 
 
 def test_an_equalization_an_fx_plan_measured_and_dropped_leaves_the_reports_mapping(residual_plan: QuantPlan) -> None:
@@ -439,7 +436,7 @@ def test_an_equalization_an_fx_plan_measured_and_dropped_leaves_the_reports_mapp
     pt2e = report.with_plan(attrs.evolve(residual_plan, flow="pt2e", checks=(unmeasured,)))
     assert pt2e.equalization_mapping == report.equalization_mapping
     with pytest.warns(UserWarning, match="made for pt2e, not fx"):
-        pt2e.qconfig_mapping()
+        qinsight.qconfig_mapping(pt2e)
     assert config_code(pt2e) == config_code(report)
 
 
@@ -487,8 +484,8 @@ def test_minilm_fx_plan_with_smoothing_keeps_nine_tenths_of_the_linear_weights_i
     assert _quantized_share(plan, "linear") >= 0.9  # measured 1.0, most Linears dynamic
     assert len(plan.smoothing) >= 30 and all(e.sqnr_after > e.sqnr_before for e in plan.smoothing.entries)
     assert any(step.mode == "dynamic" and step.kept for step in plan.steps)
-    smoothed = plan.smoothing.apply(model)
-    quantized = quantize(smoothed, plan.qconfig_mapping(), calibration)
+    smoothed = qinsight.smoothed(model, plan)
+    quantized = quantize(smoothed, qinsight.qconfig_mapping(plan), calibration)
     assert cosine(outputs(model, held_out), outputs(quantized, held_out)) == pytest.approx(plan.verified_score, abs=1e-6)
     # the report's advice is checked, not trusted: each suggestion carries its measured effect or why not
     assert all(c.measured or c.reason for c in plan.checks)
@@ -514,7 +511,7 @@ def test_minilm_pt2e_plan_keeps_nine_tenths_of_the_linear_weights_int8() -> None
     example = dict(calibration[0])
     dynamic = {name: {1: torch.export.Dim.AUTO} for name in example}
     exported = torch.export.export(model, (), example, dynamic_shapes=dynamic).module()
-    prepared = prepare_pt2e(exported, plan.pt2e_quantizer())
+    prepared = prepare_pt2e(exported, qinsight.pt2e_quantizer(plan))
     with torch.no_grad():
         for batch in calibration:
             prepared(**batch)
@@ -544,9 +541,8 @@ def test_mobilenet_v2_fx_plan_keeps_nine_tenths_of_the_conv_weights_int8() -> No
     assert plan.reached and plan.verified_score >= 15 / 16 and plan.verified_score >= plan.default_score
     assert _quantized_share(plan, "conv2d") >= 0.9 and plan.fx_activations == report.fx_activations
     assert plan.checks[0].fqn == "(activations)" and plan.checks[0].kept  # measured 12/16 for both: top-1 is coarse
-    equalization = plan.equalization_mapping()
-    prepared = prepare_fx(copy.deepcopy(model), report.with_plan(plan).qconfig_mapping(), (calibration[0],),
-                          _equalization_config=equalization.to_torch() if equalization.entries else None)
+    prepared = prepare_fx(copy.deepcopy(model), qinsight.qconfig_mapping(report.with_plan(plan)), (calibration[0],),
+                          _equalization_config=qinsight.equalization_config(plan))
     assert _top1_agreement(prepared, convert_fx, model, calibration, held_out) == plan.verified_score
 
 
@@ -582,5 +578,5 @@ def test_mobilenet_v2_pt2e_plan_keeps_nine_tenths_of_the_conv_weights_int8() -> 
     assert plan.reached and plan.verified_score >= 30 / 32 and plan.verified_score >= plan.default_score
     assert _quantized_share(plan, "conv2d") >= 0.9
     prepared = prepare_pt2e(torch.export.export(copy.deepcopy(model), (calibration[0],)).module(),
-                            report.with_plan(plan).pt2e_quantizer())
+                            qinsight.pt2e_quantizer(report.with_plan(plan)))
     assert _top1_agreement(prepared, convert_pt2e, model, calibration, held_out) == plan.verified_score

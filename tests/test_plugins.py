@@ -101,7 +101,7 @@ def test_plugin_detector_by_id(plugins: Path) -> None:
     report = qinsight.diagnose(seeded(MLP()), gaussian_batches((4, 16), 2), detectors=["acme.widths", "qinsight.outliers"])
     widths = report.result("acme.widths")
     assert [(f.fqn, f.verdict) for f in widths.findings] == [("fc1", "narrow"), ("fc2", "wide"), ("fc3", "wide")]
-    assert "  wide (2): fc2, fc3 -- 32 input features" in report.to_text()
+    assert "  wide (2): fc2, fc3 -- 32 input features" in qinsight.to_text(report)
     assert not report.failures
 
 

@@ -1,4 +1,4 @@
-"""report.pt2e_quantizer(): every override checked in the converted graph, and better SQNR than
+"""qinsight.pt2e_quantizer(report): every override checked in the converted graph, and better SQNR than
 torchao's default X86InductorQuantizer on a model that needs the overrides."""
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def test_every_override_takes_effect_in_the_converted_graph() -> None:
             QuantSuggestion(fqn="fc3", keep_float=True),
         ),
     )
-    modes = linear_modes(quantize(model, report.pt2e_quantizer(), data))
+    modes = linear_modes(quantize(model, qinsight.pt2e_quantizer(report), data))
     assert modes == {"fc1": ("dynamic", "per_channel"), "fc2": ("static", "per_tensor"), "fc3": ("float", "float")}
     # torchao's own module override is skipped (with a warning): fc1 stays static, hence the composition.
     plain = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
@@ -115,7 +115,7 @@ def test_suggested_quantizer_beats_the_default_on_held_out_batches() -> None:
     outlier = report.result("qinsight.outliers").finding("fc1")
     assert 3 in outlier.magnitude_channels  # type: ignore[attr-defined]
     with pytest.warns(UserWarning, match="PT2E has no input-weight equalization"):
-        ours = quantize(model, report.pt2e_quantizer(), calibration)
+        ours = quantize(model, qinsight.pt2e_quantizer(report), calibration)
     default = quantize(model, X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config()), calibration)
     ours_db, default_db = sqnr(model, ours, held_out), sqnr(model, default, held_out)
     assert ours_db > default_db + 1.0, (ours_db, default_db)
@@ -128,7 +128,7 @@ def test_without_torchao_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> Non
         monkeypatch.setitem(sys.modules, name, None)  # type: ignore[arg-type]
     report = qinsight.diagnose(torch.export.export(model, (data[0],)).module(), data)  # the rest works
     with pytest.raises(qinsight.MissingExtraError, match=r"needs torchao: pip install 'qinsight\[pt2e\]'"):
-        report.pt2e_quantizer()
+        qinsight.pt2e_quantizer(report)
 
 
 # --- the ops around the layers -------------------------------------------------------------------
@@ -158,7 +158,7 @@ def test_the_quantizer_says_which_suggested_sites_it_leaves_float() -> None:
     model, data = Conv1dOnly().eval(), gaussian_batches((2, 4, 32), 3)
     report = qinsight.diagnose(model, data)
     assert {s.fqn for s in report.suggestions if s.weight is WeightScheme.PER_CHANNEL} == {"a", "b"}
-    quantizer = report.pt2e_quantizer()
+    quantizer = qinsight.pt2e_quantizer(report)
     with pytest.warns(UserWarning, match="X86InductorQuantizer does not apply the report to 2 sites.*: a, b"):
         converted = _pt2e(model, quantizer, data)
     assert quantizer.unhonoured == ("a", "b")
@@ -169,7 +169,7 @@ def test_ops_kept_float_lose_their_annotations() -> None:
     from test_whole_model import ResidualBlock, outputs, residual_stream, sqnr
 
     from qinsight.frontends import exported_op_names
-    from qinsight.outputs.pt2e import default_x86_quantizer
+    from qinsight.apply.pt2e import default_x86_quantizer
 
     torch.manual_seed(0)
     model, calibration, held_out = ResidualBlock().eval(), residual_stream(4, 0), residual_stream(4, 1)
@@ -182,13 +182,13 @@ def test_ops_kept_float_lose_their_annotations() -> None:
     by_default = copy.deepcopy(exported)
     default_x86_quantizer().annotate(by_default)
     assert {"add#0", "add#1"} <= {n for node, n in exported_op_names(by_default).items() if node.meta.get("quantization_annotation")}
-    quantizer = report.pt2e_quantizer()
+    quantizer = qinsight.pt2e_quantizer(report)
     quantizer.annotate(exported)
     annotated = {name for node, name in exported_op_names(exported).items() if node.meta.get("quantization_annotation")}
     assert quantizer.unhonoured == () and not annotated & kept
     reference = outputs(model, held_out)
     default = sqnr(reference, outputs(_pt2e(model, default_x86_quantizer(), calibration), held_out))
-    advised = sqnr(reference, outputs(_pt2e(model, report.pt2e_quantizer(), calibration), held_out))
+    advised = sqnr(reference, outputs(_pt2e(model, qinsight.pt2e_quantizer(report), calibration), held_out))
     assert advised >= default - 0.1  # measured 63.7 dB both: X86InductorQuantizer leaves these adds alone
 
 
@@ -221,10 +221,10 @@ def test_the_grouped_quantizer_annotates_node_for_node_as_torchaos_per_module_pa
 
     from qinsight.examples import EncoderLayer
     from qinsight.examples.mobilenet import MobileNetV2
-    from qinsight.outputs.grouped_x86 import GroupedX86InductorQuantizer
+    from qinsight.apply.grouped_x86 import GroupedX86InductorQuantizer
     from torchao.quantization.pt2e import observer
 
-    from qinsight.outputs.pt2e import _per_tensor_weights
+    from qinsight.apply.pt2e import _per_tensor_weights
 
     model: nn.Module = MobileNetV2() if example == "mobilenet_v2" else nn.Sequential(EncoderLayer(64, 4, 128), EncoderLayer(64, 4, 128))
     x = torch.randn(1, 3, 224, 224) if example == "mobilenet_v2" else torch.randn(2, 16, 64)

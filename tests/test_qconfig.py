@@ -1,4 +1,4 @@
-"""report.qconfig_mapping(): float-model names, a global entry, and every named module quantized."""
+"""qinsight.qconfig_mapping(report): float-model names, a global entry, and every named module quantized."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 import qinsight
 from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, shifting_batches
 from qinsight import ActivationMode, QuantSuggestion, WeightScheme
-from qinsight.pipeline.qconfig import qconfig_for
+from qinsight.apply.fx import qconfig_for
 
 
 def convert(model: nn.Module, mapping: QConfigMapping, data: list[torch.Tensor]) -> nn.Module:
@@ -36,7 +36,7 @@ def test_mapping_quantizes_every_module_it_names(name: str, backend: str) -> Non
     model = seeded(MLP()) if name == "mlp" else seeded(ConvBnReluCNN())
     data = gaussian_batches((8, 16) if name == "mlp" else (2, 3, 8, 8), 4)
     report = qinsight.diagnose(model, data, backend=backend)
-    mapping = report.qconfig_mapping()
+    mapping = qinsight.qconfig_mapping(report)
     assert mapping.global_qconfig is not None
     layers = [s.fqn for s in report.sites if s.kind.is_layer]
     assert [fqn for fqn in mapping.module_name_qconfigs if fqn in layers] == layers
@@ -58,7 +58,7 @@ def test_torch_mapping_leaves_fused_layers_float_ours_does_not() -> None:
     theirs = convert(model, torch_mapping, data)
     assert not is_quantized(theirs.get_submodule("fc1"))
 
-    ours = convert(model, qinsight.diagnose(model, data).qconfig_mapping(), data)
+    ours = convert(model, qinsight.qconfig_mapping(qinsight.diagnose(model, data)), data)
     assert all(is_quantized(ours.get_submodule(fqn)) for fqn in ("fc1", "fc2", "fc3"))
 
 
@@ -70,7 +70,7 @@ def test_dynamic_suggestion_gives_a_dynamic_module() -> None:
     report = qinsight.diagnose(model, data)
     suggestion = report.suggestion("0")
     assert suggestion is not None and suggestion.activation is ActivationMode.DYNAMIC
-    converted = convert(model, report.qconfig_mapping(), data)
+    converted = convert(model, qinsight.qconfig_mapping(report), data)
     assert type(converted.get_submodule("0")).__module__.startswith("torch.ao.nn.quantized.dynamic")
 
 
@@ -85,7 +85,7 @@ def test_keep_float_and_per_tensor_suggestions() -> None:
 
 def test_base_mapping_is_kept_and_not_mutated(mlp: nn.Module) -> None:
     base = QConfigMapping().set_object_type(nn.ReLU, None)
-    mapping = qinsight.diagnose(mlp, gaussian_batches((8, 16), 3)).qconfig_mapping(base=base)
+    mapping = qinsight.qconfig_mapping(qinsight.diagnose(mlp, gaussian_batches((8, 16), 3)), base=base)
     assert mapping.object_type_qconfigs[nn.ReLU] is None
     assert mapping.global_qconfig is None and "fc1" in mapping.module_name_qconfigs
     assert not base.module_name_qconfigs  # the caller's mapping is untouched

@@ -14,7 +14,7 @@ from torch import nn
 import qinsight
 from qinsight import InvalidParameterError, SmoothingEntry, SmoothingMapping
 from qinsight.core.sites import OpKind
-from qinsight.outputs.smoothing import SmoothedLinear
+from qinsight.apply.smoothing import SmoothedLinear, apply_smoothing
 from qinsight.planning.smoothing import ALPHAS, choose_smoothing
 
 
@@ -63,13 +63,13 @@ def test_a_smoothed_model_computes_what_the_model_did_under_names_that_follow_on
 ) -> None:
     model, calibration, held_out = wide
     mapping = choose_smoothing(model, calibration, ["up"], activation_bits=7)
-    smoothed = mapping.apply(model)
+    smoothed = apply_smoothing(model, mapping)
     assert isinstance(smoothed.up, SmoothedLinear) and type(model.up) is nn.Linear  # a copy: the model is untouched
     assert sqnr(outputs(model, held_out), outputs(smoothed, held_out)) > 100.0  # float: the same function
     report = qinsight.diagnose(smoothed, calibration)
     kinds = {site.fqn: site.kind for site in report.sites}
     assert kinds["up.linear"] is OpKind.LINEAR and kinds["up.mul#0"] is OpKind.MUL  # what the plan names
-    assert SmoothingMapping().apply(model) is model
+    assert apply_smoothing(model, SmoothingMapping()) is model
 
 
 def test_the_chosen_factors_lower_the_error_of_fbgemms_real_dynamic_linear(
@@ -87,7 +87,7 @@ def test_the_chosen_factors_lower_the_error_of_fbgemms_real_dynamic_linear(
         return convert_fx(prepare_fx(copy.deepcopy(float_model), qconfigs, (calibration[0],)))
 
     reference = outputs(model, held_out)
-    plain, smoothed = sqnr(reference, outputs(dynamic(model), held_out)), sqnr(reference, outputs(dynamic(mapping.apply(model)), held_out))
+    plain, smoothed = sqnr(reference, outputs(dynamic(model), held_out)), sqnr(reference, outputs(dynamic(apply_smoothing(model, mapping)), held_out))
     assert smoothed > plain + 5.0  # measured: 25.1 -> 34.4 dB
 
 
@@ -100,13 +100,13 @@ def test_what_cannot_be_smoothed_is_refused_before_anything_is_copied(
         return SmoothingEntry(fqn=fqn, alpha=0.5, factors=(1.0,) * channels, sqnr_before=20.0, sqnr_after=30.0)
 
     with pytest.raises(InvalidParameterError, match=r"fqn='nothing \(no module\)'"):
-        SmoothingMapping(entries=(entry("nothing", 64),)).apply(model)
+        apply_smoothing(model, SmoothingMapping(entries=(entry("nothing", 64),)))
     with pytest.raises(InvalidParameterError, match=r"'7 factors'.*64, its input channels"):
-        SmoothingMapping(entries=(entry("up", 7),)).apply(model)
+        apply_smoothing(model, SmoothingMapping(entries=(entry("up", 7),)))
     with pytest.raises(InvalidParameterError, match=r"WideChannels"):
-        SmoothingMapping(entries=(entry("", 64),)).apply(model)
+        apply_smoothing(model, SmoothingMapping(entries=(entry("", 64),)))
     with pytest.raises(InvalidParameterError, match=r"fqn=' \(Linear\)'"):  # a bare Linear is the model itself
-        SmoothingMapping(entries=(entry("", 64),)).apply(nn.Linear(64, 2))
+        apply_smoothing(nn.Linear(64, 2), SmoothingMapping(entries=(entry("", 64),)))
     with pytest.raises(ValueError, match="positive and finite"):
         SmoothingEntry(fqn="up", alpha=0.5, factors=(1.0, 0.0), sqnr_before=1.0, sqnr_after=2.0)
     with pytest.raises(ValueError, match="once; repeated"):
@@ -132,7 +132,7 @@ def test_a_smoothed_plan_applied_as_a_user_would_scores_what_it_says(
     assert "up.mul#0" in {s.fqn for s in plan.suggestions if s.keep_float} <= set(plan.smoothing.divisions)
     assert not {"up.mul#0", "down.mul#0"} & {s.fqn for s in plan.sensitivities}
     assert plan.default_score == pytest.approx(plain.default_score)  # the model as given: 23.3 dB FX, 29.6 PT2E
-    assert f"smoothed the inputs of {len(plan.smoothing)} Linears" in plan.to_text()
+    assert f"smoothed the inputs of {len(plan.smoothing)} Linears" in qinsight.to_text(plan)
     assert _applied(model, plan, calibration, held_out, flow) == pytest.approx(plan.verified_score, abs=1e-4)
 
 
@@ -140,18 +140,18 @@ def _applied(model: nn.Module, plan: qinsight.QuantPlan, calibration: list[torch
     """The plan's config taken as a user takes it from the report of the model as given, which says it
     is for the smoothed model; applied to that."""
     report = qinsight.diagnose(model, calibration).with_plan(plan)
-    smoothed = plan.smoothing.apply(model)
+    smoothed = qinsight.smoothed(model, plan)
     if flow == "fx":
         from test_whole_model import quantize
 
         with pytest.warns(UserWarning, match="its config is for the smoothed model"):
-            mapping = report.qconfig_mapping()
+            mapping = qinsight.qconfig_mapping(report)
         quantized = quantize(smoothed, mapping, calibration)
     else:
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
         with pytest.warns(UserWarning, match="its config is for the smoothed model"):
-            quantizer = report.pt2e_quantizer()
+            quantizer = qinsight.pt2e_quantizer(report)
         exported = torch.export.export(smoothed, (calibration[0],)).module()
         prepared = prepare_pt2e(exported, quantizer)
         with torch.no_grad():

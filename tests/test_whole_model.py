@@ -1,5 +1,5 @@
 """The whole model: the ops around the layers are sites, judged, and the advice for them is applied
-as a user would (FX prepare/convert with ``report.qconfig_mapping()``), measured on held-out data."""
+as a user would (FX prepare/convert with ``qinsight.qconfig_mapping(report)``), measured on held-out data."""
 
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ def test_residual_adds_are_kept_float_and_it_pays() -> None:
     assert {"add#0", "add#1"} <= kept
     reference = outputs(model, held_out)
     default = sqnr(reference, outputs(quantize(model, get_default_qconfig_mapping("x86"), calibration), held_out))
-    advised = sqnr(reference, outputs(quantize(model, report.qconfig_mapping(), calibration), held_out))
+    advised = sqnr(reference, outputs(quantize(model, qinsight.qconfig_mapping(report), calibration), held_out))
     assert advised > default + 15.0  # measured: 20.6 dB -> 56.5 dB
     # the page's pasteable code builds the same order entries
     namespace: dict[str, Any] = {}
@@ -171,23 +171,23 @@ def test_minilm_with_the_reports_mapping_keeps_its_embeddings() -> None:
     batches = sentence_batches()
     calibration, held_out = batches[:4], batches[4:]
     report = qinsight.diagnose(model, calibration)
-    quantized = quantize(model, report.qconfig_mapping(), calibration)
+    quantized = quantize(model, qinsight.qconfig_mapping(report), calibration)
     # the whole report applies: equalization is not suggested where FX cannot do it (3-D Linear inputs)
     assert len(report.equalization_mapping) == 0
     assert any(not f.applicable and f.recommended for f in report.result("qinsight.equalization").findings)
     first = calibration[0]
-    prepare_fx(copy.deepcopy(model), report.qconfig_mapping(), (first["input_ids"], first["attention_mask"]),
-               _equalization_config=report.equalization_mapping.to_torch())
+    prepare_fx(copy.deepcopy(model), qinsight.qconfig_mapping(report), (first["input_ids"], first["attention_mask"]),
+               _equalization_config=qinsight.equalization_config(report))
     # every Linear still has int8 weights (static or dynamic): nothing was kept float to get there
     linears = [fqn for fqn, m in model.named_modules() if isinstance(m, nn.Linear)]
     assert all(".quantized" in type(quantized.get_submodule(fqn)).__module__ for fqn in linears)
     reference = outputs(model, held_out)
     default_mapping = get_default_qconfig_mapping("x86").set_object_type(nn.Embedding, None)
     default = cosine(reference, outputs(quantize(model, default_mapping, calibration), held_out))
-    advised = cosine(reference, outputs(quantize(model, report.qconfig_mapping(), calibration), held_out))
+    advised = cosine(reference, outputs(quantize(model, qinsight.qconfig_mapping(report), calibration), held_out))
     assert default < 0.4 and advised >= 0.95  # measured 0.21 -> 0.972
     # the report names what it kept out, and why: the -1e4 mask mul and the scores + mask add among them
-    text = report.to_text()
+    text = qinsight.to_text(report)
     assert "Kept in float" in text
     assert "bert.mul#0: mul: input range 1 and output range 1e+04 share one scale" in text
     assert "bert.encoder.layer.0.attention.self.add#0: " in text
@@ -213,7 +213,7 @@ def test_following_the_report_is_never_worse_than_torchs_default(name: str) -> N
     report = qinsight.diagnose(model, calibration)
     reference = outputs(model, held_out)
     default = sqnr(reference, outputs(quantize(model, get_default_qconfig_mapping("x86"), calibration), held_out))
-    advised = sqnr(reference, outputs(quantize(model, report.qconfig_mapping(), calibration), held_out))
+    advised = sqnr(reference, outputs(quantize(model, qinsight.qconfig_mapping(report), calibration), held_out))
     assert advised >= default - 0.1, (default, advised)
 
 
@@ -226,14 +226,14 @@ def test_mobilenet_v2_fx_with_the_reports_mapping_comes_within_a_db_of_pt2es_def
     pytest.importorskip("torchao")
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from qinsight.outputs.pt2e import default_x86_quantizer
+    from qinsight.apply.pt2e import default_x86_quantizer
 
     model, calibration, held_out = mobilenet_v2_or_skip(), photo_crops(32, 0), photo_crops(32, 1)
     report = qinsight.diagnose(model, calibration)
     assert report.fx_activations is not None and len(report.fx_activations.narrowed) <= 2
     reference = outputs(model, held_out)
     default = outputs(quantize(model, get_default_qconfig_mapping("x86"), calibration), held_out)
-    advised = outputs(quantize(model, report.qconfig_mapping(), calibration), held_out)
+    advised = outputs(quantize(model, qinsight.qconfig_mapping(report), calibration), held_out)
     prepared = prepare_pt2e(torch.export.export(copy.deepcopy(model), (calibration[0],)).module(), default_x86_quantizer())
     with torch.no_grad():
         for batch in calibration:
@@ -263,7 +263,7 @@ def test_mobilenet_v2_fx_on_onednn_observes_after_the_clips_and_gains_2_db() -> 
     reference = outputs(model, held_out)
     with quantized_engine("onednn"):
         default = outputs(quantize(model, get_default_qconfig_mapping("onednn"), calibration, get_onednn_backend_config()), held_out)
-        advised = outputs(quantize(model, report.qconfig_mapping(), calibration, get_onednn_backend_config()), held_out)
+        advised = outputs(quantize(model, qinsight.qconfig_mapping(report), calibration, get_onednn_backend_config()), held_out)
     assert sqnr(reference, advised) >= sqnr(reference, default) + 1.5  # 14.4 -> 16.5 dB
     assert int((advised.argmax(1) == reference.argmax(1)).sum()) >= 27  # 29/32; the default 26/32
 
@@ -272,7 +272,7 @@ def test_minilm_under_pt2e_the_reports_quantizer_is_no_worse() -> None:
     pytest.importorskip("torchao")
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from qinsight.outputs.pt2e import default_x86_quantizer
+    from qinsight.apply.pt2e import default_x86_quantizer
 
     model = minilm_or_skip()
     batches = sentence_batches()
@@ -294,7 +294,7 @@ def test_minilm_under_pt2e_the_reports_quantizer_is_no_worse() -> None:
 
     reference = outputs(model, held_out)
     default = cosine(reference, outputs(quantized(default_x86_quantizer()), held_out))
-    quantizer = report.pt2e_quantizer()
+    quantizer = qinsight.pt2e_quantizer(report)
     advised = cosine(reference, outputs(quantized(quantizer), held_out))
     assert quantizer.unhonoured == ()
     assert advised >= default - 0.001  # measured 0.9937 (default) and 0.9939
@@ -345,7 +345,7 @@ def test_a_report_with_op_sites_round_trips_and_merges(tmp_path: Any) -> None:
     model, data = ResidualBlock().eval(), residual_stream(4, 0)
     report = qinsight.diagnose(model, data)
     path = tmp_path / "r.json"
-    report.save(path)
+    qinsight.save_report(report, path)
     back = qinsight.load_report(path)
     assert (back.sites, back.results, back.suggestions) == (report.sites, report.results, report.suggestions)
     assert qinsight.diff_reports(report, back).empty

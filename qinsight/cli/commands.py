@@ -23,7 +23,8 @@ from qinsight.core.sites import check_backend
 from qinsight.outputs.diff import diff_reports
 from qinsight.outputs.files import write_atomically
 from qinsight.outputs.schema import schema
-from qinsight.outputs.serde import load_report
+from qinsight.outputs.serde import load_report, save_report
+from qinsight.outputs.text import render_text
 from qinsight.plugin.discovery import DETECTORS, find_entry, installed, load_detector_class, requested_ids
 
 if TYPE_CHECKING:
@@ -133,7 +134,7 @@ def _quantizer(flow: str, backend: str) -> object:
         return get_default_qconfig_mapping(backend)
     if backend != "x86":
         raise UsageError(f"--flow pt2e quantizes for x86 (X86InductorQuantizer), not {backend}")
-    from qinsight.outputs.pt2e import default_x86_quantizer  # torchao only for this flow
+    from qinsight.apply.pt2e import default_x86_quantizer  # torchao only for this flow
 
     return default_x86_quantizer()
 
@@ -239,9 +240,9 @@ def _merge(args: argparse.Namespace) -> int:
 
 def _finish(report: Report, args: argparse.Namespace, *, writes: bool = True) -> int:
     """Prints ``report``, writes its files (not on a rank that only helped) and judges the gates."""
-    write(report.to_text(everything=getattr(args, "all", False)))
+    write(render_text(report, everything=getattr(args, "all", False)))
     if getattr(args, "out", None) and writes:
-        report.save(args.out)
+        save_report(report, args.out)
         wrote(args.out)
     if args.html and writes:
         from qinsight.outputs.html import save_html

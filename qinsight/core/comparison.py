@@ -221,12 +221,3 @@ class Comparison:
     weights: WeightComparison | None = None
     activations: ActivationComparison | None = None
     configs: ConfigComparison | None = None
-
-    def to_text(self, limit: int = 10) -> str:
-        """Tables, worst layers first, ``limit`` rows each."""
-        from qinsight.outputs.tables import (  # a convenience: outputs import the core
-            comparison_tables,
-            tables_as_text,
-        )
-
-        return "\n".join(tables_as_text(comparison_tables(self, limit)))

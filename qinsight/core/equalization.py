@@ -2,21 +2,17 @@
 
 torch expresses equalization as a QConfigMapping that gives every Linear/Conv
 the default EqualizationQConfig, whatever was recommended. This mapping holds
-only the modules where equalization is recommended; :meth:`to_torch` builds
-what ``prepare_fx(..., _equalization_config=...)`` takes.
+only the modules where equalization is recommended;
+:func:`qinsight.equalization_config` builds what ``prepare_fx(..., _equalization_config=...)`` takes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import attrs
 
 from qinsight.core.suggestions import QuantSuggestion
-
-if TYPE_CHECKING:
-    from torch.ao.quantization import QConfigMapping
 
 
 @attrs.frozen(kw_only=True)
@@ -60,15 +56,3 @@ class EqualizationMapping:
 
     def __contains__(self, fqn: object) -> bool:
         return fqn in self.fqns
-
-    def to_torch(self) -> QConfigMapping:
-        """The ``_equalization_config`` argument of ``torch.ao.quantization.quantize_fx.prepare_fx``."""
-        from torch.ao.quantization import QConfigMapping
-        from torch.ao.quantization.fx._equalize import default_equalization_qconfig
-
-        mapping = QConfigMapping()
-        for entry in self.entries:
-            # torch stores EqualizationQConfigs in a QConfigMapping too, though
-            # its annotations only admit QConfig.
-            mapping.set_module_name(entry.fqn, default_equalization_qconfig)  # type: ignore[arg-type]
-        return mapping

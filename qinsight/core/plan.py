@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -31,9 +30,6 @@ from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.sites import OpSite
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
-
-if TYPE_CHECKING:
-    from torch.ao.quantization import QConfigMapping
 
 _TARGET = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
 # Metrics where lower is better; every other metric is higher-is-better.
@@ -183,7 +179,7 @@ class QuantPlan:
     measured gains (NaN where not computed). ``fx_activations`` is how an FX plan's config
     observes activations (measured against torch's way; ``None`` where torch's scored better, or
     in PT2E). ``smoothing`` is what the plan did to the model before quantizing it (none
-    unless asked): its config is for ``plan.smoothing.apply(model)``, and its
+    unless asked): its config is for ``qinsight.smoothed(model, plan)``, and its
     sites are named as in that model; ``default_score`` is the model as given.
     """
 
@@ -215,7 +211,7 @@ class QuantPlan:
 
     def equalization_mapping(self) -> EqualizationMapping:
         """The equalizations the plan keeps (measured for real in FX), for ``prepare_fx``'s
-        ``_equalization_config`` (:meth:`EqualizationMapping.to_torch`)."""
+        ``_equalization_config`` (:func:`qinsight.equalization_config`)."""
         return EqualizationMapping.of(self.suggestions)
 
     def sensitivity(self, fqn: str) -> SiteSensitivity:
@@ -223,20 +219,3 @@ class QuantPlan:
             if found.fqn == fqn:
                 return found
         raise KeyError(f"no sensitivity measured for {fqn!r}")
-
-    def qconfig_mapping(self, base: QConfigMapping | None = None) -> QConfigMapping:
-        """The plan's config for FX graph mode; see :func:`qinsight.pipeline.qconfig.plan_qconfig_mapping`."""
-        from qinsight.pipeline.qconfig import plan_qconfig_mapping
-
-        return plan_qconfig_mapping(self, base=base)
-
-    def pt2e_quantizer(self) -> Any:
-        """The plan's config for PT2E; see :func:`qinsight.outputs.pt2e.plan_pt2e_quantizer`."""
-        from qinsight.outputs.pt2e import plan_pt2e_quantizer
-
-        return plan_pt2e_quantizer(self)
-
-    def to_text(self) -> str:
-        from qinsight.outputs.text import render_plan
-
-        return render_plan(self)

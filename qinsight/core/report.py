@@ -2,9 +2,9 @@
 
 A Report holds no tensors, modules or dicts: only frozen attrs classes,
 tuples, strings, numbers and enums, so it can be compared, saved and diffed.
-The torch configs and the text are built from it on demand by the output
-modules (:mod:`qinsight.pipeline.qconfig`, :mod:`qinsight.outputs.text`); the methods here only
-delegate to them, imported lazily so this module stays torch-free.
+The torch configs are built from it by :mod:`qinsight.apply` (``qinsight.qconfig_mapping(report)``),
+the text and the files by :mod:`qinsight.outputs` (``qinsight.to_text``, ``qinsight.save_report``):
+this module knows neither.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ from __future__ import annotations
 import collections
 import enum
 import math
-import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -26,9 +24,6 @@ from qinsight.core.plan import QuantPlan
 from qinsight.core.sites import OpSite, Side
 from qinsight.core.stats import Observation
 from qinsight.core.suggestions import QuantSuggestion, SuggestionConflict
-
-if TYPE_CHECKING:
-    from torch.ao.quantization import QConfigMapping
 
 ParameterValue = bool | int | float | str
 
@@ -129,22 +124,17 @@ class Report:
         """This report carrying ``plan`` (:func:`qinsight.plan`), to save and show together.
 
         The plan's verified config becomes the report's config for the plan's
-        flow (:meth:`plan_for`), and an equalization an FX plan measured and
+        flow (:func:`qinsight.core.advice.advice_of`), and an equalization the plan measured and
         dropped leaves the report's equalization mapping with the plan's reason:
         the report then applies only what was verified, or could not be.
         """
         measured_and_dropped = {
             check.fqn: check.reason
             for check in plan.checks
-            if plan.flow == "fx" and check.change == "equalize" and check.measured and not check.kept
+            # measured: quantized for real with and without it (a flow without equalization measures none)
+            if check.change == "equalize" and check.measured and not check.kept
         }
         return attrs.evolve(self.with_equalization_refused(measured_and_dropped), plan=plan)
-
-    def plan_for(self, flow: str) -> QuantPlan | None:
-        """The attached plan if it was made for ``flow`` (``"fx"`` or ``"pt2e"``): then
-        :meth:`qconfig_mapping` (FX) or :meth:`pt2e_quantizer` (PT2E) is its verified config. A plan
-        made for the other flow is not applied: its measurements say nothing about this one."""
-        return self.plan if self.plan is not None and self.plan.flow == flow else None
 
     def with_equalization_refused(self, reasons: Mapping[str, str]) -> Report:
         """This report with the equalizations named in ``reasons`` (fqn to why) refused: out of the
@@ -180,36 +170,3 @@ class Report:
 
     def actionable(self) -> tuple[Finding, ...]:
         return tuple(f for r in self.results for f in r.findings if f.actionable)
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the report as a versioned JSON file; see :func:`qinsight.outputs.serde.save_report`."""
-        from qinsight.outputs.serde import save_report
-
-        save_report(self, path)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Report:
-        """Read a report file; see :func:`qinsight.outputs.serde.load_report`."""
-        from qinsight.outputs.serde import load_report
-
-        return load_report(path)
-
-    def to_text(self, *, everything: bool = False) -> str:
-        """The report for people; ``everything`` names every module instead of the first few per line."""
-        from qinsight.outputs.text import render_text
-
-        return render_text(self, everything=everything)
-
-    def pt2e_quantizer(self) -> Any:
-        """A torchao PT2E quantizer applying the suggestions, or the attached PT2E plan's config;
-        see :func:`qinsight.outputs.pt2e.to_pt2e_quantizer`."""
-        from qinsight.outputs.pt2e import to_pt2e_quantizer
-
-        return to_pt2e_quantizer(self)
-
-    def qconfig_mapping(self, base: QConfigMapping | None = None) -> QConfigMapping:
-        """A torch QConfigMapping that applies the suggestions, or the attached FX plan's config;
-        see :func:`qinsight.pipeline.qconfig.to_qconfig_mapping`."""
-        from qinsight.pipeline.qconfig import to_qconfig_mapping
-
-        return to_qconfig_mapping(self, base=base)

@@ -11,8 +11,8 @@ activation, quantized per tensor, to the weight, quantized per output channel.
 torch's own equalization (``prepare_fx(..., _equalization_config=...)``)
 cannot do this for inputs of rank 3, (batch, tokens, features), and folds the
 factors into a producer that must be a plain Linear. A smoothed model instead
-divides the input explicitly: :meth:`SmoothingMapping.apply` replaces each
-named Linear with :class:`~qinsight.outputs.smoothing.SmoothedLinear`, whose
+divides the input explicitly: :func:`qinsight.smoothed` replaces each
+named Linear with :class:`~qinsight.apply.smoothing.SmoothedLinear`, whose
 input multiplication stays in float. The Linear then answers to
 ``<fqn>.linear`` and the multiplication to ``<fqn>.mul#0``, which is how a
 plan made on the smoothed model names them.
@@ -21,12 +21,8 @@ plan made on the smoothed model names them.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import attrs
-
-if TYPE_CHECKING:
-    from torch import nn
 
 
 def _positive_finite(_instance: object, _attribute: object, factors: tuple[float, ...]) -> None:
@@ -73,10 +69,3 @@ class SmoothingMapping:
 
     def __len__(self) -> int:
         return len(self.entries)
-
-    def apply(self, model: nn.Module) -> nn.Module:
-        """A smoothed copy of ``model`` (the model itself when there is nothing to smooth); see
-        :func:`qinsight.outputs.smoothing.apply_smoothing`."""
-        from qinsight.outputs.smoothing import apply_smoothing
-
-        return apply_smoothing(model, self)

@@ -136,7 +136,7 @@ def op_sites(discovery: Discovery, mapping: QConfigMapping | None, backend: str 
     """The op sites that are not Linear/Conv, in the order the discovery's forward met them.
 
     ``quantized`` is read against ``mapping``, or the backend's default mapping
-    when none is given (what :meth:`Report.qconfig_mapping` starts from).
+    when none is given (what ``qinsight.qconfig_mapping(report)`` starts from).
     """
     model, tap = discovery.model, discovery.tap
     mapping = mapping if mapping is not None else get_default_qconfig_mapping(backend)

@@ -14,6 +14,7 @@ import io
 import os
 from collections.abc import Iterable
 
+from qinsight.core.advice import advice_of
 from qinsight.core.report import Report
 from qinsight.outputs.files import write_atomically
 from qinsight.outputs.plans import plan_tables, summary_lines
@@ -48,11 +49,11 @@ def _png(figure: object) -> str:
 
 
 def config_code(report: Report) -> str:
-    """Python that builds the same QConfigMapping as ``report.qconfig_mapping()`` (and the
+    """Python that builds the same QConfigMapping as ``qinsight.qconfig_mapping(report)`` (and the
     equalization config, where the report equalizes)."""
-    from qinsight.pipeline.qconfig import entries_code  # torch, only when the page shows the code
+    from qinsight import apply  # torch, only when the page shows the code
 
-    return "\n".join(entries_code(report)) + "\n"
+    return "\n".join(apply.config_code(report)) + "\n"
 
 
 def _refused_equalizations(report: Report) -> str:
@@ -134,7 +135,7 @@ def _comparison(report: Report) -> str:
 
 def _plan(report: Report) -> str:
     from qinsight.outputs.plots import plot_plan
-    from qinsight.pipeline.qconfig import plan_code  # torch, only when the page shows a plan
+    from qinsight import apply  # torch, only when the page shows a plan
 
     if report.plan is None:
         return ""
@@ -142,7 +143,7 @@ def _plan(report: Report) -> str:
     parts = [f"<h2>Plan: {_e(report.plan.target)} ({_e(report.plan.flow)})</h2>", f"<p>{_e(summary)}</p>"]
     parts.append("<ul>" + "".join(f"<li>{_e(line.strip())}</li>" for line in details) + "</ul>")
     parts.append(_png(plot_plan(report.plan)))
-    parts.append(f"<pre>{_e(chr(10).join(plan_code(report.plan)))}</pre>")
+    parts.append(f"<pre>{_e(chr(10).join(apply.config_code(report.plan)))}</pre>")
     parts.extend(_titled_tables(plan_tables(report.plan)))
     return "\n".join(parts)
 
@@ -164,10 +165,10 @@ def render_html(report: Report) -> str:
     failures = "".join(
         f'<li class="fail">{_e(f.detector)} failed at {_e(f.stage.value)}: {_e(f.error)}</li>' for f in report.failures
     )
-    source = " It is the attached plan's config, verified below." if report.plan_for("fx") is not None else ""
+    source = " It is the attached plan's config, verified below." if advice_of(report, "fx").source == "plan" else ""
     diagnosis = f"""<h2>Suggested config</h2>
 <p>Paste to quantize with <code>prepare_fx(model, mapping, example_inputs)</code>, or use
-<code>report.qconfig_mapping()</code> / <code>report.pt2e_quantizer()</code>.{source}</p>
+<code>qinsight.qconfig_mapping(report)</code> / <code>qinsight.pt2e_quantizer(report)</code>.{source}</p>
 <pre id="config">{_e(config_code(report))}</pre>
 {_refused_equalizations(report)}
 <h2>Modules</h2>

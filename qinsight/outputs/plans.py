@@ -34,12 +34,12 @@ def summary_lines(plan: QuantPlan) -> list[str]:
         which = "the input of 1 Linear" if count == 1 else f"the inputs of {count} Linears"
         strength = f"{alphas[0]:g}" if len(alphas) == 1 else f"{alphas[0]:g}-{alphas[-1]:g}"
         lines.append(
-            f"  smoothed {which} (alpha {strength}): the config is for plan.smoothing.apply(model), "
+            f"  smoothed {which} (alpha {strength}): the config is for qinsight.smoothed(model, plan), "
             "where a smoothed Linear is named <name>.linear"
         )
     equalized = plan.equalization_mapping().fqns
     if equalized:
-        lines.append(f"  equalized: {', '.join(equalized)} (plan.equalization_mapping().to_torch() for prepare_fx)")
+        lines.append(f"  equalized: {', '.join(equalized)} (qinsight.equalization_config(plan) for prepare_fx)")
     if math.isfinite(plan.agreement):
         lines.append(
             f"  Spearman between each site's cost quantized alone and its gain kept alone in float: {plan.agreement:.2f}"

@@ -9,10 +9,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from qinsight.core.comparison import Comparison
 from qinsight.core.findings import Finding
 from qinsight.core.plan import QuantPlan
 from qinsight.core.report import DetectorResult, Report
+from qinsight.outputs.diff import ReportDiff
 from qinsight.outputs.plans import plan_text
+from qinsight.outputs.tables import comparison_tables, tables_as_text
 
 MAX_NAMES = 8  # modules named on a summary line before "and N more"
 
@@ -80,7 +83,7 @@ def render_text(report: Report, *, everything: bool = False) -> str:
         lines.append("")
     lines.append(f"Suggested config ({len(report.suggestions)} modules):")
     if report.plan is not None:
-        method = "report.qconfig_mapping()" if report.plan.flow == "fx" else "report.pt2e_quantizer()"
+        method = "qinsight.qconfig_mapping(report)" if report.plan.flow == "fx" else "qinsight.pt2e_quantizer(report)"
         lines.append(f"  {method} gives the plan's config below instead: the suggestions it kept, its sites in float")
     if report.suggestions:
         width = max(len(s.fqn) for s in report.suggestions)
@@ -94,7 +97,7 @@ def render_text(report: Report, *, everything: bool = False) -> str:
             "(prepare_fx's _equalization_config; PT2E has no equalization)"
         )
     if report.fx_activations is not None:
-        lines.append(f"report.qconfig_mapping(): {report.fx_activations.describe()}")
+        lines.append(f"qinsight.qconfig_mapping(report): {report.fx_activations.describe()}")
     refused = report.equalization_mapping.refused
     if refused:
         lines.append(f"Not equalized ({len(refused)}), though suggested:")
@@ -121,6 +124,23 @@ def render_plan(plan: QuantPlan) -> str:
     return plan_text(plan)
 
 
+def comparison_text(comparison: Comparison, limit: int = 10) -> str:
+    """A comparison's tables, worst layers first, ``limit`` rows each."""
+    return "\n".join(tables_as_text(comparison_tables(comparison, limit)))
+
+
+def to_text(value: Report | QuantPlan | Comparison | ReportDiff, *, everything: bool = False, limit: int = 10) -> str:
+    """Any of qinsight's results for people: a report (``everything`` names every module instead of the
+    first few per line), a plan, a comparison (``limit`` rows per table) or a diff of two reports."""
+    if isinstance(value, Report):
+        return render_text(value, everything=everything)
+    if isinstance(value, QuantPlan):
+        return render_plan(value)
+    if isinstance(value, Comparison):
+        return comparison_text(value, limit)
+    return value.to_text()
+
+
 def _legend(text: str) -> list[str]:
     used = [f"  {term}: {meaning}" for mark, term, meaning in LEGEND if mark in text]
     return ["", "Terms (docs/detectors.md has each detector's rule):", *used] if used else []
@@ -129,7 +149,7 @@ def _legend(text: str) -> list[str]:
 def _comparison_lines(report: Report) -> str:
     assert report.comparison is not None
     against = f" ({report.comparison.quantized})" if report.comparison.quantized else ""
-    return f"Float vs quantized{against}: {report.metadata.model}\n\n" + report.comparison.to_text().rstrip("\n")
+    return f"Float vs quantized{against}: {report.metadata.model}\n\n" + comparison_text(report.comparison).rstrip("\n")
 
 
 def _kept_float(report: Report) -> list[tuple[str, str]]:

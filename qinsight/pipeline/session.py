@@ -31,10 +31,10 @@ from qinsight.core.stats import ObservedStats
 from qinsight.core.shards import Shard
 from qinsight.distributed import Exchange, sharing_failures
 from qinsight.frontends import Frontend, eval_mode, run_batch, view_of
+from qinsight.apply.fx import advice_mapping
 from qinsight.observe.instrumenter import Instrumenter
 from qinsight.pipeline.analysis import DetectorChoice, analyze, choose_detectors, metadata
 from qinsight.pipeline.equalizable import refused_equalizations
-from qinsight.pipeline.qconfig import advice_mapping
 from qinsight.pipeline.saturation import checked_activations
 from qinsight.plugin.detector import Detector, ModelView
 
@@ -210,7 +210,7 @@ class Session:
         """The suggested equalizations torch cannot apply (:mod:`.equalizable`), checked on the first batch."""
         if not fqns or self._example is None or self.view.frontend == "export":
             # an exported graph is not what prepare_fx equalizes (the user's module is); PT2E has no
-            # equalization at all, which report.pt2e_quantizer() says
+            # equalization at all, which qinsight.pt2e_quantizer(report) says
             return {}
         return refused_equalizations(self.view.model, fqns, self._example, self._backend)
 

@@ -1,12 +1,12 @@
 """The two flows a plan targets, behind one interface: quantize a model for real with given advice
 (``prepare``/calibrate/``convert``), and build the switchable :class:`~qinsight.planning.simulate.Simulation`.
 
-- FX: the advice is a ``QConfigMapping`` (:func:`~qinsight.pipeline.qconfig.advice_entries`);
+- FX: the advice is a ``QConfigMapping`` (:func:`~qinsight.apply.fx.advice_entries`);
   the prepared graph's nodes are named as the report names its sites (module
   names; functional calls by owner, call and index, which ``prepare_fx``
   records in ``node_name_to_scope``); an edge belongs to the site producing it
   and the sites consuming it.
-- PT2E: the advice is a torchao quantizer (:func:`~qinsight.outputs.pt2e.advice_quantizer`);
+- PT2E: the advice is a torchao quantizer (:func:`~qinsight.apply.pt2e.advice_quantizer`);
   nodes are named by the exported frontend; which edges are quantized under a
   config is the quantizer's own answer, asked again on the prepared graph
   without its observers (a consumer's input spec, a producer's output spec).
@@ -34,16 +34,16 @@ from qinsight.core.sites import OpSite
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 from qinsight.frontends import (
     classify,
-    eval_mode,
     example_inputs,
     exported_op_names,
     exported_sites,
     layer_name,
-    run_batch,
 )
 from qinsight.frontends.edges import site_nodes
-from qinsight.outputs.pt2e import advice_quantizer
-from qinsight.pipeline.qconfig import advice_mapping
+from qinsight.apply.equalization import equalization_qconfig_mapping
+from qinsight.apply.fx import advice_mapping
+from qinsight.apply.pt2e import advice_quantizer
+from qinsight.apply.recipe import calibrate, varying_shapes
 from qinsight.planning.kernels import QuantizedOps
 from qinsight.planning.observed import FxObserved, no_stack_traces
 from qinsight.planning.simulate import EdgeRule, Owners, RealOps, Regroup, Simulation, WeightSwap, observer_nodes
@@ -51,12 +51,6 @@ from qinsight.planning.switches import Mode, fake_quantized_rows, fake_quantized
 
 FLOWS = ("fx", "pt2e")
 _ANNOTATION = "quantization_annotation"
-
-
-def _calibrate(prepared: nn.Module, batches: Sequence[object]) -> None:
-    with eval_mode(prepared), torch.no_grad():
-        for batch in batches:
-            run_batch(prepared, batch)
 
 
 class Flow:
@@ -97,7 +91,7 @@ class Flow:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the advice's own warnings were shown with the report
             prepared = self._prepared(suggestions, example_inputs(calibration[0]))
-            _calibrate(prepared, calibration)
+            calibrate(prepared, calibration)
             converted = convert_prepared(prepared, self.name == "pt2e")
             release_fx_graphs()  # a plan quantizes for real dozens of times
             return converted
@@ -120,7 +114,7 @@ class Flow:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             prepared = self._prepared((), example)
-        _calibrate(prepared, calibration)
+        calibrate(prepared, calibration)
         rule, regroup = self.observed(prepared, calibration)  # from the graph as prepared, before the switches go in
         real_ops = self.real_ops(prepared)
         return Simulation(
@@ -152,8 +146,7 @@ class FxFlow(Flow):
 
     def equalization(self, suggestions: tuple[QuantSuggestion, ...]) -> QConfigMapping | None:
         """prepare_fx's ``_equalization_config`` for the suggestions that say equalize."""
-        mapping = EqualizationMapping.of(suggestions)
-        return mapping.to_torch() if mapping.entries else None
+        return equalization_qconfig_mapping(EqualizationMapping.of(suggestions))
 
     def _site_of(self, model: fx.GraphModule) -> Callable[[fx.Node], str | None]:
         scope = model.meta["_observed_graph_module_attrs"].node_name_to_scope
@@ -206,7 +199,7 @@ class FxFlow(Flow):
             assert isinstance(prepared, fx.GraphModule)
             return prepared
 
-        observed = FxObserved(prepare, lambda model: _calibrate(model, calibration), prepared)
+        observed = FxObserved(prepare, lambda model: calibrate(model, calibration), prepared)
         return observed.edges, observed.qparams
 
     def real_ops(self, prepared: fx.GraphModule) -> RealOps:
@@ -255,22 +248,7 @@ class Pt2eFlow(Flow):
 
     def shapes_from(self, batches: Sequence[object]) -> None:
         """Export with every input dimension that differs between ``batches`` dynamic (token counts)."""
-        examples = [example_inputs(batch) for batch in batches]
-        first = examples[0]
-
-        def varying(position: int) -> dict[int, Any] | None:
-            value = first[position]
-            if not isinstance(value, torch.Tensor):
-                return None
-            dims = {
-                dim: torch.export.Dim.AUTO
-                for dim in range(value.dim())
-                if any(isinstance(e[position], torch.Tensor) and e[position].shape[dim] != value.shape[dim] for e in examples)
-            }
-            return dims or None
-
-        shapes = tuple(varying(position) for position in range(len(first)))
-        self.dynamic_shapes = shapes if any(shape is not None for shape in shapes) else None
+        self.dynamic_shapes = varying_shapes(batches)
 
     def config(self, suggestions: tuple[QuantSuggestion, ...]) -> object:
         return advice_quantizer(self.sites, suggestions)

@@ -29,6 +29,7 @@ import attrs
 import torch
 from torch import nn
 
+from qinsight.apply.smoothing import apply_smoothing
 from qinsight.core.activations import FxActivations
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.plan import PlanStep, QuantPlan, SiteSensitivity, SuggestionCheck, Target
@@ -74,7 +75,7 @@ def plan(
     ``report`` is the diagnosis to start from (default: :func:`qinsight.diagnose`
     on the calibration data). With ``smoothing``, the inputs of the Linears
     whose measured error it lowers are smoothed first (:mod:`.smoothing`) and
-    the plan is made for the smoothed model: ``plan.smoothing.apply(model)``
+    the plan is made for the smoothed model: ``qinsight.smoothed(model, plan)``
     is what its config quantizes, while its ``default_score`` stays that of
     the model as given.
     """
@@ -202,7 +203,7 @@ def _smoothed(
     mapping = choose_smoothing(model, calibration, linears, bits)
     if not mapping.entries:
         return mapping, model, report
-    smoothed = mapping.apply(model)
+    smoothed = apply_smoothing(model, mapping)
     return mapping, smoothed, diagnose(smoothed, calibration, backend=backend)
 
 

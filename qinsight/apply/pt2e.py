@@ -1,4 +1,4 @@
-"""From a Report to a torchao PT2E quantizer (``prepare_pt2e`` / ``convert_pt2e``).
+"""From :class:`~qinsight.core.advice.Advice` to a torchao PT2E quantizer (``prepare_pt2e`` / ``convert_pt2e``).
 
 ``X86InductorQuantizer`` cannot mix static and dynamic configs: a module-level
 dynamic override under a static global config is skipped with a warning and
@@ -18,7 +18,7 @@ the report's Linear/Conv sites: those the quantizer left unannotated
 its ``unhonoured`` attribute, as are suggested ops it did not find.
 
 PT2E has no input-weight equalization. Modules the report would equalize are
-named in a warning (and in the text report) rather than dropped silently.
+named in the advice's notes, a warning (and the text report) rather than dropped silently.
 torchao is an optional extra: without it, this module raises one error saying
 what to install.
 """
@@ -27,20 +27,16 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import fx
 
+from qinsight.core.advice import Advice
 from qinsight.core.errors import MissingExtraError
 from qinsight.frontends import exported_op_names, exported_sites, layer_name, separate_shared_calls
 from qinsight.core.sites import OpSite, WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
-from qinsight.pipeline.qconfig import applied_plan
-
-if TYPE_CHECKING:
-    from qinsight.core.plan import QuantPlan
-    from qinsight.core.report import Report
 
 INSTALL_HINT = "PT2E quantization needs torchao: pip install 'qinsight[pt2e]'"
 
@@ -51,7 +47,7 @@ def _torchao() -> Any:
         from torchao.quantization.pt2e.quantizer import ComposableQuantizer
         from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as x86
 
-        from qinsight.outputs.grouped_x86 import GroupedX86InductorQuantizer
+        from qinsight.apply.grouped_x86 import GroupedX86InductorQuantizer
     except ImportError as exc:
         raise MissingExtraError(f"{INSTALL_HINT} ({exc})") from exc
     return x86, GroupedX86InductorQuantizer, ComposableQuantizer, observer
@@ -154,24 +150,9 @@ def default_x86_quantizer() -> Any:
     return x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
 
 
-def to_pt2e_quantizer(report: Report) -> Any:
-    """A quantizer that applies ``report``'s suggestions (X86InductorQuantizer, composed when dynamic);
-    where the report carries a PT2E plan (``report.with_plan``), the plan's verified config."""
-    plan = applied_plan(report, "pt2e")
-    if plan is not None:
-        return plan_pt2e_quantizer(plan)
-    if len(report.equalization_mapping):
-        warnings.warn(
-            "PT2E has no input-weight equalization; these modules stay unequalized: "
-            + ", ".join(report.equalization_mapping.fqns),
-            stacklevel=3,
-        )
-    return advice_quantizer(report.sites, report.suggestions)
-
-
-def plan_pt2e_quantizer(plan: QuantPlan) -> Any:
-    """The quantizer of a plan: its kept suggestions and its sites in float."""
-    return advice_quantizer(plan.sites, plan.suggestions)
+def pt2e_quantizer(advice: Advice) -> Any:
+    """A quantizer applying ``advice`` (X86InductorQuantizer, composed when some Linears are dynamic)."""
+    return advice_quantizer(advice.sites, advice.suggestions)
 
 
 def advice_quantizer(sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...]) -> Any:

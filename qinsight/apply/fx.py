@@ -1,4 +1,4 @@
-"""From a Report to a torch ``QConfigMapping`` for FX graph mode quantization.
+"""From :class:`~qinsight.core.advice.Advice` to a torch ``QConfigMapping`` for FX graph mode quantization.
 
 The mapping starts from ``base`` (the backend's default mapping unless given),
 so the global entry and the object-type entries are kept, and adds one entry
@@ -11,15 +11,13 @@ only entry FX has for them, their name (for every call: a warning says so).
 Embeddings get torch's weight-only float-qparams qconfig, the only one
 ``prepare_fx`` accepts for them (the default mapping makes it raise).
 
-With ``report.fx_activations`` (:mod:`qinsight.core.activations`), the
+With ``advice.fx_activations`` (:mod:`qinsight.core.activations`), the
 global entry observes 8 bits, a layer that a clip alone reads is observed as
 the clip leaves it (:mod:`.clipped`), and the inputs of kernels that saturate
-stay at 7 bits; with a ``base`` of your own, its observers are kept. The
-module lives with the pipeline, which builds the mapping to check it
-(:mod:`.saturation`).
+stay at 7 bits; with a ``base`` of your own, its observers are kept.
 
-:func:`mapping_entries` is the one list both :func:`to_qconfig_mapping` and the
-HTML page's pasteable code (:func:`entries_code`) are made from.
+:func:`advice_entries` is the one list both :func:`qconfig_mapping` and the
+pasteable code (:mod:`.code`) are made from.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ import copy
 import operator
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import torch
@@ -45,16 +43,12 @@ from torch.ao.quantization import (
 )
 from torch.ao.quantization.observer import HistogramObserver
 
+from qinsight.apply.clipped import ClippedHistogramObserver
 from qinsight.core.activations import FxActivations
-from qinsight.core.equalization import EqualizationMapping
+from qinsight.core.advice import Advice
 from qinsight.core.sites import OpKind, OpSite, WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 from qinsight.frontends import resolve_target
-from qinsight.pipeline.clipped import ClippedHistogramObserver
-
-if TYPE_CHECKING:
-    from qinsight.core.plan import QuantPlan
-    from qinsight.core.report import Report
 
 
 @attrs.frozen
@@ -150,15 +144,6 @@ def _follower_entries() -> list[MappingEntry]:
     return functions + [MappingEntry("set_object_type", (m,), (repr(m),), float_choice, "") for m in FOLLOWER_METHODS]
 
 
-def mapping_entries(report: Report, *, activations: bool = True) -> list[MappingEntry]:
-    """The setter calls that turn the base mapping into the report's, in order (later ones win); with
-    ``activations``, observing them as ``report.fx_activations`` says."""
-    if not report.sites:
-        return []  # a file holding a comparison only (no backend recorded)
-    observing = report.fx_activations if activations else None
-    return advice_entries(report.sites, report.suggestions, report.metadata.backend, observing)
-
-
 def base_qconfig(backend: str, activations: FxActivations | None) -> QConfig:
     """The backend's default qconfig, its activations ``activations.bits`` wide where given."""
     default: QConfig = get_default_qconfig(backend)  # type: ignore[no-untyped-call]
@@ -226,6 +211,8 @@ def advice_entries(
     they keep a site float or dynamic, the ops that follow their input's quantization float too
     (:data:`FOLLOWER_METHODS`). With ``activations``, the global qconfig and each layer observe as it
     says (:mod:`qinsight.core.activations`)."""
+    if not all_sites:
+        return []  # advice about no site (a file holding a comparison only, no backend recorded)
     default = base_qconfig(backend, activations)
     float_qparams = Choice(float_qparams_weight_only_qconfig, "float_qparams_weight_only_qconfig")
     sites = {site.fqn: site for site in all_sites}
@@ -266,41 +253,11 @@ def _warn_methods(entries: list[MappingEntry]) -> None:
         )
 
 
-def to_qconfig_mapping(report: Report, base: QConfigMapping | None = None) -> QConfigMapping:
-    """A QConfigMapping that ``prepare_fx``/``convert_fx`` accept and that applies the report's
-    suggestions; where the report carries an FX plan (``report.with_plan``), the plan's verified config.
-    Activations are observed as ``report.fx_activations`` says, unless ``base`` is given: then as
-    ``base``'s qconfigs say (its global one may quantize nothing)."""
-    plan = applied_plan(report, "fx")
-    if plan is not None:
-        return plan_qconfig_mapping(plan, base)
-    return _applied(mapping_entries(report, activations=base is None), report.metadata.backend, base)
-
-
-def applied_plan(report: Report, flow: str) -> QuantPlan | None:
-    """The plan whose config ``report`` gives for ``flow`` (:meth:`Report.plan_for`), warning where
-    that config is for the smoothed model, or where an attached plan for the other flow is not applied."""
-    plan = report.plan_for(flow)
-    if plan is not None and plan.smoothing.entries:
-        warnings.warn(
-            f"the attached plan smooths {len(plan.smoothing)} Linears: its config is for the smoothed model, "
-            "model = report.plan.smoothing.apply(model)",
-            stacklevel=4,
-        )
-    elif plan is None and report.plan is not None:
-        warnings.warn(
-            f"the attached plan was made for {report.plan.flow}, not {flow}: this config applies the report's "
-            f"suggestions, not verified in {flow}",
-            stacklevel=4,
-        )
-    return plan
-
-
-def plan_qconfig_mapping(plan: QuantPlan, base: QConfigMapping | None = None) -> QConfigMapping:
-    """The QConfigMapping of a plan: its kept suggestions and its sites in float (its activations
-    observed as ``plan.fx_activations`` says, unless ``base`` is given)."""
-    activations = plan.fx_activations if base is None else None
-    return advice_mapping(plan.sites, plan.suggestions, plan.backend, base, activations)
+def qconfig_mapping(advice: Advice, base: QConfigMapping | None = None) -> QConfigMapping:
+    """The QConfigMapping applying ``advice`` to ``base`` (the backend's default): its activations observed
+    as ``advice.fx_activations`` says, unless ``base`` is given (then as ``base``'s qconfigs say)."""
+    activations = advice.fx_activations if base is None else None
+    return advice_mapping(advice.sites, advice.suggestions, advice.backend, base, activations)
 
 
 def advice_mapping(
@@ -322,61 +279,3 @@ def _applied(entries: list[MappingEntry], backend: str, base: QConfigMapping | N
         setter: Callable[..., QConfigMapping] = getattr(mapping, entry.setter)
         setter(*entry.key, entry.choice.qconfig)
     return mapping
-
-
-def entries_code(report: Report) -> list[str]:
-    """Python lines that build ``mapping``, the same QConfigMapping as :func:`to_qconfig_mapping`
-    (and ``equalization``, as ``report.equalization_mapping.to_torch()``, where it equalizes)."""
-    plan = report.plan_for("fx")
-    if plan is not None:
-        return plan_code(plan)
-    entries = mapping_entries(report)
-    return _code(entries, report.metadata.backend, report.fx_activations) + equalization_code(report.equalization_mapping)
-
-
-def plan_code(plan: QuantPlan) -> list[str]:
-    """Python lines that build ``mapping``, the same QConfigMapping as :func:`plan_qconfig_mapping`
-    (and ``equalization``, as ``plan.equalization_mapping().to_torch()``, where it equalizes)."""
-    entries = advice_entries(plan.sites, plan.suggestions, plan.backend, plan.fx_activations)
-    smoothing = ["# for the smoothed model: model = report.plan.smoothing.apply(model)"] if plan.smoothing.entries else []
-    return smoothing + _code(entries, plan.backend, plan.fx_activations) + equalization_code(plan.equalization_mapping())
-
-
-def equalization_code(mapping: EqualizationMapping) -> list[str]:
-    """Python lines that build ``equalization``, the same as ``mapping.to_torch()``; none if it is empty."""
-    if not mapping.entries:
-        return []
-    lines = [
-        "",
-        "# input-weight equalization: prepare_fx(..., _equalization_config=equalization)",
-        "from torch.ao.quantization import QConfigMapping",
-        "from torch.ao.quantization.fx._equalize import default_equalization_qconfig",
-        "equalization = QConfigMapping()",
-    ]
-    return lines + [f"equalization.set_module_name({fqn!r}, default_equalization_qconfig)" for fqn in mapping.fqns]
-
-
-def _code(entries: list[MappingEntry], backend: str, activations: FxActivations | None = None) -> list[str]:
-    lines = [
-        "import operator",
-        "import torch",
-        "import torch.nn.functional as F",
-        "from torch.ao.quantization import (",
-        "    QConfig, default_dynamic_quant_observer, default_per_channel_weight_observer,",
-        "    default_weight_observer, float_qparams_weight_only_qconfig, get_default_qconfig,",
-        "    get_default_qconfig_mapping,",
-        ")",
-    ]
-    default = f"get_default_qconfig({backend!r})"
-    if activations is not None:
-        lines += [
-            "from torch.ao.quantization.observer import HistogramObserver",
-            "from qinsight.pipeline.clipped import ClippedHistogramObserver",
-        ]
-        default = (
-            f"QConfig(activation=HistogramObserver.with_args(reduce_range={activations.bits < 8}), "
-            f"weight=get_default_qconfig({backend!r}).weight)"
-        )
-    lines += ["", f"default = {default}", f"mapping = get_default_qconfig_mapping({backend!r})"]
-    lines += [f"mapping.{e.setter}({', '.join((*e.key_code, e.choice.code))})" for e in entries]
-    return lines

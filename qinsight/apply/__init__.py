@@ -1,0 +1,86 @@
+"""Where advice becomes torch objects: the one layer that builds them.
+
+Every function takes what holds advice, a :class:`~qinsight.core.report.Report`,
+a :class:`~qinsight.core.plan.QuantPlan` or an :class:`~qinsight.core.advice.Advice`,
+and picks the advice for its flow with :func:`~qinsight.core.advice.advice_of`
+(a report carrying a plan for that flow gives the plan's verified config):
+
+- :func:`qconfig_mapping` (FX), :func:`pt2e_quantizer` (PT2E, torchao);
+- :func:`equalization_config`: prepare_fx's ``_equalization_config``;
+- :func:`smoothed`: the model a smoothed plan's config is for;
+- :func:`config_code`: the Python that builds the FX config, as the page shows it;
+- :func:`quantize`: all of it applied, the model prepared, calibrated and converted.
+
+The advice's notes (a plan for the other flow, a config for the smoothed
+model, PT2E without equalization) are warned of as the objects are built.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from qinsight.apply import code, equalization, fx, pt2e, smoothing
+from qinsight.core.advice import Advice, advice_of
+from qinsight.core.plan import QuantPlan
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.ao.quantization import QConfigMapping
+
+    from qinsight.core.report import Report
+
+def _advice(source: Report | QuantPlan | Advice, flow: str) -> Advice:
+    advice = advice_of(source, flow)
+    for note in advice.notes:
+        warnings.warn(note, stacklevel=3)
+    return advice
+
+
+def qconfig_mapping(source: Report | QuantPlan | Advice, base: QConfigMapping | None = None) -> QConfigMapping:
+    """The FX ``QConfigMapping`` of ``source``'s advice, added to ``base`` (the backend's default mapping)."""
+    return fx.qconfig_mapping(_advice(source, "fx"), base)
+
+
+def pt2e_quantizer(source: Report | QuantPlan | Advice) -> Any:
+    """A torchao PT2E quantizer applying ``source``'s advice (``pip install 'qinsight[pt2e]'``)."""
+    return pt2e.pt2e_quantizer(_advice(source, "pt2e"))
+
+
+def equalization_config(source: Report | QuantPlan | Advice) -> QConfigMapping:
+    """``prepare_fx``'s ``_equalization_config`` for the modules ``source``'s FX advice equalizes."""
+    from torch.ao.quantization import QConfigMapping
+
+    mapping = equalization.equalization_qconfig_mapping(advice_of(source, "fx").equalization)
+    return mapping if mapping is not None else QConfigMapping()
+
+
+def smoothed(model: nn.Module, source: Report | QuantPlan | Advice) -> nn.Module:
+    """A copy of ``model`` with the Linears ``source`` smooths smoothed (``model`` itself when none):
+    the model a smoothed plan's config is for."""
+    return smoothing.apply_smoothing(model, advice_of(source).smoothing)
+
+
+def config_code(source: Report | QuantPlan | Advice) -> list[str]:
+    """Python lines that build the same FX ``QConfigMapping`` (``mapping``) and equalization config
+    (``equalization``) as :func:`qconfig_mapping` and :func:`equalization_config`."""
+    return code.config_code(advice_of(source, "fx"))
+
+
+def quantize(
+    model: nn.Module,
+    source: Report | QuantPlan | Advice,
+    calibration_data: Iterable[Any],
+    *,
+    flow: str | None = None,
+) -> nn.Module:
+    """``model`` quantized as ``source`` advises, in ``flow`` (``"fx"`` or ``"pt2e"``; default: a plan's
+    own flow, FX for a report): smoothed where the advice smooths, prepared (with the equalization in FX),
+    calibrated on every batch of ``calibration_data`` and converted. ``model`` itself is not changed."""
+    from qinsight.apply import recipe  # the flows' prepare and convert: only when a model is quantized
+
+    return recipe.quantize_with(model, advice_of(source, flow), list(calibration_data))
+
+
+__all__ = ["config_code", "equalization_config", "pt2e_quantizer", "qconfig_mapping", "quantize", "smoothed"]

@@ -1,0 +1,146 @@
+"""Advice: what to quantize how, for one flow, as one torch-free value.
+
+A report's suggestions, a plan's verified config and a report carrying a plan
+all come down to the same inputs of a torch config: the flow, the backend, the
+sites and the suggestions about them, how FX observes activations, the
+equalizations and the smoothing the config is for. :func:`advice_of` picks
+them; :mod:`qinsight.apply` is the one place that turns them into torch
+objects (a ``QConfigMapping``, a PT2E quantizer, prepare_fx's equalization
+config, the smoothed model, the pasteable code) and quantizes a model with
+them (:func:`qinsight.quantize`).
+
+What used to be warnings at the moment a config was built (the attached plan
+is for the other flow, the config is for the smoothed model, PT2E cannot
+equalize) are ``notes``: data that the builders also warn with.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, get_args
+
+import attrs
+
+from qinsight.core.activations import FxActivations
+from qinsight.core.equalization import EqualizationMapping
+from qinsight.core.errors import InvalidParameterError
+from qinsight.core.plan import QuantPlan
+from qinsight.core.sites import OpSite
+from qinsight.core.smoothing import SmoothingMapping
+from qinsight.core.suggestions import QuantSuggestion
+
+if TYPE_CHECKING:
+    from qinsight.core.report import Report
+
+FlowName = Literal["fx", "pt2e"]
+FLOWS: tuple[str, ...] = get_args(FlowName)
+
+
+def checked_flow(flow: str, caller: str) -> FlowName:
+    """``flow`` if qinsight quantizes through it, else one :class:`InvalidParameterError` naming the choices."""
+    if flow == "fx":
+        return "fx"
+    if flow == "pt2e":
+        return "pt2e"
+    raise InvalidParameterError(caller, "flow", flow, " or ".join(repr(f) for f in FLOWS))
+
+
+@attrs.frozen(kw_only=True)
+class Advice:
+    """Everything a torch config for ``flow`` is built from.
+
+    ``source`` says where it comes from (``"report"`` or ``"plan"``);
+    ``verified`` whether it was quantized for real and scored (a plan's
+    config). ``fx_activations`` applies to FX only; ``equalization`` is what
+    ``prepare_fx`` equalizes (PT2E has none: a note says so); ``smoothing``
+    is what the model must go through first (:func:`qinsight.apply.smoothed`).
+    """
+
+    flow: FlowName
+    backend: str
+    sites: tuple[OpSite, ...] = ()
+    suggestions: tuple[QuantSuggestion, ...] = ()
+    fx_activations: FxActivations | None = None
+    equalization: EqualizationMapping = EqualizationMapping()
+    smoothing: SmoothingMapping = SmoothingMapping()
+    source: Literal["report", "plan"] = "report"
+    verified: bool = False
+    notes: tuple[str, ...] = ()
+
+
+def advice_of(source: Report | QuantPlan | Advice, flow: str | None = None) -> Advice:
+    """The advice ``source`` gives for ``flow`` (default: a plan's own flow, FX for a report).
+
+    A report carrying a plan made for ``flow`` gives the plan's verified config;
+    a plan made for the other flow is not applied (its measurements say
+    nothing about this one), and a note says so.
+    """
+    if isinstance(source, Advice):
+        if flow is not None and checked_flow(flow, "advice_of") != source.flow:
+            return _for_flow(source, checked_flow(flow, "advice_of"), f"this advice was made for {source.flow}, not {flow}")
+        return source
+    if isinstance(source, QuantPlan):
+        wanted = checked_flow(flow if flow is not None else source.flow, "advice_of")
+        return _of_plan(source, wanted)
+    wanted = checked_flow(flow if flow is not None else "fx", "advice_of")
+    plan = source.plan
+    if plan is not None and plan.flow == wanted:
+        return _of_plan(plan, wanted)
+    advice = Advice(
+        flow=wanted,
+        backend=source.metadata.backend,
+        sites=source.sites,
+        suggestions=source.suggestions,
+        fx_activations=source.fx_activations if wanted == "fx" else None,
+        equalization=source.equalization_mapping,
+    )
+    notes = () if plan is None else (
+        f"the attached plan was made for {plan.flow}, not {wanted}: this config applies the report's "
+        f"suggestions, not verified in {wanted}",
+    )
+    return attrs.evolve(advice, notes=notes + _pt2e_equalization(advice))
+
+
+def _of_plan(plan: QuantPlan, flow: FlowName) -> Advice:
+    advice = Advice(
+        flow=plan.flow if plan.flow in FLOWS else flow,  # type: ignore[arg-type]
+        backend=plan.backend,
+        sites=plan.sites,
+        suggestions=plan.suggestions,
+        fx_activations=plan.fx_activations,
+        equalization=EqualizationMapping.of(plan.suggestions),
+        smoothing=plan.smoothing,
+        source="plan",
+        verified=True,
+    )
+    if plan.smoothing.entries:
+        advice = attrs.evolve(
+            advice,
+            notes=(
+                f"the plan smooths {len(plan.smoothing)} Linears: its config is for the smoothed model, "
+                "model = qinsight.smoothed(model, plan)",
+            ),
+        )
+    if advice.flow != flow:
+        return _for_flow(advice, flow, f"the plan was made for {advice.flow}, not {flow}: its config is not verified in {flow}")
+    return advice
+
+
+def _for_flow(advice: Advice, flow: FlowName, note: str) -> Advice:
+    """``advice`` used for the other flow: its suggestions, unverified, with ``note``."""
+    moved = attrs.evolve(
+        advice,
+        flow=flow,
+        fx_activations=advice.fx_activations if flow == "fx" else None,
+        verified=False,
+        notes=advice.notes + (note,),
+    )
+    return attrs.evolve(moved, notes=moved.notes + _pt2e_equalization(moved))
+
+
+def _pt2e_equalization(advice: Advice) -> tuple[str, ...]:
+    if advice.flow != "pt2e" or not advice.equalization.entries:
+        return ()
+    return ("PT2E has no input-weight equalization; these modules stay unequalized: " + ", ".join(advice.equalization.fqns),)
+
+
+__all__ = ["FLOWS", "Advice", "FlowName", "advice_of", "checked_flow"]
