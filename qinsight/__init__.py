@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         InvalidParameterError as InvalidParameterError,
         MergeError as MergeError,
         MissingExtraError as MissingExtraError,
+        NotFoundError as NotFoundError,
         ObserverError as ObserverError,
         PluginLoadError as PluginLoadError,
         QinsightError as QinsightError,
@@ -59,6 +60,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from qinsight.core.findings import (
         Finding as Finding,
     )
+    from qinsight.core.metrics import (
+        MetricSpec as MetricSpec,
+    )
     from qinsight.core.plan import (
         PlanStep as PlanStep,
         QuantPlan as QuantPlan,
@@ -68,6 +72,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     )
     from qinsight.core.precision import (
         SideBits as SideBits,
+    )
+    from qinsight.core.progress import (
+        Progress as Progress,
     )
     from qinsight.core.report import (
         DetectorFailure as DetectorFailure,
@@ -81,6 +88,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         Shard as Shard,
     )
     from qinsight.core.sites import (
+        FlowName as FlowName,
+        Frontend as Frontend,
         InsertPoint as InsertPoint,
         ObserverSpec as ObserverSpec,
         OpCall as OpCall,
@@ -198,6 +207,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         'InvalidParameterError',
         'MergeError',
         'MissingExtraError',
+        'NotFoundError',
         'ObserverError',
         'PluginLoadError',
         'QinsightError',
@@ -209,6 +219,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     'qinsight.core.findings': (
         'Finding',
     ),
+    'qinsight.core.metrics': (
+        'MetricSpec',
+    ),
     'qinsight.core.plan': (
         'PlanStep',
         'QuantPlan',
@@ -218,6 +231,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     'qinsight.core.precision': (
         'SideBits',
+    ),
+    'qinsight.core.progress': (
+        'Progress',
     ),
     'qinsight.core.report': (
         'DetectorFailure',
@@ -231,6 +247,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         'Shard',
     ),
     'qinsight.core.sites': (
+        'FlowName',
+        'Frontend',
         'InsertPoint',
         'ObserverSpec',
         'OpCall',

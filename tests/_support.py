@@ -1,9 +1,8 @@
-"""Shared models, data and torch-peer helpers for the tests."""
+"""Shared models, data and torch-peer helpers for the tests (importing it changes no global state)."""
 
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -12,9 +11,7 @@ from torch import nn
 from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
-warnings.filterwarnings("ignore", category=DeprecationWarning)
-warnings.filterwarnings("ignore", message=".*reduce_range will be deprecated.*")
-torch.set_num_threads(2)
+from qinsight.frontends.base import batch_arguments
 
 
 class MLP(nn.Module):
@@ -208,3 +205,95 @@ def json_paths(value: Any, prefix: tuple[Any, ...] = (), *, leaves: bool = False
     for key, item in items:
         found += json_paths(item, (*prefix, key), leaves=leaves)
     return found
+
+
+# --- a transformer block and what a user does with a mapping -------------------------------------
+
+
+class ResidualBlock(nn.Module):
+    """A pre-norm attention + MLP block, as in every transformer."""
+
+    def __init__(self, dim: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.heads, self.scale = heads, (dim // heads) ** -0.5
+        self.norm1, self.qkv, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.norm2, self.up, self.act, self.down = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        attention = torch.softmax(torch.matmul(q, k.transpose(-2, -1)) * self.scale, dim=-1)
+        x = x + self.proj(torch.matmul(attention, v).transpose(1, 2).reshape(b, s, d))
+        out: torch.Tensor = x + self.down(self.act(self.up(self.norm2(x))))
+        return out
+
+
+def residual_stream(batches: int, seed: int) -> list[torch.Tensor]:
+    """Token activations whose residual stream carries two massive channels, as trained transformers' do."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(batches):
+        x = torch.randn(8, 16, 64, generator=g)
+        x[..., :2] *= 40.0
+        out.append(x)
+    return out
+
+
+def quantize(model: nn.Module, mapping: QConfigMapping, calibration: list[Any], backend_config: Any = None) -> nn.Module:
+    """What a user does with a mapping: prepare_fx, calibrate, convert_fx."""
+    args, kwargs = batch_arguments(calibration[0])
+    prepared = prepare_fx(copy.deepcopy(model), mapping, tuple(args) + tuple(kwargs.values()), backend_config=backend_config)
+    with torch.no_grad():
+        for batch in calibration:
+            args, kwargs = batch_arguments(batch)
+            prepared(*args, **kwargs)
+    return convert_fx(prepared)
+
+
+def outputs(model: nn.Module, data: list[Any]) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.cat([model(*batch_arguments(b)[0], **batch_arguments(b)[1]).flatten(1) for b in data])
+
+
+def sqnr(reference: torch.Tensor, actual: torch.Tensor) -> float:
+    return float(10 * torch.log10(reference.pow(2).sum() / (reference - actual).pow(2).sum()))
+
+
+def cosine(reference: torch.Tensor, actual: torch.Tensor) -> float:
+    return float(torch.nn.functional.cosine_similarity(reference, actual, dim=-1).mean())
+
+
+# --- PT2E ---------------------------------------------------------------------------------------
+
+
+def conv_bn_model() -> nn.Module:
+    model = seeded(ConvBnReluCNN())
+    for bn in (model.bn1, model.block[1]):  # BatchNorms far from identity, so an unfolded comparison shows
+        assert isinstance(bn, nn.BatchNorm2d)
+        bn.weight.data.uniform_(0.3, 2.0)
+        bn.running_var.uniform_(0.2, 3.0)
+    return model
+
+
+def pt2e_quantized(model: nn.Module, calibration: list[torch.Tensor]) -> tuple[torch.fx.GraphModule, nn.Module]:
+    """The convert_pt2e model, and torchao's debugger reference (it must come from the same export)."""
+    from torchao.quantization.pt2e import _numeric_debugger as torchao_debugger
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
+
+    exported = torch.export.export(copy.deepcopy(model), (calibration[0],)).module()
+    reference = torchao_debugger.prepare_for_propagation_comparison(exported)
+    quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
+    prepared = prepare_pt2e(exported, quantizer)  # type: ignore[arg-type]
+    for batch in calibration:
+        prepared(batch)
+    converted: torch.fx.GraphModule = convert_pt2e(prepared)
+    return converted, reference
+
+
+def examples(count: int) -> int:
+    """A hypothesis test's examples under the loaded profile (conftest.py): ``count`` on the CI
+    profile, a tenth of it (at least 5) on the quick one."""
+    from hypothesis import settings
+
+    return max(5, count * settings.default.max_examples // 100) if settings.default.max_examples < 100 else count

@@ -1,11 +1,45 @@
-"""Fixtures; the helpers themselves live in _support.py (importable from tests)."""
+"""The test tiers, the hypothesis profiles, the threads torch runs on, and the shared fixtures.
+
+Two tiers (README):
+
+- ``python -m pytest -q``: the fast tier, every test not marked ``slow``, hypothesis on its quick
+  profile (a tenth of each test's examples). Unit and small-model tests: a few minutes.
+- ``python -m pytest -q --whole``: everything: real weights (MobileNetV2, MiniLM, SmolLM2, the
+  digits), plans on them, gloo ranks and torchrun, the browser, and hypothesis on its CI profile
+  (every example each test asks for). CI runs this one.
+
+An explicit ``-m`` wins over both. The helpers live in ``_support.py`` and its siblings; importing
+them changes nothing global: what is global (warnings aside, which pyproject.toml filters) is set here.
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
+from _support import MLP, ConvBnReluCNN, seeded
+from hypothesis import HealthCheck, settings
 from torch import nn
 
-from _support import MLP, ConvBnReluCNN, seeded
+settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("quick", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=10)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--whole", action="store_true", help="run the whole suite: the slow tier too, hypothesis on its CI profile"
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    whole = bool(config.getoption("--whole", default=False))
+    if not config.option.markexpr:
+        config.option.markexpr = "" if whole else "not slow"
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if whole else "quick"))
+    # the machines have 2 cores; with xdist, each worker gets its share
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // workers))
 
 
 @pytest.fixture

@@ -223,3 +223,29 @@ def test_a_mapping_from_a_report_file_loads_neither_the_observers_nor_the_pipeli
     allowed = {"core", "plugin", "detectors", "frontends", "apply", "outputs", "_version"}
     assert layers <= {f"qinsight.{layer}" for layer in allowed}, layers
     assert "qinsight.apply" in layers and not layers & {"qinsight.observe", "qinsight.pipeline", "qinsight.planning"}
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_no_test_imports_another_test_module_or_a_private_name() -> None:
+    """Tests share what they share through the helper modules (``_support``, ``_cli``...), not through
+    each other, and use qinsight as its users can: no private name imported."""
+    wrong = []
+    for path in sorted(TESTS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [alias.name for alias in node.names]
+                if node.module.split(".")[-1].startswith("test_"):
+                    wrong.append((path.name, node.module))
+                if node.module.startswith("qinsight"):
+                    wrong += [(path.name, f"{node.module}.{n}") for n in names if n.startswith("_")]
+            elif isinstance(node, ast.Import):
+                wrong += [(path.name, alias.name) for alias in node.names if alias.name.split(".")[-1].startswith("test_")]
+    assert wrong == []
+
+
+def test_the_tests_are_laid_out_by_layer() -> None:
+    folders = {path.parent.name for path in TESTS.rglob("test_*.py") if path.parent != TESTS}
+    assert folders <= {*LAYERS, "models"}, folders - {*LAYERS, "models"}
+    assert [path.name for path in TESTS.glob("test_*.py")] == ["test_architecture.py"]

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from qinsight.apply import code, equalization, fx, pt2e, smoothing
 from qinsight.core.advice import Advice, advice_of
 from qinsight.core.plan import QuantPlan
+from qinsight.core.sites import FlowName
 
 if TYPE_CHECKING:
     from torch import nn
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
     from qinsight.core.report import Report
 
-def _advice(source: Report | QuantPlan | Advice, flow: str) -> Advice:
+def _advice(source: Report | QuantPlan | Advice, flow: FlowName) -> Advice:
     advice = advice_of(source, flow)
     for note in advice.notes:
         warnings.warn(note, stacklevel=3)
@@ -73,7 +74,7 @@ def quantize(
     source: Report | QuantPlan | Advice,
     calibration_data: Iterable[Any],
     *,
-    flow: str | None = None,
+    flow: FlowName | None = None,
 ) -> nn.Module:
     """``model`` quantized as ``source`` advises, in ``flow`` (``"fx"`` or ``"pt2e"``; default: a plan's
     own flow, FX for a report): smoothed where the advice smooths, prepared (with the equalization in FX),

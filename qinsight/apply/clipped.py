@@ -21,13 +21,15 @@ from typing import Any
 import torch
 from torch.ao.quantization.observer import HistogramObserver
 
+from qinsight.core.errors import InvalidParameterError
+
 
 class ClippedHistogramObserver(HistogramObserver):
     """torch's ``HistogramObserver`` on ``x.clamp(lower, upper)``; passes ``x`` through unchanged."""
 
     def __init__(self, lower: float = 0.0, upper: float = 6.0, **kwargs: Any) -> None:
         if not lower < upper:
-            raise ValueError(f"ClippedHistogramObserver needs lower < upper, not [{lower}, {upper}]")
+            raise InvalidParameterError("ClippedHistogramObserver", "upper", upper, f"lower < upper (lower={lower})")
         super().__init__(**kwargs)
         self.lower, self.upper = float(lower), float(upper)
 

@@ -16,7 +16,7 @@ within that layer and passes the joint filter, no fusion pattern spans two
 layers, and no layer holds an op whose annotation waits on another's (a
 pool is quantized only after a quantized op, so entries naming containers
 could depend on their order). Checked node for node against torchao on
-MobileNetV2 and a transformer encoder in tests/test_pt2e.py. The entries
+MobileNetV2 and a transformer encoder in tests/apply/test_pt2e.py. The entries
 stay in ``module_name_qconfig``, as torchao keeps them; only ``annotate``
 differs. Without torchao's private ``_annotate_with_config`` it is
 torchao's quantizer, unchanged.

@@ -6,7 +6,7 @@ the module stays static (torchao 0.18). So the report's dynamic modules get a qu
 (dynamic, those modules only), the static one excludes them, and the two are
 composed. Modules kept in float are excluded from both. A per-tensor weight
 suggestion gets a per-tensor weight spec. Every override is checked in a
-converted graph by tests/test_pt2e.py.
+converted graph by tests/apply/test_pt2e.py.
 
 Ops around the layers have no module names the quantizer could be configured
 with. The returned quantizer wraps the composed one: after it annotates the
@@ -134,7 +134,7 @@ def _honouring(inner: Any, sites: tuple[OpSite, ...], suggestions: tuple[QuantSu
     return ReportQuantizer()
 
 
-def _per_tensor_weights(config: Any, observer: Any) -> Any:
+def per_tensor_weights(config: Any, observer: Any) -> Any:
     weight = dataclasses.replace(
         config.weight,
         qscheme=torch.per_tensor_symmetric,
@@ -161,7 +161,7 @@ def advice_quantizer(sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggesti
     static_config = x86.get_default_x86_inductor_quantization_config()
     dynamic_config = x86.get_default_x86_inductor_quantization_config(is_dynamic=True)
     # one config object per kind of entry: the grouped quantizer annotates the modules of each in one pass
-    per_tensor = {config: _per_tensor_weights(config, observer) for config in (static_config, dynamic_config)}
+    per_tensor = {config: per_tensor_weights(config, observer) for config in (static_config, dynamic_config)}
     static = grouped().set_global(static_config)
     dynamic = grouped()
     dynamic_modules = []

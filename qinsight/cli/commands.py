@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from qinsight.cli import ranks
 from qinsight.cli.gates import check_verdict_gates, parse_diff_gates, tripped_diff, tripped_findings
 from qinsight.cli.output import Progress, StageProgress, check_targets, note, write, wrote
-from qinsight.core.errors import PluginLoadError, UsageError
+from qinsight.core.errors import InvalidParameterError, PluginLoadError, UsageError
 from qinsight.core.report import Report
 from qinsight.core.shards import Shard
 from qinsight.core.sites import check_backend
@@ -196,8 +196,8 @@ def _plan(args: argparse.Namespace) -> int:
         note(line)
     try:
         target = Target.parse(args.target)
-    except ValueError as exc:
-        raise UsageError(f"--target: {exc}") from exc
+    except InvalidParameterError as exc:  # before anything loads or runs
+        raise UsageError(f"--target {args.target!r}: expected {exc.expected}") from exc
     model, data, name = _model_and_data(args, None, whole=True)
     calibration, evaluation = list(data), _evaluation_data(args)
     if not calibration:

@@ -59,7 +59,8 @@ class Progress:
             return done % step == 0 or done == self.total
         return done & (done - 1) == 0
 
-    def __call__(self, done: int) -> None:
+    def __call__(self, _stage: str, done: int, total: int) -> None:
+        self.total = self.total or total or None
         self.done = done
         if self.tty:
             print(f"\r{self._line(done)}", end="", file=sys.stderr, flush=True)

@@ -23,6 +23,7 @@ from qinsight.compare.layers import QuantizedLayer, dequantize, quantized_layers
 from qinsight.compare.metrics import DEFAULT, load_metrics
 from qinsight.compare.ops import FloatOps, GraphOp, quantized_ops
 from qinsight.core.comparison import ActivationComparison, LayerActivationComparison
+from qinsight.core.errors import InvalidParameterError
 from qinsight.distributed import Exchange, sharing_failures
 from qinsight.frontends import (
     ModelStructure,
@@ -275,7 +276,9 @@ def _measure(
     layers = {key: quantized_layers(float_model, model, structure) for key, model in quantized_models.items()}
     for key, found in layers.items():
         if not found:
-            raise ValueError(f"no Linear/Conv of the float model has a counterpart in the quantized model {key!r}")
+            raise InvalidParameterError(
+                "compare_activations", "quantized", key, "a quantized version of the float model: no Linear/Conv of the float model has a counterpart in it"
+            )
     points = {
         key: {fqn: _compared_at(layer, structure.chains.get(fqn, ())) for fqn, layer in found.items()}
         for key, found in layers.items()

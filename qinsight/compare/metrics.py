@@ -5,7 +5,7 @@ divides by zero: identical tensors are a perfect match (SQNR +inf, relative
 L2 0, cosine 1), and a zero reference with any error has SQNR -inf and
 relative L2 +inf. Each is a :class:`~qinsight.plugin.Metric` with its direction
 and its form over batch totals: adding a built-in metric is one entry in
-:data:`BUILTIN`. Third-party metrics register under the entry-point group
+:data:`qinsight.core.metrics.METRICS` (its direction and range) and one here (its computation). Third-party metrics register under the entry-point group
 ``qinsight.metrics`` (entry name = metric name).
 """
 
@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Final
 
 import torch
 
 from qinsight.core.errors import PluginLoadError
+from qinsight.core import metrics as table
 from qinsight.plugin.discovery import METRICS, find_entry, installed, load_entry
 from qinsight.plugin.metric import ErrorTotals, Metric
+
+TensorMetric = Callable[[torch.Tensor, torch.Tensor], float]
+TotalsMetric = Callable[[ErrorTotals], float]
 
 
 def _pair(reference: torch.Tensor, actual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +57,7 @@ def cosine(reference: torch.Tensor, actual: torch.Tensor) -> float:
     nx, ny = float(x.norm()), float(y.norm())
     if nx == 0.0 or ny == 0.0:
         return 1.0 if nx == ny else 0.0
-    return float(x @ y) / (nx * ny)
+    return max(-1.0, min(1.0, float(x @ y) / (nx * ny)))  # rounding can step past ±1
 
 
 def max_abs_error(reference: torch.Tensor, actual: torch.Tensor) -> float:
@@ -86,24 +91,39 @@ def _cosine_of(totals: ErrorTotals) -> float:
     # x·y needs no sum of its own: x·y = (|x|² + |y|² - |x - y|²) / 2
     if totals.ref_sq == 0.0 or totals.act_sq == 0.0:
         return 1.0 if totals.ref_sq == totals.act_sq else 0.0
-    return (totals.ref_sq + totals.act_sq - totals.err_sq) / (2 * math.sqrt(totals.ref_sq * totals.act_sq))
+    value = (totals.ref_sq + totals.act_sq - totals.err_sq) / (2 * math.sqrt(totals.ref_sq * totals.act_sq))
+    return max(-1.0, min(1.0, value))
 
 
 def _mse_of(totals: ErrorTotals) -> float:
     return totals.err_sq / totals.count if totals.count else 0.0
 
 
-BUILTIN: Final[dict[str, Metric]] = {
-    metric.name: metric
-    for metric in (
-        Metric(name="sqnr", higher_is_better=True, on_tensors=sqnr, from_totals=_sqnr_of),
-        Metric(name="relative_l2", higher_is_better=False, on_tensors=relative_l2, from_totals=_relative_l2_of),
-        Metric(name="cosine", higher_is_better=True, on_tensors=cosine, from_totals=_cosine_of),
-        Metric(name="max_abs_error", higher_is_better=False, on_tensors=max_abs_error, from_totals=lambda t: t.max_abs),
-        Metric(name="mse", higher_is_better=False, on_tensors=mse, from_totals=_mse_of),
-    )
+def top1(reference: torch.Tensor, actual: torch.Tensor) -> float:
+    """The share of rows (first dimension: samples) whose argmax agrees; 1 for no rows."""
+    if reference.shape != actual.shape:
+        raise ValueError(f"cannot compare tensors of shapes {tuple(reference.shape)} and {tuple(actual.shape)}")
+    rows = reference.shape[0] if reference.dim() else 1
+    if rows == 0 or reference.numel() == 0:
+        return 1.0
+    x, y = reference.detach().reshape(rows, -1), actual.detach().reshape(rows, -1)
+    return float((x.argmax(dim=1) == y.argmax(dim=1)).double().mean())
+
+
+_COMPUTED: Final[dict[str, tuple[TensorMetric, TotalsMetric | None]]] = {
+    "sqnr": (sqnr, _sqnr_of),
+    "relative_l2": (relative_l2, _relative_l2_of),
+    "cosine": (cosine, _cosine_of),
+    "max_abs_error": (max_abs_error, lambda t: t.max_abs),
+    "mse": (mse, _mse_of),
+    "top1": (top1, None),
 }
-DEFAULT: Final = tuple(BUILTIN)
+# Each metric of the one table (qinsight.core.metrics), computed: its direction and range come from there.
+BUILTIN: Final[dict[str, Metric]] = {
+    name: Metric(name=name, higher_is_better=spec.higher_is_better, on_tensors=_COMPUTED[name][0], from_totals=_COMPUTED[name][1])
+    for name, spec in table.METRICS.items()
+}
+DEFAULT: Final = table.COMPARISON_DEFAULT
 
 
 def _as_metric(loaded: object, name: str, source: str) -> Metric:

@@ -14,6 +14,7 @@ from torch import nn
 
 from qinsight.compare.layers import quantized_layers
 from qinsight.compare.metrics import load_metrics
+from qinsight.core.errors import InvalidParameterError
 from qinsight.core.comparison import (
     ChannelMetric,
     LayerWeightComparison,
@@ -27,7 +28,7 @@ from qinsight.plugin.metric import Metric
 def fold_batchnorm(weight: torch.Tensor, bn: nn.modules.batchnorm._BatchNorm) -> torch.Tensor:
     """The conv weight with BatchNorm's per-channel scale folded in, as quantization folds it."""
     if bn.running_var is None:
-        raise ValueError("cannot fold a BatchNorm without running statistics")
+        raise InvalidParameterError("compare_weights", "float_model", "a BatchNorm without running statistics", "BatchNorms with running statistics to fold")
     scale = torch.rsqrt(bn.running_var + bn.eps)
     if bn.weight is not None:
         scale = scale * bn.weight
@@ -85,7 +86,9 @@ def compare_weights(
             )
         )
     if not layers:
-        raise ValueError("no Linear/Conv of the float model has a quantized counterpart with a weight in the quantized model")
+        raise InvalidParameterError(
+            "compare_weights", "quantized", type(quantized_model).__name__, "a quantized version of the float model: no Linear/Conv of the float model has a quantized counterpart with a weight in it"
+        )
     return WeightComparison(layers=tuple(layers))
 
 

@@ -16,33 +16,19 @@ equalize) are ``notes``: data that the builders also warn with.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Literal
 
 import attrs
 
 from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
-from qinsight.core.errors import InvalidParameterError
 from qinsight.core.plan import QuantPlan
-from qinsight.core.sites import OpSite
+from qinsight.core.sites import FlowName, OpSite, checked_flow
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
 
 if TYPE_CHECKING:
     from qinsight.core.report import Report
-
-FlowName = Literal["fx", "pt2e"]
-FLOWS: tuple[str, ...] = get_args(FlowName)
-
-
-def checked_flow(flow: str, caller: str) -> FlowName:
-    """``flow`` if qinsight quantizes through it, else one :class:`InvalidParameterError` naming the choices."""
-    if flow == "fx":
-        return "fx"
-    if flow == "pt2e":
-        return "pt2e"
-    raise InvalidParameterError(caller, "flow", flow, " or ".join(repr(f) for f in FLOWS))
-
 
 @attrs.frozen(kw_only=True)
 class Advice:
@@ -67,7 +53,7 @@ class Advice:
     notes: tuple[str, ...] = ()
 
 
-def advice_of(source: Report | QuantPlan | Advice, flow: str | None = None) -> Advice:
+def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None) -> Advice:
     """The advice ``source`` gives for ``flow`` (default: a plan's own flow, FX for a report).
 
     A report carrying a plan made for ``flow`` gives the plan's verified config;
@@ -102,7 +88,7 @@ def advice_of(source: Report | QuantPlan | Advice, flow: str | None = None) -> A
 
 def _of_plan(plan: QuantPlan, flow: FlowName) -> Advice:
     advice = Advice(
-        flow=plan.flow if plan.flow in FLOWS else flow,  # type: ignore[arg-type]
+        flow=checked_flow(plan.flow, "advice_of") if plan.flow in ("fx", "pt2e") else flow,
         backend=plan.backend,
         sites=plan.sites,
         suggestions=plan.suggestions,
@@ -143,4 +129,4 @@ def _pt2e_equalization(advice: Advice) -> tuple[str, ...]:
     return ("PT2E has no input-weight equalization; these modules stay unequalized: " + ", ".join(advice.equalization.fqns),)
 
 
-__all__ = ["FLOWS", "Advice", "FlowName", "advice_of", "checked_flow"]
+__all__ = ["Advice", "advice_of"]

@@ -7,15 +7,17 @@ from typing import TypeVar
 
 import attrs
 
+from qinsight.core.errors import NotFoundError
+
 T = TypeVar("T")
 
 
 def _find(items: Sequence[T], key: Callable[[T], str], wanted: str, what: str) -> T:
-    """The item whose ``key`` is ``wanted``; a KeyError listing the others if none is."""
+    """The item whose ``key`` is ``wanted``; a :class:`NotFoundError` naming the others if none is."""
     for item in items:
         if key(item) == wanted:
             return item
-    raise KeyError(f"no {what} {wanted!r}; {what}s: {', '.join(key(i) for i in items)}")
+    raise NotFoundError(what, wanted, (key(i) for i in items))
 
 
 def _legacy_direction(value: MetricValue) -> bool:

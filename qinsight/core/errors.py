@@ -7,6 +7,8 @@ attributes, so programs need not parse the message.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 def describe(exc: BaseException) -> str:
     """``TypeName: message``: how an error is named where it is recorded or passed on (reports, other ranks)."""
@@ -29,6 +31,11 @@ class InvalidParameterError(QinsightError, ValueError):
 
     def __str__(self) -> str:
         return f"{self.owner}: {self.name}={self.value!r} is invalid; expected {self.expected}"
+
+
+class InvalidValueError(QinsightError, ValueError):
+    """A value refused by one of qinsight's immutable types (a statistic of the wrong length, a
+    smoothing factor that is not positive, two specs that cannot merge): the message says which."""
 
 
 class FrontendError(QinsightError):
@@ -94,6 +101,30 @@ def _rebuild_plugin_load_error(name: str, source: str, reason: str, kind: str) -
 
 class MissingExtraError(QinsightError, ImportError):
     """An optional dependency is not installed; the message says which extra to install."""
+
+
+class NotFoundError(QinsightError, KeyError):
+    """A lookup by name found nothing (``report.result("x")``, ``comparison.layer("fc9")``...): every
+    lookup of qinsight's result types raises it, naming what is there (the first few)."""
+
+    def __init__(self, what: str, wanted: object, known: Iterable[str]) -> None:
+        names = list(known)
+        shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+        self.what, self.wanted = what, wanted
+        self.message = f"no {what} {wanted!r}; there are: {shown or 'none'}"
+        super().__init__(self.message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_not_found, (self.what, self.wanted, self.message))
+
+    def __str__(self) -> str:  # KeyError quotes its argument
+        return self.message
+
+
+def _rebuild_not_found(what: str, wanted: object, message: str) -> NotFoundError:
+    error = NotFoundError(what, wanted, ())
+    error.message = message
+    return error
 
 
 class UsageError(QinsightError):

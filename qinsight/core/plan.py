@@ -27,18 +27,23 @@ import attrs
 
 from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
+from qinsight.core.errors import InvalidParameterError, InvalidValueError, NotFoundError
+from qinsight.core.metrics import METRICS
 from qinsight.core.sites import OpSite
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
 
 _TARGET = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
-# Metrics where lower is better; every other metric is higher-is-better.
-LOWER_IS_BETTER = frozenset({"float", "mse", "max_abs"})
+BUDGET = "float"  # the budget form's name: at most N sites in float
 
 
-def _finite_or_nan(_instance: object, _attribute: object, value: float) -> None:
-    if math.isinf(value):
-        raise ValueError(f"a score must be finite or NaN (not measured), not {value}")
+def _finite(_instance: object, _attribute: object, value: float) -> None:
+    if not math.isfinite(value):
+        raise InvalidValueError(f"a target's threshold must be finite, not {value}")
+
+
+def _target_error(text: str, expected: str) -> InvalidParameterError:
+    return InvalidParameterError("plan", "target", text, expected)
 
 
 @attrs.frozen(kw_only=True)
@@ -50,28 +55,47 @@ class Target:
     """
 
     metric: str
-    threshold: float = attrs.field(validator=_finite_or_nan)
+    threshold: float = attrs.field(validator=_finite)
     higher_is_better: bool = True
 
     @classmethod
     def parse(cls, text: str) -> Target:
-        """``"sqnr>=30"``, ``"cosine>=0.995"``, ``"top1>=0.94"``, ``"float<=5"`` (the CLI's form too)."""
+        """``"sqnr>=30"``, ``"cosine>=0.995"``, ``"top1>=0.94"``, ``"float<=5"`` (the CLI's form too); a
+        metric of your own by its name (``"accuracy>=0.98"``). A known metric is bounded its way and
+        within its range (:data:`qinsight.core.metrics.METRICS`), else :class:`InvalidParameterError`."""
         match = _TARGET.match(text)
         if match is None:
-            raise ValueError(f"a target reads like 'sqnr>=30', 'cosine>=0.995' or 'float<=5', not {text!r}")
+            raise _target_error(text, "a target like 'sqnr>=30', 'cosine>=0.995', 'top1>=0.94' or 'float<=5'")
         metric, operator, number = match.groups()
         higher = operator == ">="
-        if higher == (metric in LOWER_IS_BETTER):
-            wanted = "<=" if metric in LOWER_IS_BETTER else ">="
-            raise ValueError(f"{metric} is bounded with {wanted}: {metric}{wanted}{number}")
-        threshold = float(number)
+        try:
+            threshold = float(number)
+        except ValueError:
+            raise _target_error(text, f"a number after {operator}, not {number!r}") from None
         if not math.isfinite(threshold):
-            raise ValueError(f"a target's number must be finite, not {number}")
+            raise _target_error(text, "a finite number")
+        spec = METRICS.get(metric)
+        if metric == BUDGET:
+            if higher:
+                raise _target_error(text, f"float<={number}: the budget is bounded with <=")
+            if threshold < 0 or threshold != int(threshold):
+                raise _target_error(text, "float<=N with N a whole number of sites, 0 or more")
+        elif spec is not None:
+            wanted = ">=" if spec.higher_is_better else "<="
+            if higher != spec.higher_is_better:
+                raise _target_error(text, f"{metric}{wanted}{number}: {metric} is bounded with {wanted}")
+            if not spec.admits(threshold):
+                raise _target_error(text, f"a {metric} threshold {spec.describe_range()}")
         return cls(metric=metric, threshold=threshold, higher_is_better=higher)
 
     @property
     def is_budget(self) -> bool:
-        return self.metric == "float"
+        return self.metric == BUDGET
+
+    @property
+    def higher_scores_better(self) -> bool:
+        """The direction scores are compared in: the metric's, and for a budget the plan's metric (higher)."""
+        return self.higher_is_better or self.is_budget
 
     def met(self, score: float) -> bool:
         """Whether ``score`` reaches the target (never for a NaN score)."""
@@ -98,10 +122,10 @@ class SuggestionCheck:
 
     fqn: str
     change: str
-    before: float = attrs.field(validator=_finite_or_nan)
-    alone: float = attrs.field(validator=_finite_or_nan)
-    together: float = attrs.field(default=math.nan, validator=_finite_or_nan)
-    without: float = attrs.field(default=math.nan, validator=_finite_or_nan)
+    before: float
+    alone: float
+    together: float = math.nan
+    without: float = math.nan
     kept: bool
     reason: str = ""
 
@@ -130,9 +154,9 @@ class SiteSensitivity:
     fqn: str
     kind: str
     parameters: int = attrs.field(validator=attrs.validators.ge(0))
-    float_only: float = attrs.field(validator=_finite_or_nan)
-    quantized_only: float = attrs.field(validator=_finite_or_nan)
-    gain: float = attrs.field(validator=_finite_or_nan)
+    float_only: float
+    quantized_only: float
+    gain: float
 
 
 STEP_MODES = ("", "static", "dynamic")
@@ -156,7 +180,7 @@ class PlanStep:
     """
 
     fqn: str
-    score: float = attrs.field(validator=_finite_or_nan)
+    score: float
     kept: bool
     quantized_fraction: float = attrs.field(validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)])
     stage: str = attrs.field(default="curve", validator=attrs.validators.in_(STAGES))
@@ -188,13 +212,13 @@ class QuantPlan:
     metric: str
     target: Target
     reached: bool
-    default_score: float = attrs.field(validator=_finite_or_nan)
-    verified_score: float = attrs.field(validator=_finite_or_nan)
+    default_score: float
+    verified_score: float
     steps: tuple[PlanStep, ...] = ()
     quantized_fraction: float = attrs.field(default=1.0, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)])
     checks: tuple[SuggestionCheck, ...] = ()
     sensitivities: tuple[SiteSensitivity, ...] = ()
-    agreement: float = attrs.field(default=math.nan, validator=_finite_or_nan)
+    agreement: float = math.nan
     suggestions: tuple[QuantSuggestion, ...] = ()
     sites: tuple[OpSite, ...] = ()
     evaluations: int = attrs.field(default=0, validator=attrs.validators.ge(0))
@@ -218,4 +242,4 @@ class QuantPlan:
         for found in self.sensitivities:
             if found.fqn == fqn:
                 return found
-        raise KeyError(f"no sensitivity measured for {fqn!r}")
+        raise NotFoundError("sensitivity measured for", fqn, (s.fqn for s in self.sensitivities))

@@ -19,6 +19,7 @@ import attrs
 from qinsight.core.activations import FxActivations
 from qinsight.core.comparison import Comparison
 from qinsight.core.equalization import EqualizationMapping, EqualizationRefusal
+from qinsight.core.errors import InvalidValueError, NotFoundError
 from qinsight.core.findings import Finding
 from qinsight.core.plan import QuantPlan
 from qinsight.core.sites import OpSite, Side
@@ -31,7 +32,7 @@ ParameterValue = bool | int | float | str
 def _finite(_instance: object, _attribute: object, value: ParameterValue) -> None:
     # A non-finite float would read back as the string "nan"/"inf" (the file's encoding of them).
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"a parameter value must be finite, not {value}")
+        raise InvalidValueError(f"a parameter value must be finite, not {value}")
 
 
 @attrs.frozen(kw_only=True)
@@ -55,13 +56,13 @@ class DetectorResult:
         for parameter in self.parameters:
             if parameter.name == name:
                 return parameter.value
-        raise KeyError(f"detector {self.detector} has no parameter {name!r}")
+        raise NotFoundError(f"parameter of detector {self.detector}", name, (p.name for p in self.parameters))
 
     def finding(self, fqn: str) -> Finding:
         for finding in self.findings:
             if finding.fqn == fqn:
                 return finding
-        raise KeyError(f"detector {self.detector} has no finding for module {fqn!r}")
+        raise NotFoundError(f"finding of detector {self.detector} for module", fqn, (f.fqn for f in self.findings))
 
 
 class FailureStage(enum.Enum):
@@ -114,7 +115,7 @@ class Report:
         ):
             repeated = sorted(n for n, count in collections.Counter(names).items() if count > 1)
             if repeated:
-                raise ValueError(f"each {what} may appear once; repeated: {', '.join(repeated[:5])}")
+                raise InvalidValueError(f"each {what} may appear once; repeated: {', '.join(repeated[:5])}")
 
     def with_comparison(self, comparison: Comparison) -> Report:
         """This report carrying ``comparison`` (float vs quantized), to save and show together."""
@@ -159,14 +160,20 @@ class Report:
         for result in self.results:
             if result.detector == detector:
                 return result
-        ran = ", ".join(r.detector for r in self.results) or "none"
-        raise KeyError(f"no result for detector {detector!r}; detectors that ran: {ran}")
+        raise NotFoundError("result of detector", detector, (r.detector for r in self.results))
 
-    def suggestion(self, fqn: str) -> QuantSuggestion | None:
-        return next((s for s in self.suggestions if s.fqn == fqn), None)
+    def suggestion(self, fqn: str) -> QuantSuggestion:
+        """The merged suggestion for ``fqn``; :class:`NotFoundError` where nothing was suggested for it."""
+        found = next((s for s in self.suggestions if s.fqn == fqn), None)
+        if found is None:
+            raise NotFoundError("suggestion for", fqn, (s.fqn for s in self.suggestions))
+        return found
 
-    def observation(self, fqn: str, side: Side) -> Observation | None:
-        return next((o for o in self.observations if o.fqn == fqn and o.side is side), None)
+    def observation(self, fqn: str, side: Side) -> Observation:
+        found = next((o for o in self.observations if o.fqn == fqn and o.side is side), None)
+        if found is None:
+            raise NotFoundError("observation", f"{fqn}:{side.value}", (o.key for o in self.observations))
+        return found
 
     def actionable(self) -> tuple[Finding, ...]:
         return tuple(f for r in self.results for f in r.findings if f.actionable)

@@ -14,6 +14,8 @@ from typing import TypeVar
 
 import attrs
 
+from qinsight.core.errors import InvalidValueError
+
 T = TypeVar("T")
 
 
@@ -26,7 +28,7 @@ class Shard:
 
     def __attrs_post_init__(self) -> None:
         if self.rank >= self.world_size:
-            raise ValueError(f"rank {self.rank} is not below the world size {self.world_size}")
+            raise InvalidValueError(f"rank {self.rank} is not below the world size {self.world_size}")
 
     def batch_index(self, local: int) -> int:
         """The global index of this shard's ``local``-th batch."""

@@ -8,20 +8,44 @@ to observe where, and the instrumenter turns those into observers.
 from __future__ import annotations
 
 import enum
-from typing import Final
+from typing import Final, Literal, TypeVar, get_args
 
 import attrs
 
-from qinsight.core.errors import InvalidParameterError
+from qinsight.core.errors import InvalidParameterError, InvalidValueError
 
 # The quantized backends torch 2.13's FX flow knows.
 BACKENDS: Final = ("fbgemm", "qnnpack", "onednn", "x86")
+# The flows qinsight quantizes through, and the frontends it reads models with: typed alike, each
+# checked where a user passes it (a type checker sees the Literal, a program gets the error).
+FlowName = Literal["fx", "pt2e"]
+Frontend = Literal["auto", "fx", "export", "eager"]
+FLOWS: Final[tuple[FlowName, ...]] = get_args(FlowName)
+FRONTENDS: Final[tuple[Frontend, ...]] = get_args(Frontend)
+_Name = TypeVar("_Name", bound=str)
 
 
 def check_backend(owner: str, backend: str) -> None:
     """:class:`InvalidParameterError` unless ``backend`` is one of :data:`BACKENDS`."""
     if backend not in BACKENDS:
         raise InvalidParameterError(owner, "backend", backend, "one of " + ", ".join(BACKENDS))
+
+
+def _checked(owner: str, argument: str, value: str, choices: tuple[_Name, ...]) -> _Name:
+    for choice in choices:
+        if value == choice:
+            return choice
+    raise InvalidParameterError(owner, argument, value, " or ".join(repr(c) for c in choices))
+
+
+def checked_flow(flow: str, owner: str) -> FlowName:
+    """``flow`` if qinsight quantizes through it, else one :class:`InvalidParameterError` naming the choices."""
+    return _checked(owner, "flow", flow, FLOWS)
+
+
+def checked_frontend(frontend: str, owner: str) -> Frontend:
+    """``frontend`` if qinsight reads models with it, else one :class:`InvalidParameterError`."""
+    return _checked(owner, "frontend", frontend, FRONTENDS)
 
 
 class OpKind(enum.Enum):
@@ -187,16 +211,16 @@ class ObserverSpec:
 
     def __attrs_post_init__(self) -> None:
         if any(not 0.0 < p < 1.0 for p in self.percentiles) or list(self.percentiles) != sorted(set(self.percentiles)):
-            raise ValueError(f"percentiles must be sorted, unique and in (0, 1), not {self.percentiles}")
+            raise InvalidValueError(f"percentiles must be sorted, unique and in (0, 1), not {self.percentiles}")
         if (self.percentiles or self.tails) and not self.per_channel:
-            raise ValueError("percentile and tail statistics are per channel: set per_channel=True")
+            raise InvalidValueError("percentile and tail statistics are per channel: set per_channel=True")
         if self.percentile_samples is not None and self.percentile_samples < 1:
-            raise ValueError(f"percentile_samples must be at least 1, not {self.percentile_samples}")
+            raise InvalidValueError(f"percentile_samples must be at least 1, not {self.percentile_samples}")
 
     def union(self, other: ObserverSpec) -> ObserverSpec:
         """The spec that computes everything either spec computes."""
         if other.channel_axis != self.channel_axis:
-            raise ValueError("specs along different channel axes cannot be combined")
+            raise InvalidValueError("specs along different channel axes cannot be combined")
         return ObserverSpec(
             channel_axis=self.channel_axis,
             per_channel=self.per_channel or other.per_channel,

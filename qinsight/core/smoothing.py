@@ -24,13 +24,15 @@ import math
 
 import attrs
 
+from qinsight.core.errors import InvalidValueError
+
 
 def _positive_finite(_instance: object, _attribute: object, factors: tuple[float, ...]) -> None:
     if not factors:
-        raise ValueError("a smoothing entry needs one factor per input channel, not none")
+        raise InvalidValueError("a smoothing entry needs one factor per input channel, not none")
     bad = next((f for f in factors if not (math.isfinite(f) and f > 0.0)), None)
     if bad is not None:
-        raise ValueError(f"smoothing factors must be positive and finite, not {bad}")
+        raise InvalidValueError(f"smoothing factors must be positive and finite, not {bad}")
 
 
 @attrs.frozen(kw_only=True)
@@ -56,7 +58,7 @@ class SmoothingMapping:
     def __attrs_post_init__(self) -> None:
         names = [entry.fqn for entry in self.entries]
         if len(set(names)) != len(names):
-            raise ValueError(f"each Linear may be smoothed once; repeated: {sorted({n for n in names if names.count(n) > 1})}")
+            raise InvalidValueError(f"each Linear may be smoothed once; repeated: {sorted({n for n in names if names.count(n) > 1})}")
 
     @property
     def fqns(self) -> tuple[str, ...]:

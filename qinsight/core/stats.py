@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from qinsight.core.errors import MergeError
+from qinsight.core.errors import InvalidValueError, MergeError
 from qinsight.core.sites import InsertPoint, ObserverSpec, Side
 
 
@@ -80,7 +80,7 @@ class BatchMoments:
 def _counts(_instance: object, attribute: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]) -> None:
     # one min() over the tuple: deep_iterable(ge(0)) made two calls per channel, a third of freezing a large model
     if min(value, default=0) < 0:
-        raise ValueError(f"'{attribute.name}' must hold counts >= 0, not {min(value)}")
+        raise InvalidValueError(f"'{attribute.name}' must hold counts >= 0, not {min(value)}")
 
 
 @attrs.frozen(kw_only=True)
@@ -104,7 +104,7 @@ class PercentileStats:
     def __attrs_post_init__(self) -> None:
         lengths = {len(self.ratio_sum), len(self.measured_batches), len(self.constant_batches)}
         if len(lengths) > 1:
-            raise ValueError(f"ratio_sum, measured_batches and constant_batches must have one length per channel, not {sorted(lengths)}")
+            raise InvalidValueError(f"ratio_sum, measured_batches and constant_batches must have one length per channel, not {sorted(lengths)}")
 
     def mean_ratios(self) -> tuple[float | None, ...]:
         """The mean ratio per channel, ``None`` where no batch could measure it."""
@@ -112,7 +112,7 @@ class PercentileStats:
 
     def merge(self, other: PercentileStats) -> PercentileStats:
         if other.percentile != self.percentile or len(other.ratio_sum) != len(self.ratio_sum):
-            raise ValueError("cannot merge percentile statistics of different percentiles or channel counts")
+            raise InvalidValueError("cannot merge percentile statistics of different percentiles or channel counts")
         return PercentileStats(
             percentile=self.percentile,
             ratio_sum=tuple(a + b for a, b in zip(self.ratio_sum, other.ratio_sum)),
@@ -151,7 +151,7 @@ class TailStats:
 
     def __attrs_post_init__(self) -> None:
         if not len(self.abs_sum) == len(self.above) == len(self.massive_hits):
-            raise ValueError("abs_sum, above and massive_hits must have one value per channel each")
+            raise InvalidValueError("abs_sum, above and massive_hits must have one value per channel each")
 
     def mean_abs(self) -> tuple[float, ...]:
         return tuple(total / self.values if self.values else 0.0 for total in self.abs_sum)
@@ -175,7 +175,7 @@ class TailStats:
 
     def merge(self, other: TailStats) -> TailStats:
         if len(other.abs_sum) != len(self.abs_sum):
-            raise ValueError(f"cannot merge tail statistics of {len(self.abs_sum)} and {len(other.abs_sum)} channels")
+            raise InvalidValueError(f"cannot merge tail statistics of {len(self.abs_sum)} and {len(other.abs_sum)} channels")
         return TailStats(
             values=self.values + other.values,
             abs_sum=tuple(a + b for a, b in zip(self.abs_sum, other.abs_sum)),
@@ -208,7 +208,7 @@ def _merge_channels(
     if b is None:
         return a
     if len(a) != len(b):
-        raise ValueError(f"cannot merge per-channel statistics of {len(a)} and {len(b)} channels")
+        raise InvalidValueError(f"cannot merge per-channel statistics of {len(a)} and {len(b)} channels")
     return tuple(pick(x, y) for x, y in zip(a, b))
 
 
@@ -233,12 +233,12 @@ class ActivationStats:
         if (self.channel_min is None) != (self.channel_max is None) or (
             self.channel_min is not None and self.channel_max is not None and len(self.channel_min) != len(self.channel_max)
         ):
-            raise ValueError("channel_min and channel_max must both be absent or have one value per channel each")
+            raise InvalidValueError("channel_min and channel_max must both be absent or have one value per channel each")
         channels = len(self.channel_min) if self.channel_min is not None else None
         if channels is not None and any(len(p.ratio_sum) != channels for p in self.percentiles):
-            raise ValueError(f"percentile statistics must have one value per channel ({channels})")
+            raise InvalidValueError(f"percentile statistics must have one value per channel ({channels})")
         if channels is not None and self.tails is not None and len(self.tails.abs_sum) != channels:
-            raise ValueError(f"tail statistics must have one value per channel ({channels})")
+            raise InvalidValueError(f"tail statistics must have one value per channel ({channels})")
 
     def percentile_stats(self, percentile: float) -> PercentileStats | None:
         return next((p for p in self.percentiles if p.percentile == percentile), None)
@@ -272,7 +272,7 @@ class ActivationStats:
     def merge(self, other: ActivationStats) -> ActivationStats:
         """The statistics of both halves' batches together."""
         if other.spec != self.spec:
-            raise ValueError(f"cannot merge statistics of different specs: {self.spec} vs {other.spec}")
+            raise InvalidValueError(f"cannot merge statistics of different specs: {self.spec} vs {other.spec}")
         moments = self.moments
         if other.moments is not None:
             moments = other.moments if moments is None else moments.merge(other.moments)

@@ -14,6 +14,8 @@ import attrs
 import torch
 from torch import nn
 
+from qinsight.core.errors import NotFoundError
+
 
 class SmallCNN(nn.Module):
     def __init__(self, num_classes: int = 10) -> None:
@@ -171,4 +173,4 @@ def example(name: str) -> Example:
     try:
         return EXAMPLES[name]
     except KeyError:
-        raise KeyError(f"no example {name!r}; examples: {', '.join(EXAMPLES)}") from None
+        raise NotFoundError("example", name, EXAMPLES) from None

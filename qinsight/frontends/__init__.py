@@ -53,7 +53,7 @@ from qinsight.frontends.modules import (
     tail_chains,
     weight_scheme,
 )
-from qinsight.frontends.select import Frontend, view_of
+from qinsight.frontends.select import view_of
 
 __all__ = [
     "CallTap",
@@ -65,7 +65,6 @@ __all__ = [
     "tap_each",
     "ATEN_KINDS",
     "ExportedView",
-    "Frontend",
     "LeafTracer",
     "ModelStructure",
     "ModuleView",

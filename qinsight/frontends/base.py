@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qinsight.core.errors import NotFoundError
 from qinsight.core.sites import OpCall, OpSite, Side
 from qinsight.frontends.calls import CallTap, unseen
 from qinsight.plugin.detector import Detach
@@ -84,12 +85,11 @@ def hookless_copy(model: nn.Module) -> nn.Module:
 
 
 def find_site(sites: tuple[OpSite, ...], fqn: str) -> OpSite:
-    """The site named ``fqn``; a ``KeyError`` that lists the known sites otherwise."""
+    """The site named ``fqn``; a :class:`NotFoundError` that lists the known sites otherwise."""
     for site in sites:
         if site.fqn == fqn:
             return site
-    known = ", ".join(s.fqn for s in sites) or "none"
-    raise KeyError(f"no op site {fqn!r} in this model; sites: {known}")
+    raise NotFoundError("op site", fqn, (s.fqn for s in sites))
 
 
 class ModelViewBase:

@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from torch import nn
 from torch.ao.quantization import QConfigMapping
 
-from qinsight.core.errors import FrontendError, InvalidParameterError
+from qinsight.core.errors import FrontendError
+from qinsight.core.sites import Frontend, checked_frontend
 from qinsight.frontends.eager import eager_view
 from qinsight.frontends.exported import exported_sites, exported_view
 from qinsight.frontends.fx import fx_view
 from qinsight.plugin.detector import ModelView
 
-Frontend = Literal["auto", "fx", "export", "eager"]
-
-
 def view_of(
     model: nn.Module, frontend: Frontend, mapping: QConfigMapping | None, example: object | None, backend: str = "x86"
 ) -> ModelView:
     """The exported view for an exported graph, the FX view if the model traces, else the eager view."""
-    if frontend not in ("auto", "fx", "export", "eager"):
-        raise InvalidParameterError("diagnose", "frontend", frontend, "'auto', 'fx', 'export' or 'eager'")
+    checked_frontend(frontend, "diagnose")
     if frontend == "export" or (frontend == "auto" and exported_sites(model)):
         return exported_view(model, mapping)
     if frontend != "eager":

@@ -64,11 +64,11 @@ def channel_percentile(x: torch.Tensor, percentile: float, axis: int = 0) -> tor
 def kth_largest(view: torch.Tensor, k: int) -> torch.Tensor:
     """The k-th largest value of each channel of a (before, channels, after) view."""
     before, channels, after = view.shape
-    blocks = _blocks(view, k)
+    blocks = candidate_blocks(view, k)
     if blocks is None:  # blocks do not pay: select among all values (a copy)
         return _select(view.transpose(0, 1).reshape(channels, before * after), k)
     maxima, candidates_of = blocks
-    top = _top_blocks(maxima, k)
+    top = top_blocks(maxima, k)
     return _select(candidates_of(top), k)
 
 
@@ -85,7 +85,7 @@ def _select(rows: torch.Tensor, k: int) -> torch.Tensor:
 # 97.5th percentile of (1024, 384) and (1024, 1536) Linear inputs, whose pruned rows
 # hold 130-220 values, 1.04 -> 0.67 and 4.9 -> 3.5 ms; of (8, 64, 56, 56) conv
 # inputs sampled to 16,384, rows of about 2,500, numpy took 4.6 ms to topk's 3.6.
-_NUMPY_ROW = 1024
+NUMPY_ROW = 1024
 
 
 def _numpy_selects(values: torch.Tensor) -> bool:
@@ -95,11 +95,11 @@ def _numpy_selects(values: torch.Tensor) -> bool:
     return (
         values.device.type == "cpu"
         and values.dtype in (torch.float32, torch.float64, torch.float16)
-        and (values.shape[-1] <= _NUMPY_ROW or torch.get_num_threads() == 1)
+        and (values.shape[-1] <= NUMPY_ROW or torch.get_num_threads() == 1)
     )
 
 
-def _top_blocks(maxima: torch.Tensor, k: int) -> torch.Tensor:
+def top_blocks(maxima: torch.Tensor, k: int) -> torch.Tensor:
     """(channels, k) indices of each channel's k largest block maxima, from (channels, blocks) ``maxima``."""
     if _numpy_selects(maxima):
         # Without ties at the k-th largest maximum, the blocks at or above it are exactly k, found by a
@@ -124,7 +124,7 @@ def _block_size(length: int, n: int, k: int) -> int | None:
 Candidates = Callable[[torch.Tensor], torch.Tensor]
 
 
-def _blocks(view: torch.Tensor, k: int) -> tuple[torch.Tensor, Candidates] | None:
+def candidate_blocks(view: torch.Tensor, k: int) -> tuple[torch.Tensor, Candidates] | None:
     """Each channel's block maxima (channels, blocks), and the function giving the (channels, k*b)
     values of chosen blocks (channels, k): these hold each channel's k largest. None to use all values.
 

@@ -39,7 +39,7 @@ from qinsight.outputs.files import read_capped, write_atomically
 from qinsight.plugin.discovery import finding_type
 
 FORMAT: Final = "qinsight.report"
-SCHEMA_VERSION: Final = (1, 11)
+SCHEMA_VERSION: Final = (1, 12)
 MAX_BYTES: Final = 256 * 1024 * 1024
 _RESERVED: Final = ("type", "summary")  # keys a finding's own fields may not use
 
@@ -208,7 +208,7 @@ def _register_results(converter: cattrs.Converter, *, strict: bool) -> None:
     converter.register_structure_hook(DetectorResult, result_in)
 
 
-_STRICT = _converter(strict=True)
+STRICT = _converter(strict=True)
 _LENIENT = _converter(strict=False)  # for files of a newer minor version: unknown fields are ignored
 
 
@@ -216,7 +216,7 @@ _LENIENT = _converter(strict=False)  # for files of a newer minor version: unkno
 
 
 def report_to_dict(report: Report) -> dict[str, Any]:
-    body: dict[str, Any] = _STRICT.unstructure(report)
+    body: dict[str, Any] = STRICT.unstructure(report)
     return {"format": FORMAT, "schema_version": list(SCHEMA_VERSION), **body}
 
 
@@ -267,7 +267,7 @@ def report_from_dict(data: object, *, source: str = "<report>") -> Report:
     version = _version(data, source)
     if version[0] != SCHEMA_VERSION[0]:
         raise ReportVersionError(source, version, SCHEMA_VERSION)
-    converter = _STRICT
+    converter = STRICT
     if version[1] > SCHEMA_VERSION[1]:
         warnings.warn(
             f"{source} was written with report schema {version[0]}.{version[1]}, newer than this qinsight's "

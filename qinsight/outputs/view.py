@@ -14,6 +14,7 @@ from typing import cast
 
 import attrs
 
+from qinsight.core.errors import NotFoundError
 from qinsight.core.findings import Finding
 from qinsight.core.report import Report
 
@@ -118,4 +119,4 @@ class ReportView:
         for row in self.rows:
             if row.fqn == fqn:
                 return row
-        raise KeyError(f"no module {fqn!r} in this report; modules: {', '.join(r.fqn for r in self.rows)}")
+        raise NotFoundError("module", fqn, (r.fqn for r in self.rows))

@@ -14,7 +14,7 @@ import torch
 from qinsight._version import __version__
 from qinsight.core.comparison import Comparison
 from qinsight.core.equalization import EqualizationMapping
-from qinsight.core.errors import describe
+from qinsight.core.errors import InvalidParameterError, describe
 from qinsight.core.report import DetectorFailure, DetectorResult, FailureStage, Report, ReportMetadata
 from qinsight.core.stats import ObservedStats
 from qinsight.core.suggestions import merge_suggestions
@@ -37,7 +37,7 @@ def choose_detectors(
     if detectors is None:
         return resolve_detectors(None, backend=backend, strict=strict)
     if not detectors:
-        raise ValueError("detectors is empty: pass at least one detector, or None for the defaults")
+        raise InvalidParameterError("diagnose", "detectors", [], "at least one detector, or None for the defaults (detectors is empty)")
     chosen: list[Detector] = []
     failures: list[DetectorFailure] = []
     for detector in detectors:
@@ -50,7 +50,7 @@ def choose_detectors(
     ids = [d.id for d in chosen]
     repeated = sorted({i for i in ids if ids.count(i) > 1})
     if repeated:
-        raise ValueError(f"each detector may run once per diagnosis; given more than once: {', '.join(repeated)}")
+        raise InvalidParameterError("diagnose", "detectors", repeated, f"each detector once per diagnosis; given more than once: {', '.join(repeated)}")
     return tuple(chosen), tuple(failures)
 
 

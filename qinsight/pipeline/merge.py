@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from qinsight.core.activations import FxActivations
-from qinsight.core.errors import MergeError, PluginLoadError
+from qinsight.core.errors import MergeError, NotFoundError, PluginLoadError
 from qinsight.core.report import DetectorResult, Parameter, Report
 from qinsight.core.sites import OpSite, Side
 from qinsight.core.stats import ObservedStats
@@ -57,7 +57,7 @@ class RecordedView:
         try:
             return self._sites[fqn]
         except KeyError:
-            raise KeyError(f"no site {fqn!r} in the report; its sites: {', '.join(self._sites)}") from None
+            raise NotFoundError("site", fqn, self._sites) from None
 
     def weight(self, fqn: str) -> torch.Tensor:
         self._absent(f"the weight of {fqn} (a detector reads weights from reports as Side.WEIGHT observations)")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import Any
 
 import attrs
@@ -25,12 +25,13 @@ from torch.ao.quantization import QConfigMapping
 
 from qinsight.core.activations import FxActivations
 from qinsight.core.errors import CalibrationError, InvalidParameterError, describe
+from qinsight.core.progress import Progress
 from qinsight.core.report import DetectorFailure, FailureStage, Report
-from qinsight.core.sites import InsertPoint, check_backend
+from qinsight.core.sites import Frontend, InsertPoint, check_backend
 from qinsight.core.stats import ObservedStats
 from qinsight.core.shards import Shard
 from qinsight.distributed import Exchange, sharing_failures
-from qinsight.frontends import Frontend, eval_mode, run_batch, view_of
+from qinsight.frontends import eval_mode, run_batch, view_of
 from qinsight.apply.fx import advice_mapping
 from qinsight.observe.instrumenter import Instrumenter
 from qinsight.pipeline.analysis import DetectorChoice, analyze, choose_detectors, metadata
@@ -38,7 +39,6 @@ from qinsight.pipeline.equalizable import refused_equalizations
 from qinsight.pipeline.saturation import checked_activations
 from qinsight.plugin.detector import Detector, ModelView
 
-Progress = Callable[[int], None]
 _NOTHING = object()  # what an exhausted calibration iterator gives
 
 
@@ -131,7 +131,7 @@ class Session:
         that raises becomes a :class:`CalibrationError` naming its index.
         """
         model = self.view.model
-        count = 0
+        count, total = 0, len(data) if isinstance(data, Sized) else 0
         batches = iter(data)
         with eval_mode(model), torch.no_grad():
             for local in itertools.count():
@@ -148,7 +148,7 @@ class Session:
                 self._raise_observer_error(index)
                 count += 1
                 if progress is not None:
-                    progress(count)
+                    progress("calibrating", count, total)
         return count
 
     def _raise_observer_error(self, batch: int | None) -> None:
@@ -230,7 +230,7 @@ def _session(
     if isinstance(model, torch.export.ExportedProgram):
         model = model.module()  # the program's own graph cannot run; its module can
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module or an ExportedProgram, not {type(model).__name__}")
+        raise InvalidParameterError("diagnose", "model", type(model).__name__, "a torch.nn.Module or an ExportedProgram")
     if shard is not None and exchange is not None:
         raise InvalidParameterError("diagnose", "shard", shard, "None with distributed=True (the process group says which shard)")
     check_backend("diagnose", backend)

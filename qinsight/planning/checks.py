@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
+from qinsight.core.metrics import worse
 from qinsight.core.plan import SuggestionCheck
 from qinsight.core.sites import WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion, merge_suggestions
@@ -55,10 +56,6 @@ def mode_of(suggestion: QuantSuggestion) -> Mode:
     return Mode.DYNAMIC if suggestion.activation is ActivationMode.DYNAMIC else Mode.STATIC
 
 
-def _worse(a: float, b: float, higher_is_better: bool) -> bool:
-    return a < b if higher_is_better else a > b
-
-
 def check_simulated(
     sim: Simulation,
     score: Score,
@@ -83,7 +80,7 @@ def check_simulated(
     for suggestion in suggestions:
         fqn, change = suggestion.fqn, suggestion.describe()
         if fqn in measurable:
-            kept = not _worse(together, without[fqn], higher_is_better)
+            kept = not worse(together, without[fqn], higher_is_better)
             reason = "" if kept else f"not applied: {together - without[fqn]:+.3g} on the output among the other suggestions"
             check = SuggestionCheck(
                 fqn=fqn, change=change, before=before, alone=alone[fqn], together=together, without=without[fqn],
@@ -118,7 +115,7 @@ def check_real(
     checks = []
     for part in parts:
         without = real(tuple(s for s in together_config if s is not part))
-        kept = not _worse(together, without, higher_is_better)
+        kept = not worse(together, without, higher_is_better)
         checks.append(SuggestionCheck(
             fqn=part.fqn, change=part.describe(), before=before, alone=real((part,)), together=together,
             without=without, kept=kept,

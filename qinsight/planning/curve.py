@@ -12,17 +12,17 @@ budget form (``float<=N``) keeps in float the N sites costliest alone.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 import attrs
 
 from qinsight.core.plan import PlanStep, Target
+from qinsight.core.progress import Progress
 from qinsight.planning.scores import Scorer
 from qinsight.planning.simulate import Run, Simulation
 from qinsight.planning.switches import Mode
 
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
 # Refinement passes over the steps still not taken: a step refused at one point can fit once others
 # are in (a coarse metric like top-1 on a few dozen samples is not monotone). Passes stop early when
 # one takes nothing; the bound keeps the worst case linear in the steps.

@@ -28,9 +28,10 @@ from torch.ao.quantization.quantize_fx import prepare_fx
 
 from qinsight.compare.configs import convert_prepared, prepare_config, release_fx_graphs
 from qinsight.core.activations import FxActivations
+from qinsight.core.precision import activation_bits
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.errors import FrontendError, InvalidParameterError
-from qinsight.core.sites import OpSite
+from qinsight.core.sites import FlowName, OpSite, check_backend
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 from qinsight.frontends import (
     classify,
@@ -49,28 +50,52 @@ from qinsight.planning.observed import FxObserved, no_stack_traces
 from qinsight.planning.simulate import EdgeRule, Owners, RealOps, Regroup, Simulation, WeightSwap, observer_nodes
 from qinsight.planning.switches import Mode, fake_quantized_rows, fake_quantized_weight
 
-FLOWS = ("fx", "pt2e")
 _ANNOTATION = "quantization_annotation"
 
 
 class Flow:
-    """How one flow quantizes a model with some advice, for real and as a simulation."""
+    """How one flow quantizes a model with some advice, for real and as a simulation.
+
+    Everything a plan does differently per flow is here: which backends it takes, how it observes
+    activations, the activation bits smoothing aims at, equalization, what a config is. A flow is
+    whole once constructed: ``batches`` (every batch it will see) tell it the inputs' shapes.
+    """
 
     name = ""
     dynamic_max = 255  # the top of a dynamic activation's range
     equalizes = False  # whether the flow has input-weight equalization
+    exported = False  # whether it prepares torch.export's graph (PT2E) rather than the module itself
 
     def __init__(
-        self, model: nn.Module, sites: tuple[OpSite, ...], backend: str, activations: FxActivations | None = None
+        self,
+        model: nn.Module,
+        sites: tuple[OpSite, ...],
+        backend: str,
+        batches: Sequence[object],
+        activations: FxActivations | None = None,
     ) -> None:
+        self.check_backend(backend)
         self.model, self.sites, self.backend = model, sites, backend
         self.activations = activations  # how FX observes activations (None: torch's default; PT2E: unused)
         self.names = {site.fqn for site in sites}
+        self.dynamic_shapes = self.shapes(batches)
 
-    def shapes_from(self, batches: Sequence[object]) -> None:
-        """Learn what the flow needs to know of the inputs' shapes (PT2E's dynamic dimensions)."""
+    @classmethod
+    def check_backend(cls, backend: str) -> None:
+        """:class:`InvalidParameterError` unless the flow quantizes for ``backend``."""
+        check_backend("plan", backend)
 
-    dynamic_shapes: Any = None
+    def shapes(self, batches: Sequence[object]) -> Any:
+        """What ``torch.export`` needs to know of the inputs' shapes (PT2E's dynamic dimensions)."""
+        return None
+
+    def observing(self, activations: FxActivations | None) -> FxActivations | None:
+        """The report's way of observing activations, where this flow has a choice (FX); ``None``: none."""
+        return None
+
+    def smoothing_bits(self) -> int:
+        """The bits a Linear's input gets under this flow's static activations, what smoothing aims at."""
+        return activation_bits(self.backend)
 
     def config(self, suggestions: tuple[QuantSuggestion, ...]) -> object:
         """The torch config applying ``suggestions``: a QConfigMapping (FX) or a quantizer (PT2E)."""
@@ -92,7 +117,7 @@ class Flow:
             warnings.simplefilter("ignore")  # the advice's own warnings were shown with the report
             prepared = self._prepared(suggestions, example_inputs(calibration[0]))
             calibrate(prepared, calibration)
-            converted = convert_prepared(prepared, self.name == "pt2e")
+            converted = convert_prepared(prepared, self.exported)
             release_fx_graphs()  # a plan quantizes for real dozens of times
             return converted
 
@@ -135,6 +160,14 @@ class Flow:
 class FxFlow(Flow):
     name = "fx"
     equalizes = True
+
+    def observing(self, activations: FxActivations | None) -> FxActivations | None:
+        """The report's FX activation observing (8 bits, clip-aware), to be measured against torch's way."""
+        return activations
+
+    def smoothing_bits(self) -> int:
+        """8 bits under the report's observing; torch's default FX config's otherwise (7 on x86, fbgemm)."""
+        return activation_bits(self.backend, torch_default=self.activations is None)
 
     @property
     def dynamic_max(self) -> int:  # type: ignore[override]
@@ -245,10 +278,16 @@ class FxFlow(Flow):
 
 class Pt2eFlow(Flow):
     name = "pt2e"
+    exported = True
 
-    def shapes_from(self, batches: Sequence[object]) -> None:
+    @classmethod
+    def check_backend(cls, backend: str) -> None:
+        if backend != "x86":
+            raise InvalidParameterError("plan", "backend", backend, "'x86' for flow='pt2e' (X86InductorQuantizer)")
+
+    def shapes(self, batches: Sequence[object]) -> Any:
         """Export with every input dimension that differs between ``batches`` dynamic (token counts)."""
-        self.dynamic_shapes = varying_shapes(batches)
+        return varying_shapes(batches)
 
     def config(self, suggestions: tuple[QuantSuggestion, ...]) -> object:
         return advice_quantizer(self.sites, suggestions)
@@ -341,14 +380,19 @@ def _without_observers(prepared: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(prepared, graph)
 
 
+FLOW_CLASSES: dict[str, type[Flow]] = {flow.name: flow for flow in (FxFlow, Pt2eFlow)}
+
+
 def flow_for(
-    name: str, model: nn.Module, sites: tuple[OpSite, ...], backend: str, activations: FxActivations | None = None
+    name: FlowName,
+    model: nn.Module,
+    sites: tuple[OpSite, ...],
+    backend: str,
+    batches: Sequence[object],
+    activations: FxActivations | None = None,
 ) -> Flow:
-    if name == "fx":
-        return FxFlow(model, sites, backend, activations)
-    if name == "pt2e":
-        return Pt2eFlow(model, sites, backend)
-    raise InvalidParameterError("plan", "flow", name, "'fx' or 'pt2e'")
+    """The flow called ``name`` (checked by :func:`qinsight.core.advice.checked_flow`), whole."""
+    return FLOW_CLASSES[name](model, sites, backend, batches, activations)
 
 
-__all__ = ["FLOWS", "Flow", "FxFlow", "Pt2eFlow", "flow_for"]
+__all__ = ["FLOW_CLASSES", "Flow", "FxFlow", "Pt2eFlow", "flow_for"]

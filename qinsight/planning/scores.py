@@ -1,8 +1,9 @@
 """How a quantized model's outputs score against the float model's on the evaluation data.
 
-Built-in metrics (higher is better): ``sqnr`` (dB, over all outputs),
-``cosine`` (mean per row, e.g. per sentence embedding), ``top1`` (the fraction
-of rows whose argmax agrees). A metric function of one's own gets the float
+Built-in metrics (higher is better), as comparisons define them
+(:mod:`qinsight.core.metrics`), over every output row at once: ``sqnr`` (dB;
++inf for outputs identical to the float model's), ``cosine`` (of the
+flattened outputs), ``top1`` (the fraction of rows whose argmax agrees). A metric function of one's own gets the float
 and the quantized outputs, one entry per evaluation batch, and returns a
 number (labelled accuracy, a task score...). Every run also gives its noise,
 which adds up across sites where their errors are independent, the ranking
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from qinsight.compare.metrics import sqnr
+from qinsight.compare.metrics import BUILTIN, sqnr
 from qinsight.core.errors import InvalidParameterError
 
 MetricFunction = Callable[[Sequence[Any], Sequence[Any]], float]
@@ -35,28 +36,15 @@ def output_rows(output: Any) -> torch.Tensor:
     return torch.cat(rows, dim=1) if len(rows) > 1 else rows[0]
 
 
-def _sqnr(reference: torch.Tensor, candidate: torch.Tensor) -> float:
-    """The comparison's SQNR, capped: a plan's scores are finite (bit-identical reads 200 dB)."""
-    return max(-200.0, min(200.0, sqnr(reference, candidate)))
-
-
-def _cosine(reference: torch.Tensor, candidate: torch.Tensor) -> float:
-    return float(torch.nn.functional.cosine_similarity(reference.double(), candidate.double(), dim=1).mean())
-
-
-def _top1(reference: torch.Tensor, candidate: torch.Tensor) -> float:
-    return float((reference.argmax(dim=1) == candidate.argmax(dim=1)).double().mean())
-
-
-BUILTIN: dict[str, Callable[[torch.Tensor, torch.Tensor], float]] = {"sqnr": _sqnr, "cosine": _cosine, "top1": _top1}
+SCORES: tuple[str, ...] = ("sqnr", "cosine", "top1")  # the metrics a plan scores outputs by, from the one table
 
 
 class Scorer:
     """Scores outputs against the float model's ``reference`` outputs (one entry per batch)."""
 
     def __init__(self, reference: Sequence[Any], metric: str | MetricFunction, name: str) -> None:
-        if isinstance(metric, str) and metric not in BUILTIN:
-            raise InvalidParameterError("plan", "metric", metric, f"one of {', '.join(BUILTIN)} or a function")
+        if isinstance(metric, str) and metric not in SCORES:
+            raise InvalidParameterError("plan", "metric", metric, f"one of {', '.join(SCORES)} or a function")
         self.reference = list(reference)
         self.rows = torch.cat([output_rows(output) for output in reference])
         self.metric, self.name = metric, name
@@ -64,8 +52,7 @@ class Scorer:
 
     def __call__(self, outputs: Sequence[Any]) -> float:
         if isinstance(self.metric, str):
-            measure = BUILTIN[self.metric]
-            return float(measure(self.rows, torch.cat([output_rows(output) for output in outputs])))
+            return BUILTIN[self.metric].on_tensors(self.rows, torch.cat([output_rows(output) for output in outputs]))
         return float(self.metric(self.reference, outputs))
 
     @property
@@ -77,7 +64,7 @@ class Scorer:
         """Each of :attr:`orders`' noise in ``outputs``: the output error's power over the output's,
         ``10 ** (-SQNR / 10)``, and for ``top1`` :func:`margin_noise`."""
         rows = torch.cat([output_rows(output) for output in outputs])
-        found = {OUTPUT_NOISE: math.pow(10.0, -_sqnr(self.rows, rows) / 10.0)}
+        found = {OUTPUT_NOISE: math.pow(10.0, -sqnr(self.rows, rows) / 10.0)}
         if self._margins is not None:
             found[MARGIN_NOISE] = self._margins.noise(rows)
         return found
@@ -113,4 +100,4 @@ def margin_noise(reference: torch.Tensor, candidate: torch.Tensor) -> float:
     return TopMargins(reference).noise(candidate)
 
 
-__all__ = ["BUILTIN", "MARGIN_NOISE", "OUTPUT_NOISE", "MetricFunction", "Scorer", "TopMargins", "margin_noise", "output_rows"]
+__all__ = ["MARGIN_NOISE", "SCORES", "OUTPUT_NOISE", "MetricFunction", "Scorer", "TopMargins", "margin_noise", "output_rows"]

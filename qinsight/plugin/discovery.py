@@ -88,11 +88,11 @@ def installed(group: str) -> tuple[PluginEntry, ...]:
     key = (group, _path_state())
     if key not in _SCANS:
         _SCANS.clear()
-        _SCANS[key] = _scan(group)
+        _SCANS[key] = scan_entry_points(group)
     return _SCANS[key]
 
 
-def _scan(group: str) -> tuple[PluginEntry, ...]:
+def scan_entry_points(group: str) -> tuple[PluginEntry, ...]:
     entries: dict[str, PluginEntry] = {}
     for dist in importlib.metadata.distributions():
         for ep in dist.entry_points:

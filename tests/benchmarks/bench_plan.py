@@ -33,7 +33,8 @@ import qinsight  # noqa: E402
 from qinsight.core.suggestions import QuantSuggestion  # noqa: E402
 from qinsight.planning.flows import flow_for  # noqa: E402
 from qinsight.planning.scores import Scorer  # noqa: E402
-from qinsight.planning.search import _float_outputs, _outputs, _spearman  # noqa: E402
+from qinsight.planning.search import spearman  # noqa: E402
+from qinsight.planning.stages import float_outputs, outputs  # noqa: E402
 from qinsight.planning.switches import Mode  # noqa: E402
 
 
@@ -59,9 +60,8 @@ def main() -> None:
     warnings.simplefilter("ignore")
     model, calibration, evaluation, metric = _model_and_data(args.model, args.calibration, args.evaluation)
     report = qinsight.diagnose(model, calibration)
-    flow = flow_for(args.flow, model, report.sites, "x86", report.fx_activations)  # as a plan observes
-    flow.shapes_from(calibration + evaluation)
-    scorer = Scorer(_float_outputs(model, evaluation), metric, metric)
+    flow = flow_for(args.flow, model, report.sites, "x86", calibration + evaluation, report.fx_activations)  # as a plan observes
+    scorer = Scorer(float_outputs(model, evaluation), metric, metric)
     layers = [site.fqn for site in report.sites if site.kind.is_layer]
 
     began = time.perf_counter()
@@ -74,11 +74,11 @@ def main() -> None:
     sim_seconds, sim_forwards = time.perf_counter() - began, sim.evaluations
 
     began = time.perf_counter()
-    default = scorer(_outputs(flow.quantize((), calibration), evaluation))
+    default = scorer(outputs(flow.quantize((), calibration), evaluation))
     real = []
     for done, site in enumerate(sites):
         keep = (QuantSuggestion(fqn=site, keep_float=True, sources=("bench",)),)
-        real.append(scorer(_outputs(flow.quantize(keep, calibration), evaluation)) - default)
+        real.append(scorer(outputs(flow.quantize(keep, calibration), evaluation)) - default)
         print(f"\rbrute force {done + 1}/{len(sites)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     brute_seconds = time.perf_counter() - began
@@ -88,7 +88,7 @@ def main() -> None:
     print(f"simulated: {sim_seconds:.1f} s, {sim_forwards:.1f} evaluation forwards (bound 1.5 x (sites + 1) = {1.5 * (len(sites) + 1):.1f})")
     print(f"brute force: {brute_seconds:.1f} s ({len(sites) + 1} real quantizations)")
     print(f"brute force / simulated: {brute_seconds / sim_seconds:.1f}x")
-    print(f"Spearman, gain in float (simulated vs real): {_spearman(simulated, real):.3f}")
+    print(f"Spearman, gain in float (simulated vs real): {spearman(simulated, real):.3f}")
     rows = list(zip(sites, simulated, real))
     print("largest real gains:")
     for site, s, r in sorted(rows, key=lambda row: -row[2])[:8]:

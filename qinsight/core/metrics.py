@@ -1,0 +1,67 @@
+"""The metrics qinsight knows by name: one definition each, with its direction and its range.
+
+Comparisons (``compare_*``), plans (targets, scores) and the command line all
+read this one table; :mod:`qinsight.compare.metrics` gives each its
+computation, on whole tensors and, where it has one, from error sums over
+batches. Every metric compares a reference (float) tensor with an actual
+(quantized) one as a whole: ``cosine`` is the cosine of the two flattened
+tensors (torch's Numeric Suite's), ``top1`` the share of rows (first
+dimension: samples) whose argmax agrees, ``sqnr`` is +inf for identical
+tensors and -inf for an error on a zero reference.
+
+Third-party metrics (the ``qinsight.metrics`` entry points) declare their
+direction themselves (:class:`~qinsight.plugin.Metric`) and have no range.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+
+@attrs.frozen(kw_only=True)
+class MetricSpec:
+    """A metric's name, its direction and the values it can take (``lower`` to ``upper``)."""
+
+    name: str
+    higher_is_better: bool
+    lower: float = -math.inf
+    upper: float = math.inf
+    meaning: str = ""
+
+    def admits(self, value: float) -> bool:
+        return self.lower <= value <= self.upper
+
+    def describe_range(self) -> str:
+        return f"between {self.lower:g} and {self.upper:g}" if math.isfinite(self.lower) and math.isfinite(self.upper) else (
+            f"at least {self.lower:g}" if math.isfinite(self.lower) else "any number"
+        )
+
+
+METRICS: dict[str, MetricSpec] = {
+    spec.name: spec
+    for spec in (
+        MetricSpec(name="sqnr", higher_is_better=True, meaning="signal-to-quantization-noise ratio, dB"),
+        MetricSpec(name="relative_l2", higher_is_better=False, lower=0.0, meaning="||x - y|| / ||x||"),
+        MetricSpec(name="cosine", higher_is_better=True, lower=-1.0, upper=1.0, meaning="cosine of the flattened tensors"),
+        MetricSpec(name="max_abs_error", higher_is_better=False, lower=0.0, meaning="max |x - y|"),
+        MetricSpec(name="mse", higher_is_better=False, lower=0.0, meaning="mean (x - y)^2"),
+        MetricSpec(name="top1", higher_is_better=True, lower=0.0, upper=1.0, meaning="share of rows whose argmax agrees"),
+    )
+}
+# What comparisons measure unless told otherwise; top1 is for a model's outputs (plans), not a layer's.
+COMPARISON_DEFAULT: tuple[str, ...] = ("sqnr", "relative_l2", "cosine", "max_abs_error", "mse")
+
+
+
+
+def worse(score: float, than: float, higher_is_better: bool) -> bool:
+    """Whether ``score`` is worse than ``than`` for a metric going that way; never where either is NaN
+    (not measured: nothing is dropped or replaced on a number that is not there)."""
+    if math.isnan(score) or math.isnan(than):
+        return False
+    return score < than if higher_is_better else score > than
+
+
+__all__ = ["COMPARISON_DEFAULT", "METRICS", "MetricSpec", "worse"]

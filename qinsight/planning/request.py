@@ -1,0 +1,87 @@
+"""A plan's arguments, each checked before the first forward: the flow, its backend, the target and
+its range, the metric, the data. A mistake is one :class:`InvalidParameterError` naming the argument,
+not a whole diagnosis and a float pass later."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from qinsight.core.errors import InvalidParameterError
+from qinsight.core.plan import Target
+from qinsight.core.sites import FlowName, checked_flow
+from qinsight.planning.flows import FLOW_CLASSES
+from qinsight.planning.scores import SCORES, MetricFunction
+
+
+@attrs.frozen(kw_only=True)
+class PlanRequest:
+    """What :func:`qinsight.plan` was asked, checked: ``metric`` scores the outputs (a built-in's name
+    or a function), ``metric_name`` is what the plan calls it."""
+
+    goal: Target
+    flow: FlowName
+    backend: str
+    metric: str | MetricFunction
+    metric_name: str
+    calibration: tuple[Any, ...]
+    evaluation: tuple[Any, ...]
+    smoothing: bool
+
+    @property
+    def everything(self) -> list[Any]:
+        """Every batch the plan sees (a flow learns the inputs' shapes from them)."""
+        return [*self.calibration, *self.evaluation]
+
+
+def plan_request(
+    *,
+    target: str | Target,
+    flow: FlowName,
+    backend: str,
+    metric: str | MetricFunction | None,
+    calibration_data: Iterable[Any],
+    evaluation_data: Iterable[Any],
+    smoothing: bool = False,
+) -> PlanRequest:
+    """The arguments of :func:`qinsight.plan`, checked; the batches read once into tuples."""
+    name = checked_flow(flow, "plan")
+    FLOW_CLASSES[name].check_backend(backend)
+    goal = Target.parse(target) if isinstance(target, str) else target
+    chosen, metric_name = _metric(goal, metric)
+    batches = {}
+    for argument, data in (("calibration_data", calibration_data), ("evaluation_data", evaluation_data)):
+        batches[argument] = tuple(data)
+        if not batches[argument]:
+            raise InvalidParameterError("plan", argument, "no batches", "at least one batch")
+    return PlanRequest(
+        goal=goal, flow=name, backend=backend, metric=chosen, metric_name=metric_name,
+        calibration=batches["calibration_data"], evaluation=batches["evaluation_data"], smoothing=smoothing,
+    )
+
+
+def _metric(goal: Target, metric: str | MetricFunction | None) -> tuple[str | MetricFunction, str]:
+    """The metric that scores the outputs and its name: the target's, unless a budget target (SQNR
+    by default) or a function of one's own (named as the target names it)."""
+    if metric is None:
+        if goal.is_budget:
+            return "sqnr", "sqnr"
+        if goal.metric not in SCORES:
+            raise InvalidParameterError(
+                "plan", "metric", None, f"a function scoring the outputs for the target's {goal.metric!r} (built in: {', '.join(SCORES)})"
+            )
+        return goal.metric, goal.metric
+    if isinstance(metric, str):
+        if metric not in SCORES:
+            raise InvalidParameterError("plan", "metric", metric, f"one of {', '.join(SCORES)} or a function")
+        if not goal.is_budget and metric != goal.metric:
+            raise InvalidParameterError("plan", "metric", metric, f"the target's own metric, {goal.metric!r}")
+        return metric, metric
+    if not callable(metric):
+        raise InvalidParameterError("plan", "metric", type(metric).__name__, f"one of {', '.join(SCORES)} or a function")
+    return metric, goal.metric if not goal.is_budget else getattr(metric, "__name__", "metric")
+
+
+__all__ = ["PlanRequest", "plan_request"]

@@ -1,0 +1,231 @@
+"""The stages of :func:`qinsight.plan`, each a function returning a frozen record of what it measured.
+
+1. :func:`baseline`: the flow's default config quantized for real and scored; in FX, the report's
+   activation observing measured against torch's (kept where it scores no worse).
+2. :func:`subject`: what the plan quantizes: the model as given, or smoothed first
+   (``smoothing=True``, :mod:`.smoothing`) and diagnosed again.
+3. :func:`checked`: the simulation calibrated, and each report suggestion measured alone and among
+   the others (:mod:`.checks`).
+4. :func:`sensitivity`: per candidate site, the score with only it in float and with only it
+   quantized, and the noise it adds alone (static, and dynamic for Linears).
+5. :func:`searched`: the quality-vs-fraction curve and its refinement (:mod:`.curve`).
+6. :func:`verified` (:mod:`.verify`): the config quantized for real.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+
+from qinsight.apply.smoothing import apply_smoothing
+from qinsight.core.metrics import worse
+from qinsight.core.plan import PlanStep, SiteSensitivity, SuggestionCheck
+from qinsight.core.report import Report
+from qinsight.core.sites import OpKind
+from qinsight.core.smoothing import SmoothingMapping
+from qinsight.core.suggestions import QuantSuggestion
+from qinsight.frontends import classify, eval_mode, run_batch
+from qinsight.planning.checks import check_all
+from qinsight.core.progress import Progress
+from qinsight.planning.curve import Noise, Search, choose_order, measure_dynamic_noise
+from qinsight.planning.flows import Flow, flow_for
+from qinsight.planning.request import PlanRequest
+from qinsight.planning.scores import Scorer
+from qinsight.planning.simulate import Run
+from qinsight.planning.smoothing import choose_smoothing
+from qinsight.planning.switches import Mode
+
+RealScore = Callable[[tuple[QuantSuggestion, ...]], float]
+
+
+@attrs.frozen
+class Baseline:
+    """The flow's default config (``flow``, scored ``score`` for real) and the flow the plan builds on
+    (``chosen``: with the report's activation observing where ``checks`` kept it; ``start_score``)."""
+
+    flow: Flow
+    score: float
+    chosen: Flow
+    checks: tuple[SuggestionCheck, ...]
+    start_score: float
+
+
+@attrs.frozen
+class Subject:
+    """What the plan quantizes: ``model`` (smoothed by ``smoothing``, if it smooths), its ``report``
+    and the ``flow`` that quantizes it."""
+
+    model: nn.Module
+    report: Report
+    smoothing: SmoothingMapping
+    flow: Flow
+
+    def real(self, request: PlanRequest, scorer: Scorer) -> RealScore:
+        """A config's score quantized for real through the flow (prepare, calibrate, convert)."""
+        return lambda advice: scorer(outputs(self.flow.quantize(advice, request.calibration), request.evaluation))
+
+
+@attrs.frozen
+class Checked:
+    """The calibrated simulation and its search, the suggestions' checks, the modes the search starts
+    from and the suggestions kept."""
+
+    search: Search
+    checks: tuple[SuggestionCheck, ...]
+    start: dict[str, Mode]
+    kept: tuple[QuantSuggestion, ...]
+
+
+@attrs.frozen
+class Sensitivity:
+    """Each candidate's sensitivity, the noises the search orders sites by, and the all-quantized
+    and all-float runs later runs start from."""
+
+    sites: tuple[SiteSensitivity, ...]
+    noise: Noise
+    dynamic_noise: Noise
+    quantized_run: Run
+    float_run: Run
+
+
+@attrs.frozen
+class Searched:
+    """The search's steps (the curve), the mode each site ends in, and what it noted."""
+
+    steps: tuple[PlanStep, ...]
+    modes: dict[str, Mode]
+    notes: tuple[str, ...]
+
+
+def baseline(request: PlanRequest, model: nn.Module, report: Report, scorer: Scorer) -> Baseline:
+    """The flow's default config for real; where the flow observes activations the report's way
+    (FX), that too, kept if it scores no worse (a check saying so either way)."""
+    default = flow_for(request.flow, model, report.sites, request.backend, request.everything)
+    score = _score(default, request, scorer)
+    activations = default.observing(report.fx_activations)
+    if activations is None:
+        return Baseline(default, score, default, (), score)
+    candidate = flow_for(request.flow, model, report.sites, request.backend, request.everything, activations)
+    observed = _score(candidate, request, scorer)
+    kept = not worse(observed, score, request.goal.higher_scores_better)
+    check = SuggestionCheck(
+        fqn="(activations)", change=activations.describe(), before=score, alone=observed, kept=kept,
+        reason="measured for real (prepare, calibrate, convert)" if kept
+        else f"not applied: {observed - score:+.3g} on the output against torch's default observing, measured for real",
+    )
+    return Baseline(default, score, candidate if kept else default, (check,), observed if kept else score)
+
+
+def subject(request: PlanRequest, model: nn.Module, report: Report, base: Baseline, progress: Progress) -> Subject:
+    """The model the plan quantizes: with ``smoothing``, the Linears' inputs smoothed where that lowers
+    their measured error, the smoothed model diagnosed again and a flow of its own."""
+    if not request.smoothing:
+        return Subject(model, report, SmoothingMapping(), base.chosen)
+    from qinsight.pipeline import diagnose
+
+    progress("smoothing the Linears' inputs", 0, 1)
+    linears = [site.fqn for site in report.sites if site.kind is OpKind.LINEAR]
+    mapping = choose_smoothing(model, list(request.calibration), linears, base.chosen.smoothing_bits())
+    if not mapping.entries:
+        return Subject(model, report, mapping, base.chosen)
+    smoothed = apply_smoothing(model, mapping)
+    again = diagnose(smoothed, list(request.calibration), backend=request.backend)
+    observing = again.fx_activations if base.chosen.activations is not None else None  # the smoothed model's own check
+    flow = flow_for(request.flow, smoothed, again.sites, request.backend, request.everything, observing)
+    return Subject(smoothed, again, mapping, flow)
+
+
+def checked(request: PlanRequest, chosen: Subject, base: Baseline, scorer: Scorer, progress: Progress) -> Checked:
+    """The simulation calibrated and its search set up; each report suggestion measured (:mod:`.checks`)."""
+    progress("calibrating the simulation", 0, 1)
+    sim = chosen.flow.simulation(list(request.calibration))
+    names = {site.fqn for site in chosen.report.sites}
+    # the smoothing's divisions stay float, unsearched: quantized, they would quantize the factors per tensor
+    divisions = {site: Mode.FLOAT for site in chosen.smoothing.divisions if site in sim.sites}
+    candidates = [site for site in sim.sites if site in names and site not in divisions]
+    kinds = {site.fqn: site.kind.value for site in chosen.report.sites}
+    search = Search(sim, scorer, candidates, _parameters(chosen.model, candidates), kinds, progress, divisions)
+    default = {**{site: Mode.STATIC for site in candidates}, **divisions}
+    real = chosen.real(request, scorer)
+    start_score = base.start_score if not chosen.smoothing.entries else real(())
+    checks, start, kept = check_all(
+        sim, lambda run: scorer(run.outputs), real, chosen.report.suggestions, default, list(request.evaluation),
+        request.goal.higher_scores_better, chosen.flow.name, chosen.flow.equalizes, start_score,
+    )
+    return Checked(search, base.checks + checks, start, kept)
+
+
+def sensitivity(request: PlanRequest, found: Checked) -> Sensitivity:
+    """Each site alone in float and alone quantized; the noise of each alone quantized, per order the
+    search can take (:attr:`Scorer.orders`), and dynamically for the Linears that start static."""
+    search, start, evaluation = found.search, found.start, list(request.evaluation)
+    sim, scorer = search.sim, search.scorer
+    quantized_run = sim.run(start, evaluation)
+    everything_float = search.everything_float()
+    float_run = sim.run(everything_float, evaluation)
+    all_quantized = scorer(quantized_run.outputs)
+    sites: list[SiteSensitivity] = []
+    noise: Noise = {order: {} for order in scorer.orders}
+    for done, site in enumerate(search.candidates):
+        search.progress("measuring sensitivity", done, len(search.candidates))
+        float_only = scorer(sim.run_changed({**start, site: Mode.FLOAT}, quantized_run).outputs)
+        quantized_mode = start[site] if start[site] is not Mode.FLOAT else Mode.STATIC
+        alone = sim.run_changed({**everything_float, site: quantized_mode}, float_run).outputs
+        for order, value in scorer.noise(alone).items():
+            noise[order][site] = value
+        sites.append(
+            SiteSensitivity(
+                fqn=site,
+                kind=search.kinds.get(site, ""),
+                parameters=search.parameters[site],
+                float_only=float_only,
+                quantized_only=scorer(alone),
+                gain=float_only - all_quantized,
+            )
+        )
+    dynamic_noise = measure_dynamic_noise(search, start, float_run, noise)
+    return Sensitivity(tuple(sites), noise, dynamic_noise, quantized_run, float_run)
+
+
+def searched(request: PlanRequest, found: Checked, measured: Sensitivity) -> Searched:
+    """The curve and its refinement, in each order the noise was measured in (:func:`.curve.choose_order`)."""
+    steps, modes, notes = choose_order(
+        found.search, request.goal, found.start, measured.float_run, measured.quantized_run, measured.noise, measured.dynamic_noise
+    )
+    return Searched(steps, modes, tuple(notes))
+
+
+def _score(flow: Flow, request: PlanRequest, scorer: Scorer) -> float:
+    """The flow's config without suggestions, quantized for real."""
+    return scorer(outputs(flow.quantize((), list(request.calibration)), request.evaluation))
+
+
+def float_outputs(model: nn.Module, batches: Sequence[object]) -> list[Any]:
+    with eval_mode(model), torch.no_grad():
+        return [run_batch(model, batch) for batch in batches]
+
+
+def outputs(model: nn.Module, batches: Sequence[object]) -> list[Any]:
+    with torch.no_grad():
+        return [run_batch(model, batch) for batch in batches]
+
+
+def _parameters(model: nn.Module, sites: list[str]) -> dict[str, int]:
+    counts = {}
+    modules = dict(model.named_modules())
+    for site in sites:
+        module = modules.get(site)
+        found = classify(module) if module is not None else None
+        weight = getattr(found[1] if found else module, "weight", None)
+        counts[site] = int(weight.numel()) if isinstance(weight, torch.Tensor) else 0
+    return counts
+
+
+__all__ = [
+    "Baseline", "Checked", "RealScore", "Searched", "Sensitivity", "Subject", "baseline", "checked", "float_outputs",
+    "outputs", "searched", "sensitivity", "subject",
+]

@@ -1,0 +1,142 @@
+"""The last stage of a plan: its config quantized for real (prepare, calibrate, convert) and scored.
+
+Where the real score misses a target the simulation reached, the config is quantized again without
+the parts the search could not see (equalization, per-tensor weights: measured on the default config,
+not this one); if it still misses, the longest prefix of the sites the search quantized that reaches
+it for real is found by bisection, each probe one real quantization. A plan scoring below the flow's
+default config is replaced by the default, and says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+import attrs
+
+from qinsight.core.metrics import worse
+from qinsight.core.plan import PlanStep, SuggestionCheck, Target
+from qinsight.core.suggestions import QuantSuggestion
+from qinsight.planning.checks import mode_of, split_for_real
+from qinsight.planning.curve import final_score, taken
+from qinsight.planning.flows import mode_suggestions
+from qinsight.planning.switches import Mode
+
+RealScore = Callable[[tuple[QuantSuggestion, ...]], float]
+
+
+@attrs.frozen
+class Verified:
+    """The plan's config as verified: its ``suggestions``, the sites' final ``modes``, the checks (a
+    part dropped for real says why), its real ``score``; ``default`` when the flow's default config
+    scored better and replaced it."""
+
+    suggestions: tuple[QuantSuggestion, ...]
+    modes: dict[str, Mode]
+    checks: tuple[SuggestionCheck, ...]
+    score: float
+    notes: tuple[str, ...]
+    default: bool = False
+
+
+def verified(
+    real: RealScore,
+    goal: Target,
+    kept: tuple[QuantSuggestion, ...],
+    checks: tuple[SuggestionCheck, ...],
+    start: dict[str, Mode],
+    steps: tuple[PlanStep, ...],
+    modes: dict[str, Mode],
+    default_score: float,
+) -> Verified:
+    """The searched config quantized for real, the unseen parts checked, bisected where it misses;
+    the default config where that scored better."""
+    kept, checks, score, notes = _unseen_parts_checked(real, goal, kept, checks, steps, modes)
+    modes, score, more = _bisected(real, goal, kept, start, steps, modes, score)
+    notes += more
+    if worse(score, default_score, goal.higher_scores_better):
+        notes.append(f"the plan ({score:.4g}) scored below the default config ({default_score:.4g}): the default is returned")
+        return Verified((), {site: Mode.STATIC for site in modes}, checks, default_score, tuple(notes), default=True)
+    return Verified(advice(kept, modes), modes, checks, score, tuple(notes))
+
+
+def _bisected(
+    real_score: Callable[[tuple[QuantSuggestion, ...]], float],
+    goal: Target,
+    kept: tuple[QuantSuggestion, ...],
+    start: dict[str, Mode],
+    steps: tuple[PlanStep, ...],
+    modes: dict[str, Mode],
+    as_searched: float,
+) -> tuple[dict[str, Mode], float, list[str]]:
+    """The plan's config as quantized for real scored ``as_searched``. Where it misses a target the
+    simulation reached, the longest prefix of the quantized sites (in the order they were taken)
+    that reaches it for real is found by bisection: each probe is one real quantization."""
+
+    def real(prefix_modes: Mapping[str, Mode]) -> float:
+        return real_score(advice(kept, prefix_modes))
+
+    if goal.is_budget or goal.met(as_searched) or not goal.met(final_score(steps)):
+        return modes, as_searched, []
+    path = [(step.fqn, Mode(step.mode) if step.mode else start[step.fqn]) for step in steps if step.fqn and step.kept]
+    floats = {site: Mode.FLOAT for site, _ in path}
+
+    def prefix(n: int) -> dict[str, Mode]:
+        return taken({**modes, **floats}, path[:n])
+
+    low, high, best = 0, len(path), math.nan  # prefix(low) is assumed to reach the target, prefix(high) does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        score = real(prefix(middle))
+        if goal.met(score):
+            low, best = middle, score
+        else:
+            high = middle
+    if math.isnan(best):
+        best = real(prefix(low))
+    note = (
+        f"the real flow scored {as_searched:.6g} where the simulation reached the target: "
+        f"{len(path) - low} of the {len(path)} steps the search took are undone after bisecting for real"
+    )
+    return prefix(low), best, [note]
+
+
+def _unseen_parts_checked(
+    real_score: Callable[[tuple[QuantSuggestion, ...]], float],
+    goal: Target,
+    kept: tuple[QuantSuggestion, ...],
+    checks: tuple[SuggestionCheck, ...],
+    steps: tuple[PlanStep, ...],
+    modes: dict[str, Mode],
+) -> tuple[tuple[QuantSuggestion, ...], tuple[SuggestionCheck, ...], float, list[str]]:
+    """The plan's config quantized for real, with the kept parts the search cannot see (equalization,
+    per-tensor weights: they were measured on the default config, not on this one). Where that
+    misses a target the simulation reached, the config as searched is quantized too, and where it
+    scores better those parts are dropped, their checks saying why."""
+    score = real_score(advice(kept, modes))
+    as_searched, unseen = split_for_real(kept)
+    if not unseen or goal.is_budget or goal.met(score) or not goal.met(final_score(steps)):
+        return kept, checks, score, []
+    searched = tuple(as_searched)  # one part per kept suggestion, as ``kept`` has one per site
+    without = real_score(advice(searched, modes))
+    if not worse(score, without, goal.higher_scores_better):
+        return kept, checks, score, []
+    said = ", ".join(part.describe() + " at " + part.fqn for part in unseen)
+    reason = f"not applied: the planned config scored {score:.4g} with it, {without:.4g} without, measured for real"
+    dropped = {(part.fqn, part.describe()) for part in unseen}
+    checks = tuple(
+        attrs.evolve(check, kept=False, reason=reason) if check.kept and (check.fqn, check.change) in dropped else check
+        for check in checks
+    )
+    return searched, checks, without, [f"{said}: dropped, the planned config scored {score:.4g} with them, {without:.4g} without"]
+
+
+def advice(kept: tuple[QuantSuggestion, ...], modes: Mapping[str, Mode]) -> tuple[QuantSuggestion, ...]:
+    """The kept suggestions, and the plan's own for each site it runs otherwise than they say
+    (kept in float, or a Linear made dynamic)."""
+    said = {s.fqn: mode_of(s) for s in kept}
+    moved = {site: mode for site, mode in modes.items() if mode is not Mode.STATIC and said.get(site, Mode.STATIC) is not mode}
+    return tuple(s for s in kept if s.fqn not in moved) + mode_suggestions(moved)
+
+
+__all__ = ["RealScore", "Verified", "advice", "verified"]

@@ -1,0 +1,158 @@
+"""The qinsight command, run as a real subprocess: every command and every exit code."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+from torch.ao.quantization import get_default_qconfig_mapping
+
+import qinsight as api
+from _cli import run_cli as qinsight
+from qinsight.compare.configs import quantize_candidates
+from qinsight.examples import example
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("cli")
+    result = qinsight("diagnose", "--example", "encoder", "--out", str(folder / "a.json"), "--html", str(folder / "a.html"))
+    assert result.returncode == 0, result.stderr
+    return folder
+
+
+@pytest.mark.slow
+def test_diagnose_example_prints_writes_and_shows_progress(saved: Path) -> None:
+    result = qinsight("diagnose", "--example", "encoder", "--batches", "3")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("qinsight report: encoder (fx frontend, backend x86, 3 calibration batches")
+    assert "calibrating: 3/3 batches" in result.stderr and "batch/s, ETA" in result.stderr
+    assert (saved / "a.json").stat().st_size > 1000
+    assert (saved / "a.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_diagnose_a_model_from_factories(tmp_path: Path) -> None:
+    (tmp_path / "mymodels.py").write_text(
+        "import torch\n"
+        "def model():\n    torch.manual_seed(0)\n    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).eval()\n"
+        "def batches():\n    g = torch.Generator().manual_seed(0)\n    return [torch.randn(16, 4, generator=g) for _ in range(3)]\n"
+    )
+    result = qinsight("diagnose", "--model", "mymodels:model", "--data", "mymodels:batches", "--quiet",
+                      "--detectors", "qinsight.per_channel,qinsight.outliers", pythonpath=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("qinsight report: model (fx frontend") and result.stderr == ""
+    assert "qinsight.dynamic_static" not in result.stdout and "qinsight.outliers" in result.stdout
+
+
+@pytest.mark.slow
+def test_gates_exit_1_and_name_the_modules(saved: Path) -> None:
+    gated = qinsight("show", str(saved / "a.json"), "--fail-on", "dynamic recommended")
+    assert gated.returncode == 1
+    assert "qinsight: gate: qinsight.dynamic_static head: dynamic recommended" in gated.stderr
+    typo = qinsight("show", str(saved / "a.json"), "--fail-on", "no such verdict")  # a gate that could never trip
+    assert typo.returncode == 2 and "is no verdict of these detectors; valid: 'actionable'" in typo.stderr
+    assert qinsight("diagnose", "--example", "cnn", "--batches", "2", "--fail-on", "actionable", "--quiet").returncode == 1
+
+
+def test_show_diff_plot_detectors_schema(saved: Path) -> None:
+    shown = qinsight("show", str(saved / "a.json"))
+    assert shown.returncode == 0 and shown.stdout.startswith("qinsight report: encoder")
+    same = qinsight("diff", str(saved / "a.json"), str(saved / "a.json"))
+    assert (same.returncode, same.stdout) == (0, "no differences\n")
+    png = saved / "ratios.png"
+    plotted = qinsight("plot", str(saved / "a.json"), "--feature", "outliers.ratios", "--module", "head", "--out", str(png))
+    assert plotted.returncode == 0, plotted.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    listed = qinsight("detectors")
+    assert listed.returncode == 0 and "qinsight.outliers" in listed.stdout and "ok" in listed.stdout
+    schema = qinsight("schema")
+    assert schema.returncode == 0 and '"schema_version"' in schema.stdout
+
+
+def test_compare_quantizes_compares_and_writes_what_show_prints(tmp_path: Path) -> None:
+    out, page = tmp_path / "c.json", tmp_path / "c.html"
+    result = qinsight("compare", "--example", "cnn", "--batches", "3", "--out", str(out), "--html", str(page))
+    assert result.returncode == 0 and result.stderr == f"qinsight: wrote {out}\nqinsight: wrote {page}\n", result.stderr
+    assert result.stdout.startswith("Float vs quantized (convert_fx (x86 default)): cnn")
+    assert qinsight("show", str(out)).stdout == result.stdout
+    assert "Float vs quantized" in page.read_text()
+    # The same numbers as the API on the same batches: calibrated on them, then compared on them.
+    chosen = example("cnn")
+    model, batches = chosen.model(), chosen.data(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantized = quantize_candidates(model, {"fx": get_default_qconfig_mapping("x86")}, batches)["fx"]
+        expected = api.compare_activations(model, quantized, batches)
+    saved = api.load_report(out).comparison
+    assert saved is not None and saved.activations is not None
+    assert [(layer.fqn, layer.metric("sqnr", local=True), layer.metric("sqnr")) for layer in saved.activations.layers] == [
+        (layer.fqn, layer.metric("sqnr", local=True), layer.metric("sqnr")) for layer in expected.layers
+    ]
+    assert saved.weights is not None and {layer.fqn for layer in saved.weights.layers} == {"conv1", "block.0", "fc"}
+
+
+@pytest.mark.slow
+def test_compare_in_the_pt2e_flow() -> None:
+    pytest.importorskip("torchao")
+    result = qinsight("compare", "--example", "cnn", "--batches", "2", "--flow", "pt2e")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Float vs quantized (convert_pt2e (x86 default)): cnn")
+    assert "block.0" in result.stdout and "conv1" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("compare", "--example", "cnn", "--flow", "pt2e", "--backend", "fbgemm"), "--flow pt2e quantizes for x86"),
+        (("compare", "--model", "qinsight.examples:example"), "--model needs --data"),
+        (("diagnose", "--example", "cnn", "--batches", "0"), "qinsight: error: --batches must be at least 1"),
+        (("diagnose", "--example", "cnn", "--backend", "tpu"), "backend='tpu' is invalid"),
+        (("diagnose", "--model", "nowhere:model", "--data", "nowhere:data"), "cannot load --model nowhere:model"),
+        (("diagnose", "--model", "qinsight.examples:example"), "--model needs --data"),
+        (("show", "/nonexistent/report.json"), "/nonexistent/report.json: No such file or directory"),
+        (("plot", "/nonexistent/report.json", "--feature", "x", "--out", "x.png"), "No such file or directory"),
+    ],
+)
+def test_errors_exit_2_with_one_line(args: tuple[str, ...], message: str) -> None:
+    result = qinsight(*args)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_usage_errors_exit_2_and_debug_shows_the_traceback(saved: Path) -> None:
+    assert qinsight("diagnose").returncode == 2  # argparse: one of --example/--model required
+    bad = saved / "bad.json"
+    bad.write_text("{")
+    debug = qinsight("--debug", "show", str(bad))
+    assert debug.returncode != 0 and "Traceback" in debug.stderr and "ReportFileError" in debug.stderr
+
+
+@pytest.mark.slow
+def test_plan_reaches_a_target_writes_the_plan_and_exits_one_when_it_cannot(tmp_path: Path) -> None:
+    out = tmp_path / "p.json"
+    result = qinsight("plan", "--example", "cnn", "--batches", "3", "--eval-batches", "2", "--target", "sqnr>=30", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "Plan (fx, backend x86): target sqnr>=30 reached" in result.stdout
+    assert "scoring the curve: 0/" in result.stderr and result.stderr.endswith(f"qinsight: wrote {out}\n")
+    loaded = api.load_report(out)
+    assert loaded.plan is not None and loaded.plan.reached and loaded.plan.verified_score >= 30.0
+    assert qinsight("show", str(out)).stdout == result.stdout
+    # a target no config can reach: the report still prints, and the exit code says so
+    unreachable = qinsight("plan", "--example", "cnn", "--batches", "3", "--eval-batches", "2", "--target", "sqnr>=200", "--quiet")
+    assert unreachable.returncode == 1 and "target sqnr>=200 NOT reached" in unreachable.stdout
+    assert unreachable.stderr == "qinsight: the plan does not reach sqnr>=200\n"
+    # --smooth: the Linear's input smoothed first, the plan saying so and named as in the smoothed model
+    out = tmp_path / "smoothed.json"
+    smoothed = qinsight("plan", "--example", "cnn", "--batches", "3", "--eval-batches", "2", "--smooth", "--quiet", "--out", str(out))
+    assert smoothed.returncode == 0, smoothed.stderr
+    assert "smoothed the input of 1 Linear (alpha " in smoothed.stdout  # measured: alpha 0.5, 37.7 dB (37.3 without)
+    plan = api.load_report(out).plan
+    assert plan is not None and plan.smoothing.fqns == ("fc",) and "fc.linear" in {s.fqn for s in plan.sensitivities}
+    bad = qinsight("plan", "--example", "cnn", "--target", "sqnr>30")
+    assert bad.returncode == 2 and bad.stderr.startswith("qinsight: error: --target 'sqnr>30': expected a target like")
+    for text, expected in (("top1>=1.5", "between 0 and 1"), ("float<=-3", "whole number of sites, 0 or more")):
+        bad = qinsight("plan", "--example", "cnn", "--target", text)
+        assert bad.returncode == 2 and expected in bad.stderr and bad.stdout == "", bad.stderr
