@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 
 def run_cli(*args: str, cwd: Path | None = None, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
+    # the command runs on this process's threads: float32 sums round alike (compared to the API's numbers)
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     if pythonpath is not None:
         env["PYTHONPATH"] = f"{pythonpath}{os.pathsep}{env.get('PYTHONPATH', '')}"
     return subprocess.run(

@@ -148,6 +148,8 @@ HEAVY = ("torch", "numpy", "cattrs", "matplotlib")
     [
         "import qinsight",
         "import qinsight.core.report, qinsight.core.comparison, qinsight.core.stats, qinsight.core.errors",
+        "import qinsight.core.advice, qinsight.core.metrics, qinsight.core.progress, qinsight.core.equalization",
+        "from qinsight import Advice, advice_of, MetricSpec, Progress, FlowName, NotFoundError",
         "import qinsight.plugin",
         "from qinsight import Report, Finding, OpSite, QuantSuggestion, Comparison, EqualizationMapping, QinsightError",
     ],

@@ -88,7 +88,7 @@ def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None)
 
 def _of_plan(plan: QuantPlan, flow: FlowName) -> Advice:
     advice = Advice(
-        flow=checked_flow(plan.flow, "advice_of") if plan.flow in ("fx", "pt2e") else flow,
+        flow=checked_flow(plan.flow, "advice_of"),
         backend=plan.backend,
         sites=plan.sites,
         suggestions=plan.suggestions,

@@ -20,6 +20,7 @@ that differs in a few sites recomputes only the nodes downstream of them
 from __future__ import annotations
 
 import collections
+import functools
 import operator
 import sys
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -86,10 +87,8 @@ class Simulation:
         self._regroupable = {node for node, edge in self._edges.items() if per_edge[edge] == 1}  # not in a chain
         for node in observers:
             who = owners(node)
-            switch = Switch(model.get_submodule(str(node.target)))
-            switch.dynamic_max, switch.aten = dynamic_max, real_ops is not None
-            if who.weight and not switch.passthrough:
-                switch.constant = switch.quantize(_constant(model, node.args[0]))
+            weight = functools.partial(_constant, model, node.args[0]) if who.weight else None
+            switch = Switch(model.get_submodule(str(node.target)), dynamic_max=dynamic_max, aten=real_ops is not None, weight=weight)
             name = f"{node.name}_switch"  # one per node: the copies of a shared observer switch apart
             model.add_module(name, switch)
             node.target = name

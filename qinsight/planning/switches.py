@@ -4,6 +4,7 @@ they apply: static with the observer's qparams, dynamic per batch, or off (:clas
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -20,9 +21,23 @@ class Mode(enum.Enum):
 
 
 class Switch(nn.Module):
-    """An observer turned into a fake quantizer that can be turned off (``mode``) or made dynamic."""
+    """An observer turned into a fake quantizer that can be turned off (``mode``) or made dynamic.
 
-    def __init__(self, observer: nn.Module) -> None:
+    ``dynamic_max`` is the top of a dynamic activation's range (127 where fbgemm reduces it);
+    ``aten``: quantize as ATen's ``quantize_per_tensor`` does (FX's converted model), which rounds a
+    few values differently from fake quantization (PT2E's decomposed quantize rounds as it does);
+    ``weight``: gives the constant a weight observer reads, fake-quantized once here (read only
+    where this switch quantizes).
+    """
+
+    def __init__(
+        self,
+        observer: nn.Module,
+        *,
+        dynamic_max: int = 255,
+        aten: bool = False,
+        weight: Callable[[], torch.Tensor] | None = None,
+    ) -> None:
         super().__init__()
         self.mode = Mode.STATIC
         dtype = getattr(observer, "dtype", torch.float32)
@@ -38,12 +53,9 @@ class Switch(nn.Module):
         # per-tensor qparams as numbers, read once: not a tensor-to-number sync on every batch
         self.step, self.zero = float(self.scale[0]), int(self.zero_point[0])
         self._calibrated = (self.step, self.zero)
-        self.constant: torch.Tensor | None = None  # a weight's fake-quantized value, computed once
-        self.dynamic_max = 255
-        self.dtype = dtype
-        # FX's converted model quantizes with ATen's quantize_per_tensor, which rounds a few values
-        # differently from fake quantization; PT2E's decomposed quantize rounds as fake quantization
-        self.aten = False
+        self.dynamic_max, self.aten, self.dtype = dynamic_max, aten, dtype
+        # a weight's fake-quantized value, computed once (after the rounding rule above is set)
+        self.constant = self.quantize(weight()) if weight is not None and not self.passthrough else None
 
     def regroup(self, qparams: tuple[float, int] | None) -> None:
         """Quantize with ``qparams`` (per tensor) from now on; ``None``: with the observer's own."""
