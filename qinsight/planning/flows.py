@@ -26,11 +26,15 @@ from torch import fx, nn
 from torch.ao.quantization import QConfigMapping
 from torch.ao.quantization.quantize_fx import prepare_fx
 
+from qinsight.apply.equalization import equalization_qconfig_mapping
+from qinsight.apply.fx import advice_mapping
+from qinsight.apply.pt2e import advice_quantizer
+from qinsight.apply.recipe import calibrate, varying_shapes
 from qinsight.compare.configs import convert_prepared, prepare_config, release_fx_graphs
 from qinsight.core.activations import FxActivations
-from qinsight.core.precision import activation_bits
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.errors import FrontendError, InvalidParameterError
+from qinsight.core.precision import activation_bits
 from qinsight.core.sites import FlowName, OpSite, check_backend
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 from qinsight.frontends import (
@@ -41,10 +45,6 @@ from qinsight.frontends import (
     layer_name,
 )
 from qinsight.frontends.edges import site_nodes
-from qinsight.apply.equalization import equalization_qconfig_mapping
-from qinsight.apply.fx import advice_mapping
-from qinsight.apply.pt2e import advice_quantizer
-from qinsight.apply.recipe import calibrate, varying_shapes
 from qinsight.planning.kernels import QuantizedOps
 from qinsight.planning.observed import FxObserved, no_stack_traces
 from qinsight.planning.simulate import EdgeRule, Owners, RealOps, Regroup, Simulation, WeightSwap, observer_nodes
