@@ -9,11 +9,14 @@ pipe, a device or standard input.
 
 from __future__ import annotations
 
+import gzip
 import os
 import tempfile
+import zlib
 from pathlib import Path
 
 _CHUNK = 1 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def read_capped(path: str | os.PathLike[str], max_bytes: int) -> bytes:
@@ -27,6 +30,28 @@ def read_capped(path: str | os.PathLike[str], max_bytes: int) -> bytes:
             if size > max_bytes:
                 raise ValueError(f"larger than the {max_bytes}-byte limit (max_bytes=)")
     return b"".join(parts)
+
+
+def gunzipped(data: bytes, max_bytes: int) -> bytes:
+    """``data`` itself, or, where it is gzip (its magic bytes), what it decompresses to: at most
+    ``max_bytes``, whatever the ratio (``ValueError`` past it, or on a stream that is not whole)."""
+    if not data.startswith(_GZIP_MAGIC):
+        return data
+    stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        text = stream.decompress(data, max_bytes + 1)
+    except zlib.error as exc:
+        raise ValueError(f"gzip data that does not decompress: {exc}") from None
+    if len(text) > max_bytes:
+        raise ValueError(f"decompresses to more than the {max_bytes}-byte limit (max_bytes=)")
+    if not stream.eof or stream.unused_data:
+        raise ValueError("a gzip stream that is cut short, or followed by other data")
+    return text
+
+
+def gzipped(text: str) -> bytes:
+    """``text`` as one gzip member, the same bytes for the same text (no time stamp)."""
+    return gzip.compress(text.encode("utf-8"), compresslevel=6, mtime=0)
 
 
 def _umask() -> int:

@@ -3,6 +3,7 @@ memory bounded by a small multiple of the file, or loads as a valid report. Noth
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import subprocess
@@ -23,7 +24,8 @@ from qinsight.plugin import discovery
 
 
 @cache
-def real_report() -> dict[str, Any]:
+@functools.cache
+def _real_report() -> qinsight.Report:
     """A diagnosis of a small MLP by every built-in detector, with a comparison: every section filled."""
     model = seeded(MLP())
     data = gaussian_batches((8, 16), 3)
@@ -31,7 +33,12 @@ def real_report() -> dict[str, Any]:
     comparison = qinsight.Comparison(
         quantized="convert_fx", weights=qinsight.compare_weights(model, quantized), activations=qinsight.compare_activations(model, quantized, data)
     )
-    return report_to_dict(qinsight.diagnose(model, data, model_name="mlp").with_comparison(comparison))
+    return qinsight.diagnose(model, data, model_name="mlp").with_comparison(comparison)
+
+
+def real_report(*, packed: bool = False) -> dict[str, Any]:
+    """That report as its file's JSON value: arrays as lists, or (``packed``) long ones typed binary."""
+    return report_to_dict(_real_report(), packed=packed)
 
 
 def replaced(data: Any, path: tuple[Any, ...], new: Any) -> Any:
@@ -65,7 +72,7 @@ TOKENS = st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-1e999", "9"
 
 @st.composite
 def mutated(draw: st.DrawFn) -> str:
-    data = real_report()
+    data = real_report(packed=draw(st.booleans()))
     path = draw(st.sampled_from(json_paths(data)))
     how = draw(st.sampled_from(["value", "hostile", "delete", "token", "truncate", "duplicate"]))
     if how == "value":
