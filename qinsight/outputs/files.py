@@ -10,13 +10,19 @@ pipe, a device or standard input.
 from __future__ import annotations
 
 import gzip
+import lzma
 import os
 import tempfile
 import zlib
 from pathlib import Path
+from typing import Final, Literal
 
 _CHUNK = 1 << 20
-_GZIP_MAGIC = b"\x1f\x8b"
+Compression = Literal["gzip", "xz"]
+# each compression by the magic bytes its streams start with, and the file name ending that asks for it
+MAGIC: Final[dict[Compression, bytes]] = {"gzip": b"\x1f\x8b", "xz": b"\xfd7zXZ\x00"}
+SUFFIXES: Final[dict[str, Compression]] = {".gz": "gzip", ".xz": "xz"}
+_XZ_MEMORY: Final = 128 * 2**20  # our writer's streams need 9 MiB (preset 6)
 
 
 def read_capped(path: str | os.PathLike[str], max_bytes: int) -> bytes:
@@ -32,26 +38,34 @@ def read_capped(path: str | os.PathLike[str], max_bytes: int) -> bytes:
     return b"".join(parts)
 
 
-def gunzipped(data: bytes, max_bytes: int) -> bytes:
-    """``data`` itself, or, where it is gzip (its magic bytes), what it decompresses to: at most
-    ``max_bytes``, whatever the ratio (``ValueError`` past it, or on a stream that is not whole)."""
-    if not data.startswith(_GZIP_MAGIC):
+def decompressed(data: bytes, max_bytes: int) -> bytes:
+    """``data`` itself, or, where it is gzip or xz (by its magic bytes), what it decompresses to: at
+    most ``max_bytes``, whatever the ratio (``ValueError`` past it, or on a stream that is not whole)."""
+    kind = next((name for name, magic in MAGIC.items() if data.startswith(magic)), None)
+    if kind is None:
         return data
-    stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    # xz's dictionary is the stream's to choose (up to 1.5 GiB): a limit refuses a hostile one
+    stream = zlib.decompressobj(16 + zlib.MAX_WBITS) if kind == "gzip" else lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=_XZ_MEMORY)
     try:
         text = stream.decompress(data, max_bytes + 1)
-    except zlib.error as exc:
-        raise ValueError(f"gzip data that does not decompress: {exc}") from None
+    except (zlib.error, lzma.LZMAError) as exc:
+        raise ValueError(f"{kind} data that does not decompress: {exc}") from None
     if len(text) > max_bytes:
         raise ValueError(f"decompresses to more than the {max_bytes}-byte limit (max_bytes=)")
     if not stream.eof or stream.unused_data:
-        raise ValueError("a gzip stream that is cut short, or followed by other data")
+        raise ValueError(f"a {kind} stream that is cut short, or followed by other data")
     return text
 
 
-def gzipped(text: str) -> bytes:
-    """``text`` as one gzip member, the same bytes for the same text (no time stamp)."""
-    return gzip.compress(text.encode("utf-8"), compresslevel=6, mtime=0)
+def compression_of(path: str | os.PathLike[str]) -> Compression | None:
+    """The compression a file name asks for: ``.gz`` gzip, ``.xz`` xz, else none."""
+    return SUFFIXES.get(Path(path).suffix)
+
+
+def compressed(text: str, kind: Compression) -> bytes:
+    """``text`` as one gzip member (no time stamp) or one xz stream: the same bytes for the same text."""
+    data = text.encode("utf-8")
+    return gzip.compress(data, compresslevel=6, mtime=0) if kind == "gzip" else lzma.compress(data, preset=6)
 
 
 def _umask() -> int:

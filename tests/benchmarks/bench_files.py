@@ -1,4 +1,4 @@
-"""Report file sizes and load times: every number a JSON number, typed binary arrays, and gzip.
+"""Report file sizes and load times: every number a JSON number, typed binary arrays, gzip and xz.
 
 The Llama-shaped stack (qinsight.examples.stack: width 512, MLP 1408, 4 layers, 1x256 tokens,
 4 batches, the default detectors), diagnosed once, written in each form and read back (best of 3).
@@ -37,7 +37,7 @@ def main() -> None:
     folder = tempfile.mkdtemp()
     print(f"Llama-shaped stack, width {args.width}, MLP {mlp}, 4 layers, {tokens} tokens")
     plain = 0
-    for name, keywords in (("plain.json", {"packed": False}), ("report.json", {}), ("report.json.gz", {})):
+    for name, keywords in (("plain.json", {"packed": False}), ("report.json", {}), ("report.json.gz", {}), ("report.json.xz", {})):
         path = os.path.join(folder, name)
         qinsight.save_report(report, path, **keywords)
         size = os.path.getsize(path)

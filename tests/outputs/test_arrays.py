@@ -6,9 +6,11 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import lzma
 import math
 import os
 import struct
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -62,16 +64,23 @@ def test_any_integers_come_back_in_the_narrowest_type_or_as_a_list(values: list[
     assert len(base64.b64decode(packed["base64"])) == width * len(values)
 
 
-def test_a_real_report_round_trips_packed_plain_and_gzipped(tmp_path: Path) -> None:
+def test_a_real_report_round_trips_packed_plain_and_compressed(tmp_path: Path) -> None:
     report = qinsight.diagnose(seeded(MLP((64, 128, 128, 16))), gaussian_batches((8, 64), 3))
     sizes = {}
-    for name, keywords in (("plain.json", {"packed": False}), ("packed.json", {}), ("packed.json.gz", {})):
+    for name, keywords in (
+        ("plain.json", {"packed": False}), ("packed.json", {}), ("packed.json.gz", {}), ("packed.json.xz", {}),
+        ("named.json", {"compress": "xz"}), ("plain.json.gz", {"compress": "none"}),
+    ):
         path = tmp_path / name
         qinsight.save_report(report, path, **keywords)
         assert qinsight.load_report(path) == report
         sizes[name] = os.path.getsize(path)
-    assert sizes["packed.json.gz"] < sizes["packed.json"] < sizes["plain.json"] / 2
+    assert sizes["packed.json.xz"] < sizes["packed.json.gz"] < sizes["packed.json"] < sizes["plain.json"] / 2
     assert (tmp_path / "packed.json.gz").read_bytes()[:2] == b"\x1f\x8b"
+    assert (tmp_path / "named.json").read_bytes() == (tmp_path / "packed.json.xz").read_bytes()
+    assert (tmp_path / "plain.json.gz").read_bytes() == (tmp_path / "packed.json").read_bytes()
+    with pytest.raises(qinsight.InvalidParameterError, match="compress='zip'"):
+        qinsight.save_report(report, tmp_path / "r.zip", compress="zip")  # type: ignore[arg-type]
     qinsight.save_report(report, tmp_path / "again.json.gz")  # no time stamp: the same bytes again
     assert (tmp_path / "again.json.gz").read_bytes() == (tmp_path / "packed.json.gz").read_bytes()
     assert '"array": "f4"' in (tmp_path / "packed.json").read_text()  # float32 activations' minima, exactly
@@ -109,19 +118,26 @@ def test_a_broken_typed_array_is_one_error_naming_where(change: dict[str, Any], 
     assert info.value.location is not None and info.value.location.startswith("$.")
 
 
-def test_a_broken_or_explosive_gzip_stream_is_one_error_in_bounded_memory(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("suffix", "squeeze"), [(".gz", lambda b: gzip.compress(b, mtime=0)), (".xz", lzma.compress)])
+def test_a_broken_or_explosive_stream_is_one_error_in_bounded_memory(suffix: str, squeeze: Any, tmp_path: Path) -> None:
     report = qinsight.diagnose(seeded(MLP()), gaussian_batches((8, 16), 2))
-    good = tmp_path / "r.json.gz"
+    good = tmp_path / f"r.json{suffix}"
     qinsight.save_report(report, good)
-    cut = tmp_path / "cut.json.gz"
+    cut = tmp_path / f"cut.json{suffix}"
     cut.write_bytes(good.read_bytes()[:-20])
-    with pytest.raises(qinsight.ReportFileError, match="cut short"):
+    with pytest.raises(qinsight.ReportFileError, match="cut short|does not decompress"):
         qinsight.load_report(cut)
-    bomb = tmp_path / "bomb.json.gz"
-    bomb.write_bytes(gzip.compress(b" " * (64 * 2**20), mtime=0))  # 64 MiB of spaces in 64 KiB
-    with pytest.raises(qinsight.ReportFileError, match="decompresses to more than the 1048576-byte limit"):
-        qinsight.load_report(bomb, max_bytes=2**20)
-    garbage = tmp_path / "garbage.json.gz"
-    garbage.write_bytes(b"\x1f\x8b" + os.urandom(200))
-    with pytest.raises(qinsight.ReportFileError, match="gzip"):
+    bomb = tmp_path / f"bomb.json{suffix}"
+    bomb.write_bytes(squeeze(b" " * (64 * 2**20)))  # 64 MiB of spaces in a few KiB
+    tracemalloc.start()
+    try:
+        with pytest.raises(qinsight.ReportFileError, match="decompresses to more than the 1048576-byte limit"):
+            qinsight.load_report(bomb, max_bytes=2**20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 24 * 2**20, peak  # the limit, and xz's dictionary (8 MiB at the default preset)
+    garbage = tmp_path / f"garbage.json{suffix}"
+    garbage.write_bytes(good.read_bytes()[:6] + os.urandom(200))
+    with pytest.raises(qinsight.ReportFileError, match="gzip|xz"):
         qinsight.load_report(garbage)
