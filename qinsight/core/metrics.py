@@ -34,9 +34,9 @@ class MetricSpec:
         return self.lower <= value <= self.upper
 
     def describe_range(self) -> str:
-        return f"between {self.lower:g} and {self.upper:g}" if math.isfinite(self.lower) and math.isfinite(self.upper) else (
-            f"at least {self.lower:g}" if math.isfinite(self.lower) else "any number"
-        )
+        if math.isfinite(self.lower) and math.isfinite(self.upper):
+            return f"between {self.lower:g} and {self.upper:g}"
+        return f"at least {self.lower:g}" if math.isfinite(self.lower) else "any number"
 
 
 METRICS: dict[str, MetricSpec] = {
