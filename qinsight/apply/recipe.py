@@ -59,6 +59,17 @@ def calibrate(prepared: nn.Module, batches: Iterable[object]) -> None:
             run_batch(prepared, batch)
 
 
+def prepared(
+    flow: str, model: nn.Module, config: object, example: tuple[Any, ...], shapes: Any, equalization: Any
+) -> tuple[nn.Module, bool]:
+    """:func:`~qinsight.compare.configs.prepare_config`, its failures (tracing, export, a quantizer
+    refusing a pattern: torch's errors have no common base) said as one :class:`FrontendError`."""
+    try:
+        return prepare_config(model, config, example, shapes, equalization)
+    except Exception as exc:
+        raise FrontendError(f"the {flow} flow cannot prepare {type(model).__name__}: {type(exc).__name__}: {exc}") from exc
+
+
 def quantize_with(model: nn.Module, advice: Advice, calibration: Sequence[object]) -> nn.Module:
     """``model`` quantized with ``advice`` through its flow: smoothed first where the advice smooths,
     prepared, calibrated on ``calibration`` and converted."""
@@ -70,15 +81,9 @@ def quantize_with(model: nn.Module, advice: Advice, calibration: Sequence[object
     smoothed = apply_smoothing(model, advice.smoothing)
     equalization = equalization_qconfig_mapping(advice.equalization) if advice.flow == "fx" else None
     shapes = varying_shapes(calibration) if advice.flow == "pt2e" else None
-    config = torch_config(advice)
-    try:
-        prepared, pt2e = prepare_config(smoothed, config, example_inputs(calibration[0]), shapes, equalization)
-    except Exception as exc:  # tracing, export, a quantizer refusing a pattern: torch's errors have no common base
-        raise FrontendError(
-            f"the {advice.flow} flow cannot prepare {type(model).__name__}: {type(exc).__name__}: {exc}"
-        ) from exc
-    calibrate(prepared, calibration)
-    return convert_prepared(prepared, pt2e)
+    ready, pt2e = prepared(advice.flow, smoothed, torch_config(advice), example_inputs(calibration[0]), shapes, equalization)
+    calibrate(ready, calibration)
+    return convert_prepared(ready, pt2e)
 
 
-__all__ = ["calibrate", "quantize_with", "torch_config", "varying_shapes"]
+__all__ = ["calibrate", "prepared", "quantize_with", "torch_config", "varying_shapes"]

@@ -29,8 +29,8 @@ from torch.ao.quantization.quantize_fx import prepare_fx
 from qinsight.apply.equalization import equalization_qconfig_mapping
 from qinsight.apply.fx import advice_mapping
 from qinsight.apply.pt2e import advice_quantizer
-from qinsight.apply.recipe import calibrate, varying_shapes
-from qinsight.compare.configs import convert_prepared, prepare_config, release_fx_graphs
+from qinsight.apply.recipe import calibrate, prepared, varying_shapes
+from qinsight.compare.configs import convert_prepared, release_fx_graphs
 from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.errors import FrontendError, InvalidParameterError
@@ -125,13 +125,11 @@ class Flow:
         """:meth:`prepare`, its failures (tracing, export, a quantizer that refuses a pattern) said as one."""
         try:
             config, equalization = self.config(suggestions), self.equalization(suggestions)
-            prepared, _pt2e = prepare_config(self.model, config, example, self.dynamic_shapes, equalization)
-        except Exception as exc:
-            raise FrontendError(
-                f"the {self.name} flow cannot prepare {type(self.model).__name__}: {type(exc).__name__}: {exc}"
-            ) from exc
-        assert isinstance(prepared, fx.GraphModule)
-        return prepared
+        except Exception as exc:  # a quantizer that cannot be built for these sites
+            raise FrontendError(f"the {self.name} flow cannot prepare {type(self.model).__name__}: {type(exc).__name__}: {exc}") from exc
+        graph, _exported = prepared(self.name, self.model, config, example, self.dynamic_shapes, equalization)
+        assert isinstance(graph, fx.GraphModule)
+        return graph
 
     def simulation(self, calibration: Sequence[object]) -> Simulation:
         """The model prepared with the flow's default advice, calibrated, every observer switchable."""

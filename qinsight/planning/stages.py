@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -29,7 +29,7 @@ from qinsight.core.sites import OpKind
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.frontends import classify, eval_mode, run_batch
-from qinsight.planning.checks import check_all
+from qinsight.planning.checks import RealScore, check_all
 from qinsight.core.progress import Progress
 from qinsight.planning.curve import Noise, Search, choose_order, measure_dynamic_noise
 from qinsight.planning.flows import Flow, flow_for
@@ -39,7 +39,6 @@ from qinsight.planning.simulate import Run
 from qinsight.planning.smoothing import choose_smoothing
 from qinsight.planning.switches import Mode
 
-RealScore = Callable[[tuple[QuantSuggestion, ...]], float]
 
 
 @attrs.frozen
@@ -226,6 +225,6 @@ def _parameters(model: nn.Module, sites: list[str]) -> dict[str, int]:
 
 
 __all__ = [
-    "Baseline", "Checked", "RealScore", "Searched", "Sensitivity", "Subject", "baseline", "checked", "float_outputs",
+    "Baseline", "Checked", "Searched", "Sensitivity", "Subject", "baseline", "checked", "float_outputs",
     "outputs", "searched", "sensitivity", "subject",
 ]

@@ -17,12 +17,11 @@ import attrs
 from qinsight.core.metrics import worse
 from qinsight.core.plan import PlanStep, SuggestionCheck, Target
 from qinsight.core.suggestions import QuantSuggestion
-from qinsight.planning.checks import mode_of, split_for_real
+from qinsight.planning.checks import RealScore, mode_of, split_for_real
 from qinsight.planning.curve import final_score, taken
 from qinsight.planning.flows import mode_suggestions
 from qinsight.planning.switches import Mode
 
-RealScore = Callable[[tuple[QuantSuggestion, ...]], float]
 
 
 @attrs.frozen
@@ -139,4 +138,4 @@ def advice(kept: tuple[QuantSuggestion, ...], modes: Mapping[str, Mode]) -> tupl
     return tuple(s for s in kept if s.fqn not in moved) + mode_suggestions(moved)
 
 
-__all__ = ["RealScore", "Verified", "advice", "verified"]
+__all__ = ["Verified", "advice", "verified"]
