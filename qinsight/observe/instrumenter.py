@@ -17,7 +17,7 @@ import torch
 from qinsight.core.errors import ObserverError
 from qinsight.core.sites import InsertPoint, ObserverSpec, Side, observer_key
 from qinsight.core.stats import ActivationStats, Observation, ObservedStats
-from qinsight.observe.observers import ActivationObserver, BatchClock, BatchSummary
+from qinsight.observe.observers import ActivationObserver, BatchClock
 from qinsight.plugin.detector import Detach, ModelView
 
 
@@ -43,7 +43,7 @@ class Instrumenter:
             self._observers[(fqn, side, axis)] = ActivationObserver(spec, observer_key(fqn, side, axis, default_axis), self.clock)
         self._detach: list[Detach] = []
         self._errors: list[ObserverError] = []
-        self._recent: list[tuple[weakref.ref[torch.Tensor], tuple[int, ObserverSpec], BatchSummary | None]] = []
+        self._recent: list[tuple[weakref.ref[torch.Tensor], tuple[int, ObserverSpec], torch.Tensor | None]] = []
 
     @property
     def observers(self) -> tuple[ActivationObserver, ...]:
@@ -73,7 +73,7 @@ class Instrumenter:
 
         return observe
 
-    def _summary(self, observer: ActivationObserver, x: torch.Tensor) -> BatchSummary | None:
+    def _summary(self, observer: ActivationObserver, x: torch.Tensor) -> torch.Tensor | None:
         """``observer.measure(x)``, measured once for every observer of the same tensor with the same spec
         (the q, k and v projections read one tensor: three observers, one pass over it)."""
         if not isinstance(x, torch.Tensor):  # a hook may pass anything: measure() tells

@@ -33,6 +33,7 @@ from torch.ao.quantization.quantize_fx import prepare_fx
 
 import qinsight
 from qinsight.examples import EncoderLayer, ResNet18
+from qinsight.examples.stack import llama_stack, stack_batches
 
 warnings.filterwarnings("ignore")
 torch.set_num_threads(2)
@@ -111,8 +112,37 @@ def bench(name: str, model: nn.Module, batch: torch.Tensor, torch_equalization: 
         print(f"  observer overhead: torch {observers_torch:.3f} s, qinsight below 1% of a batch (noise)")
     print(f"  qinsight on the float model / float forward:  {median['qinsight on float'] / median['float']:5.2f}x")
 
+def bench_stack(device: str, dtype: torch.dtype, width: int, tokens: int) -> None:
+    """The Llama-shaped stack (the GPU benchmark's shape, ../shared/gpu/llm_stack.py) at ``width``: the float
+    forward against the same forward observed by qinsight's default detectors (torch's ModelReport cannot
+    prepare it), per batch. On CUDA each timing waits for the device, once per batch."""
+    mlp = (width * 11) // 4 // 64 * 64  # 1,408 at 512 and 11,008 at 4096, as Llama's
+    model = llama_stack(width=width, mlp=mlp).to(device=device, dtype=dtype).eval()
+    batches = [b.to(device=device, dtype=dtype) for b in stack_batches(width=width, tokens=tokens, count=ROUNDS + 2)]
+    observed = llama_stack(width=width, mlp=mlp).to(device=device, dtype=dtype).eval()
+    times: dict[str, list[float]] = {"float": [], "qinsight": []}
+    with qinsight.instrument(observed, example_inputs=batches[0]), torch.no_grad():
+        for round_, batch in enumerate(batches):
+            for key, run in (("float", model), ("qinsight", observed)):
+                start = time.perf_counter()
+                run(batch)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                if round_ >= 2:
+                    times[key].append(time.perf_counter() - start)
+    median = {k: statistics.median(v) for k, v in times.items()}
+    print(f"\nLlama-shaped stack, width {width}, MLP {mlp}, 4 layers, 1x{tokens} tokens, {device} {dtype}  median of {ROUNDS}, s/batch")
+    for key, value in median.items():
+        print(f"  {key:<18} {value:7.4f}")
+    print(f"  qinsight on the float model / float forward:  {median['qinsight'] / median['float']:5.2f}x")
+
+
 def main() -> None:
     torch.manual_seed(0)
+    bench_stack("cpu", torch.float32, width=512, tokens=256)
+    if torch.cuda.is_available():
+        for dtype in (torch.float32, torch.bfloat16):
+            bench_stack("cuda", dtype, width=4096, tokens=2048)
     bench("ResNet-18-like CNN, 8x3x224x224", ResNet18().eval(), torch.randn(8, 3, 224, 224), torch_equalization=True)
     # torch's equalization detector crashes on (batch, seq, features) inputs: it runs three detectors here.
     bench(

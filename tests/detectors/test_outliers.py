@@ -20,7 +20,8 @@ from _support import ConvBnReluCNN, MLP, examples, gaussian_batches, prepared_fx
 from qinsight import ChannelStatus, DataCondition, InvalidParameterError, OutlierDetector, OutlierFinding
 from qinsight.examples import example
 from qinsight.observe import selection
-from qinsight.observe.observers import ActivationObserver, sampled_view
+from qinsight.observe.observers import ActivationObserver
+from qinsight.observe.sampling import sampled_view
 from qinsight.observe.selection import candidate_blocks, top_blocks, channel_percentile, channel_view, lower_rank
 from qinsight.core.sites import ObserverSpec
 

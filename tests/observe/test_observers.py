@@ -6,13 +6,14 @@ from __future__ import annotations
 import math
 import pickle
 
+import attrs
 import pytest
 import torch
 from torch import nn
 from torch.ao.quantization.fx._model_report.model_report_observer import ModelReportObserver
 
 from qinsight.core.errors import ObserverError
-from qinsight.observe import observers
+from qinsight.observe import batch
 from qinsight.observe.observers import ActivationObserver
 from qinsight.core.sites import ObserverSpec
 from qinsight.core.stats import DataCondition
@@ -95,15 +96,8 @@ def test_memory_is_flat_in_the_number_of_batches() -> None:
     obs = observer(axis=1, moments=True)
     for _ in range(200):
         obs(torch.randn(4, 6, 3))
-    state = [v for v in vars(obs).values() if isinstance(v, torch.Tensor)]
-    assert sum(t.numel() for t in state) == 2 * 6  # per-channel min and max, nothing per batch
-
-
-def _state_bytes(obs: ActivationObserver) -> int:
-    """Bytes of every tensor the observer keeps, its percentile accumulators' included."""
-    values = list(vars(obs).values())
-    values += [v for acc in getattr(obs, "_percentiles") for v in vars(acc).values()]
-    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+    # float64: the min and -max, per channel too, then batches, constant, span and the moments: nothing per batch
+    assert obs.state_bytes() == (2 + 2 * 6 + 3 + 4) * 8
 
 
 def test_state_after_10_and_100_batches_is_the_same_size() -> None:
@@ -113,8 +107,9 @@ def test_state_after_10_and_100_batches_is_the_same_size() -> None:
     for batch in range(1, 101):
         obs(torch.randn(4, 6, 30, 30))  # 3,600 values per channel: sampled
         if batch in (10, 100):
-            sizes[batch] = (_state_bytes(obs), len(pickle.dumps(obs.freeze())))
-    assert sizes[10] == sizes[100] and sizes[10][0] == 6 * (4 + 4 + 2 * (8 + 8 + 8))
+            sizes[batch] = (obs.state_bytes(), len(pickle.dumps(obs.freeze())))
+    # float64: per channel min, -max and per percentile three sums; the min, -max, and 3 + 4 (moments) sums
+    assert sizes[10] == sizes[100] and sizes[10][0] == 8 * (6 * (2 + 2 * 3) + 2 + 3 + 4)
 
 
 @pytest.mark.parametrize("per_channel_values", [3_000, 40_000])
@@ -125,7 +120,7 @@ def test_chunked_percentile_work_gives_the_unchunked_statistics(per_channel_valu
     x[x < 0.2] = 0.0
     frozen = []
     for chunk in (2**40, 1_000, 1):
-        monkeypatch.setattr(observers, "CHUNK_VALUES", chunk)
+        monkeypatch.setattr(batch, "CHUNK_VALUES", {"cpu": chunk})
         spec = ObserverSpec(channel_axis=2, per_channel=True, percentiles=(0.3, 0.975), percentile_samples=16384)
         obs = ActivationObserver(spec, "x")
         for scale in (1.0, 2.0):
@@ -141,9 +136,7 @@ def test_state_stays_on_the_model_device(device: str) -> None:
     x = torch.randn(8, 4, 30, device=device)
     obs(x)
     obs(x)
-    kept = [v for v in vars(obs).values() if isinstance(v, torch.Tensor)]
-    kept += [v for acc in getattr(obs, "_percentiles") for v in vars(acc).values() if isinstance(v, torch.Tensor)]
-    assert kept and all(t.device == x.device for t in kept)
+    assert obs.state is not None and obs.state.device == x.device
     stats = obs.freeze()  # only the frozen statistics leave the device, as plain numbers
     assert stats.batches == 2 and stats.channel_max == tuple(float(v) for v in x.amax(dim=(0, 2)).cpu())
 
@@ -171,6 +164,24 @@ def test_nonfinite_batches_are_counted_and_left_out() -> None:
     assert (stats.batches, stats.nonfinite_batches) == (1, 2)
     assert (stats.min, stats.max) == (-2.0, 3.0)
     assert stats.channel_max == (3.0, 0.5)
+
+
+def test_a_nonfinite_batch_changes_no_statistic_of_any_kind() -> None:
+    # The observers skip it on the device (no Python branch on its values): every sum, extremum,
+    # percentile ratio and tail count must be what the finite batches alone give.
+    spec = ObserverSpec(channel_axis=-1, per_channel=True, moments=True, percentiles=(0.9,), tails=True)
+    finite = [torch.randn(64, 8, generator=torch.Generator().manual_seed(i)) * 10 for i in range(3)]
+    poisoned = finite[0].clone()
+    poisoned[5, 2] = float("nan")
+    poisoned[7, 3] = float("inf")
+    clean, mixed = ActivationObserver(spec, "x"), ActivationObserver(spec, "x")
+    for x in finite:
+        clean(x)
+    for x in (finite[0], poisoned, finite[1], -poisoned, finite[2]):
+        mixed(x)
+    expected = clean.freeze()
+    assert mixed.freeze() == attrs.evolve(expected, nonfinite_batches=2)
+    assert expected.tails is not None and expected.tails.values == 3 * 64 and expected.moments is not None
 
 
 def test_only_nonfinite_data_means_no_data() -> None:

@@ -1,0 +1,96 @@
+"""The calibration hot path, counted on the Llama-shaped stack: aten ops per observed tensor and
+host reads per batch, so that a regression fails on any machine, a GPU's absence included."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+import qinsight
+from qinsight.examples.stack import llama_stack, stack_batches
+from qinsight.observe import observers
+
+# What reads a tensor's value on the host from Python: on a GPU each waits for the device.
+HOST_READS = {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu"}
+# The aten ops behind them (and behind a reading from C++), as the profiler names them.
+SYNC_OPS = {"aten::item", "aten::_local_scalar_dense"}
+
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+class HostReads(TorchFunctionMode):
+    """Records every host read of a tensor made while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = getattr(func, "__name__", "")
+        if name in HOST_READS:
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _top_level_ops(profile: torch.profiler.profile) -> list[str]:
+    """The aten ops called from Python (not from inside another aten op): each one dispatch, a launch on a GPU."""
+    return [
+        event.name
+        for event in profile.events()
+        if event.name.startswith("aten::") and (event.cpu_parent is None or not event.cpu_parent.name.startswith("aten::"))
+    ]
+
+
+@contextmanager
+def _calibrating(device: str) -> Iterator[tuple[torch.nn.Module, list[torch.Tensor]]]:
+    """The width-512 stack instrumented with the default detectors, its first batch already seen."""
+    model = llama_stack().to(device)
+    batches = [b.to(device) for b in stack_batches(count=3)]
+    with qinsight.instrument(model, example_inputs=batches[0]), torch.no_grad():
+        model(batches[0])  # the first batch may read the host: the observers' constants are made there
+        yield model, batches[1:]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_calibration_reads_nothing_on_the_host_after_the_first_batch(device: str) -> None:
+    with _calibrating(device) as (model, batches):
+        with HostReads() as reads, torch.profiler.profile() as profile:
+            for batch in batches:
+                model(batch)
+    assert reads.seen == []
+    assert not SYNC_OPS & {event.name for event in profile.events()}
+    if device == "cuda":  # the device's own word: any synchronising call raises
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            with _calibrating(device) as (model, batches):
+                model(batches[0])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+def test_an_observed_tensor_costs_at_most_30_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    measured = []
+    measure = observers.measure
+
+    def counting(x: Any, *args: Any) -> torch.Tensor | None:
+        measured.append(x)
+        return measure(x, *args)
+
+    with _calibrating("cpu") as (model, batches):
+        plain = llama_stack().eval()
+        with torch.profiler.profile() as plain_profile:
+            plain(batches[0])
+        monkeypatch.setattr(observers, "measure", counting)
+        with torch.profiler.profile() as profile:
+            model(batches[0])
+    extra = len(_top_level_ops(profile)) - len(_top_level_ops(plain_profile))
+    nested = sum(e.name.startswith("aten::") for e in profile.events()) - sum(e.name.startswith("aten::") for e in plain_profile.events())
+    tensors = len({id(x) for x in measured})  # an id reused by a freed tensor counts once: fewer, never more
+    print(f"{extra} ops ({nested} with the ops they call) for {tensors} tensors ({len(measured)} observers)")
+    assert tensors >= 28  # every Linear input at least, and the ops around them
+    assert extra / tensors <= 30
