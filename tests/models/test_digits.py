@@ -104,7 +104,10 @@ def test_a_plan_keeps_the_fp32_accuracy_on_the_test_digits(digits: Digits, flow:
         metric=_accuracy_metric(digits.test_labels),
     )
     assert plan.reached and plan.verified_score >= fp32 and plan.verified_score >= plan.default_score
-    assert plan.quantized_fraction >= 0.9
+    # Only what the target needs stays in float. Where the default config already holds the float
+    # accuracy that is nothing much; where it loses a digit (one of 450 on AVX-512/AMX CPUs, whose
+    # kernels round otherwise) the plan keeps one conv in float (conv2: 19% of the parameters).
+    assert plan.quantized_fraction >= (0.9 if plan.default_score >= fp32 else 0.75)
     if flow == "fx":  # the exported mapping, applied by hand, reproduces the plan's accuracy
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -201,7 +201,9 @@ def test_mobilenet_v2_fx_with_the_reports_mapping_comes_within_a_db_of_pt2es_def
 
     assert sqnr(reference, advised) >= sqnr(reference, default) + 7.0  # 7.8 -> 16.1 dB
     assert sqnr(reference, advised) >= sqnr(reference, pt2e) - 1.0  # 16.8 dB
-    assert agreement(advised) >= 28 and agreement(default) <= 20  # the bar: PT2E's 28/32 on its crops
+    # the bar: PT2E's 28/32 on its crops. torch's FX default agrees on 14 to 21 of 32 by CPU
+    # and thread count (fbgemm rounds otherwise on AVX-512/AMX, one thread): the gap, not its level
+    assert agreement(advised) >= 28 and agreement(advised) >= agreement(default) + 5
 
 
 @pytest.mark.slow
