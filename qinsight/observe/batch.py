@@ -1,23 +1,18 @@
 """One calibration batch measured: the observers' hot path, on the activation's device, with no host reads.
 
-:func:`measure` turns a batch into one flat float64 tensor whatever the spec asks for (a
-:class:`Layout` says where each statistic lies), so folding it into an observer's state, which
-has the same layout, is one ``torch.minimum`` over the extrema part and one ``add_`` over the sums:
-
-- the extrema: ``[min, -max]`` of the batch, then per channel the minima and the negated maxima
-  (negated so that one minimum folds both);
-- the sums: every scalar and per-channel quantity the statistics add up over batches.
+:func:`measure` turns a batch into one flat tensor (a :class:`Layout` says where each statistic
+lies): its extrema, with the maxima negated so that one minimum folds both, then every sum the
+spec asks for. It runs the passes over the data and nothing else: a tensor observed for its
+range alone costs 3 ops (``aminmax``, a negation, a ``cat``), one observed per channel 4.
+:func:`summarize` turns the measurements of a few batches, stacked, into one float64 summary,
+the finiteness of each batch, its span and the masking included, in a dozen ops whatever their
+number: the observer folds that into its state (:mod:`qinsight.observe.observers`).
 
 Nothing here reads a tensor's value on the host: a GPU never waits for the CPU, and the CPU
-queues work without waiting for the GPU. A batch holding NaN or Inf is not skipped by a Python
-branch (that would read a value): its summary is the neutral element of the fold (``+inf``
-extrema, zero sums), chosen on the device by one ``torch.where``, and the observer counts it as
-non-finite at freeze (calls minus finite batches).
+queues work without waiting for the GPU.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 
@@ -29,11 +24,17 @@ from qinsight.observe.tails import TAIL_CHANNEL_ROWS, TAIL_SUMS, batch_tails, ce
 
 
 class Layout:
-    """Where each statistic of a spec lies in a batch's summary (and an observer's state) for ``channels``
-    channels (0 when the spec is not per channel): the extrema first, then the sums, then the per-channel rows."""
+    """Where each statistic of a spec lies, for ``channels`` channels (0 when the spec is not per channel).
+
+    A batch's *measurement* (:func:`measure`) holds the extrema (``[min, -max]``, or per channel the
+    minima then the negated maxima), the spec's sums, then its per-channel rows. A *summary* of one
+    or more batches (:func:`summarize`), and an observer's state, hold the extrema (``[min, -max]``
+    then, per channel, the minima and the negated maxima), the bookkeeping sums (finite batches,
+    constant ones, min - max), the spec's sums, then the rows.
+    """
 
     def __init__(self, spec: ObserverSpec, channels: int) -> None:
-        sums = ["batches", "constant", "negative_span"]
+        sums = []
         if spec.moments:
             sums += ["mean", "var", "mean_sq", "var_sq"]
         if spec.tails:
@@ -42,9 +43,11 @@ class Layout:
         if spec.tails:
             rows += list(TAIL_CHANNEL_ROWS)
         self.channels = channels
+        self.measured_ends = 2 * channels if channels else 2
+        self.measured_size = self.measured_ends + len(sums) + len(rows) * channels
         self.extrema = 2 + 2 * channels
-        self.sums = {name: self.extrema + i for i, name in enumerate(sums)}
-        first_row = self.extrema + len(sums)
+        self.sums = {name: self.extrema + i for i, name in enumerate([*BOOKKEEPING, *sums])}
+        first_row = self.extrema + len(self.sums)
         self.rows = {name: first_row + i * channels for i, name in enumerate(rows)}
         self.size = first_row + len(rows) * channels
 
@@ -54,19 +57,15 @@ class Layout:
         return values[first : first + self.channels]
 
 
-@functools.lru_cache(maxsize=256)
-def _neutral(device: torch.device, extrema: int, size: int) -> torch.Tensor:
-    """A non-finite batch's summary: extrema that no minimum keeps, sums that add nothing."""
-    inf = torch.full((extrema,), torch.inf, dtype=torch.float64, device=device)
-    return torch.cat((inf, torch.zeros(size - extrema, dtype=torch.float64, device=device)))
+BOOKKEEPING = ("batches", "constant", "negative_span")  # what a summary adds up from the measured extrema
 
 
-def channels_of(spec: ObserverSpec, summary: torch.Tensor) -> int:
-    """How many channels a batch's ``summary`` was measured with (0 when ``spec`` is not per channel)."""
+def channels_of(spec: ObserverSpec, measured: torch.Tensor) -> int:
+    """How many channels a batch was ``measured`` with (0 when ``spec`` is not per channel)."""
     if not spec.per_channel:
         return 0
     fixed = Layout(spec, 0)
-    return (summary.numel() - fixed.size) // (2 + len(fixed.rows))
+    return (measured.numel() - fixed.measured_size + 2) // (2 + len(fixed.rows))
 
 
 # A channel's percentile is measured in a batch only when at least this share of its values
@@ -107,23 +106,17 @@ def _as_float(x: torch.Tensor) -> torch.Tensor:
 
 
 def _measure(x: torch.Tensor, spec: ObserverSpec, sampler: ColumnSampler) -> torch.Tensor:
+    """The batch's extrema, the spec's sums and rows, as one flat tensor (:class:`Layout`); the bookkeeping
+    that needs no pass over the data (finite? constant? the span) waits for :func:`summarize`."""
     rows: list[torch.Tensor] = []  # flattened per-channel rows, in Layout order
     if spec.per_channel:
         channel_min, channel_max = channel_extrema(x, spec.channel_axis)
-        channel_ends = torch.stack((channel_min, channel_max.neg()))
-        ends = channel_ends.amin(dim=1)
-        extrema = [ends, channel_ends.reshape(-1)]
+        parts, channels = [channel_min, channel_max.neg()], channel_min.numel()
         if spec.percentiles:
             rows.append(_percentile_rows(x, spec, sampler, channel_min, channel_max).reshape(-1))
-        channels = channel_min.numel()
     else:
         low, high = torch.aminmax(x)
-        ends = torch.stack((low, high.neg()))
-        extrema, channels = [ends], 1
-    negative_span = ends.sum(0, keepdim=True, dtype=torch.float64)  # min - max, in float64: it cannot overflow
-    # NaN spreads to the min and max and Inf shows in them; either makes min - max NaN or -inf
-    finite = negative_span.isfinite()
-    parts = [*extrema, finite, negative_span == 0, negative_span]
+        parts, channels = [low.reshape(1), high.neg().reshape(1)], 1
     if spec.tails:
         massive, tail_rows = batch_tails(x, spec.channel_axis)  # first: it uses the work buffer as |x|
         rows.append(tail_rows.reshape(-1))
@@ -134,9 +127,32 @@ def _measure(x: torch.Tensor, spec: ObserverSpec, sampler: ColumnSampler) -> tor
             parts += [moments, moments.square()]
         if spec.tails:
             parts += [massive.new_full((1,), x.numel() // channels), massive, raw_power_sums(x.numel(), mean, central)]
-    summary = torch.cat(parts + rows)  # float64: the sums' type, to which the rest is promoted exactly
-    neutral = _neutral(summary.device, sum(part.numel() for part in extrema), summary.numel())
-    return torch.where(finite, summary, neutral)
+    return torch.cat(parts + rows)  # the widest type of its parts: float64 where there are sums
+
+
+def summarize(measured: list[torch.Tensor], layout: Layout) -> torch.Tensor:
+    """The float64 summary (:class:`Layout`) of one or more batches' measurements: a dozen ops whatever
+    their number, so observers measure batch after batch and summarize a few batches at a time.
+
+    A batch holding NaN or Inf is not skipped by a Python branch (that would read a value on the
+    host): ``torch.where`` gives it extrema that no minimum keeps and sums that add nothing.
+    """
+    batches = torch.stack(measured).double()  # (batches, measured size)
+    ends = channel_ends = batches[:, : layout.measured_ends]
+    if layout.channels:  # per channel [minima, -maxima]: the batch's [min, -max] is their least
+        ends = channel_ends.view(-1, 2, layout.channels).amin(dim=2)
+    negative_span = ends.sum(dim=1)  # min - max: NaN spreads to the min and max, Inf shows in them
+    finite = negative_span.isfinite().unsqueeze(1)
+    extrema = torch.cat((ends, channel_ends), dim=1) if layout.channels else ends
+    sums = torch.cat((negative_span.unsqueeze(1), batches[:, layout.measured_ends :]), dim=1)
+    counts = torch.cat((finite, negative_span.unsqueeze(1) == 0), dim=1)
+    return torch.cat(
+        (
+            torch.where(finite, extrema, torch.inf).amin(dim=0),
+            counts.sum(dim=0, dtype=torch.float64),  # finite batches (all NaN-free), constant ones
+            torch.where(finite, sums, 0.0).sum(dim=0),
+        )
+    )
 
 
 def _percentile_rows(

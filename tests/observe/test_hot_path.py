@@ -47,18 +47,18 @@ def _top_level_ops(profile: torch.profiler.profile) -> list[str]:
 
 
 @contextmanager
-def _calibrating(device: str) -> Iterator[tuple[torch.nn.Module, list[torch.Tensor]]]:
+def _calibrating(device: str) -> Iterator[tuple[qinsight.Session, torch.nn.Module, list[torch.Tensor]]]:
     """The width-512 stack instrumented with the default detectors, its first batch already seen."""
     model = llama_stack().to(device)
     batches = [b.to(device) for b in stack_batches(count=3)]
-    with qinsight.instrument(model, example_inputs=batches[0]), torch.no_grad():
+    with qinsight.instrument(model, example_inputs=batches[0]) as session, torch.no_grad():
         model(batches[0])  # the first batch may read the host: the observers' constants are made there
-        yield model, batches[1:]
+        yield session, model, batches[1:]
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_calibration_reads_nothing_on_the_host_after_the_first_batch(device: str) -> None:
-    with _calibrating(device) as (model, batches):
+    with _calibrating(device) as (_, model, batches):
         with HostReads() as reads, torch.profiler.profile() as profile:
             for batch in batches:
                 model(batch)
@@ -67,13 +67,15 @@ def test_calibration_reads_nothing_on_the_host_after_the_first_batch(device: str
     if device == "cuda":  # the device's own word: any synchronising call raises
         torch.cuda.set_sync_debug_mode("error")
         try:
-            with _calibrating(device) as (model, batches):
+            with _calibrating(device) as (_, model, batches):
                 model(batches[0])
         finally:
             torch.cuda.set_sync_debug_mode("default")
 
 
-def test_an_observed_tensor_costs_at_most_30_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_observed_tensor_costs_at_most_15_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counted over two steady batches. Measurements wait to be summarized a few at a time (a summary
+    costs about 28 ops whatever their number): at this width the small ones wait until freeze."""
     measured = []
     measure = observers.measure
 
@@ -81,16 +83,18 @@ def test_an_observed_tensor_costs_at_most_30_ops(monkeypatch: pytest.MonkeyPatch
         measured.append(x)
         return measure(x, *args)
 
-    with _calibrating("cpu") as (model, batches):
+    with _calibrating("cpu") as (_, model, batches):
         plain = llama_stack().eval()
         with torch.profiler.profile() as plain_profile:
-            plain(batches[0])
+            for batch in batches:
+                plain(batch)
         monkeypatch.setattr(observers, "measure", counting)
         with torch.profiler.profile() as profile:
-            model(batches[0])
+            for batch in batches:
+                model(batch)
     extra = len(_top_level_ops(profile)) - len(_top_level_ops(plain_profile))
     nested = sum(e.name.startswith("aten::") for e in profile.events()) - sum(e.name.startswith("aten::") for e in plain_profile.events())
-    tensors = len({id(x) for x in measured})  # an id reused by a freed tensor counts once: fewer, never more
-    print(f"{extra} ops ({nested} with the ops they call) for {tensors} tensors ({len(measured)} observers)")
+    tensors = len({id(x) for x in measured}) / len(batches)  # an id reused by a freed tensor counts once: fewer, never more
+    print(f"{extra / len(batches):.0f} ops per batch ({nested / len(batches):.0f} with the ops they call) for {tensors:.0f} tensors")
     assert tensors >= 28  # every Linear input at least, and the ops around them
-    assert extra / tensors <= 30
+    assert extra / len(batches) / tensors <= 15
