@@ -119,6 +119,10 @@ def checked_activations(
     """8-bit clip-aware FX activations for ``model``, with the inputs of the kernels that saturate at 8
     bits narrowed to 7 (measured on ``example``, with the backend's own kernels); ``None`` where the
     model does not quantize through FX."""
+    if any(tensor.device.type != "cpu" for tensor in (*model.parameters(), *model.buffers())):
+        # FX's quantized kernels (fbgemm, onednn) run on the CPU alone: a model on an accelerator fails
+        # its conversion, after two copies of it on the device, a trace, a prepare and a calibration
+        return None
     inputs = example_inputs(example)
     activations = FxActivations()
     model = hookless_copy(model)  # a session's observers may be on the model: they see nothing of this

@@ -208,3 +208,14 @@ def test_the_check_runs_the_backends_own_kernels_and_restores_the_engine(backend
     found = checked_activations(model, batch, backend, lambda a: advice_mapping(sites, (), backend, None, a))
     assert found is not None and found.kernels == 5  # the convs and the Linear, static
     assert engines and set(engines) == {backend} and torch.backends.quantized.engine == before
+
+
+def test_a_model_on_an_accelerator_is_not_copied_to_be_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # FX's quantized kernels run on the CPU alone: the check would copy the model twice on the device,
+    # trace, prepare and calibrate it, then fail at conversion. It answers at once (the report's FX
+    # config then keeps torch's activations). A meta-device model stands for a GPU one here.
+    copies = []
+    monkeypatch.setattr(saturation, "hookless_copy", lambda model: copies.append(model) or model)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).to("meta")
+    found = checked_activations(model, torch.randn(2, 8, device="meta"), "x86", lambda a: advice_mapping((), (), "x86", None, a))
+    assert found is None and copies == []
