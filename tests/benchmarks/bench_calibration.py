@@ -6,7 +6,9 @@ Prints seconds per batch and the ratios: torch's ModelReport (which needs a
 prepare_fx model) against qinsight on the float model, which is what each
 tool needs to produce a report, and both on the same prepare_fx model. Not a
 test: run it by hand,
-    python tests/benchmarks/bench_calibration.py
+    python tests/benchmarks/bench_calibration.py [--stack]
+The Llama-shaped stack runs first (on CUDA too, at width 4096 in fp32 and bf16, when a GPU is present);
+--stack stops there.
 qinsight runs its default detectors (six since the op detectors: the four torch has, and precision and
 range conflict on the ops around the layers, found with the example batch); torch runs its four on the CNN
 and three on the transformer, where its equalization detector crashes on
@@ -15,6 +17,7 @@ and three on the transformer, where its equalization detector crashes on
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import statistics
@@ -121,7 +124,7 @@ def bench_stack(device: str, dtype: torch.dtype, width: int, tokens: int) -> Non
     batches = [b.to(device=device, dtype=dtype) for b in stack_batches(width=width, tokens=tokens, count=ROUNDS + 2)]
     observed = llama_stack(width=width, mlp=mlp).to(device=device, dtype=dtype).eval()
     times: dict[str, list[float]] = {"float": [], "qinsight": []}
-    with qinsight.instrument(observed, example_inputs=batches[0]), torch.no_grad():
+    with qinsight.instrument(observed, example_inputs=batches[0]) as session, torch.no_grad():
         for round_, batch in enumerate(batches):
             for key, run in (("float", model), ("qinsight", observed)):
                 start = time.perf_counter()
@@ -130,19 +133,28 @@ def bench_stack(device: str, dtype: torch.dtype, width: int, tokens: int) -> Non
                     torch.cuda.synchronize()
                 if round_ >= 2:
                     times[key].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        session.report()
+        report_seconds = time.perf_counter() - start
     median = {k: statistics.median(v) for k, v in times.items()}
     print(f"\nLlama-shaped stack, width {width}, MLP {mlp}, 4 layers, 1x{tokens} tokens, {device} {dtype}  median of {ROUNDS}, s/batch")
     for key, value in median.items():
         print(f"  {key:<18} {value:7.4f}")
     print(f"  qinsight on the float model / float forward:  {median['qinsight'] / median['float']:5.2f}x")
+    print(f"  session.report()   {report_seconds:7.2f} s")
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description="calibration cost per batch against the float forward")
+    parser.add_argument("--stack", action="store_true", help="the Llama-shaped stack only (CPU, and CUDA when present)")
+    stack_only = parser.parse_args().stack
     torch.manual_seed(0)
     bench_stack("cpu", torch.float32, width=512, tokens=256)
     if torch.cuda.is_available():
         for dtype in (torch.float32, torch.bfloat16):
             bench_stack("cuda", dtype, width=4096, tokens=2048)
+    if stack_only:
+        return
     bench("ResNet-18-like CNN, 8x3x224x224", ResNet18().eval(), torch.randn(8, 3, 224, 224), torch_equalization=True)
     # torch's equalization detector crashes on (batch, seq, features) inputs: it runs three detectors here.
     bench(
