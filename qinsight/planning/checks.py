@@ -120,6 +120,8 @@ def check_real(
             fqn=part.fqn, change=part.describe(), before=before, alone=real((part,)), together=together,
             without=without, kept=kept,
             reason="measured for real (prepare, calibrate, convert)" if kept
+            else "not applied: with it the flow cannot build or run the config (the plan's notes say why)"
+            if math.isinf(together)
             else f"not applied: {together - without:+.3g} on the output among the other suggestions, measured for real",
         ))
     return checks

@@ -70,8 +70,9 @@ def plan(
 
         report = diagnose(model, list(request.calibration), backend=request.backend)
     scorer = Scorer(float_outputs(model, request.evaluation), request.metric, request.metric_name)
-    base = stages.baseline(request, model, report, scorer)
-    chosen = stages.subject(request, model, report, base, progress)
+    failed = stages.FailedConfigs()
+    base = stages.baseline(request, model, report, scorer, failed)
+    chosen = stages.subject(request, model, report, base, failed, progress)
     found = stages.checked(request, chosen, base, scorer, progress)
     measured = stages.sensitivity(request, found)
     search = stages.searched(request, found, measured)
@@ -109,7 +110,7 @@ def _assembled(
         suggestions=real.suggestions,
         sites=_named_sites(chosen.report.sites, real.suggestions, flow.activations),
         evaluations=math.ceil(found.search.sim.evaluations),
-        notes=search.notes + real.notes,
+        notes=search.notes + real.notes + chosen.failed.notes(flow.name),
         smoothing=SmoothingMapping() if real.default else chosen.smoothing,
         fx_activations=flow.activations,
     )

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from qinsight.apply.smoothing import apply_smoothing
+from qinsight.core.errors import FrontendError, describe
 from qinsight.core.metrics import worse
 from qinsight.core.plan import PlanStep, SiteSensitivity, SuggestionCheck
 from qinsight.core.report import Report
@@ -53,19 +55,55 @@ class Baseline:
     start_score: float
 
 
+class FailedConfigs:
+    """The configs a flow could not build or run: each scores the worst there is, so no stage can choose
+    it and the search goes on; the plan's notes say each distinct error once (issue: no config kills a plan)."""
+
+    def __init__(self) -> None:
+        self._errors: dict[str, int] = {}
+
+    def record(self, exc: Exception) -> None:
+        said = describe(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        self._errors[said] = self._errors.get(said, 0) + 1
+
+    def notes(self, flow: str) -> tuple[str, ...]:
+        return tuple(
+            f"{count} candidate config{'s' if count > 1 else ''} the {flow} flow could not build or run, "
+            f"left out: {error}"
+            for error, count in self._errors.items()
+        )
+
+
+def real_score(flow: Flow, request: PlanRequest, scorer: Scorer, failed: FailedConfigs) -> RealScore:
+    """A config's score quantized for real through ``flow`` (prepare, calibrate, convert, run); the worst
+    score there is where the flow cannot build or run it (a metric's own error is not caught)."""
+    worst = -math.inf if request.goal.higher_scores_better else math.inf
+
+    def score(advice: tuple[QuantSuggestion, ...]) -> float:
+        try:
+            results = outputs(flow.quantize(advice, request.calibration), request.evaluation)
+        except Exception as exc:  # torch's errors have no common base: prepare, convert and the run alike
+            failed.record(exc)
+            return worst
+        return scorer(results)
+
+    return score
+
+
 @attrs.frozen
 class Subject:
-    """What the plan quantizes: ``model`` (smoothed by ``smoothing``, if it smooths), its ``report``
-    and the ``flow`` that quantizes it."""
+    """What the plan quantizes: ``model`` (smoothed by ``smoothing``, if it smooths), its ``report``,
+    the ``flow`` that quantizes it, and the configs that flow ``failed`` to build or run."""
 
     model: nn.Module
     report: Report
     smoothing: SmoothingMapping
     flow: Flow
+    failed: FailedConfigs
 
     def real(self, request: PlanRequest, scorer: Scorer) -> RealScore:
-        """A config's score quantized for real through the flow (prepare, calibrate, convert)."""
-        return lambda advice: scorer(outputs(self.flow.quantize(advice, request.calibration), request.evaluation))
+        """A config's score quantized for real through the flow (:func:`real_score`)."""
+        return real_score(self.flow, request, scorer, self.failed)
 
 
 @attrs.frozen
@@ -100,16 +138,17 @@ class Searched:
     notes: tuple[str, ...]
 
 
-def baseline(request: PlanRequest, model: nn.Module, report: Report, scorer: Scorer) -> Baseline:
-    """The flow's default config for real; where the flow observes activations the report's way
-    (FX), that too, kept if it scores no worse (a check saying so either way)."""
+def baseline(request: PlanRequest, model: nn.Module, report: Report, scorer: Scorer, failed: FailedConfigs) -> Baseline:
+    """The flow's default config for real (where the flow cannot build or run even that, the plan ends
+    here, in one error); where the flow observes activations the report's way (FX), that too, kept if it
+    scores no worse (a check saying so either way)."""
     default = flow_for(request.flow, model, report.sites, request.backend, request.everything)
     score = _score(default, request, scorer)
     activations = default.observing(report.fx_activations)
     if activations is None:
         return Baseline(default, score, default, (), score)
     candidate = flow_for(request.flow, model, report.sites, request.backend, request.everything, activations)
-    observed = _score(candidate, request, scorer)
+    observed = real_score(candidate, request, scorer, failed)(())
     kept = not worse(observed, score, request.goal.higher_scores_better)
     check = SuggestionCheck(
         fqn="(activations)", change=activations.describe(), before=score, alone=observed, kept=kept,
@@ -119,23 +158,25 @@ def baseline(request: PlanRequest, model: nn.Module, report: Report, scorer: Sco
     return Baseline(default, score, candidate if kept else default, (check,), observed if kept else score)
 
 
-def subject(request: PlanRequest, model: nn.Module, report: Report, base: Baseline, progress: Progress) -> Subject:
+def subject(
+    request: PlanRequest, model: nn.Module, report: Report, base: Baseline, failed: FailedConfigs, progress: Progress
+) -> Subject:
     """The model the plan quantizes: with ``smoothing``, the Linears' inputs smoothed where that lowers
     their measured error, the smoothed model diagnosed again and a flow of its own."""
     if not request.smoothing:
-        return Subject(model, report, SmoothingMapping(), base.chosen)
+        return Subject(model, report, SmoothingMapping(), base.chosen, failed)
     from qinsight.pipeline import diagnose
 
     progress("smoothing the Linears' inputs", 0, 1)
     linears = [site.fqn for site in report.sites if site.kind is OpKind.LINEAR]
     mapping = choose_smoothing(model, list(request.calibration), linears, base.chosen.smoothing_bits())
     if not mapping.entries:
-        return Subject(model, report, mapping, base.chosen)
+        return Subject(model, report, mapping, base.chosen, failed)
     smoothed = apply_smoothing(model, mapping)
     again = diagnose(smoothed, list(request.calibration), backend=request.backend)
     observing = again.fx_activations if base.chosen.activations is not None else None  # the smoothed model's own check
     flow = flow_for(request.flow, smoothed, again.sites, request.backend, request.everything, observing)
-    return Subject(smoothed, again, mapping, flow)
+    return Subject(smoothed, again, mapping, flow, failed)
 
 
 def checked(request: PlanRequest, chosen: Subject, base: Baseline, scorer: Scorer, progress: Progress) -> Checked:
@@ -199,8 +240,17 @@ def searched(request: PlanRequest, found: Checked, measured: Sensitivity) -> Sea
 
 
 def _score(flow: Flow, request: PlanRequest, scorer: Scorer) -> float:
-    """The flow's config without suggestions, quantized for real."""
-    return scorer(outputs(flow.quantize((), list(request.calibration)), request.evaluation))
+    """The flow's config without suggestions, quantized for real: what every plan starts from."""
+    try:
+        results = outputs(flow.quantize((), list(request.calibration)), request.evaluation)
+    except FrontendError:
+        raise
+    except Exception as exc:
+        raise FrontendError(
+            f"the {flow.name} flow's default config cannot quantize and run {type(flow.model).__name__} on these "
+            f"calibration and evaluation batches, and every plan starts from it: {describe(exc)}"
+        ) from exc
+    return scorer(results)
 
 
 def float_outputs(model: nn.Module, batches: Sequence[object]) -> list[Any]:
@@ -225,6 +275,6 @@ def _parameters(model: nn.Module, sites: list[str]) -> dict[str, int]:
 
 
 __all__ = [
-    "Baseline", "Checked", "Searched", "Sensitivity", "Subject", "baseline", "checked", "float_outputs",
+    "Baseline", "Checked", "FailedConfigs", "Searched", "Sensitivity", "Subject", "baseline", "checked", "float_outputs",
     "outputs", "searched", "sensitivity", "subject",
 ]

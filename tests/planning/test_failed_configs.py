@@ -1,0 +1,60 @@
+"""No config kills a plan: a candidate the flow cannot build or run is left out, its error said once in the
+plan's notes, and the search goes on; only the flow's default config failing ends the plan, in one error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import qinsight
+from qinsight.core.errors import QinsightError
+
+
+def _outlier_rows(n: int, seed: int) -> list[torch.Tensor]:
+    """Gaussian features, two of them at 40x scale: input-weight equalization helps the first Linear."""
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n):
+        x = torch.randn(64, 32, generator=g)
+        x[:, [3, 11]] *= 40
+        batches.append(x)
+    return batches
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+
+
+def test_a_config_torch_cannot_run_is_left_out_and_the_plan_goes_on() -> None:
+    # torch's input-weight equalization raises on (batch, seq, features) Linear inputs (docs/divergences.md).
+    # A report made on rows suggests equalizing the first Linear; planned on sequences of the same rows, the
+    # config with that equalization cannot be calibrated: before, torch's ValueError ended the whole plan.
+    model, rows = _mlp(), _outlier_rows(6, 0)
+    report = qinsight.diagnose(model, rows)
+    assert [s.fqn for s in report.suggestions if s.equalize] == ["0"]
+    sequences = [batch.reshape(8, 8, 32) for batch in rows]
+    plan = qinsight.plan(model, sequences[:4], sequences[4:], target="sqnr>=20", report=report)
+    (check,) = [c for c in plan.checks if c.change == "equalize"]
+    assert not check.kept and "cannot build or run" in check.reason
+    (note,) = [n for n in plan.notes if "could not build or run" in n]
+    assert "ValueError" in note and "fx flow" in note
+    assert plan.equalization_mapping().fqns == () and plan.reached and plan.verified_score >= 20
+    # the plan's config, applied as a user would, runs on the sequences and scores what the plan says
+    quantized = qinsight.quantize(model, plan, sequences[:4])
+    with torch.no_grad():
+        reference = torch.cat([model(b) for b in sequences[4:]])
+        actual = torch.cat([quantized(b) for b in sequences[4:]])
+    assert 20 * torch.log10(reference.norm() / (reference - actual).norm()).item() == pytest.approx(plan.verified_score, abs=0.01)
+
+
+def test_a_default_config_the_flow_cannot_run_ends_the_plan_in_one_error() -> None:
+    # A float conv takes one unbatched image; fbgemm's quantized conv only (N, C, H, W): the default config
+    # itself cannot run on these evaluation images, and every plan starts from it.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    calibration, unbatched = [torch.randn(2, 3, 8, 8) for _ in range(3)], [torch.randn(3, 8, 8) for _ in range(2)]
+    assert model(unbatched[0]).shape == (4, 6, 6)
+    with pytest.raises(QinsightError, match=r"default config cannot quantize and run Sequential .*ValueError: Input shape must be"):
+        qinsight.plan(model, calibration, unbatched, target="sqnr>=20")
