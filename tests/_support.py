@@ -297,3 +297,15 @@ def examples(count: int) -> int:
     from hypothesis import settings
 
     return max(5, count * settings.default.max_examples // 100) if settings.default.max_examples < 100 else count
+
+
+def outlier_batches(n: int, seed: int) -> list[torch.Tensor]:
+    """Gaussian features (64 rows of 32), two of them at 40x scale (PEER.md (c) 3's outlier_linear):
+    input-weight equalization helps the Linear reading them."""
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n):
+        x = torch.randn(64, 32, generator=g)
+        x[:, [3, 11]] *= 40
+        batches.append(x)
+    return batches

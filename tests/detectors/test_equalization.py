@@ -19,7 +19,7 @@ from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 import qinsight
 from qinsight.apply.equalization import equalization_qconfig_mapping
 from qinsight.observe.instrumenter import weight_rows
-from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, torch_model_report, torch_name
+from _support import MLP, ConvBnReluCNN, gaussian_batches, outlier_batches, prepared_fx, seeded, torch_model_report, torch_name
 from qinsight import DataCondition, EqualizationFinding, InputWeightEqualizationDetector, InvalidParameterError
 
 
@@ -33,17 +33,6 @@ class OutlierMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.fc2(self.relu(self.fc1(x)))
         return out
-
-
-def outlier_batches(n: int, seed: int) -> list[torch.Tensor]:
-    """Gaussian features, two of them at 40x scale (PEER.md (c) 3's outlier_linear)."""
-    g = torch.Generator().manual_seed(seed)
-    batches = []
-    for _ in range(n):
-        x = torch.randn(64, 32, generator=g)
-        x[:, [3, 11]] *= 40
-        batches.append(x)
-    return batches
 
 
 def equalization(report: qinsight.Report) -> dict[str, EqualizationFinding]:

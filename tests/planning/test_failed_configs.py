@@ -5,21 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _support import outlier_batches
 from torch import nn
 
 import qinsight
 from qinsight.core.errors import QinsightError
-
-
-def _outlier_rows(n: int, seed: int) -> list[torch.Tensor]:
-    """Gaussian features, two of them at 40x scale: input-weight equalization helps the first Linear."""
-    g = torch.Generator().manual_seed(seed)
-    batches = []
-    for _ in range(n):
-        x = torch.randn(64, 32, generator=g)
-        x[:, [3, 11]] *= 40
-        batches.append(x)
-    return batches
 
 
 def _mlp() -> nn.Module:
@@ -31,7 +21,7 @@ def test_a_config_torch_cannot_run_is_left_out_and_the_plan_goes_on() -> None:
     # torch's input-weight equalization raises on (batch, seq, features) Linear inputs (docs/divergences.md).
     # A report made on rows suggests equalizing the first Linear; planned on sequences of the same rows, the
     # config with that equalization cannot be calibrated: before, torch's ValueError ended the whole plan.
-    model, rows = _mlp(), _outlier_rows(6, 0)
+    model, rows = _mlp(), outlier_batches(6, 0)
     report = qinsight.diagnose(model, rows)
     assert [s.fqn for s in report.suggestions if s.equalize] == ["0"]
     sequences = [batch.reshape(8, 8, 32) for batch in rows]
