@@ -79,7 +79,9 @@ def plan(
     real = verify.verified(
         chosen.real(request, scorer), request.goal, found.kept, found.checks, found.start, search.steps, search.modes, base.score
     )
-    return _assembled(request, base, chosen, found, measured, search, real)
+    final = base.flow if real.default else chosen.flow
+    applied = stages.converted(request, final, real.suggestions, chosen.report)
+    return _assembled(request, base, chosen, found, measured, search, real, applied)
 
 
 def _assembled(
@@ -90,6 +92,7 @@ def _assembled(
     measured: stages.Sensitivity,
     search: stages.Searched,
     real: verify.Verified,
+    applied: stages.Converted,
 ) -> QuantPlan:
     """The stages' records as one :class:`QuantPlan` (the default config's flow where it replaced the plan's)."""
     flow = base.flow if real.default else chosen.flow
@@ -103,14 +106,14 @@ def _assembled(
         default_score=base.score,
         verified_score=real.score,
         steps=search.steps,
-        quantized_fraction=found.search.fraction(real.modes),
+        quantized_fraction=applied.fraction,  # read from the converted model, not from the modes planned
         checks=real.checks,
         sensitivities=sensitivities,
         agreement=spearman([-s.quantized_only for s in sensitivities], [s.gain for s in sensitivities]),
         suggestions=real.suggestions,
         sites=_named_sites(chosen.report.sites, real.suggestions, flow.activations),
         evaluations=math.ceil(found.search.sim.evaluations),
-        notes=search.notes + real.notes + chosen.failed.notes(flow.name),
+        notes=search.notes + real.notes + chosen.failed.notes(flow.name) + applied.notes(flow.name),
         smoothing=SmoothingMapping() if real.default else chosen.smoothing,
         fx_activations=flow.activations,
     )

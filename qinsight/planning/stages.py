@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from qinsight.apply.smoothing import apply_smoothing
+from qinsight.compare.layers import quantized_layers
 from qinsight.core.errors import FrontendError, describe
 from qinsight.core.metrics import worse
 from qinsight.core.plan import PlanStep, SiteSensitivity, SuggestionCheck
@@ -239,6 +240,36 @@ def searched(request: PlanRequest, found: Checked, measured: Sensitivity) -> Sea
     return Searched(steps, modes, tuple(notes))
 
 
+@attrs.frozen
+class Converted:
+    """The plan's config as the flow converts it, read from the converted model: the share of the layers'
+    parameters whose weights it quantizes, and the layers it leaves in float that the config quantizes."""
+
+    fraction: float
+    left_float: tuple[str, ...]
+
+    def notes(self, flow: str) -> tuple[str, ...]:
+        if not self.left_float:
+            return ()
+        if self.fraction == 0.0:
+            return (f"the {flow} flow quantizes none of this model's layers: {', '.join(self.left_float)} stay in float",)
+        return (f"the {flow} flow leaves in float what the config quantizes: {', '.join(self.left_float)}",)
+
+
+def converted(request: PlanRequest, flow: Flow, advice: tuple[QuantSuggestion, ...], report: Report) -> Converted:
+    """What ``flow`` really quantizes of ``advice``'s config, over every layer of ``report`` (prepare,
+    calibrate, convert, then the converted model's layers read: quantized modules in FX, weights
+    dequantized in the PT2E graph)."""
+    layers = quantized_layers(flow.model, flow.quantize(advice, request.calibration))
+    quantized = {fqn for fqn, layer in layers.items() if layer.quantized}
+    kept = {s.fqn for s in advice if s.keep_float}
+    parameters = _parameters(flow.model, [site.fqn for site in report.sites if site.kind.is_layer])
+    weighted = {fqn: n for fqn, n in parameters.items() if n > 0}
+    total = sum(weighted.values())
+    fraction = sum(n for fqn, n in weighted.items() if fqn in quantized) / total if total else 1.0
+    return Converted(fraction, tuple(fqn for fqn in weighted if fqn not in quantized and fqn not in kept))
+
+
 def _score(flow: Flow, request: PlanRequest, scorer: Scorer) -> float:
     """The flow's config without suggestions, quantized for real: what every plan starts from."""
     try:
@@ -275,6 +306,6 @@ def _parameters(model: nn.Module, sites: list[str]) -> dict[str, int]:
 
 
 __all__ = [
-    "Baseline", "Checked", "FailedConfigs", "Searched", "Sensitivity", "Subject", "baseline", "checked", "float_outputs",
-    "outputs", "searched", "sensitivity", "subject",
+    "Baseline", "Checked", "Converted", "FailedConfigs", "Searched", "Sensitivity", "Subject", "baseline", "checked", "float_outputs",
+    "converted", "outputs", "searched", "sensitivity", "subject",
 ]

@@ -1,5 +1,6 @@
-"""No config kills a plan: a candidate the flow cannot build or run is left out, its error said once in the
-plan's notes, and the search goes on; only the flow's default config failing ends the plan, in one error."""
+"""What the flow really does, in a plan. No config kills it: a candidate the flow cannot build or run is left
+out, its error said once in the plan's notes, and the search goes on; only the flow's default config failing
+ends the plan, in one error. And its figures are read from the converted model."""
 
 from __future__ import annotations
 
@@ -48,3 +49,27 @@ def test_a_default_config_the_flow_cannot_run_ends_the_plan_in_one_error() -> No
     assert model(unbatched[0]).shape == (4, 6, 6)
     with pytest.raises(QinsightError, match=r"default config cannot quantize and run Sequential .*ValueError: Input shape must be"):
         qinsight.plan(model, calibration, unbatched, target="sqnr>=20")
+
+
+def test_a_model_the_flow_leaves_float_is_said_and_its_fraction_is_zero() -> None:
+    # X86InductorQuantizer observes a Conv1d's weight but hands the conv its float weight (the dequantize
+    # node has no user): nothing of this streaming model is quantized. The plan's fraction is read from
+    # the converted graph, not from the modes the search planned (which said 100%).
+    pytest.importorskip("torchao")
+
+    class Stream(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv1d(8, 16, 3, padding=1)
+            self.cell = nn.LSTMCell(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            hidden, _ = self.cell(torch.relu(self.conv(x)).mean(-1))
+            return hidden
+
+    torch.manual_seed(0)
+    model, batches = Stream().eval(), [torch.randn(4, 8, 20) for _ in range(4)]
+    plan = qinsight.plan(model, batches[:3], batches[3:], target="sqnr>=25", flow="pt2e")
+    assert plan.quantized_fraction == 0.0
+    assert "the pt2e flow quantizes none of this model's layers: conv stay in float" in plan.notes
+    assert "0.0% of the layers' parameters quantized" in qinsight.to_text(plan)
