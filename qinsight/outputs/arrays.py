@@ -87,7 +87,10 @@ def _unpacked(value: dict[str, Any], kinds: dict[str, str]) -> np.ndarray[Any, A
 
 def floats_in(value: dict[str, Any]) -> tuple[float, ...]:
     """The floats of a typed array; every NaN the one ``math.nan`` (reports compare equal)."""
-    return tuple(math.nan if x != x else x for x in _unpacked(value, FLOAT_KINDS).astype("<f8").tolist())
+    values = _unpacked(value, FLOAT_KINDS).astype("<f8")
+    if not np.isnan(values).any():  # the common case: numpy's tolist gives the Python floats at once
+        return tuple(values.tolist())
+    return tuple(math.nan if x != x else x for x in values.tolist())
 
 
 def ints_in(value: dict[str, Any]) -> tuple[int, ...]:
