@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch import nn
 from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
@@ -309,3 +310,20 @@ def outlier_batches(n: int, seed: int) -> list[torch.Tensor]:
         x[:, [3, 11]] *= 40
         batches.append(x)
     return batches
+
+
+class HostReads(TorchFunctionMode):
+    """Records every host read of a tensor's value made from Python while it is active (``item``,
+    ``tolist``, ``bool``/``float``/``int`` of a tensor, ``cpu``): on a GPU each one waits for the device."""
+
+    READS = frozenset({"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = getattr(func, "__name__", "")
+        if name in self.READS:
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))

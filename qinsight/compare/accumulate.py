@@ -158,7 +158,7 @@ class Reference:
 
     def __init__(self, output: torch.Tensor, like: torch.Tensor, scratch: Scratch) -> None:
         self.tensor = scratch.laid_out_as(output.detach().float(), like)
-        self.sq: float | None = None  # summed by the first comparison, chunk by chunk
+        self.sq: torch.Tensor | None = None  # Σx² (float64, on the output's device), summed by the first comparison
 
 
 def _flat(tensor: torch.Tensor) -> torch.Tensor:
@@ -168,15 +168,13 @@ def _flat(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1)
 
 
-class ChunkSums(NamedTuple):
-    ref_sq: float
-    act_sq: float
-    err_sq: float
-    max_abs: float
+SUMS = ("ref_sq", "act_sq", "err_sq", "max_abs")  # what chunk_sums gives, in this order
 
 
-def chunk_sums(reference: Reference, actual: SplitOutput, scratch: Scratch) -> ChunkSums:
-    """|x|², |y|², |x - y|² and max |x - y| for the reference x and the output y, one chunk at a time.
+def chunk_sums(reference: Reference, actual: SplitOutput, scratch: Scratch) -> torch.Tensor:
+    """|x|², |y|², |x - y|² and max |x - y| (:data:`SUMS`, float64 on the outputs' device) for the
+    reference x and the output y, one chunk at a time, read on the host by no one: on a GPU the
+    comparison never waits for the device.
 
     ``y = (values - zero_point) * scale`` is never written out: the scale is
     applied inside the subtraction (``alpha``). |x|² is summed once per
@@ -188,7 +186,7 @@ def chunk_sums(reference: Reference, actual: SplitOutput, scratch: Scratch) -> C
     x, y = (_flat(x), _flat(y)) if x.stride() == y.stride() and _dense(y) else (x.reshape(-1), y.reshape(-1))
     integers = actual.scale is not None
     scale = actual.scale if actual.scale is not None else 1.0
-    act_sq = err_sq = max_abs = ref_sq = 0.0
+    chunks = []  # per chunk: Σy², Σ(x - y)², min and max of x - y, and Σx² where not known yet
     step = scratch.chunk
     for start in range(0, y.numel(), step):
         x_part, y_part = x[start : start + step], y[start : start + step]
@@ -196,15 +194,20 @@ def chunk_sums(reference: Reference, actual: SplitOutput, scratch: Scratch) -> C
             y_part = scratch.values[: y_part.numel()].copy_(y_part).sub_(actual.zero_point)
         error = torch.sub(x_part, y_part, alpha=scale, out=scratch.error[: y_part.numel()])
         # float32 BLAS dots: 2.3x faster than vector_norm, within 0.01 dB of float64 sums
-        act_sq += float(torch.dot(y_part, y_part))
-        err_sq += float(torch.dot(error, error))
         low, high = torch.aminmax(error)
-        max_abs = max(max_abs, -float(low), float(high))
+        parts = [torch.dot(y_part, y_part), torch.dot(error, error), low, high]
         if reference.sq is None:
-            ref_sq += float(torch.dot(x_part, x_part))
+            parts.append(torch.dot(x_part, x_part))
+        chunks.append(torch.stack(parts))
+    if not chunks:
+        return torch.zeros(len(SUMS), dtype=torch.float64, device=y.device)
+    table = torch.stack(chunks).double()  # (chunks, 4 or 5)
     if reference.sq is None:
-        reference.sq = ref_sq
-    return ChunkSums(ref_sq=reference.sq, act_sq=scale**2 * act_sq, err_sq=err_sq, max_abs=max_abs)
+        reference.sq = table[:, 4].sum()
+    table[:, 0].mul_(scale**2)  # Σy² of the integers, scaled once
+    sums = table[:, :2].sum(dim=0)
+    largest = torch.maximum(-table[:, 2].amin(), table[:, 3].amax()).clamp_min(0.0)
+    return torch.cat((reference.sq.reshape(1), sums, largest.reshape(1)))
 
 
 class ErrorSums:
@@ -216,27 +219,27 @@ class ErrorSums:
     """
 
     def __init__(self, metrics: dict[str, Metric]) -> None:
-        self.ref_sq = self.err_sq = self.act_sq = 0.0
-        self.max_abs = 0.0
+        self._sums: torch.Tensor | None = None  # SUMS over the batches, float64 on the outputs' device
         self.count = 0
         self.batches = 0
         self.metrics = metrics
         self.per_batch = {name: metric for name, metric in metrics.items() if metric.from_totals is None}
         self.per_batch_sums = dict.fromkeys(self.per_batch, 0.0)
+        self._absorbed = ErrorTotals(ref_sq=0.0, act_sq=0.0, err_sq=0.0, max_abs=0.0, count=0, batches=0)
 
     def add(self, reference: Reference, actual: SplitOutput, scratch: Scratch) -> None:
-        """Adds one batch's output, compared with the float reference."""
+        """Adds one batch's output, compared with the float reference (on the device: nothing read here)."""
         values = actual.values if actual.scale is not None else actual.tensor()
         if values.shape != reference.tensor.shape:
             raise ValueError(f"cannot compare outputs of shapes {tuple(reference.tensor.shape)} and {tuple(values.shape)}")
         sums = chunk_sums(reference, actual._replace(values=values), scratch)
-        self.ref_sq += sums.ref_sq
-        self.act_sq += sums.act_sq
-        self.err_sq += sums.err_sq
-        self.max_abs = max(self.max_abs, sums.max_abs)
+        if self._sums is None:
+            self._sums = sums
+        else:  # three sums add, the largest error is the larger
+            self._sums = torch.cat((self._sums[:3] + sums[:3], torch.maximum(self._sums[3:], sums[3:])))
         self.count += values.numel()
         self.batches += 1
-        if self.per_batch:
+        if self.per_batch:  # a plugin's metric computes on whole tensors, in its own way
             output = actual.tensor()
             for name, metric in self.per_batch.items():
                 self.per_batch_sums[name] += metric.on_tensors(reference.tensor, output)
@@ -248,18 +251,21 @@ class ErrorSums:
     def absorb(self, state: tuple[ErrorTotals, dict[str, float]]) -> None:
         """Adds the sums of another process's batches (:meth:`state`)."""
         totals, per_batch_sums = state
-        self.ref_sq += totals.ref_sq
-        self.act_sq += totals.act_sq
-        self.err_sq += totals.err_sq
-        self.max_abs = max(self.max_abs, totals.max_abs)
-        self.count += totals.count
-        self.batches += totals.batches
+        mine = self._absorbed
+        self._absorbed = ErrorTotals(
+            ref_sq=mine.ref_sq + totals.ref_sq, act_sq=mine.act_sq + totals.act_sq, err_sq=mine.err_sq + totals.err_sq,
+            max_abs=max(mine.max_abs, totals.max_abs), count=mine.count + totals.count, batches=mine.batches + totals.batches,
+        )
         for name, value in per_batch_sums.items():
             self.per_batch_sums[name] += value
 
     def totals(self) -> ErrorTotals:
+        """The sums over every batch, this process's and those absorbed: read on the host here, once."""
+        ref_sq, act_sq, err_sq, max_abs = self._sums.tolist() if self._sums is not None else (0.0, 0.0, 0.0, 0.0)
+        other = self._absorbed
         return ErrorTotals(
-            ref_sq=self.ref_sq, act_sq=self.act_sq, err_sq=self.err_sq, max_abs=self.max_abs, count=self.count, batches=self.batches
+            ref_sq=ref_sq + other.ref_sq, act_sq=act_sq + other.act_sq, err_sq=err_sq + other.err_sq,
+            max_abs=max(max_abs, other.max_abs), count=self.count + other.count, batches=self.batches + other.batches,
         )
 
     def values(self) -> tuple[MetricValue, ...]:

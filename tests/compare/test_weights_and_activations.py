@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch.ao.ns._numeric_suite_fx as ns
-from _support import ConvBnReluCNN, MLP, TwiceLinear, examples, gaussian_batches, mobilenet_v2_or_skip, quantized_fx, seeded
+from _support import ConvBnReluCNN, MLP, HostReads, TwiceLinear, examples, gaussian_batches, mobilenet_v2_or_skip, quantized_fx, seeded
 from torch import nn
 from torch.ao.ns.fx.utils import compute_sqnr
 from torch.ao.quantization import (
@@ -245,13 +245,28 @@ def test_chunked_sums_equal_whole_tensor_sums(
     scratch = accumulate.Scratch(chunk=chunk)
     raw = accumulate.split_output(output)
     reference = accumulate.Reference(x, like=raw.values, scratch=scratch)
-    sums = accumulate.chunk_sums(reference, raw, scratch)
+    sums = dict(zip(accumulate.SUMS, accumulate.chunk_sums(reference, raw, scratch).tolist()))
     error = x.double() - y.double()
     assert raw.scale is not None if quantized else raw.scale is None
-    assert sums.err_sq == pytest.approx(float((error**2).sum()), rel=1e-5, abs=1e-9)
-    assert sums.act_sq == pytest.approx(float((y.double() ** 2).sum()), rel=1e-5, abs=1e-9)
-    assert sums.ref_sq == reference.sq == pytest.approx(float((x.double() ** 2).sum()), rel=1e-5, abs=1e-9)
-    assert sums.max_abs == pytest.approx(float(error.abs().max()) if error.numel() else 0.0, rel=1e-5, abs=1e-6)
+    assert sums["err_sq"] == pytest.approx(float((error**2).sum()), rel=1e-5, abs=1e-9)
+    assert sums["act_sq"] == pytest.approx(float((y.double() ** 2).sum()), rel=1e-5, abs=1e-9)
+    assert sums["ref_sq"] == pytest.approx(float((x.double() ** 2).sum()), rel=1e-5, abs=1e-9)
+    assert reference.sq is None if not error.numel() else float(reference.sq) == sums["ref_sq"]
+    assert sums["max_abs"] == pytest.approx(float(error.abs().max()) if error.numel() else 0.0, rel=1e-5, abs=1e-6)
+
+
+def test_the_error_sums_read_nothing_on_the_host_per_batch() -> None:
+    # Each compared tensor's sums stay on the outputs' device until the comparison ends (on a GPU
+    # nothing waits batch by batch): 2 batches or 6, the same reads, at most one per row and error kind.
+    model = seeded(MLP())
+    batches = gaussian_batches((8, 16), 6)
+    _, quantized = quantized_fx(model, batches[:2])
+    reads = []
+    for count in (2, 6):
+        with HostReads() as seen:
+            comparison = qinsight.compare_activations(model, quantized, batches[:count])
+        reads.append(len(seen.seen))
+    assert reads[0] == reads[1] and 0 < reads[0] <= 2 * len(comparison.rows)
 
 
 def test_qinsight_compare_traces_the_float_model_once(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

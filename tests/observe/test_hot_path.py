@@ -3,38 +3,22 @@ host reads per batch, so that a regression fails on any machine, a GPU's absence
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
+from _support import HostReads
 
 import qinsight
 from qinsight.examples.stack import llama_stack, stack_batches
 from qinsight.observe import observers
 
-# What reads a tensor's value on the host from Python: on a GPU each waits for the device.
-HOST_READS = {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu"}
-# The aten ops behind them (and behind a reading from C++), as the profiler names them.
+# The aten ops behind a host read (and behind a reading from C++), as the profiler names them.
 SYNC_OPS = {"aten::item", "aten::_local_scalar_dense"}
 
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
-
-
-class HostReads(TorchFunctionMode):
-    """Records every host read of a tensor made while it is active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_function__(self, func: Callable[..., Any], types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        name = getattr(func, "__name__", "")
-        if name in HOST_READS:
-            self.seen.append(name)
-        return func(*args, **(kwargs or {}))
 
 
 def _top_level_ops(profile: torch.profiler.profile) -> list[str]:
