@@ -133,6 +133,7 @@ def bench_stack(device: str, dtype: torch.dtype, width: int, tokens: int) -> Non
                     torch.cuda.synchronize()
                 if round_ >= 2:
                     times[key].append(time.perf_counter() - start)
+        syncs = _synchronizations(observed, batches[0]) if device == "cuda" else 0
         start = time.perf_counter()
         session.report()
         report_seconds = time.perf_counter() - start
@@ -142,6 +143,21 @@ def bench_stack(device: str, dtype: torch.dtype, width: int, tokens: int) -> Non
         print(f"  {key:<18} {value:7.4f}")
     print(f"  qinsight on the float model / float forward:  {median['qinsight'] / median['float']:5.2f}x")
     print(f"  session.report()   {report_seconds:7.2f} s")
+    if device == "cuda":
+        print(f"  synchronizing calls in one observed batch: {syncs}")
+
+
+def _synchronizations(model: nn.Module, batch: torch.Tensor) -> int:
+    """The calls that made the host wait for the GPU during one forward (torch's sync debug mode)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            model(batch)
+            torch.cuda.synchronize()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def main() -> None:
