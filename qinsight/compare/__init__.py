@@ -1,8 +1,9 @@
-"""Float vs quantized, layer by layer, for FX and PT2E quantization.
+"""Float vs quantized, layer by layer, for FX and PT2E quantization and torchao's ``quantize_``.
 
 - :mod:`.metrics`: the built-in metrics and plugin metrics (``qinsight.metrics`` entry points);
 - :mod:`.layers`: a quantized model's Linear/Conv layers behind one interface
-  (``convert_fx`` modules, ``convert_pt2e`` graph nodes);
+  (``convert_fx`` modules, ``convert_pt2e`` graph nodes, modules with ``quantize_``d weights);
+- :mod:`.torchao_weights`: torchao's quantized weights recognized and described, without importing torchao;
 - :mod:`.accumulate`: kept outputs and error sums over batches (the hot path);
 - :mod:`.weights`: :func:`compare_weights`;
 - :mod:`.activations`: :func:`compare_activations`, :func:`measure_activations`;

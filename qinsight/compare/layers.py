@@ -27,6 +27,8 @@ import torch.ao.quantization.quantize_fx  # noqa: F401  registers the quantized_
 from torch import fx, nn
 from torch.ao.nn.intrinsic.modules.fused import _FusedModule
 
+from qinsight.compare import torchao_weights
+from qinsight.compare.torchao_weights import is_torchao_weight
 from qinsight.core.errors import FrontendError
 from qinsight.core.sites import OpKind
 from qinsight.frontends import (
@@ -92,8 +94,11 @@ def dequantize(value: object) -> torch.Tensor:
 
 
 def dequantized_weight(module: nn.Module) -> torch.Tensor | None:
-    """The weight a quantized (or reference, dynamic, fused, float) module computes with, as float."""
+    """The weight a quantized (or reference, dynamic, fused, torchao ``quantize_``d, float) module
+    computes with, as float."""
     weight = getattr(module, "weight", None)
+    if is_torchao_weight(weight):
+        return torchao_weights.dequantized(weight)
     if callable(weight) and not isinstance(weight, torch.Tensor):  # quantized modules: weight() is packed
         value: torch.Tensor = weight()
         return value.dequantize() if value.is_quantized else value
@@ -139,9 +144,14 @@ class ModuleLayer:
 
     def __init__(self, fqn: str, kind: OpKind, module: nn.Module) -> None:
         self.fqn, self.kind, self.module = fqn, kind, module
-        self.quantized_type = _qualified_name(module)
-        # torch.ao.nn.quantized, .quantized.dynamic, .quantized.reference, .intrinsic.quantized
-        self.quantized = ".quantized" in type(module).__module__
+        weight = getattr(module, "weight", None)
+        if is_torchao_weight(weight):  # quantize_: a plain module whose weight is a quantized tensor
+            self.quantized_type = f"{_qualified_name(module)}: {torchao_weights.format_of(weight)}"
+            self.quantized = True
+        else:
+            self.quantized_type = _qualified_name(module)
+            # torch.ao.nn.quantized, .quantized.dynamic, .quantized.reference, .intrinsic.quantized
+            self.quantized = ".quantized" in type(module).__module__
         self._arrived = Arrival(None, channels_last=False)
 
     def weight(self) -> torch.Tensor:
