@@ -110,6 +110,33 @@ def top1(reference: torch.Tensor, actual: torch.Tensor) -> float:
     return float((x.argmax(dim=1) == y.argmax(dim=1)).double().mean())
 
 
+def _positions(reference: torch.Tensor, actual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both tensors as (positions, vocabulary) float64 rows: the last dimension is the vocabulary."""
+    if reference.shape != actual.shape:
+        raise ValueError(f"cannot compare tensors of shapes {tuple(reference.shape)} and {tuple(actual.shape)}")
+    vocabulary = reference.shape[-1] if reference.dim() else 1
+    return reference.detach().double().reshape(-1, vocabulary), actual.detach().double().reshape(-1, vocabulary)
+
+
+def kl(reference: torch.Tensor, actual: torch.Tensor) -> float:
+    """The mean over positions of KL(p || q), p and q the softmax of the reference's and the actual
+    logits over the last dimension, in nats: 0 for identical logits (or logits that differ by a constant)."""
+    x, y = _positions(reference, actual)
+    if x.numel() == 0:
+        return 0.0
+    p_log, q_log = torch.log_softmax(x, dim=1), torch.log_softmax(y, dim=1)
+    per_position = (p_log.exp() * (p_log - q_log)).sum(dim=1)
+    return max(0.0, float(per_position.mean()))  # rounding can dip below 0 for identical logits
+
+
+def token_agreement(reference: torch.Tensor, actual: torch.Tensor) -> float:
+    """The share of positions whose argmax over the last dimension (the next token) agrees; 1 for none."""
+    x, y = _positions(reference, actual)
+    if x.shape[0] == 0:
+        return 1.0
+    return float((x.argmax(dim=1) == y.argmax(dim=1)).double().mean())
+
+
 _COMPUTED: Final[dict[str, tuple[TensorMetric, TotalsMetric | None]]] = {
     "sqnr": (sqnr, _sqnr_of),
     "relative_l2": (relative_l2, _relative_l2_of),
@@ -117,6 +144,8 @@ _COMPUTED: Final[dict[str, tuple[TensorMetric, TotalsMetric | None]]] = {
     "max_abs_error": (max_abs_error, lambda t: t.max_abs),
     "mse": (mse, _mse_of),
     "top1": (top1, None),
+    "kl": (kl, None),
+    "token_agreement": (token_agreement, None),
 }
 # Each metric of the one table (qinsight.core.metrics), computed: its direction and range come from there.
 BUILTIN: Final[dict[str, Metric]] = {

@@ -7,7 +7,8 @@ batches. Every metric compares a reference (float) tensor with an actual
 (quantized) one as a whole: ``cosine`` is the cosine of the two flattened
 tensors (torch's Numeric Suite's), ``top1`` the share of rows (first
 dimension: samples) whose argmax agrees, ``sqnr`` is +inf for identical
-tensors and -inf for an error on a zero reference.
+tensors and -inf for an error on a zero reference. ``kl`` and ``token_agreement`` read a language
+model's logits: the last dimension is the vocabulary, every other one a position.
 
 Third-party metrics (the ``qinsight.metrics`` entry points) declare their
 direction themselves (:class:`~qinsight.plugin.Metric`) and have no range.
@@ -48,6 +49,15 @@ METRICS: dict[str, MetricSpec] = {
         MetricSpec(name="max_abs_error", higher_is_better=False, lower=0.0, meaning="max |x - y|"),
         MetricSpec(name="mse", higher_is_better=False, lower=0.0, meaning="mean (x - y)^2"),
         MetricSpec(name="top1", higher_is_better=True, lower=0.0, upper=1.0, meaning="share of rows whose argmax agrees"),
+        # A language model's logits: the last dimension is the vocabulary, every other one a token position.
+        MetricSpec(
+            name="kl", higher_is_better=False, lower=0.0,
+            meaning="mean KL divergence of the quantized from the float next-token distribution (softmax of the last dim), nats",
+        ),
+        MetricSpec(
+            name="token_agreement", higher_is_better=True, lower=0.0, upper=1.0,
+            meaning="share of positions whose most likely next token (argmax of the last dim) agrees",
+        ),
     )
 }
 # What comparisons measure unless told otherwise; top1 is for a model's outputs (plans), not a layer's.

@@ -1,6 +1,6 @@
 """How a quantized model's outputs score against the float model's on the evaluation data.
 
-Built-in metrics (higher is better), as comparisons define them
+Built-in metrics, as comparisons define them (their direction from the one table)
 (:mod:`qinsight.core.metrics`), over every output row at once: ``sqnr`` (dB;
 +inf for outputs identical to the float model's), ``cosine`` (of the
 flattened outputs), ``top1`` (the fraction of rows whose argmax agrees). A metric function of one's own gets the float
@@ -36,7 +36,20 @@ def output_rows(output: Any) -> torch.Tensor:
     return torch.cat(rows, dim=1) if len(rows) > 1 else rows[0]
 
 
-SCORES: tuple[str, ...] = ("sqnr", "cosine", "top1")  # the metrics a plan scores outputs by, from the one table
+SCORES: tuple[str, ...] = ("sqnr", "cosine", "top1", "kl", "token_agreement")  # a plan's metrics, from the one table
+PER_POSITION = ("kl", "token_agreement")  # read a language model's logits: per position over the last dimension
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """A language model's logits in ``output``: its ``logits`` (Hugging Face outputs), else its first
+    floating tensor, as (positions, vocabulary) rows."""
+    logits = getattr(output, "logits", None)
+    if not isinstance(logits, torch.Tensor):
+        leaves = [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        if not leaves:
+            raise InvalidParameterError("plan", "model output", type(output).__name__, "logits: a floating tensor")
+        logits = leaves[0]
+    return logits.detach().float().reshape(-1, logits.shape[-1] if logits.dim() else 1)
 
 
 class Scorer:
@@ -48,9 +61,12 @@ class Scorer:
         self.reference = list(reference)
         self.rows = torch.cat([output_rows(output) for output in reference])
         self.metric, self.name = metric, name
+        self._positions = torch.cat([logits_of(output) for output in reference]) if metric in PER_POSITION else None
         self._margins = TopMargins(self.rows) if metric == "top1" else None
 
     def __call__(self, outputs: Sequence[Any]) -> float:
+        if isinstance(self.metric, str) and self._positions is not None:
+            return BUILTIN[self.metric].on_tensors(self._positions, torch.cat([logits_of(output) for output in outputs]))
         if isinstance(self.metric, str):
             return BUILTIN[self.metric].on_tensors(self.rows, torch.cat([output_rows(output) for output in outputs]))
         return float(self.metric(self.reference, outputs))
@@ -100,4 +116,4 @@ def margin_noise(reference: torch.Tensor, candidate: torch.Tensor) -> float:
     return TopMargins(reference).noise(candidate)
 
 
-__all__ = ["MARGIN_NOISE", "SCORES", "OUTPUT_NOISE", "MetricFunction", "Scorer", "TopMargins", "margin_noise", "output_rows"]
+__all__ = ["MARGIN_NOISE", "PER_POSITION", "SCORES", "logits_of", "OUTPUT_NOISE", "MetricFunction", "Scorer", "TopMargins", "margin_noise", "output_rows"]

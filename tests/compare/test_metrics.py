@@ -9,6 +9,8 @@ from pathlib import Path
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from _support import ConvBnReluCNN, gaussian_batches, quantized_fx, seeded
 from torch.ao.quantization import QConfig, QConfigMapping, get_default_qconfig
@@ -156,3 +158,27 @@ def test_a_bare_callable_still_loads_as_an_error_metric(tmp_path: Path, monkeypa
     assert not metric.higher_is_better and metric.from_totals is None
     assert attrs.evolve(MetricValue(name="spread", value=1.0), value=2.0).goodness == -2.0
     assert math.isinf(MetricValue(name="sqnr", value=math.inf).goodness)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    positions=st.integers(1, 12),
+    vocabulary=st.integers(2, 40),
+    noise=st.floats(0.0, 3.0),
+    shift=st.floats(-50.0, 50.0),
+    seed=st.integers(0, 2**16),
+)
+def test_language_model_metrics_read_the_last_dimension(positions: int, vocabulary: int, noise: float, shift: float, seed: int) -> None:
+    # kl: torch's kl_div of the two log-softmaxes over the vocabulary, averaged over positions; never
+    # negative, 0 where the logits differ by a constant (the same distribution). token_agreement: the
+    # share of positions whose argmax agrees.
+    g = torch.Generator().manual_seed(seed)
+    reference = torch.randn(positions, 3, vocabulary, generator=g) * 4
+    actual = reference + noise * torch.randn(reference.shape, generator=g)
+    p_log, q_log = (torch.log_softmax(t.double().reshape(-1, vocabulary), dim=1) for t in (reference, actual))
+    expected = float(torch.nn.functional.kl_div(q_log, p_log, log_target=True, reduction="sum")) / (positions * 3)
+    assert metrics.kl(reference, actual) == pytest.approx(max(expected, 0.0), rel=1e-9, abs=1e-12)
+    assert metrics.kl(reference, reference + shift) == pytest.approx(0.0, abs=1e-9)
+    agreeing = (reference.argmax(-1) == actual.argmax(-1)).double().mean().item()
+    assert metrics.token_agreement(reference, actual) == agreeing
+    assert metrics.token_agreement(reference, reference + shift) == 1.0

@@ -1,0 +1,43 @@
+"""A language model planned to targets on its logits: ``kl<=`` (lower is better) and ``token_agreement>=``."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import qinsight
+
+
+class TinyLM(nn.Module):
+    """Token embeddings, one residual MLP block and a head over a 200-token vocabulary: (batch, seq, 200) logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(200, 32)
+        self.up = nn.Linear(32, 128)
+        self.down = nn.Linear(128, 32)
+        self.head = nn.Linear(32, 200)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed(ids)
+        hidden = hidden + self.down(torch.relu(self.up(hidden)))
+        out: torch.Tensor = self.head(hidden)
+        return out
+
+
+def test_a_plan_reaches_targets_on_the_next_token_distribution() -> None:
+    torch.manual_seed(0)
+    model = TinyLM().eval()
+    g = torch.Generator().manual_seed(1)
+    tokens = [torch.randint(0, 200, (4, 16), generator=g) for _ in range(6)]
+    for target, better in (("kl<=0.005", lambda a, b: a <= b), ("token_agreement>=0.97", lambda a, b: a >= b)):
+        plan = qinsight.plan(model, tokens[:3], tokens[3:], target=target)
+        assert plan.reached and plan.metric == target.split("<")[0].split(">")[0]
+        assert better(plan.verified_score, plan.default_score)
+        # the score is the metric on the logits, per position, of the config quantized as a user would
+        quantized = qinsight.quantize(model, plan, tokens[:3])
+        with torch.no_grad():
+            reference = torch.cat([model(t) for t in tokens[3:]])
+            actual = torch.cat([quantized(t) for t in tokens[3:]])
+        metric = qinsight.compare.metrics.kl if plan.metric == "kl" else qinsight.compare.metrics.token_agreement
+        assert metric(reference, actual) == plan.verified_score
