@@ -40,6 +40,46 @@ def _names(findings: Sequence[Finding], everything: bool = False) -> str:
     return ", ".join(f.fqn for f in shown) + (f" and {more} more (--all lists them)" if more > 0 else "")
 
 
+# A section with more rows than this shows the modules of repeated blocks (an LLM's 30 decoder layers)
+# one row per role, ``layers.*.mlp.down_proj (30)``; ``--all`` shows every module's row.
+GROUP_ABOVE = 12
+
+
+def role_of(fqn: str) -> str:
+    """A module's place in a repeated block: ``layers.11.mlp.down_proj`` -> ``layers.*.mlp.down_proj``
+    (a name with no index, or nothing but indices, is its own)."""
+    parts = fqn.split(".")
+    if not any(part.isdigit() for part in parts) or all(part.isdigit() for part in parts):
+        return fqn
+    return ".".join("*" if part.isdigit() else part for part in parts)
+
+
+def by_role(rows: Sequence[tuple[str, str]], *, everything: bool, same_text: bool) -> list[tuple[str, str]]:
+    """(module, text) rows as printed: each module's own in a short section or with ``everything``; else
+    one row per role (and per text, where ``same_text``: a config's entries) naming how many modules
+    share it; where texts differ (a finding's numbers), the first module's stands for them."""
+    if everything or len(rows) <= GROUP_ABOVE:
+        return list(rows)
+    groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for fqn, text in rows:
+        groups.setdefault((role_of(fqn), text if same_text else ""), []).append((fqn, text))
+    shown = []
+    for (role, _), members in groups.items():
+        if len(members) == 1:
+            shown.append(members[0])
+        elif same_text:
+            shown.append((f"{role} ({len(members)})", members[0][1]))
+        else:
+            first, text = members[0]
+            shown.append((f"{role} ({len(members)})", f"{first}: {text}; {len(members) - 1} more like it (--all lists them)"))
+    return shown
+
+
+def _rows(rows: Sequence[tuple[str, str]], indent: str, separator: str = "  ") -> list[str]:
+    width = max(len(name) for name, _ in rows)
+    return [f"{indent}{name:<{width}}{separator}{text}" for name, text in rows]
+
+
 def _group(findings: Sequence[Finding]) -> dict[str, list[Finding]]:
     groups: dict[str, list[Finding]] = {}
     for finding in findings:
@@ -58,8 +98,7 @@ def _result_lines(result: DetectorResult, everything: bool) -> list[str]:
             lines.append(f"  {verdict} ({len(group)}): {_names(group, everything)} -- {reasons.pop()}")
         elif group[0].actionable:
             lines.append(f"  {verdict} ({len(group)}):")
-            width = max(len(f.fqn) for f in group)
-            lines.extend(f"    {f.fqn:<{width}}  {f.reason()}" for f in group)
+            lines.extend(_rows(by_role([(f.fqn, f.reason()) for f in group], everything=everything, same_text=False), "    "))
         else:
             lines.append(f"  {verdict} ({len(group)}): {_names(group, everything)}")
     return lines
@@ -86,11 +125,13 @@ def render_text(report: Report, *, everything: bool = False) -> str:
         method = "qinsight.qconfig_mapping(report)" if report.plan.flow == "fx" else "qinsight.pt2e_quantizer(report)"
         lines.append(f"  {method} gives the plan's config below instead: the suggestions it kept, its sites in float")
     if report.suggestions:
-        width = max(len(s.fqn) for s in report.suggestions)
-        lines.extend(f"  {s.fqn:<{width}}  {s.describe()}" for s in report.suggestions)
-    for conflict in report.conflicts:
-        opinions = ", ".join(f"{o.detector}={o.value}" for o in conflict.opinions)
-        lines.append(f"  conflict on {conflict.fqn}.{conflict.field}: {opinions}; chose {conflict.chosen}")
+        entries = [(s.fqn, s.describe()) for s in report.suggestions]
+        lines.extend(_rows(by_role(entries, everything=everything, same_text=True), "  "))
+    conflicts = [
+        (f"{c.fqn}.{c.field}", f"{', '.join(f'{o.detector}={o.value}' for o in c.opinions)}; chose {c.chosen}")
+        for c in report.conflicts
+    ]
+    lines.extend(f"  conflict on {name}: {text}" for name, text in by_role(conflicts, everything=everything, same_text=True))
     if len(report.equalization_mapping):
         lines.append(
             f"Equalize: {', '.join(report.equalization_mapping.fqns)} "
@@ -105,7 +146,7 @@ def render_text(report: Report, *, everything: bool = False) -> str:
     kept = _kept_float(report)
     if kept:
         lines.append(f"Kept in float ({len(kept)}), and why:")
-        lines.extend(f"  {fqn}: {why}" for fqn, why in kept)
+        lines.extend(f"  {fqn}: {why}" for fqn, why in by_role(kept, everything=everything, same_text=False))
     notes = _notes(report)
     if notes:
         lines.append("")

@@ -1,0 +1,38 @@
+"""An LLM's report reads by role: the modules of its repeated blocks one row per role
+(``layers.*.down_proj (16)``), every module's row with ``--all``."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import qinsight
+from qinsight.examples.stack import llama_stack, stack_batches
+from qinsight.outputs.text import role_of
+
+
+@pytest.fixture(scope="module")
+def report() -> qinsight.Report:
+    return qinsight.diagnose(llama_stack(width=32, mlp=88, layers=16, heads=4), stack_batches(width=32, tokens=16, count=2))
+
+
+def test_role_of_names_a_place_in_a_repeated_block() -> None:
+    assert role_of("model.layers.11.mlp.down_proj") == "model.layers.*.mlp.down_proj"
+    assert role_of("layers.3.attn.add#0") == "layers.*.attn.add#0"
+    assert role_of("lm_head") == "lm_head" and role_of("0") == "0"  # no block, or a bare index: its own
+
+
+def test_a_16_block_report_reads_by_role_and_all_lists_every_module(report: qinsight.Report) -> None:
+    short, every = qinsight.to_text(report), qinsight.to_text(report, everything=True)
+    assert len(short.splitlines()) < len(every.splitlines()) / 3
+    # the config: one row per role and setting, with how many modules share it; every module with --all
+    config = short[short.index("Suggested config"):]
+    assert re.search(r"^  layers\.\*\.down_proj \(\d+\) +activation \w+, weight per_channel$", config, re.MULTILINE)
+    assert all(f"layers.{i}.down_proj " in every for i in range(16))
+    # a finding's numbers differ per module: the first one's stand for its role, the others counted
+    grouped = [line for line in short.splitlines() if re.match(r"^    layers\.\*\.", line)]
+    assert grouped and all(re.search(r"; \d+ more like it \(--all lists them\)$", line) for line in grouped)
+    # a small report's sections are short: every module keeps its own row
+    small = qinsight.diagnose(llama_stack(width=32, mlp=88, layers=1, heads=4), stack_batches(width=32, tokens=16, count=2))
+    assert "*" not in qinsight.to_text(small) and "layers.0.down_proj " in qinsight.to_text(small)
