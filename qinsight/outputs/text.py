@@ -80,6 +80,20 @@ def _rows(rows: Sequence[tuple[str, str]], indent: str, separator: str = "  ") -
     return [f"{indent}{name:<{width}}{separator}{text}" for name, text in rows]
 
 
+def shared_tail(reasons: Sequence[str]) -> str:
+    """The last ``"; "``-separated parts that every one of several reasons ends with (each keeps its first
+    part), or ``""``."""
+    if len(reasons) < 2:
+        return ""
+    split = [reason.split("; ") for reason in reasons]
+    shared: list[str] = []
+    for parts in zip(*(reversed(p[1:]) for p in split)):
+        if len(set(parts)) > 1:
+            break
+        shared.append(parts[0])
+    return "; ".join(reversed(shared))
+
+
 def _group(findings: Sequence[Finding]) -> dict[str, list[Finding]]:
     groups: dict[str, list[Finding]] = {}
     for finding in findings:
@@ -97,8 +111,13 @@ def _result_lines(result: DetectorResult, everything: bool) -> list[str]:
         if group[0].actionable and len(reasons) == 1 and len(group) > 1:
             lines.append(f"  {verdict} ({len(group)}): {_names(group, everything)} -- {reasons.pop()}")
         elif group[0].actionable:
-            lines.append(f"  {verdict} ({len(group)}):")
-            lines.extend(_rows(by_role([(f.fqn, f.reason()) for f in group], everything=everything, same_text=False), "    "))
+            reasons_of = [f.reason() for f in group]
+            tail = shared_tail(reasons_of)
+            if tail:  # said once: "FX cannot equalize a Linear on 3-D inputs: not suggested" for 102 modules
+                reasons_of = [reason[: -len(tail) - 2] for reason in reasons_of]
+            lines.append(f"  {verdict} ({len(group)})" + (f", each: {tail}:" if tail else ":"))
+            rows = [(f.fqn, reason) for f, reason in zip(group, reasons_of)]
+            lines.extend(_rows(by_role(rows, everything=everything, same_text=False), "    "))
         else:
             lines.append(f"  {verdict} ({len(group)}): {_names(group, everything)}")
     return lines

@@ -9,7 +9,7 @@ import pytest
 
 import qinsight
 from qinsight.examples.stack import llama_stack, stack_batches
-from qinsight.outputs.text import role_of
+from qinsight.outputs.text import role_of, shared_tail
 
 
 @pytest.fixture(scope="module")
@@ -36,3 +36,13 @@ def test_a_16_block_report_reads_by_role_and_all_lists_every_module(report: qins
     # a small report's sections are short: every module keeps its own row
     small = qinsight.diagnose(llama_stack(width=32, mlp=88, layers=1, heads=4), stack_batches(width=32, tokens=16, count=2))
     assert "*" not in qinsight.to_text(small) and "layers.0.down_proj " in qinsight.to_text(small)
+
+
+def test_what_every_reason_of_a_verdict_ends_with_is_said_once() -> None:
+    reasons = [
+        "269/576 channels with s_c outside [0.5, 2] (median s_c 1.94); FX cannot equalize a Linear on 3-D inputs: not suggested",
+        "323/576 channels with s_c outside [0.5, 2] (median s_c 2.10); FX cannot equalize a Linear on 3-D inputs: not suggested",
+    ]
+    assert shared_tail(reasons) == "FX cannot equalize a Linear on 3-D inputs: not suggested"
+    assert shared_tail(reasons[:1]) == "" and shared_tail(["a; b", "c; d"]) == ""
+    assert shared_tail(["same", "same"]) == ""  # each reason keeps its first part
