@@ -225,7 +225,7 @@ class ErrorSums:
         self.metrics = metrics
         self.per_batch = {name: metric for name, metric in metrics.items() if metric.from_totals is None}
         self.per_batch_sums = dict.fromkeys(self.per_batch, 0.0)
-        self._absorbed = ErrorTotals(ref_sq=0.0, act_sq=0.0, err_sq=0.0, max_abs=0.0, count=0, batches=0)
+        self._absorbed = (0.0, 0.0, 0.0, 0.0)  # SUMS of other processes' batches (:meth:`absorb`)
 
     def add(self, reference: Reference, actual: SplitOutput, scratch: Scratch) -> None:
         """Adds one batch's output, compared with the float reference (on the device: nothing read here)."""
@@ -251,21 +251,20 @@ class ErrorSums:
     def absorb(self, state: tuple[ErrorTotals, dict[str, float]]) -> None:
         """Adds the sums of another process's batches (:meth:`state`)."""
         totals, per_batch_sums = state
-        mine = self._absorbed
-        self._absorbed = ErrorTotals(
-            ref_sq=mine.ref_sq + totals.ref_sq, act_sq=mine.act_sq + totals.act_sq, err_sq=mine.err_sq + totals.err_sq,
-            max_abs=max(mine.max_abs, totals.max_abs), count=mine.count + totals.count, batches=mine.batches + totals.batches,
-        )
+        ref_sq, act_sq, err_sq, max_abs = self._absorbed
+        self._absorbed = (ref_sq + totals.ref_sq, act_sq + totals.act_sq, err_sq + totals.err_sq, max(max_abs, totals.max_abs))
+        self.count += totals.count
+        self.batches += totals.batches
         for name, value in per_batch_sums.items():
             self.per_batch_sums[name] += value
 
     def totals(self) -> ErrorTotals:
         """The sums over every batch, this process's and those absorbed: read on the host here, once."""
-        ref_sq, act_sq, err_sq, max_abs = self._sums.tolist() if self._sums is not None else (0.0, 0.0, 0.0, 0.0)
-        other = self._absorbed
+        own = self._sums.tolist() if self._sums is not None else [0.0, 0.0, 0.0, 0.0]
+        sums = [a + b for a, b in zip(own[:3], self._absorbed[:3])]
         return ErrorTotals(
-            ref_sq=ref_sq + other.ref_sq, act_sq=act_sq + other.act_sq, err_sq=err_sq + other.err_sq,
-            max_abs=max(max_abs, other.max_abs), count=self.count + other.count, batches=self.batches + other.batches,
+            ref_sq=sums[0], act_sq=sums[1], err_sq=sums[2], max_abs=max(own[3], self._absorbed[3]),
+            count=self.count, batches=self.batches,
         )
 
     def values(self) -> tuple[MetricValue, ...]:
