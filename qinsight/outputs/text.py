@@ -14,7 +14,7 @@ from qinsight.core.findings import Finding
 from qinsight.core.plan import QuantPlan
 from qinsight.core.report import DetectorResult, Report
 from qinsight.outputs.diff import ReportDiff
-from qinsight.outputs.plans import plan_text
+from qinsight.outputs.plans import plan_tables, plan_text, summary_lines
 from qinsight.outputs.tables import comparison_tables, tables_as_text
 
 MAX_NAMES = 8  # modules named on a summary line before "and N more"
@@ -136,6 +136,8 @@ def render_text(report: Report, *, everything: bool = False) -> str:
         f"{meta.batches} calibration batches, {layers} quantizable modules{around})",
         "",
     ]
+    if report.plan is not None:  # the answer first: what the plan reached, for real; its detail at the end
+        lines.extend([*summary_lines(report.plan), ""])
     for result in report.results:
         lines.extend(_result_lines(result, everything))
         lines.append("")
@@ -174,7 +176,9 @@ def render_text(report: Report, *, everything: bool = False) -> str:
     if report.comparison is not None:
         lines.extend(["", _comparison_lines(report)])
     if report.plan is not None:
-        lines.extend(["", plan_text(report.plan).rstrip("\n")])
+        lines.extend(["", *tables_as_text(plan_tables(report.plan))])
+        while lines and not lines[-1]:
+            lines.pop()
     lines.extend(_legend("\n".join(lines)))
     return "\n".join(lines) + "\n"
 

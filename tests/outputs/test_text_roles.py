@@ -46,3 +46,21 @@ def test_what_every_reason_of_a_verdict_ends_with_is_said_once() -> None:
     assert shared_tail(reasons) == "FX cannot equalize a Linear on 3-D inputs: not suggested"
     assert shared_tail(reasons[:1]) == "" and shared_tail(["a; b", "c; d"]) == ""
     assert shared_tail(["same", "same"]) == ""  # each reason keeps its first part
+
+
+def test_a_report_with_a_plan_leads_with_its_verdict() -> None:
+    # The answer first (what the plan reached for real, against the default), once; its tables at the end.
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+    batches = [torch.randn(8, 16) for _ in range(4)]
+    report = qinsight.diagnose(model, batches[:2])
+    plan = qinsight.plan(model, batches[:2], batches[2:], report=report, target="sqnr>=30")
+    lines = qinsight.to_text(report.with_plan(plan)).splitlines()
+    verdict = lines.index(next(line for line in lines if line.startswith("Plan (fx, backend x86): target sqnr>=30 reached")))
+    first_detector = lines.index(next(line for line in lines if line.startswith("qinsight.per_channel")))
+    assert verdict == 2 < first_detector
+    assert sum(line.startswith("Plan (") for line in lines) == 1
+    assert lines.index(next(line for line in lines if line.startswith("Sensitivity, costliest first"))) > first_detector
