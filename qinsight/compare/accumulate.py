@@ -234,9 +234,10 @@ class ErrorSums:
             raise ValueError(f"cannot compare outputs of shapes {tuple(reference.tensor.shape)} and {tuple(values.shape)}")
         sums = chunk_sums(reference, actual._replace(values=values), scratch)
         if self._sums is None:
-            self._sums = sums
+            self._sums = sums  # chunk_sums' own tensor: added to in place from here on
         else:  # three sums add, the largest error is the larger
-            self._sums = torch.cat((self._sums[:3] + sums[:3], torch.maximum(self._sums[3:], sums[3:])))
+            self._sums[:3] += sums[:3]
+            torch.maximum(self._sums[3:], sums[3:], out=self._sums[3:])
         self.count += values.numel()
         self.batches += 1
         if self.per_batch:  # a plugin's metric computes on whole tensors, in its own way

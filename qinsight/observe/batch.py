@@ -43,6 +43,8 @@ class Layout:
         if spec.tails:
             rows += list(TAIL_CHANNEL_ROWS)
         self.channels = channels
+        self.spec_sums = len(sums)
+        self.channel_width = 2 + len(rows)  # a measurement's values per channel: its minimum, -maximum and rows
         self.measured_ends = 2 * channels if channels else 2
         self.measured_size = self.measured_ends + len(sums) + len(rows) * channels
         self.extrema = 2 + 2 * channels
@@ -65,7 +67,7 @@ def channels_of(spec: ObserverSpec, measured: torch.Tensor) -> int:
     if not spec.per_channel:
         return 0
     fixed = Layout(spec, 0)
-    return (measured.numel() - fixed.measured_size + 2) // (2 + len(fixed.rows))
+    return (measured.numel() - fixed.spec_sums) // fixed.channel_width
 
 
 # A channel's percentile is measured in a batch only when at least this share of its values
@@ -111,12 +113,12 @@ def _measure(x: torch.Tensor, spec: ObserverSpec, sampler: ColumnSampler) -> tor
     rows: list[torch.Tensor] = []  # flattened per-channel rows, in Layout order
     if spec.per_channel:
         channel_min, channel_max = channel_extrema(x, spec.channel_axis)
-        parts, channels = [channel_min, channel_max.neg()], channel_min.numel()
+        parts = [channel_min, channel_max.neg()]
         if spec.percentiles:
             rows.append(_percentile_rows(x, spec, sampler, channel_min, channel_max).reshape(-1))
     else:
         low, high = torch.aminmax(x)
-        parts, channels = [low.reshape(1), high.neg().reshape(1)], 1
+        parts = [torch.stack((low, high.neg()))]
     if spec.tails:
         massive, tail_rows = batch_tails(x, spec.channel_axis)  # first: it uses the work buffer as |x|
         rows.append(tail_rows.reshape(-1))
@@ -126,7 +128,8 @@ def _measure(x: torch.Tensor, spec: ObserverSpec, sampler: ColumnSampler) -> tor
             moments = torch.stack((mean, central[0] / x.numel()))  # the batch's mean and population variance
             parts += [moments, moments.square()]
         if spec.tails:
-            parts += [massive.new_full((1,), x.numel() // channels), massive, raw_power_sums(x.numel(), mean, central)]
+            values = x.numel() // parts[0].numel()  # per channel (tails imply per_channel: parts[0] is the minima)
+            parts += [massive.new_full((1,), values), massive, raw_power_sums(x.numel(), mean, central)]
     return torch.cat(parts + rows)  # the widest type of its parts: float64 where there are sums
 
 

@@ -29,8 +29,12 @@ class Scratch:
         if buffer is None or buffer.numel() < like.numel():
             buffer = self._buffers[key] = torch.empty(like.numel(), dtype=like.dtype, device=like.device)
             self._views = {known: v for known, v in self._views.items() if known[:3] != key}  # views of the old buffer
+        if len(self._views) >= MAX_VIEWS:  # batches of ever new shapes (sequences of every length)
+            self._views.clear()
         view = self._views[(*key, like.shape)] = buffer[: like.numel()].view(like.shape)
         return view
 
+
+MAX_VIEWS = 1024  # views kept for reuse; past it they are made anew
 
 SCRATCH = Scratch()

@@ -11,6 +11,7 @@ their number on the host.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -73,30 +74,22 @@ def centred_sums(x: torch.Tensor, powers: int) -> tuple[torch.Tensor, torch.Tens
     return mean.double(), central.double()
 
 
-class _Expansion:
-    """Per device: the exponents and binomial weights that expand centred sums into raw ones."""
-
-    _cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-
-    @classmethod
-    def on(cls, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        known = cls._cache.get(device)
-        if known is None:  # made once per device: a host-to-device copy on the first batch only
-            exponents = torch.arange(5, dtype=torch.float64, device=device)
-            order = torch.tensor([[max(k - j, 0) for j in range(5)] for k in range(1, 5)], device=device)
-            weights = torch.tensor(
-                [[float(math.comb(k, j)) if j <= k else 0.0 for j in range(5)] for k in range(1, 5)],
-                dtype=torch.float64,
-                device=device,
-            )
-            known = cls._cache[device] = (exponents, order, weights)
-        return known
+@functools.lru_cache(maxsize=8)
+def _expansion(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per device, made once (a host-to-device copy on the first batch only): the exponents and
+    binomial weights that expand centred sums into raw ones."""
+    exponents = torch.arange(5, dtype=torch.float64, device=device)
+    order = torch.tensor([[max(k - j, 0) for j in range(5)] for k in range(1, 5)], device=device)
+    weights = torch.tensor(
+        [[float(math.comb(k, j)) if j <= k else 0.0 for j in range(5)] for k in range(1, 5)], dtype=torch.float64, device=device
+    )
+    return exponents, order, weights
 
 
 def raw_power_sums(n: int, mean: torch.Tensor, central: torch.Tensor) -> torch.Tensor:
     """Σx, Σx², Σx³, Σx⁴ (float64, (4,)) of ``n`` values from their ``mean`` and centred sums
     Σ(x - mean)^2..4: Σx^k = Σ_j C(k, j) mean^(k-j) c_j, with c_0 = n and c_1 = 0."""
-    exponents, order, weights = _Expansion.on(mean.device)
+    exponents, order, weights = _expansion(mean.device)
     powers = torch.pow(mean, exponents)  # mean^0 .. mean^4
     centred = torch.nn.functional.pad(central, (2, 0))  # c_0, c_1 = 0 here; c_0 = n enters below
     return (weights * powers[order]) @ centred + n * powers[1:]

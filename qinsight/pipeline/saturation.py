@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -119,7 +120,7 @@ def checked_activations(
     """8-bit clip-aware FX activations for ``model``, with the inputs of the kernels that saturate at 8
     bits narrowed to 7 (measured on ``example``, with the backend's own kernels); ``None`` where the
     model does not quantize through FX."""
-    if any(tensor.device.type != "cpu" for tensor in (*model.parameters(), *model.buffers())):
+    if any(tensor.device.type != "cpu" for tensor in itertools.chain(model.parameters(), model.buffers())):
         # FX's quantized kernels (fbgemm, onednn) run on the CPU alone: a model on an accelerator fails
         # its conversion, after two copies of it on the device, a trace, a prepare and a calibration
         return None

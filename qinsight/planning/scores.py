@@ -26,12 +26,17 @@ MetricFunction = Callable[[Sequence[Any], Sequence[Any]], float]
 OUTPUT_NOISE, MARGIN_NOISE = "output noise", "top-1 margins"  # the orders a search can take sites in
 
 
-def output_rows(output: Any) -> torch.Tensor:
-    """A model output as one float matrix (one row per sample): every floating tensor in it, flattened."""
-    leaves = torch.utils._pytree.tree_leaves(output)
-    tensors = [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+def _floating(output: Any) -> list[torch.Tensor]:
+    """Every floating tensor of a model output, in pytree order; at least one."""
+    tensors = [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if not tensors:
         raise InvalidParameterError("plan", "model output", type(output).__name__, "at least one floating tensor")
+    return tensors
+
+
+def output_rows(output: Any) -> torch.Tensor:
+    """A model output as one float matrix (one row per sample): every floating tensor in it, flattened."""
+    tensors = _floating(output)
     rows = [t.detach().float().reshape(t.shape[0] if t.dim() else 1, -1) for t in tensors]
     return torch.cat(rows, dim=1) if len(rows) > 1 else rows[0]
 
@@ -45,10 +50,7 @@ def logits_of(output: Any) -> torch.Tensor:
     floating tensor, as (positions, vocabulary) rows."""
     logits = getattr(output, "logits", None)
     if not isinstance(logits, torch.Tensor):
-        leaves = [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-        if not leaves:
-            raise InvalidParameterError("plan", "model output", type(output).__name__, "logits: a floating tensor")
-        logits = leaves[0]
+        logits = _floating(output)[0]
     return logits.detach().float().reshape(-1, logits.shape[-1] if logits.dim() else 1)
 
 

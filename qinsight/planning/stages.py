@@ -82,7 +82,7 @@ def real_score(flow: Flow, request: PlanRequest, scorer: Scorer, failed: FailedC
 
     def score(advice: tuple[QuantSuggestion, ...]) -> float:
         try:
-            results = outputs(flow.quantize(advice, request.calibration), request.evaluation)
+            results = _quantized_outputs(flow, advice, request)
         except Exception as exc:  # torch's errors have no common base: prepare, convert and the run alike
             failed.record(exc)
             return worst
@@ -273,7 +273,7 @@ def converted(request: PlanRequest, flow: Flow, advice: tuple[QuantSuggestion, .
 def _score(flow: Flow, request: PlanRequest, scorer: Scorer) -> float:
     """The flow's config without suggestions, quantized for real: what every plan starts from."""
     try:
-        results = outputs(flow.quantize((), list(request.calibration)), request.evaluation)
+        results = _quantized_outputs(flow, (), request)
     except FrontendError:
         raise
     except Exception as exc:
@@ -282,6 +282,11 @@ def _score(flow: Flow, request: PlanRequest, scorer: Scorer) -> float:
             f"calibration and evaluation batches, and every plan starts from it: {describe(exc)}"
         ) from exc
     return scorer(results)
+
+
+def _quantized_outputs(flow: Flow, advice: tuple[QuantSuggestion, ...], request: PlanRequest) -> list[Any]:
+    """``advice``'s config quantized for real through ``flow`` (prepare, calibrate, convert), run on the evaluation data."""
+    return outputs(flow.quantize(advice, request.calibration), request.evaluation)
 
 
 def float_outputs(model: nn.Module, batches: Sequence[object]) -> list[Any]:
