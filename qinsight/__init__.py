@@ -60,6 +60,15 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from qinsight.core.findings import (
         Finding as Finding,
     )
+    from qinsight.core.formats import (
+        Budget as Budget,
+        CurvePoint as CurvePoint,
+        FormatCost as FormatCost,
+        FormatPlan as FormatPlan,
+        LayerFormat as LayerFormat,
+        OrderCheck as OrderCheck,
+        WeightFormat as WeightFormat,
+    )
     from qinsight.core.metrics import (
         MetricSpec as MetricSpec,
     )
@@ -146,6 +155,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from qinsight.apply import (
         config_code as config_code,
         equalization_config as equalization_config,
+        fqn_to_config as fqn_to_config,
         pt2e_quantizer as pt2e_quantizer,
         qconfig_mapping as qconfig_mapping,
         quantize as quantize,
@@ -173,6 +183,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     )
     from qinsight.planning import (
         plan as plan,
+        plan_formats as plan_formats,
     )
 
 # The one list of public names, by the module that defines each: __all__, the lazy lookups and the
@@ -218,6 +229,15 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     'qinsight.core.findings': (
         'Finding',
+    ),
+    'qinsight.core.formats': (
+        'Budget',
+        'CurvePoint',
+        'FormatCost',
+        'FormatPlan',
+        'LayerFormat',
+        'OrderCheck',
+        'WeightFormat',
     ),
     'qinsight.core.metrics': (
         'MetricSpec',
@@ -305,6 +325,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     'qinsight.apply': (
         'config_code',
         'equalization_config',
+        'fqn_to_config',
         'pt2e_quantizer',
         'qconfig_mapping',
         'quantize',
@@ -332,6 +353,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     'qinsight.planning': (
         'plan',
+        'plan_formats',
     ),
 }
 _HOMES: dict[str, str] = {name: home for home, names in _EXPORTS.items() for name in names}

@@ -9,7 +9,9 @@ and picks the advice for its flow with :func:`~qinsight.core.advice.advice_of`
 - :func:`equalization_config`: prepare_fx's ``_equalization_config``;
 - :func:`smoothed`: the model a smoothed plan's config is for;
 - :func:`config_code`: the Python that builds the FX config, as the page shows it;
-- :func:`quantize`: all of it applied, the model prepared, calibrated and converted.
+- :func:`quantize`: all of it applied, the model prepared, calibrated and converted;
+- :func:`fqn_to_config`: torchao's ``FqnToConfig`` of a mixed-format plan (:mod:`.torchao`), which
+  :func:`quantize` applies with ``quantize_``.
 
 The advice's notes (a plan for the other flow, a config for the smoothed
 model, PT2E without equalization) are warned of as the objects are built.
@@ -21,8 +23,10 @@ import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from qinsight.apply import code, equalization, fx, pt2e, smoothing
+from qinsight.apply import code, equalization, fx, pt2e, smoothing, torchao
 from qinsight.core.advice import Advice, advice_of
+from qinsight.core.errors import InvalidParameterError
+from qinsight.core.formats import FormatPlan
 from qinsight.core.plan import QuantPlan
 from qinsight.core.sites import FlowName
 
@@ -71,17 +75,28 @@ def config_code(source: Report | QuantPlan | Advice) -> list[str]:
 
 def quantize(
     model: nn.Module,
-    source: Report | QuantPlan | Advice,
-    calibration_data: Iterable[Any],
+    source: Report | QuantPlan | Advice | FormatPlan,
+    calibration_data: Iterable[Any] | None = None,
     *,
     flow: FlowName | None = None,
 ) -> nn.Module:
     """``model`` quantized as ``source`` advises, in ``flow`` (``"fx"`` or ``"pt2e"``; default: a plan's
     own flow, FX for a report): smoothed where the advice smooths, prepared (with the equalization in FX),
-    calibrated on every batch of ``calibration_data`` and converted. ``model`` itself is not changed."""
+    calibrated on every batch of ``calibration_data`` and converted. A :class:`FormatPlan` is applied by
+    torchao's ``quantize_`` with :func:`fqn_to_config` (no calibration). ``model`` itself is not changed."""
+    if isinstance(source, FormatPlan):
+        return torchao.quantize_formats(model, source)
+    if calibration_data is None:
+        raise InvalidParameterError("quantize", "calibration_data", None, "the batches to calibrate the static flow's observers on")
     from qinsight.apply import recipe  # the flows' prepare and convert: only when a model is quantized
 
     return recipe.quantize_with(model, advice_of(source, flow), list(calibration_data))
 
 
-__all__ = ["config_code", "equalization_config", "pt2e_quantizer", "qconfig_mapping", "quantize", "smoothed"]
+def fqn_to_config(source: FormatPlan) -> Any:
+    """torchao's ``FqnToConfig`` giving each Linear of ``source`` its format: ``quantize_(model,
+    fqn_to_config(plan))`` quantizes ``model`` as the plan says (``pip install 'qinsight[pt2e]'``)."""
+    return torchao.fqn_to_config(source)
+
+
+__all__ = ["config_code", "equalization_config", "fqn_to_config", "pt2e_quantizer", "qconfig_mapping", "quantize", "smoothed"]

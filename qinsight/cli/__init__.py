@@ -63,8 +63,13 @@ def _parser() -> argparse.ArgumentParser:
     _model_source(planned)
     planned.add_argument("--eval-data", metavar="PKG.MOD:FACTORY", help="with --model: a function returning the evaluation batches")
     planned.add_argument("--eval-batches", type=int, default=4, help="evaluation batches of an example (default 4)")
-    planned.add_argument("--target", default="sqnr>=30", help="sqnr>=DB, cosine>=X, top1>=X, kl<=NATS, token_agreement>=X (logits) or float<=N (default sqnr>=30)")
-    planned.add_argument("--flow", choices=("fx", "pt2e"), default="fx", help="prepare_fx/convert_fx (default) or PT2E")
+    planned.add_argument("--target", default="sqnr>=30", help="sqnr>=DB, cosine>=X, top1>=X, kl<=NATS, token_agreement>=X, perplexity<=RATIO (logits) or float<=N (default sqnr>=30)")
+    planned.add_argument(
+        "--flow", choices=("fx", "pt2e", "torchao"), default="fx",
+        help="prepare_fx/convert_fx (default), PT2E, or torchao's quantize_ with a format per Linear (--formats)",
+    )
+    planned.add_argument("--formats", default="int8,int4_g32", help="with --flow torchao: the formats to choose from (default int8,int4_g32)")
+    planned.add_argument("--budget", metavar="bits<=N", help="with --flow torchao: the mean bits per weight at most (scales included)")
     planned.add_argument(
         "--smooth", action="store_true", help="smooth the Linears' inputs first (SmoothQuant factors, chosen by measured error)"
     )

@@ -189,7 +189,8 @@ def _evaluation_data(args: argparse.Namespace) -> list[object]:
 def _plan(args: argparse.Namespace) -> int:
     from qinsight.core.plan import Target
     from qinsight.pipeline import diagnose
-    from qinsight.planning import plan
+    from qinsight.planning import plan, plan_formats
+    from qinsight.planning.formats import format_request
 
     check_targets([args.out, args.html], [])
     for line in check_verdict_gates(args.fail_on, requested_ids(None)):
@@ -198,6 +199,10 @@ def _plan(args: argparse.Namespace) -> int:
         target = Target.parse(args.target)
     except InvalidParameterError as exc:  # before anything loads or runs
         raise UsageError(f"--target {args.target!r}: expected {exc.expected}") from exc
+    if args.flow == "torchao":
+        request = format_request(args.formats, target, args.budget, None, [None], None, True)  # mistakes before any load
+    elif args.budget is not None:
+        raise UsageError("--budget is for --flow torchao (a plan for fx or pt2e takes float<=N as its --target)")
     model, data, name = _model_and_data(args, None, whole=True)
     calibration, evaluation = list(data), _evaluation_data(args)
     if not calibration:
@@ -207,15 +212,22 @@ def _plan(args: argparse.Namespace) -> int:
         with warnings.catch_warnings():  # torch's and torchao's deprecation notices: nothing the user can act on
             warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|torchao)(\.|$)")
             report = diagnose(model, calibration, model_name=name)
-            found = plan(
-                model, calibration, evaluation, target=target, flow=args.flow, report=report, progress=progress, smoothing=args.smooth
-            )
+            if args.flow == "torchao":
+                formats = plan_formats(
+                    model, evaluation, formats=[f.name for f in request.formats], target=target, budget=args.budget, progress=progress
+                )
+                report, reached = report.with_formats(formats), formats.reached
+            else:
+                found = plan(
+                    model, calibration, evaluation, target=target, flow=args.flow, report=report, progress=progress, smoothing=args.smooth
+                )
+                report, reached = report.with_plan(found), found.reached
     finally:
         if progress is not None:
             progress.finish()
-    status = _finish(report.with_plan(found), args)
-    if not found.reached:
-        note(f"the plan does not reach {target}")
+    status = _finish(report, args)
+    if not reached:
+        note(f"the plan does not reach {' and '.join(str(p) for p in (target, args.budget) if p is not None)}")
         return 1
     return status
 

@@ -60,6 +60,13 @@ METRICS: dict[str, MetricSpec] = {
         ),
     )
 }
+# Metrics of a whole model's outputs that need labels as well: a plan scores them, a layer comparison cannot.
+LABELLED: dict[str, MetricSpec] = {
+    "perplexity": MetricSpec(
+        name="perplexity", higher_is_better=False, lower=0.0,
+        meaning="the quantized model's perplexity on the evaluation tokens' own next tokens over the float model's (a ratio)",
+    ),
+}
 # What comparisons measure unless told otherwise; top1 is for a model's outputs (plans), not a layer's.
 COMPARISON_DEFAULT: tuple[str, ...] = ("sqnr", "relative_l2", "cosine", "max_abs_error", "mse")
 
@@ -74,4 +81,4 @@ def worse(score: float, than: float, higher_is_better: bool) -> bool:
     return score < than if higher_is_better else score > than
 
 
-__all__ = ["COMPARISON_DEFAULT", "METRICS", "MetricSpec", "worse"]
+__all__ = ["COMPARISON_DEFAULT", "LABELLED", "METRICS", "MetricSpec", "worse"]

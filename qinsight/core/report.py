@@ -21,6 +21,7 @@ from qinsight.core.comparison import Comparison
 from qinsight.core.equalization import EqualizationMapping, EqualizationRefusal
 from qinsight.core.errors import InvalidValueError, NotFoundError
 from qinsight.core.findings import Finding
+from qinsight.core.formats import FormatPlan
 from qinsight.core.plan import QuantPlan
 from qinsight.core.sites import OpSite, Side
 from qinsight.core.stats import Observation
@@ -106,6 +107,8 @@ class Report:
     plan: QuantPlan | None = None
     # how the FX config observes activations (None: torch's default way; absent in files before 1.11)
     fx_activations: FxActivations | None = None
+    # a torchao format per Linear (qinsight.plan_formats; absent in files before 2.1)
+    formats: FormatPlan | None = None
 
     def __attrs_post_init__(self) -> None:
         for what, names in (
@@ -136,6 +139,10 @@ class Report:
             if check.change == "equalize" and check.measured and not check.kept
         }
         return attrs.evolve(self.with_equalization_refused(measured_and_dropped), plan=plan)
+
+    def with_formats(self, plan: FormatPlan) -> Report:
+        """This report carrying ``plan`` (:func:`qinsight.plan_formats`), to save and show together."""
+        return attrs.evolve(self, formats=plan)
 
     def with_equalization_refused(self, reasons: Mapping[str, str]) -> Report:
         """This report with the equalizations named in ``reasons`` (fqn to why) refused: out of the

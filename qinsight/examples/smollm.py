@@ -207,6 +207,29 @@ TEXTS = (
 )
 
 
+# More prose of our own, never used to calibrate or plan in the tests: held-out text for scoring plans.
+HELD_OUT_TEXTS = (
+    "On the first warm morning of spring, the harbour filled with small boats. Fishermen repaired their nets on the "
+    "quay while children watched the gulls, and the smell of fresh bread drifted from the bakery on the corner. By noon "
+    "most of the boats had left, and the town was quiet again until the evening tide brought them home.",
+    "The new school timetable gives pupils a longer lunch break and moves sport to the afternoon. Teachers say the "
+    "change has made classes calmer, although some parents worry that the school day now ends too late for families "
+    "who live far away and depend on the last bus.",
+    "A team of engineers has built a bridge from recycled plastic that is strong enough to carry a fire engine. The "
+    "material does not rust, needs little maintenance and can be shaped in a factory before it is carried to the river "
+    "in large sections and joined together on site within a few days.",
+    "After months of dry weather, the reservoir that supplies the region with drinking water is at its lowest level "
+    "for twenty years. The water company has asked households to take shorter showers, to water their gardens only in "
+    "the evening and to report any leaks they notice in the street.",
+    "The orchestra played to a full hall on Saturday night, opening with a short piece by a young local composer and "
+    "ending with a symphony that the audience greeted with a long standing ovation. Tickets for the next concert went "
+    "on sale the following morning and were gone before lunch.",
+    "Doctors at the regional hospital have started a program that sends nurses to visit older patients at home after "
+    "an operation. Early results suggest that fewer of them return to hospital in the first month, and most say they "
+    "feel more confident about looking after themselves.",
+)
+
+
 def token_batches(texts: Sequence[str] = TEXTS, tokens: int = 64) -> list[torch.Tensor]:
     """One (1, ``tokens``) batch of token ids per text (truncated; the texts are longer)."""
     bpe = tokenizer()
@@ -222,4 +245,4 @@ def token_windows(batches: int, rows: int = 4, tokens: int = 128) -> list[torch.
     return list(stream.view(batches, rows, tokens))
 
 
-__all__ = ["SmolLM2", "gguf_path", "load_smollm2", "token_batches", "token_windows", "tokenizer"]
+__all__ = ["HELD_OUT_TEXTS", "SmolLM2", "gguf_path", "load_smollm2", "token_batches", "token_windows", "tokenizer"]

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from qinsight.core.advice import advice_of
 from qinsight.core.report import Report
 from qinsight.outputs.files import write_atomically
+from qinsight.outputs.formats import format_summary, format_tables
 from qinsight.outputs.plans import plan_tables, summary_lines
 from qinsight.outputs.tables import Table, comparison_tables
 from qinsight.outputs.view import ReportView
@@ -148,6 +149,17 @@ def _plan(report: Report) -> str:
     return "\n".join(parts)
 
 
+def _formats(report: Report) -> str:
+    """A format plan, first on the page: its verdict, the uniform formats beside it, then its tables."""
+    if report.formats is None:
+        return ""
+    summary, *details = format_summary(report.formats)
+    parts = ["<h2>Format plan (torchao quantize_)</h2>", f"<p>{_e(summary)}</p>"]
+    parts.append("<ul>" + "".join(f"<li>{_e(line.strip())}</li>" for line in details) + "</ul>")
+    parts.extend(_titled_tables(format_tables(report.formats)))
+    return "\n".join(parts)
+
+
 def render_html(report: Report) -> str:
     from qinsight.outputs.plots import plot_feature
 
@@ -186,6 +198,7 @@ def render_html(report: Report) -> str:
 <style>{_STYLE}</style></head><body>
 <h1>qinsight report: {_e(meta.model)}</h1>
 {summary}
+{_formats(report)}
 {diagnosis}
 {_comparison(report)}
 {_plan(report)}

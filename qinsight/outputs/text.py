@@ -11,10 +11,13 @@ from collections.abc import Sequence
 
 from qinsight.core.comparison import Comparison
 from qinsight.core.findings import Finding
+from qinsight.core.formats import FormatPlan
 from qinsight.core.plan import QuantPlan
 from qinsight.core.report import DetectorResult, Report
 from qinsight.outputs.diff import ReportDiff
+from qinsight.outputs.formats import format_summary, format_tables, format_text
 from qinsight.outputs.plans import plan_tables, plan_text, summary_lines
+from qinsight.outputs.roles import by_role
 from qinsight.outputs.tables import comparison_tables, tables_as_text
 
 MAX_NAMES = 8  # modules named on a summary line before "and N more"
@@ -38,41 +41,6 @@ def _names(findings: Sequence[Finding], everything: bool = False) -> str:
     shown = findings if everything or len(findings) <= MAX_NAMES + 1 else findings[:MAX_NAMES]
     more = len(findings) - len(shown)
     return ", ".join(f.fqn for f in shown) + (f" and {more} more (--all lists them)" if more > 0 else "")
-
-
-# A section with more rows than this shows the modules of repeated blocks (an LLM's 30 decoder layers)
-# one row per role, ``layers.*.mlp.down_proj (30)``; ``--all`` shows every module's row.
-GROUP_ABOVE = 12
-
-
-def role_of(fqn: str) -> str:
-    """A module's place in a repeated block: ``layers.11.mlp.down_proj`` -> ``layers.*.mlp.down_proj``
-    (a name with no index, or nothing but indices, is its own)."""
-    parts = fqn.split(".")
-    if not any(part.isdigit() for part in parts) or all(part.isdigit() for part in parts):
-        return fqn
-    return ".".join("*" if part.isdigit() else part for part in parts)
-
-
-def by_role(rows: Sequence[tuple[str, str]], *, everything: bool, same_text: bool) -> list[tuple[str, str]]:
-    """(module, text) rows as printed: each module's own in a short section or with ``everything``; else
-    one row per role (and per text, where ``same_text``: a config's entries) naming how many modules
-    share it; where texts differ (a finding's numbers), the first module's stands for them."""
-    if everything or len(rows) <= GROUP_ABOVE:
-        return list(rows)
-    groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
-    for fqn, text in rows:
-        groups.setdefault((role_of(fqn), text if same_text else ""), []).append((fqn, text))
-    shown = []
-    for (role, _), members in groups.items():
-        if len(members) == 1:
-            shown.append(members[0])
-        elif same_text:
-            shown.append((f"{role} ({len(members)})", members[0][1]))
-        else:
-            first, text = members[0]
-            shown.append((f"{role} ({len(members)})", f"{first}: {text}; {len(members) - 1} more like it (--all lists them)"))
-    return shown
 
 
 def _rows(rows: Sequence[tuple[str, str]], indent: str, separator: str = "  ") -> list[str]:
@@ -138,6 +106,8 @@ def render_text(report: Report, *, everything: bool = False) -> str:
     ]
     if report.plan is not None:  # the answer first: what the plan reached, for real; its detail at the end
         lines.extend([*summary_lines(report.plan), ""])
+    if report.formats is not None:
+        lines.extend([*format_summary(report.formats), ""])
     for result in report.results:
         lines.extend(_result_lines(result, everything))
         lines.append("")
@@ -175,8 +145,11 @@ def render_text(report: Report, *, everything: bool = False) -> str:
         lines.extend(f"  {note}" for note in notes)
     if report.comparison is not None:
         lines.extend(["", _comparison_lines(report)])
-    if report.plan is not None:
-        lines.extend(["", *tables_as_text(plan_tables(report.plan))])
+    tables = (plan_tables(report.plan) if report.plan is not None else []) + (
+        format_tables(report.formats) if report.formats is not None else []
+    )
+    if tables:
+        lines.extend(["", *tables_as_text(tables)])
         while lines and not lines[-1]:
             lines.pop()
     lines.extend(_legend("\n".join(lines)))
@@ -193,13 +166,17 @@ def comparison_text(comparison: Comparison, limit: int = 10) -> str:
     return "\n".join(tables_as_text(comparison_tables(comparison, limit)))
 
 
-def to_text(value: Report | QuantPlan | Comparison | ReportDiff, *, everything: bool = False, limit: int = 10) -> str:
+def to_text(
+    value: Report | QuantPlan | FormatPlan | Comparison | ReportDiff, *, everything: bool = False, limit: int = 10
+) -> str:
     """Any of qinsight's results for people: a report (``everything`` names every module instead of the
-    first few per line), a plan, a comparison (``limit`` rows per table) or a diff of two reports."""
+    first few per line), a plan, a format plan, a comparison (``limit`` rows per table) or a diff of two reports."""
     if isinstance(value, Report):
         return render_text(value, everything=everything)
     if isinstance(value, QuantPlan):
         return render_plan(value)
+    if isinstance(value, FormatPlan):
+        return format_text(value)
     if isinstance(value, Comparison):
         return comparison_text(value, limit)
     return value.to_text()

@@ -2,6 +2,7 @@
 to end, sites kept in float until the target holds (``qinsight.plan``)."""
 
 from qinsight.core.progress import Progress
+from qinsight.planning.formats import plan_formats
 from qinsight.planning.search import plan
 
-__all__ = ["Progress", "plan"]
+__all__ = ["Progress", "plan", "plan_formats"]

@@ -41,8 +41,8 @@ def output_rows(output: Any) -> torch.Tensor:
     return torch.cat(rows, dim=1) if len(rows) > 1 else rows[0]
 
 
-SCORES: tuple[str, ...] = ("sqnr", "cosine", "top1", "kl", "token_agreement")  # a plan's metrics, from the one table
-PER_POSITION = ("kl", "token_agreement")  # read a language model's logits: per position over the last dimension
+SCORES: tuple[str, ...] = ("sqnr", "cosine", "top1", "kl", "token_agreement", "perplexity")  # a plan's metrics, from the one table
+PER_POSITION = ("kl", "token_agreement", "perplexity")  # read a language model's logits: per position over the last dimension
 
 
 def logits_of(output: Any) -> torch.Tensor:
@@ -54,23 +54,77 @@ def logits_of(output: Any) -> torch.Tensor:
     return logits.detach().float().reshape(-1, logits.shape[-1] if logits.dim() else 1)
 
 
-class Scorer:
-    """Scores outputs against the float model's ``reference`` outputs (one entry per batch)."""
+def next_tokens(logits: torch.Tensor, batches: Sequence[Any]) -> torch.Tensor:
+    """The next-token labels of ``logits`` (:func:`logits_of` rows): each batch's own token ids shifted
+    by one, ``-100`` (ignored) at each sequence's last position. A batch that is not a tensor of token
+    ids with the logits' positions is one :class:`InvalidParameterError`."""
+    labels = []
+    for batch in batches:
+        if not isinstance(batch, torch.Tensor) or batch.is_floating_point() or batch.dim() == 0:
+            raise InvalidParameterError(
+                "plan", "evaluation_data", type(batch).__name__, "tensors of token ids for perplexity (its labels are the next tokens)"
+            )
+        shifted = torch.full_like(batch, -100)
+        shifted[..., :-1] = batch[..., 1:]
+        labels.append(shifted.reshape(-1))
+    found = torch.cat(labels)
+    if found.numel() != logits.shape[0]:
+        raise InvalidParameterError("plan", "evaluation_data", f"{found.numel()} tokens", f"one per logits row ({logits.shape[0]})")
+    return found
 
-    def __init__(self, reference: Sequence[Any], metric: str | MetricFunction, name: str) -> None:
+
+def _loss(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """The mean next-token cross entropy (nats) of ``logits`` rows against ``labels``."""
+    return float(torch.nn.functional.cross_entropy(logits.double(), labels, ignore_index=-100))
+
+
+class Scorer:
+    """Scores outputs against the float model's ``reference`` outputs (one entry per batch);
+    ``perplexity`` also reads the evaluation ``inputs`` (token ids: its labels are the next tokens)."""
+
+    def __init__(
+        self, reference: Sequence[Any], metric: str | MetricFunction, name: str, inputs: Sequence[Any] = ()
+    ) -> None:
         if isinstance(metric, str) and metric not in SCORES:
             raise InvalidParameterError("plan", "metric", metric, f"one of {', '.join(SCORES)} or a function")
         self.reference = list(reference)
-        self.rows = torch.cat([output_rows(output) for output in reference])
         self.metric, self.name = metric, name
-        self._positions = torch.cat([logits_of(output) for output in reference]) if metric in PER_POSITION else None
+        self._positions = self._matrix(reference) if metric in PER_POSITION else None
+        self.rows = self._positions if self._positions is not None else self._matrix(reference)
         self._margins = TopMargins(self.rows) if metric == "top1" else None
+        self._reference_log: torch.Tensor | None = None
+        self._labels = next_tokens(self._positions, inputs) if metric == "perplexity" and self._positions is not None else None
+        self._loss = _loss(self._positions, self._labels) if self._positions is not None and self._labels is not None else 0.0
+
+    def _matrix(self, outputs: Sequence[Any]) -> torch.Tensor:
+        """``outputs`` as one matrix: a language model's logits one row per position (batches of any
+        length), else one row per sample (:func:`output_rows`)."""
+        if self.metric in PER_POSITION:
+            return torch.cat([logits_of(output) for output in outputs])
+        return torch.cat([output_rows(output) for output in outputs])
+
+    @property
+    def float_perplexity(self) -> float:
+        """The float model's own perplexity on the evaluation tokens (NaN unless the metric is ``perplexity``)."""
+        return math.exp(self._loss) if self._labels is not None else math.nan
+
+    def damage(self, outputs: Sequence[Any]) -> float:
+        """What a quantization does to ``outputs``, in a unit that adds up over layers whose errors are
+        independent: a language model's mean KL of the next-token distributions (nats), else the output
+        error's power over the output's."""
+        if self._positions is not None:
+            if self._reference_log is None:  # the float distributions, once: a plan takes hundreds of damages
+                self._reference_log = torch.log_softmax(self._positions, dim=1)
+            q_log = torch.log_softmax(self._matrix(outputs), dim=1)
+            per_position = (self._reference_log.exp() * (self._reference_log - q_log)).sum(dim=1)
+            return max(0.0, float(per_position.double().mean()))
+        return self.noise(outputs)[OUTPUT_NOISE]
 
     def __call__(self, outputs: Sequence[Any]) -> float:
-        if isinstance(self.metric, str) and self._positions is not None:
-            return BUILTIN[self.metric].on_tensors(self._positions, torch.cat([logits_of(output) for output in outputs]))
+        if self._labels is not None:
+            return math.exp(_loss(self._matrix(outputs), self._labels) - self._loss)
         if isinstance(self.metric, str):
-            return BUILTIN[self.metric].on_tensors(self.rows, torch.cat([output_rows(output) for output in outputs]))
+            return BUILTIN[self.metric].on_tensors(self.rows, self._matrix(outputs))
         return float(self.metric(self.reference, outputs))
 
     @property
@@ -81,7 +135,7 @@ class Scorer:
     def noise(self, outputs: Sequence[Any]) -> dict[str, float]:
         """Each of :attr:`orders`' noise in ``outputs``: the output error's power over the output's,
         ``10 ** (-SQNR / 10)``, and for ``top1`` :func:`margin_noise`."""
-        rows = torch.cat([output_rows(output) for output in outputs])
+        rows = self._matrix(outputs)
         found = {OUTPUT_NOISE: math.pow(10.0, -sqnr(self.rows, rows) / 10.0)}
         if self._margins is not None:
             found[MARGIN_NOISE] = self._margins.noise(rows)

@@ -69,7 +69,7 @@ def plan(
         from qinsight.pipeline import diagnose
 
         report = diagnose(model, list(request.calibration), backend=request.backend)
-    scorer = Scorer(float_outputs(model, request.evaluation), request.metric, request.metric_name)
+    scorer = Scorer(float_outputs(model, request.evaluation), request.metric, request.metric_name, request.evaluation)
     failed = stages.FailedConfigs()
     base = stages.baseline(request, model, report, scorer, failed)
     chosen = stages.subject(request, model, report, base, failed, progress)

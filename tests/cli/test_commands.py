@@ -156,3 +156,18 @@ def test_plan_reaches_a_target_writes_the_plan_and_exits_one_when_it_cannot(tmp_
     for text, expected in (("top1>=1.5", "between 0 and 1"), ("float<=-3", "whole number of sites, 0 or more")):
         bad = qinsight("plan", "--example", "cnn", "--target", text)
         assert bad.returncode == 2 and expected in bad.stderr and bad.stdout == "", bad.stderr
+
+
+def test_plan_with_the_torchao_flow_gives_a_format_per_linear_under_a_budget(tmp_path: Path) -> None:
+    pytest.importorskip("torchao.quantization")
+    out = tmp_path / "formats.json"
+    args = ("plan", "--example", "encoder", "--batches", "2", "--eval-batches", "4", "--flow", "torchao", "--quiet")
+    result = qinsight(*args, "--target", "sqnr>=20", "--budget", "bits<=7", "--out", str(out))
+    loaded = api.load_report(out).formats
+    assert loaded is not None and loaded.budget is not None and loaded.mean_bits <= 7.0
+    assert result.returncode == (0 if loaded.reached else 1), result.stderr
+    assert result.stdout.splitlines()[2].startswith("Format plan (torchao quantize_, int8, int4_g32): sqnr>=20 and bits<=7 ")
+    for option, value, named in (("--formats", "int8,int3", "formats='int3'"), ("--budget", "bytes<=5", "budget='bytes<=5'")):
+        refused = qinsight(*args, option, value)
+        assert refused.returncode == 2 and refused.stdout == "" and named in refused.stderr, refused.stderr
+        assert len(refused.stderr.splitlines()) == 1

@@ -9,7 +9,8 @@ import pytest
 
 import qinsight
 from qinsight.examples.stack import llama_stack, stack_batches
-from qinsight.outputs.text import role_of, shared_tail
+from qinsight.outputs.roles import role_of
+from qinsight.outputs.text import shared_tail
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,10 @@
-"""A language model planned to targets on its logits: ``kl<=`` (lower is better) and ``token_agreement>=``."""
+"""A language model planned to targets on its logits: ``kl<=`` (lower is better), ``token_agreement>=``, ``perplexity<=``."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 from torch import nn
 
@@ -41,3 +44,22 @@ def test_a_plan_reaches_targets_on_the_next_token_distribution() -> None:
             actual = torch.cat([quantized(t) for t in tokens[3:]])
         metric = qinsight.compare.metrics.kl if plan.metric == "kl" else qinsight.compare.metrics.token_agreement
         assert metric(reference, actual) == plan.verified_score
+
+
+def test_a_static_plan_scores_perplexity_on_the_batches_own_next_tokens() -> None:
+    torch.manual_seed(0)
+    model = TinyLM().eval()
+    with torch.no_grad():
+        model.head.weight.mul_(6.0)  # confident predictions: quantization moves the perplexity
+    g = torch.Generator().manual_seed(1)
+    tokens = [torch.randint(0, 200, (4, 16), generator=g) for _ in range(6)]
+    plan = qinsight.plan(model, tokens[:3], tokens[3:], target="perplexity<=1.02")
+    quantized = qinsight.quantize(model, plan, tokens[:3])
+
+    def loss(m: nn.Module) -> float:
+        with torch.no_grad():
+            logits = torch.cat([m(t)[:, :-1].reshape(-1, 200) for t in tokens[3:]]).double()
+        return float(torch.nn.functional.cross_entropy(logits, torch.cat([t[:, 1:].reshape(-1) for t in tokens[3:]])))
+
+    assert plan.metric == "perplexity" and plan.reached == (plan.verified_score <= 1.02)
+    assert plan.verified_score == pytest.approx(math.exp(loss(quantized) - loss(model)), rel=1e-9)

@@ -1,0 +1,90 @@
+"""A mixed-format plan as summary lines and titled tables: the verdict first (target, score for real on
+the search and the held-out data, mean bits, the uniform formats beside it), then the formats by
+role, the size-quality curve, the other rankings at the plan's bits, and the costliest layers."""
+
+from __future__ import annotations
+
+import math
+
+from qinsight.core.formats import CurvePoint, FormatPlan
+from qinsight.outputs.roles import role_of
+from qinsight.outputs.tables import DEFAULT_LIMIT, Table, tables_as_text
+
+
+def _score(value: float) -> str:
+    return f"{value:.4g}" if math.isfinite(value) else ("not measured" if math.isnan(value) else str(value))
+
+
+def _point(point: CurvePoint) -> str:
+    held = f", held out {_score(point.held_out)}" if not math.isnan(point.held_out) else ""
+    return f"{_score(point.score)}{held} at {point.mean_bits:.2f} bits"
+
+
+def format_summary(plan: FormatPlan) -> list[str]:
+    """The verdict, against the uniform formats, and how many layers take each format."""
+    goal = " and ".join(str(part) for part in (plan.target, plan.budget) if part is not None)
+    verdict = "reached" if plan.reached else "NOT reached"
+    counts = ", ".join(f"{count} {name}" for name, count in sorted(plan.counts().items()))
+    lines = [
+        f"Format plan (torchao quantize_, {', '.join(plan.formats)}): {goal} {verdict}: {plan.metric} {_point(plan.chosen)} per weight",
+        f"  {len(plan.layers)} Linears: {counts}; {plan.chosen.state_bytes / 1e6:.1f} MB of weights as stored; "
+        f"{plan.evaluations} runs quantized for real",
+    ]
+    lines.extend(f"  uniform {point.label.removeprefix('uniform ')}: {_point(point)}" for point in plan.uniform)
+    lines.append("  qinsight.quantize(model, plan) or quantize_(model, qinsight.fqn_to_config(plan)) applies it")
+    lines.extend(f"  note: {note}" for note in plan.notes)
+    return lines
+
+
+def roles_table(plan: FormatPlan, limit: int = DEFAULT_LIMIT) -> Table:
+    """How many of each repeated role's layers take each format (``layers.*.mlp.down_proj``)."""
+    roles: dict[str, dict[str, int]] = {}
+    for layer in plan.layers:
+        counts = roles.setdefault(role_of(layer.fqn), {})
+        counts[layer.format] = counts.get(layer.format, 0) + 1
+    rows = tuple((role, ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))) for role, counts in roles.items())
+    return Table("Formats by role", ("layers", "formats"), rows[: max(limit, 20)], "" if len(rows) <= max(limit, 20) else "more in the file")
+
+
+def curve_table(plan: FormatPlan) -> Table:
+    """The plan's ranking at several sizes and the uniform formats, all quantized for real, most bits first."""
+    points = sorted((*plan.curve, *plan.uniform), key=lambda p: (-p.mean_bits, p.label))
+    rows = tuple((p.label, f"{p.mean_bits:.2f}", f"{p.state_bytes / 1e6:.1f}", _score(p.score), _score(p.held_out)) for p in points)
+    return Table(f"Size against quality ({plan.metric}, quantized for real)", ("assignment", "bits", "MB", "search", "held out"), rows)
+
+
+def orders_table(plan: FormatPlan) -> Table:
+    """The plan's bits spent by each ranking of the layers, scored for real."""
+    rows = tuple(
+        (o.order, f"{o.point.mean_bits:.2f}", _score(o.point.score), _score(o.point.held_out)) for o in plan.orders
+    )
+    return Table(f"Rankings at the plan's size ({plan.metric}, quantized for real)", ("ranked by", "bits", "search", "held out"), rows)
+
+
+def costs_table(plan: FormatPlan, limit: int = DEFAULT_LIMIT) -> Table:
+    """The layers that cost most in their cheapest format, alone: where the bits go."""
+    ranked = sorted(plan.costs, key=lambda c: -c.damage)
+    rows = tuple((c.fqn, c.format, f"{c.damage:.3g}", _score(c.score), plan.format_of(c.fqn)) for c in ranked[:limit])
+    note = f"{len(ranked) - limit} more in the file" if len(ranked) > limit else ""
+    return Table(
+        f"Costliest layers alone (damage adds up over layers; {plan.metric} with only that layer quantized)",
+        ("layer", "format", "damage", plan.metric, "planned"),
+        rows,
+        note,
+    )
+
+
+def format_tables(plan: FormatPlan, limit: int = DEFAULT_LIMIT) -> list[Table]:
+    tables = [roles_table(plan, limit), curve_table(plan)]
+    if plan.orders:
+        tables.append(orders_table(plan))
+    if plan.costs:
+        tables.append(costs_table(plan, limit))
+    return tables
+
+
+def format_text(plan: FormatPlan) -> str:
+    return "\n".join([*format_summary(plan), "", *tables_as_text(format_tables(plan))]).rstrip("\n") + "\n"
+
+
+__all__ = ["costs_table", "curve_table", "format_summary", "format_tables", "format_text", "orders_table", "roles_table"]

@@ -1,0 +1,248 @@
+"""``qinsight.plan_formats``: a torchao ``quantize_`` format for every Linear, so that the model reaches a
+quality target with as few bits per weight as the search can get, or the best quality within a budget.
+
+The stages, each measured for real (``quantize_`` in place, the float weights put back after):
+
+1. **Costs**: each Linear alone in each of its formats, every other layer float, scored on the search
+   data; its *damage* (:meth:`Scorer.damage`) adds up over layers.
+2. **Order** (:mod:`.ladders`): the moves down each layer's ladder of formats, cheapest damage per bit
+   saved first.
+3. **Search**: the longest prefix of the order whose real score meets the target (bisection), or the
+   shortest within the budget.
+4. **Held out**: the plan, the uniform formats and the curve scored again on data the search never saw;
+   the plan claims ``reached`` only where both parts meet the target.
+5. **Other orders** (:mod:`.proxies`): the plan's bits spent by the Fisher proxy's ranking and by the
+   activation-weighted weight error's, scored for real beside the measured one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+from torch import nn
+
+from qinsight.apply.torchao import applied, state_bytes, torchao_config
+from qinsight.core.errors import InvalidParameterError
+from qinsight.core.formats import Budget, CurvePoint, FormatCost, FormatPlan, OrderCheck, WeightFormat, mean_bits
+from qinsight.core.plan import Target
+from qinsight.core.progress import Progress
+from qinsight.frontends.base import eval_mode
+from qinsight.planning import ladders, proxies
+from qinsight.planning.ladders import Move, Rungs
+from qinsight.planning.scores import SCORES, Scorer
+from qinsight.planning.stages import float_outputs, outputs
+
+CURVE_POINTS = 6  # sizes along the plan's order quantized for real, besides the plan itself
+
+
+@attrs.frozen(kw_only=True)
+class FormatRequest:
+    """What :func:`plan_formats` was asked, checked before any forward."""
+
+    formats: tuple[WeightFormat, ...]
+    target: Target | None
+    budget: Budget | None
+    metric: str
+    search: tuple[Any, ...]
+    held_out: tuple[Any, ...]
+    orders: bool
+
+
+def format_request(
+    formats: Iterable[str], target: str | Target | None, budget: str | float | None, metric: str | None,
+    evaluation_data: Iterable[Any], held_out_data: Iterable[Any] | None, orders: bool,
+) -> FormatRequest:
+    parsed = tuple(WeightFormat.parse(f) for f in (formats.split(",") if isinstance(formats, str) else formats))
+    if not parsed or len(set(parsed)) != len(parsed):
+        raise InvalidParameterError("plan_formats", "formats", [str(f) for f in parsed], "one or more distinct formats")
+    goal = Target.parse(target) if isinstance(target, str) else target
+    limit = Budget.parse(budget) if budget is not None else None
+    if goal is None and limit is None:
+        raise InvalidParameterError("plan_formats", "target", None, "a target ('perplexity<=1.05'), a budget ('bits<=6') or both")
+    if goal is not None and goal.is_budget:
+        raise InvalidParameterError("plan_formats", "target", str(goal), "a quality target; the size is the budget ('bits<=6')")
+    name = metric or (goal.metric if goal is not None else "sqnr")
+    if name not in SCORES or (goal is not None and name != goal.metric):
+        raise InvalidParameterError("plan_formats", "metric", name, f"the target's own metric, one of {', '.join(SCORES)}")
+    batches = tuple(evaluation_data)
+    if not batches:
+        raise InvalidParameterError("plan_formats", "evaluation_data", "no batches", "at least one batch")
+    held = tuple(held_out_data) if held_out_data is not None else batches[(len(batches) + 1) // 2:]
+    search = batches if held_out_data is not None else batches[: (len(batches) + 1) // 2]
+    torchao_config(parsed[0])  # torchao missing: one error, before any forward
+    return FormatRequest(formats=parsed, target=goal, budget=limit, metric=name, search=search, held_out=held, orders=orders)
+
+
+class _Measure:
+    """Assignments quantized for real in place and scored: on the search data, and on the held-out data
+    where asked; every run counted."""
+
+    def __init__(self, model: nn.Module, layers: Sequence[Rungs], request: FormatRequest) -> None:
+        self.model, self.layers, self.request = model, tuple(layers), request
+        self.search = Scorer(float_outputs(model, request.search), request.metric, request.metric, request.search)
+        self.held = Scorer(float_outputs(model, request.held_out), request.metric, request.metric, request.held_out) if request.held_out else None
+        self.runs = 0
+
+    def outputs(self, formats: dict[str, str], batches: Sequence[Any]) -> tuple[list[Any], int]:
+        with applied(self.model, formats):
+            self.runs += 1
+            return outputs(self.model, batches), state_bytes(self.model, [layer.fqn for layer in self.layers])
+
+    def point(self, label: str, formats: dict[str, str], held_out: bool = False) -> CurvePoint:
+        found, stored = self.outputs(formats, self.request.search)
+        held = self.held(self.outputs(formats, self.request.held_out)[0]) if held_out and self.held is not None else math.nan
+        bits = mean_bits(ladders.layer_formats(self.layers, formats))
+        return CurvePoint(label=label, mean_bits=bits, state_bytes=stored, score=self.search(found), held_out=held)
+
+    def met(self, point: CurvePoint) -> bool:
+        return self.request.target is None or self.request.target.met(point.score)
+
+
+def plan_formats(
+    model: nn.Module,
+    evaluation_data: Iterable[Any],
+    *,
+    formats: Iterable[str] = ("int8", "int4_g32"),
+    target: str | Target | None = "perplexity<=1.05",
+    budget: str | float | None = None,
+    metric: str | None = None,
+    held_out_data: Iterable[Any] | None = None,
+    compare_orders: bool = True,
+    progress: Progress | None = None,
+) -> FormatPlan:
+    """The torchao format of every Linear of ``model`` (:class:`FormatPlan`): the fewest bits per weight
+    whose real score meets ``target`` (``"perplexity<=1.05"``: the perplexity ratio to the float model on
+    the batches' own next tokens; ``"kl<=0.02"``, ``"sqnr>=30"``...), within ``budget`` (``"bits<=6"``,
+    the mean bits per weight, scales included) where given; with a budget alone, the best score within it.
+
+    ``formats`` are names (:class:`~qinsight.core.formats.WeightFormat`: ``int8``, ``int8_dynamic``,
+    ``float8``, ``int4_g32``, ``int4_dynamic_g32``, ``float``). The search chooses on
+    ``evaluation_data`` and the plan is scored again on ``held_out_data`` (default: the second half of
+    ``evaluation_data``'s batches, the search keeping the first). ``qinsight.quantize(model, plan)``, or
+    ``quantize_(model, qinsight.fqn_to_config(plan))``, applies it. The model itself is not changed.
+    """
+    request = format_request(formats, target, budget, metric, evaluation_data, held_out_data, compare_orders)
+    report = progress or (lambda _stage, _done, _total: None)
+    with eval_mode(model):
+        layers, notes = ladders.ladders(model, request.formats)
+        if not layers:
+            raise InvalidParameterError("plan_formats", "model", type(model).__name__, "a model with a Linear the formats fit")
+        measure = _Measure(model, layers, request)
+        costs = _costs(measure, report)
+        moves = ladders.ordered_moves(layers, {(c.fqn, c.format): c.damage for c in costs})
+        taken, search_notes = _searched(measure, moves, report)
+        return _assembled(request, measure, costs, moves, taken, (*notes, *search_notes), report)
+
+
+def _costs(measure: _Measure, report: Progress) -> tuple[FormatCost, ...]:
+    """Each layer alone in each of its formats (``float`` costs nothing), measured on the search data."""
+    wanted = [(layer.fqn, fmt.name) for layer in measure.layers for fmt in layer.formats if not fmt.is_float]
+    found = []
+    for done, (fqn, name) in enumerate(wanted):
+        report("measuring each layer in each format", done, len(wanted))
+        results, _ = measure.outputs({fqn: name}, measure.request.search)
+        found.append(FormatCost(fqn=fqn, format=name, damage=measure.search.damage(results), score=measure.search(results)))
+    report("measuring each layer in each format", len(wanted), len(wanted))
+    return tuple(found)
+
+
+def _searched(measure: _Measure, moves: Sequence[Move], report: Progress) -> tuple[int, tuple[str, ...]]:
+    """How many moves the plan takes: the most whose real score meets the target (bisection over the
+    order: the score falls along it), no fewer than the budget needs."""
+    request, layers = measure.request, measure.layers
+    fewest = ladders.within(layers, moves, request.budget.bits) if request.budget is not None else 0
+    if request.target is None:
+        return fewest, ()
+    report("searching", 0, 0)
+
+    def meets(taken: int) -> bool:
+        return measure.met(measure.point("", ladders.assignment(layers, moves, taken)))
+
+    if not meets(0):
+        return fewest, (f"every layer on its format with the most bits misses {request.target}: no plan reaches it",)
+    low, high = 0, len(moves)  # low meets; the answer lies in [low, high]
+    if meets(high):
+        low = high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if meets(middle) else (low, middle)
+    if low < fewest:
+        return fewest, (f"the budget {request.budget} needs {fewest} moves down; the target holds for {low} only",)
+    return low, ()
+
+
+def _assembled(
+    request: FormatRequest, measure: _Measure, costs: tuple[FormatCost, ...], moves: Sequence[Move], taken: int,
+    notes: tuple[str, ...], report: Progress,
+) -> FormatPlan:
+    report("verifying", 0, 0)
+    layers = measure.layers
+    formats = ladders.assignment(layers, moves, taken)
+    chosen = measure.point("plan", formats, held_out=True)
+    reached = measure.met(chosen) and (measure.held is None or math.isnan(chosen.held_out) or measure.met(attrs.evolve(chosen, score=chosen.held_out)))
+    reached = reached and (request.budget is None or chosen.mean_bits <= request.budget.bits + 1e-9)
+    uniform = tuple(measure.point(f"uniform {fmt}", ladders.uniform(layers, fmt), held_out=True) for fmt in request.formats)
+    sizes = sorted({round(len(moves) * i / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)} - {taken})
+    curve = tuple(measure.point(f"{k} of {len(moves)} moves", ladders.assignment(layers, moves, k)) for k in sizes)
+    orders = _orders(measure, moves, taken, chosen) if request.orders else ()
+    return FormatPlan(
+        formats=tuple(f.name for f in request.formats),
+        metric=request.metric,
+        target=request.target,
+        budget=request.budget,
+        reached=reached,
+        layers=ladders.layer_formats(layers, formats),
+        chosen=chosen,
+        float_score=measure.search(measure.search.reference),
+        uniform=uniform,
+        curve=tuple(sorted((*curve, attrs.evolve(chosen, label=f"{taken} of {len(moves)} moves (the plan)")), key=lambda p: -p.mean_bits)),
+        costs=costs,
+        orders=orders,
+        evaluations=measure.runs,
+        notes=notes + _held_out_note(request, measure, chosen) + _measured_notes(measure, chosen),
+    )
+
+
+def _measured_notes(measure: _Measure, chosen: CurvePoint) -> tuple[str, ...]:
+    """What the scores are relative to, and where torchao stores more than the mean bits count."""
+    notes = []
+    if not math.isnan(measure.search.float_perplexity):
+        notes.append(f"the float model's perplexity: {measure.search.float_perplexity:.4g} on the search tokens (the scores are ratios to it)")
+    parameters = sum(layer.parameters for layer in measure.layers)
+    stored = 8 * chosen.state_bytes / parameters
+    if stored > chosen.mean_bits + 0.5:
+        notes.append(
+            f"stored as torchao lays the weights out here: {stored:.2f} bits per weight against {chosen.mean_bits:.2f} counted "
+            "(its int4 weights on CPU, IntxUnpackedToInt8Tensor, hold one value per byte; packed int4 kernels store 4 bits)"
+        )
+    return tuple(notes)
+
+
+def _held_out_note(request: FormatRequest, measure: _Measure, chosen: CurvePoint) -> tuple[str, ...]:
+    if measure.held is None:
+        return ("no held-out data (one evaluation batch): the plan's score is the one it was chosen on",)
+    if request.target is not None and measure.met(chosen) and not request.target.met(chosen.held_out):
+        return (f"the plan meets {request.target} on the search data ({chosen.score:.4g}) but not on the held-out data ({chosen.held_out:.4g})",)
+    return ()
+
+
+def _orders(measure: _Measure, moves: Sequence[Move], taken: int, chosen: CurvePoint) -> tuple[OrderCheck, ...]:
+    """The plan's bits spent by each cheap ranking, quantized for real (and the measured one's, the plan)."""
+    model, layers, search = measure.model, measure.layers, measure.request.search
+    errors = proxies.weight_errors(model, layers)
+    ranked = {
+        "fisher (sum of g^2 dW^2)": proxies.fisher_damage(model, layers, search, errors),
+        "activation (sum of E[x^2] dW^2)": proxies.activation_damage(errors, proxies.input_power(model, layers, search)),
+    }
+    found = [OrderCheck(order="measured (end to end)", point=chosen)]
+    for name, damage in ranked.items():
+        other = ladders.ordered_moves(layers, damage)
+        formats = ladders.assignment(layers, other, ladders.within(layers, other, chosen.mean_bits))
+        found.append(OrderCheck(order=name, point=measure.point(name, formats, held_out=True)))
+    return tuple(found)
+
+
+__all__ = ["FormatRequest", "format_request", "plan_formats"]
