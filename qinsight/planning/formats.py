@@ -182,8 +182,9 @@ def _assembled(
     layers = measure.layers
     formats = ladders.assignment(layers, moves, taken)
     chosen = measure.point("plan", formats, held_out=True)
-    reached = measure.met(chosen) and (measure.held is None or math.isnan(chosen.held_out) or measure.met(attrs.evolve(chosen, score=chosen.held_out)))
-    reached = reached and (request.budget is None or chosen.mean_bits <= request.budget.bits + 1e-9)
+    target, budget = request.target, request.budget
+    quality = target is None or (target.met(chosen.score) and (measure.held is None or target.met(chosen.held_out)))
+    reached = quality and (budget is None or chosen.mean_bits <= budget.bits + 1e-9)
     uniform = tuple(measure.point(f"uniform {fmt}", ladders.uniform(layers, fmt), held_out=True) for fmt in request.formats)
     sizes = sorted({round(len(moves) * i / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)} - {taken})
     curve = tuple(measure.point(f"{k} of {len(moves)} moves", ladders.assignment(layers, moves, k)) for k in sizes)

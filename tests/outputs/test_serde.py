@@ -154,6 +154,24 @@ st.register_type_strategy(
     ),
 )
 
+# a format plan's points and layers: counts never negative, held-out scores drawn (their default is NaN)
+for _cls in (qinsight.CurvePoint, qinsight.LayerFormat, qinsight.FormatPlan, qinsight.OrderCheck, qinsight.FormatCost, qinsight.Budget):
+    attrs.resolve_types(_cls)
+st.register_type_strategy(qinsight.CurvePoint, st.builds(qinsight.CurvePoint, mean_bits=SCORES, state_bytes=COUNTS, score=SCORES, held_out=SCORES))
+st.register_type_strategy(qinsight.LayerFormat, st.builds(qinsight.LayerFormat, parameters=COUNTS))
+st.register_type_strategy(
+    qinsight.FormatPlan,
+    st.builds(
+        qinsight.FormatPlan,
+        evaluations=COUNTS,
+        float_score=SCORES,
+        uniform=st.lists(st.from_type(qinsight.CurvePoint), max_size=2).map(tuple),
+        curve=st.lists(st.from_type(qinsight.CurvePoint), max_size=2).map(tuple),
+        costs=st.lists(st.from_type(qinsight.FormatCost), max_size=2).map(tuple),
+        orders=st.lists(st.from_type(qinsight.OrderCheck), max_size=2).map(tuple),
+    ),
+)
+
 SNAPSHOT = Path(__file__).parent.parent / "data" / "report_schema.json"
 
 # attrs compares fields with ==, and NaN != NaN: a NaN in a scalar field never compares equal.
