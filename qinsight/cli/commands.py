@@ -190,7 +190,7 @@ def _plan(args: argparse.Namespace) -> int:
     from qinsight.core.plan import Target
     from qinsight.pipeline import diagnose
     from qinsight.planning import plan, plan_formats
-    from qinsight.planning.formats import format_request
+    from qinsight.planning.formats import format_goal
 
     check_targets([args.out, args.html], [])
     for line in check_verdict_gates(args.fail_on, requested_ids(None)):
@@ -200,7 +200,7 @@ def _plan(args: argparse.Namespace) -> int:
     except InvalidParameterError as exc:  # before anything loads or runs
         raise UsageError(f"--target {args.target!r}: expected {exc.expected}") from exc
     if args.flow == "torchao":
-        request = format_request(args.formats, target, args.budget, None, [None], None, True)  # mistakes before any load
+        goal = format_goal(args.formats, target, args.budget, None)  # mistakes before any load
     elif args.budget is not None:
         raise UsageError("--budget is for --flow torchao (a plan for fx or pt2e takes float<=N as its --target)")
     model, data, name = _model_and_data(args, None, whole=True)
@@ -214,7 +214,7 @@ def _plan(args: argparse.Namespace) -> int:
             report = diagnose(model, calibration, model_name=name)
             if args.flow == "torchao":
                 formats = plan_formats(
-                    model, evaluation, formats=[f.name for f in request.formats], target=target, budget=args.budget, progress=progress
+                    model, evaluation, formats=[f.name for f in goal.formats], target=target, budget=args.budget, progress=progress
                 )
                 report, reached = report.with_formats(formats), formats.reached
             else:

@@ -39,22 +39,17 @@ CURVE_POINTS = 6  # sizes along the plan's order quantized for real, besides the
 
 
 @attrs.frozen(kw_only=True)
-class FormatRequest:
-    """What :func:`plan_formats` was asked, checked before any forward."""
+class FormatGoal:
+    """The formats to choose from and what the plan must reach, checked (no data needed: the command line
+    checks them before it loads a model)."""
 
     formats: tuple[WeightFormat, ...]
     target: Target | None
     budget: Budget | None
     metric: str
-    search: tuple[Any, ...]
-    held_out: tuple[Any, ...]
-    orders: bool
 
 
-def format_request(
-    formats: Iterable[str], target: str | Target | None, budget: str | float | None, metric: str | None,
-    evaluation_data: Iterable[Any], held_out_data: Iterable[Any] | None, orders: bool,
-) -> FormatRequest:
+def format_goal(formats: Iterable[str] | str, target: str | Target | None, budget: str | float | None, metric: str | None) -> FormatGoal:
     parsed = tuple(WeightFormat.parse(f) for f in (formats.split(",") if isinstance(formats, str) else formats))
     if not parsed or len(set(parsed)) != len(parsed):
         raise InvalidParameterError("plan_formats", "formats", [str(f) for f in parsed], "one or more distinct formats")
@@ -67,38 +62,73 @@ def format_request(
     name = metric or (goal.metric if goal is not None else "sqnr")
     if name not in SCORES or (goal is not None and name != goal.metric):
         raise InvalidParameterError("plan_formats", "metric", name, f"the target's own metric, one of {', '.join(SCORES)}")
+    torchao_config(parsed[0])  # torchao missing: one error, before any forward
+    return FormatGoal(formats=parsed, target=goal, budget=limit, metric=name)
+
+
+@attrs.frozen(kw_only=True)
+class FormatRequest:
+    """What :func:`plan_formats` was asked, checked before any forward: the goal, and the data split into
+    the part the search chooses on and the part held out."""
+
+    goal: FormatGoal
+    search: tuple[Any, ...]
+    held_out: tuple[Any, ...]
+    orders: bool
+
+
+def format_request(
+    goal: FormatGoal, evaluation_data: Iterable[Any], held_out_data: Iterable[Any] | None, orders: bool
+) -> FormatRequest:
     batches = tuple(evaluation_data)
     if not batches:
         raise InvalidParameterError("plan_formats", "evaluation_data", "no batches", "at least one batch")
     held = tuple(held_out_data) if held_out_data is not None else batches[(len(batches) + 1) // 2:]
     search = batches if held_out_data is not None else batches[: (len(batches) + 1) // 2]
-    torchao_config(parsed[0])  # torchao missing: one error, before any forward
-    return FormatRequest(formats=parsed, target=goal, budget=limit, metric=name, search=search, held_out=held, orders=orders)
+    return FormatRequest(goal=goal, search=search, held_out=held, orders=orders)
 
 
 class _Measure:
     """Assignments quantized for real in place and scored: on the search data, and on the held-out data
-    where asked; every run counted."""
+    where asked. Each assignment runs once per part (the bisection's ends, the plan, the uniform formats
+    and the curve often coincide); every run counted."""
 
     def __init__(self, model: nn.Module, layers: Sequence[Rungs], request: FormatRequest) -> None:
         self.model, self.layers, self.request = model, tuple(layers), request
-        self.search = Scorer(float_outputs(model, request.search), request.metric, request.metric, request.search)
-        self.held = Scorer(float_outputs(model, request.held_out), request.metric, request.metric, request.held_out) if request.held_out else None
+        self.search = Scorer(float_outputs(model, request.search), request.goal.metric, request.goal.metric, request.search)
+        self.held = Scorer(float_outputs(model, request.held_out), request.goal.metric, request.goal.metric, request.held_out) if request.held_out else None
         self.runs = 0
+        self._scores: dict[tuple[tuple[tuple[str, str], ...], bool], float] = {}  # (assignment, held out) -> score
+        self._stored: dict[tuple[tuple[str, str], ...], int] = {}  # assignment -> bytes of its weights as stored
 
-    def outputs(self, formats: dict[str, str], batches: Sequence[Any]) -> tuple[list[Any], int]:
+    def outputs(self, formats: dict[str, str], batches: Sequence[Any]) -> list[Any]:
+        return self._run(formats, batches, None)
+
+    def score(self, formats: dict[str, str], held_out: bool = False) -> float:
+        assignment = tuple(sorted(formats.items()))
+        if (assignment, held_out) not in self._scores:
+            scorer = self.held if held_out and self.held is not None else self.search
+            data = self.request.held_out if held_out else self.request.search
+            self._scores[(assignment, held_out)] = scorer(self._run(formats, data, assignment))
+        return self._scores[(assignment, held_out)]
+
+    def _run(self, formats: dict[str, str], batches: Sequence[Any], assignment: tuple[tuple[str, str], ...] | None) -> list[Any]:
+        """The outputs of ``batches`` with ``formats`` applied; for an ``assignment`` a point is made of,
+        the bytes its weights take as stored too, read once."""
         with applied(self.model, formats):
             self.runs += 1
-            return outputs(self.model, batches), state_bytes(self.model, [layer.fqn for layer in self.layers])
+            if assignment is not None and assignment not in self._stored:
+                self._stored[assignment] = state_bytes(self.model, [layer.fqn for layer in self.layers])
+            return outputs(self.model, batches)
 
     def point(self, label: str, formats: dict[str, str], held_out: bool = False) -> CurvePoint:
-        found, stored = self.outputs(formats, self.request.search)
-        held = self.held(self.outputs(formats, self.request.held_out)[0]) if held_out and self.held is not None else math.nan
+        score = self.score(formats)
+        held = self.score(formats, held_out=True) if held_out and self.held is not None else math.nan
         bits = mean_bits(ladders.layer_formats(self.layers, formats))
-        return CurvePoint(label=label, mean_bits=bits, state_bytes=stored, score=self.search(found), held_out=held)
+        return CurvePoint(label=label, mean_bits=bits, state_bytes=self._stored[tuple(sorted(formats.items()))], score=score, held_out=held)
 
     def met(self, point: CurvePoint) -> bool:
-        return self.request.target is None or self.request.target.met(point.score)
+        return self.request.goal.target is None or self.request.goal.target.met(point.score)
 
 
 def plan_formats(
@@ -124,10 +154,10 @@ def plan_formats(
     ``evaluation_data``'s batches, the search keeping the first). ``qinsight.quantize(model, plan)``, or
     ``quantize_(model, qinsight.fqn_to_config(plan))``, applies it. The model itself is not changed.
     """
-    request = format_request(formats, target, budget, metric, evaluation_data, held_out_data, compare_orders)
+    request = format_request(format_goal(formats, target, budget, metric), evaluation_data, held_out_data, compare_orders)
     report = progress or (lambda _stage, _done, _total: None)
     with eval_mode(model):
-        layers, notes = ladders.ladders(model, request.formats)
+        layers, notes = ladders.ladders(model, request.goal.formats)
         if not layers:
             raise InvalidParameterError("plan_formats", "model", type(model).__name__, "a model with a Linear the formats fit")
         measure = _Measure(model, layers, request)
@@ -143,7 +173,7 @@ def _costs(measure: _Measure, report: Progress) -> tuple[FormatCost, ...]:
     found = []
     for done, (fqn, name) in enumerate(wanted):
         report("measuring each layer in each format", done, len(wanted))
-        results, _ = measure.outputs({fqn: name}, measure.request.search)
+        results = measure.outputs({fqn: name}, measure.request.search)
         found.append(FormatCost(fqn=fqn, format=name, damage=measure.search.damage(results), score=measure.search(results)))
     report("measuring each layer in each format", len(wanted), len(wanted))
     return tuple(found)
@@ -153,8 +183,8 @@ def _searched(measure: _Measure, moves: Sequence[Move], report: Progress) -> tup
     """How many moves the plan takes: the most whose real score meets the target (bisection over the
     order: the score falls along it), no fewer than the budget needs."""
     request, layers = measure.request, measure.layers
-    fewest = ladders.within(layers, moves, request.budget.bits) if request.budget is not None else 0
-    if request.target is None:
+    fewest = ladders.within(layers, moves, request.goal.budget.bits) if request.goal.budget is not None else 0
+    if request.goal.target is None:
         return fewest, ()
     report("searching", 0, 0)
 
@@ -162,7 +192,7 @@ def _searched(measure: _Measure, moves: Sequence[Move], report: Progress) -> tup
         return measure.met(measure.point("", ladders.assignment(layers, moves, taken)))
 
     if not meets(0):
-        return fewest, (f"every layer on its format with the most bits misses {request.target}: no plan reaches it",)
+        return fewest, (f"every layer on its format with the most bits misses {request.goal.target}: no plan reaches it",)
     low, high = 0, len(moves)  # low meets; the answer lies in [low, high]
     if meets(high):
         low = high
@@ -170,7 +200,7 @@ def _searched(measure: _Measure, moves: Sequence[Move], report: Progress) -> tup
         middle = (low + high) // 2
         low, high = (middle, high) if meets(middle) else (low, middle)
     if low < fewest:
-        return fewest, (f"the budget {request.budget} needs {fewest} moves down; the target holds for {low} only",)
+        return fewest, (f"the budget {request.goal.budget} needs {fewest} moves down; the target holds for {low} only",)
     return low, ()
 
 
@@ -182,18 +212,18 @@ def _assembled(
     layers = measure.layers
     formats = ladders.assignment(layers, moves, taken)
     chosen = measure.point("plan", formats, held_out=True)
-    target, budget = request.target, request.budget
+    target, budget = request.goal.target, request.goal.budget
     quality = target is None or (target.met(chosen.score) and (measure.held is None or target.met(chosen.held_out)))
     reached = quality and (budget is None or chosen.mean_bits <= budget.bits + 1e-9)
-    uniform = tuple(measure.point(f"uniform {fmt}", ladders.uniform(layers, fmt), held_out=True) for fmt in request.formats)
+    uniform = tuple(measure.point(f"uniform {fmt}", ladders.uniform(layers, fmt), held_out=True) for fmt in request.goal.formats)
     sizes = sorted({round(len(moves) * i / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)} - {taken})
     curve = tuple(measure.point(f"{k} of {len(moves)} moves", ladders.assignment(layers, moves, k)) for k in sizes)
     orders = _orders(measure, moves, taken, chosen) if request.orders else ()
     return FormatPlan(
-        formats=tuple(f.name for f in request.formats),
-        metric=request.metric,
-        target=request.target,
-        budget=request.budget,
+        formats=tuple(f.name for f in request.goal.formats),
+        metric=request.goal.metric,
+        target=request.goal.target,
+        budget=request.goal.budget,
         reached=reached,
         layers=ladders.layer_formats(layers, formats),
         chosen=chosen,
@@ -225,8 +255,8 @@ def _measured_notes(measure: _Measure, chosen: CurvePoint) -> tuple[str, ...]:
 def _held_out_note(request: FormatRequest, measure: _Measure, chosen: CurvePoint) -> tuple[str, ...]:
     if measure.held is None:
         return ("no held-out data (one evaluation batch): the plan's score is the one it was chosen on",)
-    if request.target is not None and measure.met(chosen) and not request.target.met(chosen.held_out):
-        return (f"the plan meets {request.target} on the search data ({chosen.score:.4g}) but not on the held-out data ({chosen.held_out:.4g})",)
+    if request.goal.target is not None and measure.met(chosen) and not request.goal.target.met(chosen.held_out):
+        return (f"the plan meets {request.goal.target} on the search data ({chosen.score:.4g}) but not on the held-out data ({chosen.held_out:.4g})",)
     return ()
 
 
@@ -246,4 +276,4 @@ def _orders(measure: _Measure, moves: Sequence[Move], taken: int, chosen: CurveP
     return tuple(found)
 
 
-__all__ = ["FormatRequest", "format_request", "plan_formats"]
+__all__ = ["FormatGoal", "FormatRequest", "format_goal", "format_request", "plan_formats"]

@@ -25,7 +25,7 @@ from qinsight.apply.torchao import torchao_config
 from qinsight.compare.torchao_weights import dequantized
 from qinsight.frontends.base import run_batch
 from qinsight.planning.ladders import Rungs
-from qinsight.planning.scores import next_tokens
+from qinsight.planning.scores import logits_of, next_tokens, output_rows
 
 Damages = dict[tuple[str, str], float]
 
@@ -99,26 +99,11 @@ def fisher_damage(
 def _loss(output: Any, batch: Any) -> torch.Tensor:
     """The next-token cross entropy for token ids, else the cross entropy against the float top class."""
     if isinstance(batch, torch.Tensor) and not batch.is_floating_point():
-        logits = _logits(output)
-        with torch.no_grad():
-            labels = next_tokens(logits.detach(), [batch])
-        return torch.nn.functional.cross_entropy(logits.float(), labels, ignore_index=-100)
-    rows = _rows(output)
+        logits = logits_of(output, detach=False)
+        labels = next_tokens(logits, [batch])
+        return torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100)
+    rows = output_rows(output, detach=False)
     return torch.nn.functional.cross_entropy(rows, rows.detach().argmax(dim=1))
-
-
-def _logits(output: Any) -> torch.Tensor:
-    """A language model's logits as :func:`~qinsight.planning.scores.logits_of` reads them, not detached:
-    the gradient flows through them."""
-    logits = getattr(output, "logits", None)
-    if not isinstance(logits, torch.Tensor):
-        logits = [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()][0]
-    return logits.reshape(-1, logits.shape[-1])
-
-
-def _rows(output: Any) -> torch.Tensor:
-    tensors = [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    return torch.cat([t.float().reshape(t.shape[0] if t.dim() else 1, -1) for t in tensors], dim=1)
 
 
 @contextlib.contextmanager

@@ -34,10 +34,11 @@ def _floating(output: Any) -> list[torch.Tensor]:
     return tensors
 
 
-def output_rows(output: Any) -> torch.Tensor:
-    """A model output as one float matrix (one row per sample): every floating tensor in it, flattened."""
-    tensors = _floating(output)
-    rows = [t.detach().float().reshape(t.shape[0] if t.dim() else 1, -1) for t in tensors]
+def output_rows(output: Any, *, detach: bool = True) -> torch.Tensor:
+    """A model output as one float matrix (one row per sample): every floating tensor in it, flattened
+    (``detach=False``: the gradient flows through it)."""
+    tensors = [t.detach() if detach else t for t in _floating(output)]
+    rows = [t.float().reshape(t.shape[0] if t.dim() else 1, -1) for t in tensors]
     return torch.cat(rows, dim=1) if len(rows) > 1 else rows[0]
 
 
@@ -45,13 +46,13 @@ SCORES: tuple[str, ...] = ("sqnr", "cosine", "top1", "kl", "token_agreement", "p
 PER_POSITION = ("kl", "token_agreement", "perplexity")  # read a language model's logits: per position over the last dimension
 
 
-def logits_of(output: Any) -> torch.Tensor:
+def logits_of(output: Any, *, detach: bool = True) -> torch.Tensor:
     """A language model's logits in ``output``: its ``logits`` (Hugging Face outputs), else its first
-    floating tensor, as (positions, vocabulary) rows."""
+    floating tensor, as (positions, vocabulary) rows (``detach=False``: the gradient flows through them)."""
     logits = getattr(output, "logits", None)
     if not isinstance(logits, torch.Tensor):
         logits = _floating(output)[0]
-    return logits.detach().float().reshape(-1, logits.shape[-1] if logits.dim() else 1)
+    return (logits.detach() if detach else logits).float().reshape(-1, logits.shape[-1] if logits.dim() else 1)
 
 
 def next_tokens(logits: torch.Tensor, batches: Sequence[Any]) -> torch.Tensor:
@@ -89,12 +90,11 @@ class Scorer:
             raise InvalidParameterError("plan", "metric", metric, f"one of {', '.join(SCORES)} or a function")
         self.reference = list(reference)
         self.metric, self.name = metric, name
-        self._positions = self._matrix(reference) if metric in PER_POSITION else None
-        self.rows = self._positions if self._positions is not None else self._matrix(reference)
+        self.rows = self._matrix(reference)  # a language model's: one row per position
         self._margins = TopMargins(self.rows) if metric == "top1" else None
         self._reference_log: torch.Tensor | None = None
-        self._labels = next_tokens(self._positions, inputs) if metric == "perplexity" and self._positions is not None else None
-        self._loss = _loss(self._positions, self._labels) if self._positions is not None and self._labels is not None else 0.0
+        self._labels = next_tokens(self.rows, inputs) if metric == "perplexity" else None
+        self._loss = _loss(self.rows, self._labels) if self._labels is not None else 0.0
 
     def _matrix(self, outputs: Sequence[Any]) -> torch.Tensor:
         """``outputs`` as one matrix: a language model's logits one row per position (batches of any
@@ -112,9 +112,9 @@ class Scorer:
         """What a quantization does to ``outputs``, in a unit that adds up over layers whose errors are
         independent: a language model's mean KL of the next-token distributions (nats), else the output
         error's power over the output's."""
-        if self._positions is not None:
+        if self.metric in PER_POSITION:
             if self._reference_log is None:  # the float distributions, once: a plan takes hundreds of damages
-                self._reference_log = torch.log_softmax(self._positions, dim=1)
+                self._reference_log = torch.log_softmax(self.rows, dim=1)
             q_log = torch.log_softmax(self._matrix(outputs), dim=1)
             per_position = (self._reference_log.exp() * (self._reference_log - q_log)).sum(dim=1)
             return max(0.0, float(per_position.double().mean()))
