@@ -30,6 +30,7 @@ import torch
 from torch import fx, nn
 from torch.ao.quantization.observer import ObserverBase
 
+from qinsight.core.errors import FrontendError
 from qinsight.frontends import batch_arguments, fetch_attr
 from qinsight.planning.kernels import NOT_RUN, QuantizedOps
 from qinsight.planning.switches import Mode, Switch
@@ -87,7 +88,7 @@ class Simulation:
         self._regroupable = {node for node, edge in self._edges.items() if per_edge[edge] == 1}  # not in a chain
         for node in observers:
             who = owners(node)
-            weight = functools.partial(_constant, model, node.args[0]) if who.weight else None
+            weight = functools.partial(_weight, model, node.args[0]) if who.weight else None
             switch = Switch(model.get_submodule(str(node.target)), dynamic_max=dynamic_max, aten=real_ops is not None, weight=weight)
             name = f"{node.name}_switch"  # one per node: the copies of a shared observer switch apart
             model.add_module(name, switch)
@@ -194,8 +195,8 @@ class Simulation:
             args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: values[n])
             if node.op == "output":
                 values[_OUTPUT] = self.model.graph._codegen.process_outputs(args[0])
-            elif node.op == "get_attr":
-                values[node] = _constant(self.model, node)
+            elif node.op == "get_attr":  # a tensor, or a subgraph a higher-order op calls (autocast, no_grad blocks)
+                values[node] = fetch_attr(self.model, str(node.target))
             elif self.ops is not None and (value := self.ops.run(node, values)) is not NOT_RUN:
                 values[node] = value
             elif node.op == "call_module":
@@ -306,10 +307,14 @@ class Run:
         return [values[_OUTPUT] for values in self.values]
 
 
-def _constant(model: fx.GraphModule, node: object) -> torch.Tensor:
-    assert isinstance(node, fx.Node) and node.op == "get_attr"
-    value = fetch_attr(model, str(node.target))
-    assert isinstance(value, torch.Tensor)
+def _weight(model: fx.GraphModule, node: object) -> torch.Tensor:
+    """The weight a weight observer reads: a constant tensor of the graph, else one error naming the node."""
+    value = fetch_attr(model, str(node.target)) if isinstance(node, fx.Node) and node.op == "get_attr" else None
+    if not isinstance(value, torch.Tensor):
+        raise FrontendError(
+            f"the plan cannot simulate the weight observed at {node}: it is computed in the graph, not a constant tensor; "
+            "plan this model with flow='fx', or quantize it for real (qinsight.compare_configs)"
+        )
     return value
 
 

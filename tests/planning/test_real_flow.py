@@ -73,3 +73,27 @@ def test_a_model_the_flow_leaves_float_is_said_and_its_fraction_is_zero() -> Non
     assert plan.quantized_fraction == 0.0
     assert "the pt2e flow quantizes none of this model's layers: conv stay in float" in plan.notes
     assert "0.0% of the layers' parameters quantized" in qinsight.to_text(plan)
+
+
+class _AutocastBlock(nn.Module):
+    """A block run with autocast off (as Hugging Face's rotary embeddings are): ``torch.export`` puts it in a
+    subgraph that the exported graph reaches through ``get_attr``, a module, not a tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", enabled=False):
+            scale = torch.sigmoid(x.float().mean(dim=-1, keepdim=True))
+        return self.b(torch.relu(self.a(x * scale)))  # type: ignore[no-any-return]
+
+
+def test_a_pt2e_plan_runs_through_a_subgraph_the_exported_graph_holds() -> None:
+    # before, the simulation asserted that every get_attr is a tensor, and a bare AssertionError ended the plan
+    pytest.importorskip("torchao")
+    torch.manual_seed(0)
+    model = _AutocastBlock().eval()
+    data = [torch.randn(8, 16) for _ in range(4)]
+    plan = qinsight.plan(model, data[:2], data[2:], target="sqnr>=20", flow="pt2e")
+    assert plan.reached and plan.verified_score >= 20.0 and plan.quantized_fraction > 0.5
