@@ -122,8 +122,8 @@ class CallTap:
 
     Installed with hooks on every module (to know whose forward runs) and a
     mode entered as the root's forward starts and left as it ends, also when
-    it raises. ``seen`` holds every call met, with its kind and the rank of its
-    first operand, for site discovery.
+    it raises. ``seen`` holds every call met on floating operands, with its kind and the rank of
+    its first operand, for site discovery.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -207,7 +207,8 @@ class CallTap:
         tensors = [a for a in _operands(kind, args) if isinstance(a, torch.Tensor)]
         if key not in self._seen_keys:
             self._seen_keys.add(key)
-            self.seen[OpCall(owner=owner, target=target, index=index)] = (kind, tensors[0].dim() if tensors else 0)
+            if not tensors or tensors[0].is_floating_point():  # integer arithmetic (positions, masks) is never quantized
+                self.seen[OpCall(owner=owner, target=target, index=index)] = (kind, tensors[0].dim() if tensors else 0)
         watchers = watchers or {}
         # (this handler runs with the mode off: the observers' own calls are not seen)
         for side, operand in zip((Side.PRE, Side.OTHER), tensors):

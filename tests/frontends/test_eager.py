@@ -115,3 +115,28 @@ def test_failing_example_batch_is_a_frontend_error() -> None:
 def test_unknown_frontend_is_refused() -> None:
     with pytest.raises(qinsight.InvalidParameterError, match="frontend='onnx'"):
         qinsight.diagnose(seeded(MLP()), [torch.randn(2, 16)], frontend="onnx")  # type: ignore[arg-type]
+
+
+class _Positions(nn.Module):
+    """Token and position embeddings, the positions an integer add (as Hugging Face models count them):
+    batches of different lengths run, and integer arithmetic is no op to quantize."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(50, 16), nn.Embedding(64, 16)
+        self.fc = nn.Linear(16, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        where = torch.arange(ids.shape[1]) + 2  # an int64 add, its one axis as long as the text
+        x = self.tokens(ids) + self.positions(where)
+        return self.fc(x)  # type: ignore[no-any-return]
+
+
+def test_integer_ops_are_no_sites_and_texts_of_any_length_calibrate() -> None:
+    # before, the position add was a site observed along its one axis, and a shorter text ended calibration
+    torch.manual_seed(0)
+    texts = [torch.randint(0, 50, (1, length)) for length in (12, 9, 15)]
+    report = qinsight.diagnose(_Positions().eval(), texts, frontend="eager")
+    adds = [s.fqn for s in report.sites if s.kind.value == "add"]
+    assert adds == ["add#1"]  # the float add of the embeddings; add#0, on positions, is integer arithmetic
+    assert report.metadata.batches == 3
