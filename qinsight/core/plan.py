@@ -193,7 +193,8 @@ class QuantPlan:
 
     ``default_score`` is the flow's default config and ``verified_score`` the
     plan's config, both quantized through the real flow (prepare, calibrate,
-    convert) and measured on the evaluation data; ``steps`` are the
+    convert) and measured on the evaluation data (``held_out_score``: on the held-out data, where
+    given; ``reached`` then needs both); ``steps`` are the
     simulation's scores along the way; ``quantized_fraction`` is the share of
     the layers' parameters the final config quantizes. ``suggestions`` is the config the plan
     ends with (the kept report suggestions and one ``keep_float`` per kept
@@ -214,6 +215,7 @@ class QuantPlan:
     reached: bool
     default_score: float
     verified_score: float
+    held_out_score: float = math.nan  # the config as converted, on data the search never chose on (NaN: none given)
     steps: tuple[PlanStep, ...] = ()
     quantized_fraction: float = attrs.field(default=1.0, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)])
     checks: tuple[SuggestionCheck, ...] = ()

@@ -29,11 +29,12 @@ class PlanRequest:
     calibration: tuple[Any, ...]
     evaluation: tuple[Any, ...]
     smoothing: bool
+    held_out: tuple[Any, ...] = ()  # scored once, the plan's config converted: data the search never chose on
 
     @property
     def everything(self) -> list[Any]:
         """Every batch the plan sees (a flow learns the inputs' shapes from them)."""
-        return [*self.calibration, *self.evaluation]
+        return [*self.calibration, *self.evaluation, *self.held_out]
 
 
 def plan_request(
@@ -45,6 +46,7 @@ def plan_request(
     calibration_data: Iterable[Any],
     evaluation_data: Iterable[Any],
     smoothing: bool = False,
+    held_out_data: Iterable[Any] | None = None,
 ) -> PlanRequest:
     """The arguments of :func:`qinsight.plan`, checked; the batches read once into tuples."""
     name = checked_flow(flow, "plan")
@@ -56,9 +58,12 @@ def plan_request(
         batches[argument] = tuple(data)
         if not batches[argument]:
             raise InvalidParameterError("plan", argument, "no batches", "at least one batch")
+    held_out = tuple(held_out_data) if held_out_data is not None else ()
+    if held_out_data is not None and not held_out:
+        raise InvalidParameterError("plan", "held_out_data", "no batches", "at least one batch, or None")
     return PlanRequest(
         goal=goal, flow=name, backend=backend, metric=chosen, metric_name=metric_name,
-        calibration=batches["calibration_data"], evaluation=batches["evaluation_data"], smoothing=smoothing,
+        calibration=batches["calibration_data"], evaluation=batches["evaluation_data"], smoothing=smoothing, held_out=held_out,
     )
 
 

@@ -44,6 +44,7 @@ def plan(
     report: Report | None = None,
     progress: Progress | None = None,
     smoothing: bool = False,
+    held_out_data: Iterable[Any] | None = None,
 ) -> QuantPlan:
     """The sites to keep in float so that ``model``, quantized with ``flow``, reaches ``target`` on
     ``evaluation_data``, starting from the report's verified suggestions (:class:`QuantPlan`).
@@ -57,12 +58,14 @@ def plan(
     whose measured error it lowers are smoothed first (:mod:`.smoothing`) and
     the plan is made for the smoothed model: ``qinsight.smoothed(model, plan)``
     is what its config quantizes, while its ``default_score`` stays that of
-    the model as given. Every argument is checked before the model runs
+    the model as given. With ``held_out_data``, the plan's config as converted is scored again on
+    batches the search never chose on (``held_out_score``), and the plan claims ``reached`` only where
+    those meet the target too. Every argument is checked before the model runs
     (:class:`~qinsight.core.errors.InvalidParameterError`); the model itself is not changed.
     """
     request = plan_request(
         target=target, flow=flow, backend=backend, metric=metric, calibration_data=calibration_data,
-        evaluation_data=evaluation_data, smoothing=smoothing,
+        evaluation_data=evaluation_data, smoothing=smoothing, held_out_data=held_out_data,
     )
     progress = progress or _quiet
     if report is None:
@@ -80,7 +83,8 @@ def plan(
         chosen.real(request, scorer), request.goal, found.kept, found.checks, found.start, search.steps, search.modes, base.score
     )
     final = base.flow if real.default else chosen.flow
-    applied = stages.converted(request, final, real.suggestions, chosen.report)
+    held = Scorer(float_outputs(model, request.held_out), request.metric, request.metric_name, request.held_out) if request.held_out else None
+    applied = stages.converted(request, final, real.suggestions, chosen.report, held)
     return _assembled(request, base, chosen, found, measured, search, real, applied)
 
 
@@ -102,9 +106,10 @@ def _assembled(
         backend=request.backend,
         metric=request.metric_name,
         target=request.goal,
-        reached=request.goal.is_budget or request.goal.met(real.score),
+        reached=request.goal.is_budget or (request.goal.met(real.score) and (not request.held_out or request.goal.met(applied.held_out))),
         default_score=base.score,
         verified_score=real.score,
+        held_out_score=applied.held_out,
         steps=search.steps,
         quantized_fraction=applied.fraction,  # read from the converted model, not from the modes planned
         checks=real.checks,
@@ -113,10 +118,17 @@ def _assembled(
         suggestions=real.suggestions,
         sites=_named_sites(chosen.report.sites, real.suggestions, flow.activations),
         evaluations=math.ceil(found.search.sim.evaluations),
-        notes=search.notes + real.notes + chosen.failed.notes(flow.name) + applied.notes(flow.name),
+        notes=search.notes + real.notes + chosen.failed.notes(flow.name) + applied.notes(flow.name) + _held_out_note(request, real.score, applied.held_out),
         smoothing=SmoothingMapping() if real.default else chosen.smoothing,
         fx_activations=flow.activations,
     )
+
+
+def _held_out_note(request: PlanRequest, verified: float, held_out: float) -> tuple[str, ...]:
+    goal = request.goal
+    if request.held_out and not goal.is_budget and goal.met(verified) and not goal.met(held_out):
+        return (f"the config meets {goal} on the evaluation data ({verified:.4g}) but not on the held-out data ({held_out:.4g})",)
+    return ()
 
 
 def _named_sites(

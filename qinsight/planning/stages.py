@@ -247,6 +247,7 @@ class Converted:
 
     fraction: float
     left_float: tuple[str, ...]
+    held_out: float = math.nan  # the converted model scored on the held-out data (NaN: none given)
 
     def notes(self, flow: str) -> tuple[str, ...]:
         if not self.left_float:
@@ -256,18 +257,22 @@ class Converted:
         return (f"the {flow} flow leaves in float what the config quantizes: {', '.join(self.left_float)}",)
 
 
-def converted(request: PlanRequest, flow: Flow, advice: tuple[QuantSuggestion, ...], report: Report) -> Converted:
+def converted(
+    request: PlanRequest, flow: Flow, advice: tuple[QuantSuggestion, ...], report: Report, held_out: Scorer | None = None
+) -> Converted:
     """What ``flow`` really quantizes of ``advice``'s config, over every layer of ``report`` (prepare,
     calibrate, convert, then the converted model's layers read: quantized modules in FX, weights
-    dequantized in the PT2E graph)."""
-    layers = quantized_layers(flow.model, flow.quantize(advice, request.calibration))
+    dequantized in the PT2E graph), and that converted model's score on the held-out data."""
+    model = flow.quantize(advice, request.calibration)
+    held = held_out(outputs(model, request.held_out)) if held_out is not None else math.nan
+    layers = quantized_layers(flow.model, model)
     quantized = {fqn for fqn, layer in layers.items() if layer.quantized}
     kept = {s.fqn for s in advice if s.keep_float}
     parameters = _parameters(flow.model, [site.fqn for site in report.sites if site.kind.is_layer])
     weighted = {fqn: n for fqn, n in parameters.items() if n > 0}
     total = sum(weighted.values())
     fraction = sum(n for fqn, n in weighted.items() if fqn in quantized) / total if total else 1.0
-    return Converted(fraction, tuple(fqn for fqn in weighted if fqn not in quantized and fqn not in kept))
+    return Converted(fraction, tuple(fqn for fqn in weighted if fqn not in quantized and fqn not in kept), held)
 
 
 def _score(flow: Flow, request: PlanRequest, scorer: Scorer) -> float:

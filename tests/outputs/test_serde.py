@@ -143,6 +143,7 @@ st.register_type_strategy(
         qinsight.QuantPlan,
         default_score=SCORES,
         verified_score=SCORES,
+        held_out_score=SCORES,
         quantized_fraction=FRACTIONS,
         agreement=SCORES,
         evaluations=COUNTS,

@@ -97,3 +97,22 @@ def test_a_pt2e_plan_runs_through_a_subgraph_the_exported_graph_holds() -> None:
     data = [torch.randn(8, 16) for _ in range(4)]
     plan = qinsight.plan(model, data[:2], data[2:], target="sqnr>=20", flow="pt2e")
     assert plan.reached and plan.verified_score >= 20.0 and plan.quantized_fraction > 0.5
+
+
+def test_a_plan_does_not_claim_a_target_its_held_out_data_misses() -> None:
+    # observers calibrated on inputs of one range; held-out inputs of eight times that range are clipped
+    model = _mlp()
+    generator = torch.Generator().manual_seed(1)
+    calm = [torch.randn(16, 32, generator=generator) for _ in range(8)]
+    wild = [8 * torch.randn(16, 32, generator=generator) for _ in range(2)]
+    plan = qinsight.plan(model, calm[:4], calm[4:6], target="sqnr>=25", held_out_data=wild)
+    assert plan.target.met(plan.verified_score) and not plan.target.met(plan.held_out_score) and not plan.reached
+    assert any("not on the held-out data" in note for note in plan.notes)
+    # the held-out score is the plan's config, quantized as a user would, on the held-out batches
+    quantized = qinsight.quantize(model, plan, calm[:4])
+    with torch.no_grad():
+        reference, actual = torch.cat([model(b) for b in wild]), torch.cat([quantized(b) for b in wild])
+    assert plan.held_out_score == pytest.approx(qinsight.compare.metrics.sqnr(reference, actual), abs=1e-9)
+    steady = qinsight.plan(model, calm[:4], calm[4:6], target="sqnr>=25", held_out_data=calm[6:])
+    assert steady.reached and steady.held_out_score >= 25.0
+    assert "on held-out data" in qinsight.to_text(steady).splitlines()[0]
