@@ -123,6 +123,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         QuantSuggestion as QuantSuggestion,
         SuggestionConflict as SuggestionConflict,
     )
+    from qinsight.core.verification import (
+        ConfigVerification as ConfigVerification,
+        KindCheck as KindCheck,
+        SuggestionKind as SuggestionKind,
+    )
     from qinsight.plugin import (
         Detector as Detector,
         Metric as Metric,
@@ -168,6 +173,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         diagnose as diagnose,
         instrument as instrument,
         merge_reports as merge_reports,
+        verify_report as verify_report,
     )
     from qinsight.outputs.diff import (
         ReportDiff as ReportDiff,
@@ -293,6 +299,11 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         'QuantSuggestion',
         'SuggestionConflict',
     ),
+    'qinsight.core.verification': (
+        'ConfigVerification',
+        'KindCheck',
+        'SuggestionKind',
+    ),
     'qinsight.plugin': (
         'Detector',
         'Metric',
@@ -338,6 +349,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         'diagnose',
         'instrument',
         'merge_reports',
+        'verify_report',
     ),
     'qinsight.outputs.diff': (
         'ReportDiff',

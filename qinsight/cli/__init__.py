@@ -14,7 +14,7 @@ import typing
 from collections.abc import Sequence
 
 from qinsight._version import __version__
-from qinsight.cli.gates import ACTIONABLE
+from qinsight.cli.gates import ACTIONABLE, UNVERIFIED
 from qinsight.cli.output import error_line
 from qinsight.core.errors import QinsightError
 from qinsight.core.sites import BACKENDS
@@ -46,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--detectors", help="comma-separated detector ids (default: QINSIGHT_DETECTORS or the built-ins)")
     run.add_argument("--quiet", action="store_true", help="no progress line")
+    run.add_argument(
+        "--verify", metavar="fx|pt2e|fx,pt2e",
+        help="verify the report's config for real in these flows (default: QINSIGHT_VERIFY, else the model's own flow)",
+    )
+    run.add_argument("--no-verify", action="store_true", help="do not quantize the config for real: the report says it is unverified")
     run.add_argument(
         "--shard", metavar="I/N",
         help="calibrate only shard I of N (batches I, I+N, ...), numbered as in all the data, for 'qinsight merge'",
@@ -121,7 +126,7 @@ def _outputs(command: argparse.ArgumentParser, save: bool = True) -> None:
     command.add_argument("--all", action="store_true", help="name every module (not the first few per verdict)")
     command.add_argument(
         "--fail-on", action="append", default=[], metavar="VERDICT",
-        help=f"exit 1 if a finding has this verdict ('{ACTIONABLE}': any finding to act on); repeatable",
+        help=f"exit 1 if a finding has this verdict ('{ACTIONABLE}': any finding to act on; '{UNVERIFIED}': the config not verified for real); repeatable",
     )
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qinsight.cli import ranks
-from qinsight.cli.gates import check_verdict_gates, parse_diff_gates, tripped_diff, tripped_findings
+from qinsight.cli.gates import check_verdict_gates, parse_diff_gates, tripped_diff, tripped_findings, unverified
 from qinsight.cli.output import Progress, StageProgress, check_targets, note, write, wrote
 from qinsight.core.errors import InvalidParameterError, PluginLoadError, UsageError
 from qinsight.core.report import Report
@@ -118,12 +118,26 @@ def _diagnose(args: argparse.Namespace) -> int:
             report = diagnose(
                 model, data, backend=args.backend, model_name=name, detectors=detectors, progress=progress,
                 qconfig_mapping=mapping, distributed=launch is not None,
-                shard=part,
+                shard=part, verify=_verify(args),
             )
         finally:
             if progress is not None:
                 progress.finish()
         return _finish(report, args, writes=launch is None or launch.rank == 0)
+
+
+def _verify(args: argparse.Namespace) -> bool | tuple[str, ...] | None:
+    """``--no-verify``/``--verify FLOWS`` as ``diagnose``'s ``verify`` (neither: QINSIGHT_VERIFY, else the frontend's flow)."""
+    if args.no_verify:
+        if args.verify:
+            raise UsageError("--verify and --no-verify: choose one")
+        return False
+    if args.verify is None:
+        return None
+    flows = tuple(name.strip() for name in args.verify.split(",") if name.strip())
+    if not flows or any(name not in ("fx", "pt2e") for name in flows):
+        raise UsageError(f"--verify {args.verify!r}: flows among fx, pt2e (comma-separated)")
+    return flows
 
 
 def _quantizer(flow: str, backend: str) -> object:
@@ -268,7 +282,10 @@ def _finish(report: Report, args: argparse.Namespace, *, writes: bool = True) ->
     tripped = tripped_findings(report, gates)
     for detector, finding in tripped:
         note(f"gate: {detector} {finding.fqn}: {finding.verdict}")
-    return 1 if tripped else 0
+    not_verified = unverified(report, gates)
+    for line in not_verified:
+        note(f"gate: unverified: {line}")
+    return 1 if tripped or not_verified else 0
 
 
 def _diff(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from qinsight.outputs.diff import ReportDiff
 from qinsight.plugin.discovery import finding_type
 
 ACTIONABLE = "actionable"  # --fail-on value matching every finding that asks for action
+UNVERIFIED = "unverified"  # --fail-on value: the report's config was not verified for real in some flow (or in none)
 DIFF_GATES = ("any", "verdict", "actionable", "sqnr-drop=DB")
 
 
@@ -41,9 +42,9 @@ def check_verdict_gates(gates: Sequence[str], detector_ids: Iterable[str]) -> li
     if not gates:
         return []
     verdicts, undeclared = declared_verdicts(detector_ids)
-    unknown = [g for g in gates if g != ACTIONABLE and g not in verdicts]
+    unknown = [g for g in gates if g not in (ACTIONABLE, UNVERIFIED) and g not in verdicts]
     if unknown and not undeclared:
-        valid = ", ".join(repr(v) for v in [ACTIONABLE, *sorted(verdicts)])
+        valid = ", ".join(repr(v) for v in [ACTIONABLE, UNVERIFIED, *sorted(verdicts)])
         raise UsageError(f"--fail-on {unknown[0]!r} is no verdict of these detectors; valid: {valid}")
     return [f"--fail-on {g!r} is not checked against {', '.join(undeclared)} (no declared verdicts)" for g in unknown]
 
@@ -55,6 +56,16 @@ def tripped_findings(report: Report, gates: Sequence[str]) -> list[tuple[str, Fi
         for finding in result.findings
         if finding.verdict in gates or (ACTIONABLE in gates and finding.actionable)
     ]
+
+
+def unverified(report: Report, gates: Sequence[str]) -> list[str]:
+    """With the ``unverified`` gate: why the report's config is not verified, a line per flow (one line
+    where it was verified in none)."""
+    if UNVERIFIED not in gates:
+        return []
+    if not report.verification:
+        return ["the report's config was verified in no flow"]
+    return [verdict.describe() for verdict in report.verification if not verdict.verified]
 
 
 @attrs.frozen

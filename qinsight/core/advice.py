@@ -26,6 +26,7 @@ from qinsight.core.plan import QuantPlan
 from qinsight.core.sites import FlowName, OpSite, checked_flow
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
+from qinsight.core.verification import ConfigParts, ConfigVerification, without_kinds
 
 if TYPE_CHECKING:
     from qinsight.core.report import Report
@@ -36,7 +37,7 @@ class Advice:
 
     ``source`` says where it comes from (``"report"`` or ``"plan"``);
     ``verified`` whether it was quantized for real and scored (a plan's
-    config). ``fx_activations`` applies to FX only; ``equalization`` is what
+    config, or a report's verified in this flow). ``fx_activations`` applies to FX only; ``equalization`` is what
     ``prepare_fx`` equalizes (PT2E has none: a note says so); ``smoothing``
     is what the model must go through first (:func:`qinsight.apply.smoothed`).
     """
@@ -58,7 +59,9 @@ def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None)
 
     A report carrying a plan made for ``flow`` gives the plan's verified config;
     a plan made for the other flow is not applied (its measurements say
-    nothing about this one), and a note says so.
+    nothing about this one), and a note says so. A report verified in ``flow``
+    (:mod:`qinsight.core.verification`) leaves out the kinds of suggestion
+    its verification dropped.
     """
     if isinstance(source, Advice):
         if flow is not None and checked_flow(flow, "advice_of") != source.flow:
@@ -83,7 +86,22 @@ def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None)
         f"the attached plan was made for {plan.flow}, not {wanted}: this config applies the report's "
         f"suggestions, not verified in {wanted}",
     )
+    advice = _verified(advice, source.verification_for(wanted))
     return attrs.evolve(advice, notes=notes + _pt2e_equalization(advice))
+
+
+def _verified(advice: Advice, verdict: ConfigVerification | None) -> Advice:
+    """``advice`` as ``verdict`` left it: without the kinds of suggestion it dropped."""
+    if verdict is None or not verdict.verified:
+        return advice
+    parts = without_kinds(ConfigParts(advice.suggestions, advice.fx_activations, advice.equalization), verdict.dropped)
+    return attrs.evolve(
+        advice,
+        suggestions=parts.suggestions,
+        fx_activations=parts.fx_activations,
+        equalization=parts.equalization,
+        verified=True,
+    )
 
 
 def _of_plan(plan: QuantPlan, flow: FlowName) -> Advice:

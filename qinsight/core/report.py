@@ -26,6 +26,7 @@ from qinsight.core.plan import QuantPlan
 from qinsight.core.sites import OpSite, Side
 from qinsight.core.stats import Observation
 from qinsight.core.suggestions import QuantSuggestion, SuggestionConflict
+from qinsight.core.verification import ConfigVerification, SuggestionKind
 
 ParameterValue = bool | int | float | str
 
@@ -109,6 +110,8 @@ class Report:
     fx_activations: FxActivations | None = None
     # a torchao format per Linear (qinsight.plan_formats; absent in files before 2.1)
     formats: FormatPlan | None = None
+    # the report's config quantized for real per flow, kinds of suggestion that hurt dropped (absent before 2.2)
+    verification: tuple[ConfigVerification, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         for what, names in (
@@ -143,6 +146,22 @@ class Report:
     def with_formats(self, plan: FormatPlan) -> Report:
         """This report carrying ``plan`` (:func:`qinsight.plan_formats`), to save and show together."""
         return attrs.evolve(self, formats=plan)
+
+    def with_verification(self, verdicts: tuple[ConfigVerification, ...]) -> Report:
+        """This report carrying ``verdicts`` (:func:`qinsight.verify_report`), one per flow; an
+        equalization they drop leaves the equalization mapping with their reason (only FX equalizes)."""
+        reasons = {
+            fqn: check.reason
+            for verdict in verdicts
+            for check in verdict.checks
+            if check.kind is SuggestionKind.EQUALIZE and not check.kept
+            for fqn in self.equalization_mapping.fqns
+        }
+        return attrs.evolve(self.with_equalization_refused(reasons), verification=verdicts)
+
+    def verification_for(self, flow: str) -> ConfigVerification | None:
+        """The verdict on the report's config in ``flow``; ``None`` where it was not verified there."""
+        return next((v for v in self.verification if v.flow == flow), None)
 
     def with_equalization_refused(self, reasons: Mapping[str, str]) -> Report:
         """This report with the equalizations named in ``reasons`` (fqn to why) refused: out of the

@@ -19,6 +19,7 @@ from qinsight.core.report import Report
 from qinsight.outputs.files import write_atomically
 from qinsight.outputs.formats import format_summary, format_tables
 from qinsight.outputs.plans import plan_tables, summary_lines
+from qinsight.outputs.verification import verification_lines
 from qinsight.outputs.tables import Table, comparison_tables
 from qinsight.outputs.view import ReportView
 
@@ -63,6 +64,13 @@ def _refused_equalizations(report: Report) -> str:
         return ""
     items = "".join(f"<li><code>{_e(r.fqn)}</code>: {_e(r.reason)}</li>" for r in refused)
     return f"<p>Suggested but not equalized: torch cannot apply these as they are.</p><ul>{items}</ul>"
+
+
+def _verification(report: Report) -> str:
+    """Whether the config above was verified for real, per flow, and what it dropped."""
+    first, *rest = verification_lines(report)
+    items = "".join(f"<li>{_e(line.strip())}</li>" for line in rest)
+    return f'<p id="verification">{_e(first)}</p>' + (f"<ul>{items}</ul>" if items else "")
 
 
 def _table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
@@ -182,6 +190,7 @@ def render_html(report: Report) -> str:
 <p>Paste to quantize with <code>prepare_fx(model, mapping, example_inputs)</code>, or use
 <code>qinsight.qconfig_mapping(report)</code> / <code>qinsight.pt2e_quantizer(report)</code>.{source}</p>
 <pre id="config">{_e(config_code(report))}</pre>
+{_verification(report)}
 {_refused_equalizations(report)}
 <h2>Modules</h2>
 {_verdict_table(report)}

@@ -16,6 +16,7 @@ from qinsight.core.plan import QuantPlan
 from qinsight.core.report import DetectorResult, Report
 from qinsight.outputs.diff import ReportDiff
 from qinsight.outputs.formats import format_summary, format_tables, format_text
+from qinsight.outputs.verification import verification_lines
 from qinsight.outputs.plans import plan_tables, plan_text, summary_lines
 from qinsight.outputs.roles import by_role
 from qinsight.outputs.tables import comparison_tables, tables_as_text
@@ -130,6 +131,7 @@ def render_text(report: Report, *, everything: bool = False) -> str:
         )
     if report.fx_activations is not None:
         lines.append(f"qinsight.qconfig_mapping(report): {report.fx_activations.describe()}")
+    lines.extend(verification_lines(report))
     refused = report.equalization_mapping.refused
     if refused:
         lines.append(f"Not equalized ({len(refused)}), though suggested:")

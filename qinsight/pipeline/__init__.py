@@ -1,8 +1,10 @@
 """The pipeline: a model and its data in, a Report out (``session``), the analysis every report goes
-through (``analysis``), and reports of disjoint data merged into one (``merge``)."""
+through (``analysis``), reports of disjoint data merged into one (``merge``), and the report's config verified for real
+(``verification``)."""
 
 from qinsight.pipeline.analysis import comparison_report, default_detectors
 from qinsight.pipeline.merge import merge_reports
 from qinsight.pipeline.session import Session, diagnose, instrument
+from qinsight.pipeline.verification import verify_report
 
-__all__ = ["Session", "comparison_report", "default_detectors", "diagnose", "instrument", "merge_reports"]
+__all__ = ["Session", "comparison_report", "default_detectors", "diagnose", "instrument", "merge_reports", "verify_report"]

@@ -37,6 +37,7 @@ from qinsight.observe.instrumenter import Instrumenter
 from qinsight.pipeline.analysis import DetectorChoice, analyze, choose_detectors, metadata
 from qinsight.pipeline.equalizable import refused_equalizations
 from qinsight.pipeline.saturation import checked_activations
+from qinsight.pipeline.verification import VERIFY_BATCHES, chosen_flows, verify_report
 from qinsight.plugin.detector import Detector, ModelView
 
 _NOTHING = object()  # what an exhausted calibration iterator gives
@@ -289,6 +290,7 @@ def diagnose(
     frontend: Frontend = "auto",
     distributed: bool = False,
     shard: Shard | None = None,
+    verify: bool | str | Sequence[str] | None = None,
 ) -> Report:
     """Instrument ``model``, calibrate it on ``calibration_data``, and return the :class:`Report`.
 
@@ -312,6 +314,12 @@ def diagnose(
     says this run calibrates batches ``i, i + n, ...`` of the data (batches
     are numbered as in the whole data), for reports that
     :func:`~qinsight.pipeline.merge.merge_reports` combines later.
+    ``verify``: the report's config is quantized for real and scored in the frontend's flow (FX for a
+    traced model, PT2E for an exported one; ``"fx"``, ``"pt2e"`` or both to choose), and each kind of
+    suggestion that lowers the score is dropped (:mod:`qinsight.pipeline.verification`, on the first
+    :data:`VERIFY_BATCHES` batches); ``False`` for speed, the report then says its config is unverified;
+    ``None``: as the ``QINSIGHT_VERIFY`` environment variable says, else ``True``.
+    Distributed runs are not verified: ``qinsight.verify_report`` on one rank does it.
     """
     exchange = Exchange.of("diagnose", distributed)
     with sharing_failures(exchange):
@@ -321,6 +329,16 @@ def diagnose(
         example = None if first is _NOTHING else first
         args = (detectors, backend, qconfig_mapping, model_name, strict, frontend, example, shard, exchange)
         session = _session(model, *args)
+        flows = chosen_flows("diagnose", verify, session.view.frontend) if exchange is None else ()
+        kept: list[object] = []  # the first batches, to verify the config on
+
+        def keeping(batch: object) -> object:
+            if flows and len(kept) < VERIFY_BATCHES:
+                kept.append(batch)
+            return batch
+
         with session._attached():
-            session.calibrate(itertools.chain([first], batches) if example is not None else (), progress)
-        return session.report()
+            data = itertools.chain([first], batches) if example is not None else ()
+            session.calibrate(map(keeping, data), progress)
+        report = session.report()
+    return verify_report(model, report, kept, flows=flows, progress=progress) if flows else report

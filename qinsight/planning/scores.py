@@ -20,26 +20,11 @@ from typing import Any
 import torch
 
 from qinsight.compare.metrics import BUILTIN, sqnr
+from qinsight.compare.outputs import floating_leaves, output_rows
 from qinsight.core.errors import InvalidParameterError
 
 MetricFunction = Callable[[Sequence[Any], Sequence[Any]], float]
 OUTPUT_NOISE, MARGIN_NOISE = "output noise", "top-1 margins"  # the orders a search can take sites in
-
-
-def _floating(output: Any) -> list[torch.Tensor]:
-    """Every floating tensor of a model output, in pytree order; at least one."""
-    tensors = [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if not tensors:
-        raise InvalidParameterError("plan", "model output", type(output).__name__, "at least one floating tensor")
-    return tensors
-
-
-def output_rows(output: Any, *, detach: bool = True) -> torch.Tensor:
-    """A model output as one float matrix (one row per sample): every floating tensor in it, flattened
-    (``detach=False``: the gradient flows through it)."""
-    tensors = [t.detach() if detach else t for t in _floating(output)]
-    rows = [t.float().reshape(t.shape[0] if t.dim() else 1, -1) for t in tensors]
-    return torch.cat(rows, dim=1) if len(rows) > 1 else rows[0]
 
 
 SCORES: tuple[str, ...] = ("sqnr", "cosine", "top1", "kl", "token_agreement", "perplexity")  # a plan's metrics, from the one table
@@ -51,7 +36,7 @@ def logits_of(output: Any, *, detach: bool = True) -> torch.Tensor:
     floating tensor, as (positions, vocabulary) rows (``detach=False``: the gradient flows through them)."""
     logits = getattr(output, "logits", None)
     if not isinstance(logits, torch.Tensor):
-        logits = _floating(output)[0]
+        logits = floating_leaves(output)[0]
     return (logits.detach() if detach else logits).float().reshape(-1, logits.shape[-1] if logits.dim() else 1)
 
 
@@ -172,4 +157,4 @@ def margin_noise(reference: torch.Tensor, candidate: torch.Tensor) -> float:
     return TopMargins(reference).noise(candidate)
 
 
-__all__ = ["MARGIN_NOISE", "PER_POSITION", "SCORES", "logits_of", "OUTPUT_NOISE", "MetricFunction", "Scorer", "TopMargins", "margin_noise", "output_rows"]
+__all__ = ["MARGIN_NOISE", "PER_POSITION", "SCORES", "logits_of", "OUTPUT_NOISE", "MetricFunction", "Scorer", "TopMargins", "margin_noise"]

@@ -171,3 +171,16 @@ def test_plan_with_the_torchao_flow_gives_a_format_per_linear_under_a_budget(tmp
         refused = qinsight(*args, option, value)
         assert refused.returncode == 2 and refused.stdout == "" and named in refused.stderr, refused.stderr
         assert len(refused.stderr.splitlines()) == 1
+
+
+def test_diagnose_verifies_as_asked_and_gates_on_an_unverified_config() -> None:
+    verified = qinsight("diagnose", "--example", "cnn", "--batches", "4", "--verify", "fx", "--fail-on", "unverified", "--quiet")
+    assert verified.returncode == 0, verified.stderr
+    assert "fx: the report's config" in verified.stdout and "input-weight equalization (1 module): not applied" in verified.stdout
+    unverified = qinsight("diagnose", "--example", "cnn", "--batches", "2", "--no-verify", "--fail-on", "unverified", "--quiet")
+    assert unverified.returncode == 1 and "Not verified" in unverified.stdout
+    assert "qinsight: gate: unverified: the report's config was verified in no flow" in unverified.stderr
+    both = qinsight("diagnose", "--example", "cnn", "--verify", "fx", "--no-verify")
+    assert both.returncode == 2 and "--verify and --no-verify: choose one" in both.stderr
+    typo = qinsight("diagnose", "--example", "cnn", "--verify", "onnx")
+    assert typo.returncode == 2 and "--verify 'onnx'" in typo.stderr

@@ -175,6 +175,24 @@ st.register_type_strategy(
     ),
 )
 
+# a verification's scores: -inf is a config the flow cannot run, so infinities are drawn; NaN (its default) never equals itself
+VERIFIED_SCORES = st.floats(allow_nan=False)
+for _cls in (qinsight.KindCheck, qinsight.ConfigVerification):
+    attrs.resolve_types(_cls)
+st.register_type_strategy(qinsight.KindCheck, st.builds(qinsight.KindCheck, modules=COUNTS, without=VERIFIED_SCORES))
+st.register_type_strategy(
+    qinsight.ConfigVerification,
+    st.builds(
+        qinsight.ConfigVerification,
+        default=VERIFIED_SCORES,
+        suggested=VERIFIED_SCORES,
+        score=VERIFIED_SCORES,
+        calibrated=COUNTS,
+        scored=COUNTS,
+        checks=st.lists(st.from_type(qinsight.KindCheck), max_size=3).map(tuple),
+    ),
+)
+
 SNAPSHOT = Path(__file__).parent.parent / "data" / "report_schema.json"
 
 # attrs compares fields with ==, and NaN != NaN: a NaN in a scalar field never compares equal.
@@ -259,7 +277,8 @@ def reports() -> list[qinsight.Report]:
     out = []
     for name in ("cnn", "encoder"):
         chosen = example(name)
-        out.append(qinsight.diagnose(chosen.model(), chosen.data(3), model_name=name))
+        # the cnn's verified for real: its dropped equalization (a -inf-free verdict) round-trips too
+        out.append(qinsight.diagnose(chosen.model(), chosen.data(3), model_name=name, verify=name == "cnn"))
     data = gaussian_batches((4, 16), 3)
     data[1][0, 0] = float("nan")  # a NaN batch, an all-NaN-free report with inf stats below
     out.append(qinsight.diagnose(seeded(MLP()), data))
@@ -273,6 +292,7 @@ def test_real_reports_round_trip(reports: list[qinsight.Report], tmp_path: Path)
         qinsight.save_report(report, path)
         assert qinsight.load_report(path) == report == qinsight.load_report(path)
     assert any(f.verdict == "no calibration data" for f in reports[-1].actionable())
+    assert reports[0].verification and reports[0].verification[0].checks
 
 
 def test_files_are_strict_json_with_non_finite_floats(reports: list[qinsight.Report]) -> None:

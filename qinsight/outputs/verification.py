@@ -1,0 +1,31 @@
+"""A report's verification (:mod:`qinsight.core.verification`) as lines for the text and the page:
+per flow, the config's score for real beside the flow's default, and each kind of suggestion dropped
+with its numbers; or that the config was not verified."""
+
+from __future__ import annotations
+
+from qinsight.core.report import Report
+
+UNVERIFIED = (
+    "Not verified: this config was not quantized and scored for real (diagnose(verify=False) or QINSIGHT_VERIFY=0, "
+    "a distributed run, or the eager frontend); qinsight.verify_report(model, report, data, flows=...) verifies it"
+)
+
+
+def verification_lines(report: Report) -> list[str]:
+    """The verdict of each flow the report's config was verified in, and what it dropped; or :data:`UNVERIFIED`."""
+    if not report.verification:
+        return [UNVERIFIED]
+    lines = ["Verified for real (qinsight.qconfig_mapping / pt2e_quantizer(report) leave out what was dropped):"]
+    for verdict in report.verification:
+        lines.append(f"  {verdict.describe()}")
+        lines.extend(
+            f"    {check.kind.value} ({check.modules} module{'s' if check.modules != 1 else ''}): {check.reason}"
+            for check in verdict.checks
+            if not check.kept
+        )
+        lines.extend(f"    {note}" for note in verdict.notes)
+    return lines
+
+
+__all__ = ["UNVERIFIED", "verification_lines"]

@@ -1,0 +1,252 @@
+"""The report's config verified before the report offers it (:mod:`qinsight.core.verification`).
+
+Per flow, on the calibration batches split in two (the last quarter, at least one batch, held out
+from calibrating; a single batch calibrates and is scored on), each through ``qinsight.quantize``'s
+own recipe (prepare, calibrate, convert) and scored by the SQNR of the model's outputs:
+
+1. the flow's default config, and the report's config as the detectors said it;
+2. the report's config without each kind of suggestion it holds, once each (where it holds two or
+   more: with one, "without" is the default);
+3. where two or more kinds' absence scores better, the config without all of them too;
+4. the best of these configs is offered (of equals, the one keeping most): a kind that lowers the
+   score among the others may still help once another is gone, and a config below the flow's
+   default gives way to it, every kind dropped.
+
+So at most ``2 + kinds + 1`` real quantizations per flow (a report holds at most five kinds). A
+config the flow cannot build or run scores ``-inf``: the kind that breaks it is dropped with the
+flow's error as its reason; only the default config failing leaves the flow unverified.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+import attrs
+import torch
+from torch import nn
+
+from qinsight.apply.recipe import quantize_with
+from qinsight.compare.configs import release_fx_graphs
+from qinsight.compare.layers import quantized_layers
+from qinsight.compare.metrics import sqnr
+from qinsight.compare.outputs import output_rows
+from qinsight.core.advice import Advice, advice_of
+from qinsight.core.errors import InvalidParameterError, describe
+from qinsight.core.progress import Progress
+from qinsight.core.report import Report
+from qinsight.core.sites import FLOWS, FlowName
+from qinsight.core.verification import (
+    ConfigParts,
+    ConfigVerification,
+    KindCheck,
+    SuggestionKind,
+    kinds_of,
+    without_kinds,
+)
+from qinsight.frontends import eval_mode, quantizable_modules, run_batch
+
+ENV_VERIFY: Final = "QINSIGHT_VERIFY"
+VERIFY_BATCHES = 8  # the most calibration batches a verification keeps: its cost grows with them
+_FRONTEND_FLOWS: dict[str, tuple[FlowName, ...]] = {"fx": ("fx",), "export": ("pt2e",), "eager": ()}
+
+
+def default_flows(frontend: str) -> tuple[FlowName, ...]:
+    """The flows a report is verified in unless told: its frontend's (FX for a traced model, PT2E for
+    an exported one); none for the eager frontend's models, which FX cannot trace."""
+    return _FRONTEND_FLOWS.get(frontend, ())
+
+
+def chosen_flows(owner: str, verify: bool | str | Sequence[str] | None, frontend: str) -> tuple[FlowName, ...]:
+    """``verify`` as flows: ``True`` the ``frontend``'s own (:func:`default_flows`), ``False`` none, a
+    flow's name or several, ``None`` what ``QINSIGHT_VERIFY`` says (:func:`verify_setting`), else
+    ``True``; anything else one :class:`InvalidParameterError`."""
+    if verify is None:
+        verify = verify_setting()
+    if verify is True:
+        return default_flows(frontend)
+    if verify is False:
+        return ()
+    names = [verify] if isinstance(verify, str) else list(verify)
+    flows = [name for name in names if name in FLOWS]
+    if len(flows) < len(names):
+        raise InvalidParameterError(owner, "verify", verify, "True, False, 'fx', 'pt2e' or both")
+    return tuple(dict.fromkeys(flows))
+
+
+def verify_setting() -> bool | tuple[str, ...]:
+    """``QINSIGHT_VERIFY``: ``0``/``off``/``false`` turns verification off where a call does not ask for
+    it (a test suite diagnosing hundreds of small models), ``fx``/``pt2e``/``fx,pt2e`` chooses the
+    flows; unset or ``1``/``on``/``true``: the report's own flow."""
+    value = os.environ.get(ENV_VERIFY, "").strip().lower()
+    if value in ("", "1", "on", "true", "yes"):
+        return True
+    if value in ("0", "off", "false", "no"):
+        return False
+    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    for name in names:
+        if name not in FLOWS:
+            raise InvalidParameterError(ENV_VERIFY, "value", value, "0, 1, or flows among fx, pt2e (comma-separated)")
+    return names
+
+
+def split(batches: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """The batches to calibrate on and to score on: the last quarter (at least one) held out; one
+    batch does both."""
+    if len(batches) < 2:
+        return list(batches), list(batches)
+    held = max(1, len(batches) // 4)
+    return list(batches[:-held]), list(batches[-held:])
+
+
+def verify_report(
+    model: nn.Module,
+    report: Report,
+    data: Iterable[Any],
+    *,
+    flows: bool | str | Sequence[str] | None = True,
+    progress: Progress | None = None,
+) -> Report:
+    """``report`` carrying each flow's verdict on its config (:class:`ConfigVerification`): quantized
+    for real with ``model`` on ``data`` (its first :data:`VERIFY_BATCHES` batches), the kinds of
+    suggestion that lower the score dropped. ``flows``: ``True`` the report's own
+    (:func:`default_flows`), or ``"fx"``, ``"pt2e"`` or both."""
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.module()
+    chosen = chosen_flows("verify_report", flows, report.metadata.frontend)
+    batches = [batch for _, batch in zip(range(VERIFY_BATCHES), data)]
+    if chosen and not batches:
+        raise InvalidParameterError("verify_report", "data", "no batches", "at least one batch")
+    verdicts = []
+    for done, flow in enumerate(chosen):
+        if progress is not None:
+            progress(f"verifying the report's {flow} config", done, len(chosen))
+        verdicts.append(verify_flow(model, report, flow, batches))
+    return report.with_verification(tuple(verdicts))
+
+
+class _Scorer:
+    """A config's SQNR for real: quantized on the calibrating batches, run on the scored ones. Per config,
+    the layers the converted model quantizes (:attr:`quantized`); the flow's error, where it cannot build
+    or run a config, kept for the reason."""
+
+    def __init__(self, model: nn.Module, batches: Sequence[Any]) -> None:
+        self.model = model
+        self.calibrating, self.scored = split(batches)
+        with eval_mode(model), torch.no_grad():
+            self.reference = torch.cat([output_rows(run_batch(model, b), owner="verify_report") for b in self.scored])
+        self.last_error = ""
+        self.quantized: dict[Advice, frozenset[str]] = {}
+
+    def __call__(self, advice: Advice) -> float:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the advice's notes are the report's, said with it
+                quantized = quantize_with(self.model, advice, self.calibrating)
+                with eval_mode(quantized), torch.no_grad():
+                    rows = torch.cat([output_rows(run_batch(quantized, b), owner="verify_report") for b in self.scored])
+        except Exception as exc:  # torch's errors have no common base: prepare, convert and the run alike
+            self.last_error = describe(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return -math.inf
+        finally:
+            release_fx_graphs()
+        layers = quantized_layers(self.model, quantized)
+        self.quantized[advice] = frozenset(fqn for fqn, layer in layers.items() if layer.quantized)
+        return sqnr(self.reference, rows)
+
+
+def verify_flow(model: nn.Module, report: Report, flow: FlowName, batches: Sequence[Any]) -> ConfigVerification:
+    """``report``'s config in ``flow`` verified on ``batches`` (the module docstring's steps)."""
+    score = _Scorer(model, batches)
+    suggested_advice = advice_of(attrs.evolve(report, verification=(), plan=None), flow)
+    base = attrs.evolve(suggested_advice, suggestions=(), fx_activations=None, equalization=attrs.evolve(suggested_advice.equalization, entries=()))
+    blank = ConfigVerification(flow=flow, calibrated=len(score.calibrating), scored=len(score.scored), held_out=len(batches) > 1)
+    default = score(base)
+    if default == -math.inf:
+        return attrs.evolve(blank, error=f"the {flow} flow cannot quantize this model: {score.last_error}")
+    parts = ConfigParts(suggested_advice.suggestions, suggested_advice.fx_activations, suggested_advice.equalization)
+    # PT2E has no equalization: suggested ones change nothing there (advice_of notes so)
+    kinds = tuple(kind for kind in kinds_of(parts) if flow == "fx" or kind is not SuggestionKind.EQUALIZE)
+
+    def config(without: Iterable[SuggestionKind]) -> Advice:
+        stripped = without_kinds(parts, tuple(without))
+        return attrs.evolve(
+            suggested_advice, suggestions=stripped.suggestions, fx_activations=stripped.fx_activations,
+            equalization=stripped.equalization,
+        )
+
+    if not kinds:
+        verdict = attrs.evolve(blank, default=default, suggested=default, score=default,
+                               notes=("the report suggests nothing the flow's default does not do",))
+        return _left_float(verdict, model, report, base, score.quantized[base])
+    suggested = score(config(()))
+    error = score.last_error if suggested == -math.inf else ""
+    without = {kind: score(config([kind])) if len(kinds) > 1 else default for kind in kinds}
+    measured = {frozenset(): suggested, frozenset(kinds): default, **{frozenset([kind]): without[kind] for kind in kinds}}
+    hurting = frozenset(kind for kind in kinds if without[kind] > suggested)
+    if len(hurting) > 1 and hurting not in measured:
+        measured[hurting] = score(config(hurting))
+    # the best config measured (of equals, the one keeping most): kinds that hurt among the others may help alone
+    dropped = max(measured, key=lambda kinds_left_out: (measured[kinds_left_out], -len(kinds_left_out)))
+    final = measured[dropped]
+    reason = _reason(suggested, final, dropped, error)
+    notes = (f"the report's config scored {_said(suggested)}, the flow's default {_said(default)} better: the default is "
+             "offered",) if dropped == frozenset(kinds) and default > suggested else ()
+    checks = tuple(
+        KindCheck(kind=kind, modules=_modules(parts, kind), without=without[kind], kept=kind not in dropped,
+                  reason=reason if kind in dropped else "")
+        for kind in kinds
+    )
+    verdict = attrs.evolve(blank, default=default, suggested=suggested, score=final, checks=checks, notes=notes)
+    offered = base if dropped == frozenset(kinds) else config(dropped)
+    return _left_float(verdict, model, report, offered, score.quantized[offered])
+
+
+def _left_float(
+    verdict: ConfigVerification, model: nn.Module, report: Report, offered: Advice, quantized: frozenset[str]
+) -> ConfigVerification:
+    """``verdict`` naming the layers with weights that the offered config quantizes and the flow, as
+    converted, left in float (read from the converted model); a note where it left every one."""
+    kept = {s.fqn for s in offered.suggestions if s.keep_float}
+    weighted = quantizable_modules(model)
+    meant = [site.fqn for site in report.sites if site.kind.is_layer and site.fqn in weighted and site.fqn not in kept]
+    left = tuple(fqn for fqn in meant if fqn not in quantized)
+    if not left:
+        return verdict
+    kinds = sorted({type(weighted[fqn].module).__name__ for fqn in left})
+    said = (
+        f"the {verdict.flow} flow quantizes none of this model's {' / '.join(kinds)} layers: the config changes nothing"
+        if len(left) == len(meant)
+        else f"the {verdict.flow} flow leaves in float {len(left)} of the {len(meant)} layers the config quantizes: "
+        + ", ".join(left[:5]) + (", ..." if len(left) > 5 else "")
+    )
+    return attrs.evolve(verdict, left_float=left, notes=verdict.notes + (said,))
+
+
+def _reason(suggested: float, final: float, dropped: frozenset[SuggestionKind], error: str) -> str:
+    names = " and ".join(kind.value for kind in SuggestionKind if kind in dropped)
+    if suggested == -math.inf:
+        return f"not applied: with it the flow cannot build or run the config ({error}); without {names} {_said(final)}"
+    return (
+        f"not applied: the report's config scored {_said(suggested)} as suggested, {_said(final)} without {names}, "
+        "the best of the configs measured for real"
+    )
+
+
+def _said(value: float) -> str:
+    return f"{value:.2f} dB" if math.isfinite(value) else str(value)
+
+
+def _modules(parts: ConfigParts, kind: SuggestionKind) -> int:
+    if kind is SuggestionKind.ACTIVATIONS:
+        return 1
+    stripped = without_kinds(parts, (kind,))
+    before = {s.fqn: s for s in parts.suggestions}
+    after = {s.fqn: s for s in stripped.suggestions}
+    return sum(1 for fqn, s in before.items() if after.get(fqn) != s)
+
+
+__all__ = ["ENV_VERIFY", "VERIFY_BATCHES", "verify_setting", "chosen_flows", "default_flows", "split", "verify_flow", "verify_report"]
