@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -71,6 +73,16 @@ def convert_prepared(prepared: nn.Module, pt2e: bool) -> nn.Module:
         converted: nn.Module = convert_pt2e(prepared)
         return converted
     return convert_fx(prepared)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def trial() -> Iterator[None]:
+    """A candidate config quantized and run as a measurement: its warnings (the advice's own, said with
+    the report) ignored, and the traceback an FX graph prints to stderr before it raises kept off the
+    terminal: a failure there is a result (the config cannot run), which the caller says."""
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
 
 
 def release_fx_graphs() -> None:
@@ -170,4 +182,4 @@ def compare_configs(
     return ConfigComparison(configs=tuple(configs), rank_by=rank_by, rows=tuple(rows))
 
 
-__all__ = ["compare_configs", "convert_prepared", "prepare_config", "quantize_candidates"]
+__all__ = ["compare_configs", "convert_prepared", "prepare_config", "quantize_candidates", "release_fx_graphs", "trial"]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
@@ -30,7 +29,7 @@ import torch
 from torch import nn
 
 from qinsight.apply.recipe import quantize_with
-from qinsight.compare.configs import release_fx_graphs
+from qinsight.compare.configs import release_fx_graphs, trial
 from qinsight.compare.layers import quantized_layers
 from qinsight.compare.metrics import sqnr
 from qinsight.compare.outputs import output_rows
@@ -143,8 +142,7 @@ class _Scorer:
 
     def __call__(self, advice: Advice) -> float:
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the advice's notes are the report's, said with it
+            with trial():
                 quantized = quantize_with(self.model, advice, self.calibrating)
                 with eval_mode(quantized), torch.no_grad():
                     rows = torch.cat([output_rows(run_batch(quantized, b), owner="verify_report") for b in self.scored])

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from qinsight.apply.smoothing import apply_smoothing
+from qinsight.compare.configs import trial
 from qinsight.compare.layers import quantized_layers
 from qinsight.core.errors import FrontendError, describe
 from qinsight.core.metrics import worse
@@ -82,7 +83,8 @@ def real_score(flow: Flow, request: PlanRequest, scorer: Scorer, failed: FailedC
 
     def score(advice: tuple[QuantSuggestion, ...]) -> float:
         try:
-            results = _quantized_outputs(flow, advice, request)
+            with trial():
+                results = _quantized_outputs(flow, advice, request)
         except Exception as exc:  # torch's errors have no common base: prepare, convert and the run alike
             failed.record(exc)
             return worst

@@ -133,12 +133,21 @@ def _builtin(name: str) -> tuple[nn.Module, list[Any], list[Any]]:
     return chosen.model(), batches[:8], batches[8:]
 
 
+def _digits() -> tuple[nn.Module, list[Any], list[Any]]:
+    pytest.importorskip("sklearn")
+    from qinsight.examples.digits import digits_cnn
+
+    trained = digits_cnn()
+    return trained.model, list(trained.train_images[:512].split(64)), list(trained.test_images[:256].split(64))
+
+
 MODELS = {
     "cnn": lambda: _builtin("cnn"),
     "encoder": lambda: _builtin("encoder"),
     "resnet18": lambda: _builtin("resnet18"),
     "mobilenet_v2": lambda: (mobilenet_v2_or_skip(), photo_crops(32, seed=0), photo_crops(16, seed=1)),
     "minilm": lambda: (minilm_or_skip(), sentence_batches(8)[:4], sentence_batches(8)[4:]),
+    "digits": _digits,
 }
 
 
