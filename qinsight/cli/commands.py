@@ -225,7 +225,8 @@ def _plan(args: argparse.Namespace) -> int:
     try:
         with warnings.catch_warnings():  # torch's and torchao's deprecation notices: nothing the user can act on
             warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|torchao)(\.|$)")
-            report = diagnose(model, calibration, model_name=name)
+            # a plan in fx or pt2e verifies its own config, against the target
+            report = diagnose(model, calibration, model_name=name, verify=None if args.flow == "torchao" else False)
             if args.flow == "torchao":
                 formats = plan_formats(
                     model, evaluation, formats=[f.name for f in goal.formats], target=target, budget=args.budget, progress=progress

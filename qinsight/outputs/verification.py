@@ -13,7 +13,10 @@ UNVERIFIED = (
 
 
 def verification_lines(report: Report) -> list[str]:
-    """The verdict of each flow the report's config was verified in, and what it dropped; or :data:`UNVERIFIED`."""
+    """The verdict of each flow the report's config was verified in, and what it dropped; or that the
+    attached plan verified its own; or :data:`UNVERIFIED`."""
+    if not report.verification and report.plan is not None:
+        return [f"Verified by the plan in {report.plan.flow}: its config, quantized for real against {report.plan.target} (below)"]
     if not report.verification:
         return [UNVERIFIED]
     lines = ["Verified for real (qinsight.qconfig_mapping / pt2e_quantizer(report) leave out what was dropped):"]

@@ -71,7 +71,7 @@ def plan(
     if report is None:
         from qinsight.pipeline import diagnose
 
-        report = diagnose(model, list(request.calibration), backend=request.backend)
+        report = diagnose(model, list(request.calibration), backend=request.backend, verify=False)  # the plan verifies
     scorer = Scorer(float_outputs(model, request.evaluation), request.metric, request.metric_name, request.evaluation)
     failed = stages.FailedConfigs()
     base = stages.baseline(request, model, report, scorer, failed)
