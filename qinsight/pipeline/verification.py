@@ -119,12 +119,20 @@ def verify_report(
     batches = [batch for _, batch in zip(range(VERIFY_BATCHES), data)]
     if chosen and not batches:
         raise InvalidParameterError("verify_report", "data", "no batches", "at least one batch")
+    if _prepared(model):  # its observers are the user's own config: the report's has no model to go on
+        said = "the model is prepared already (prepare_fx / prepare_pt2e): diagnose the float model to verify the report's config"
+        return report.with_verification(tuple(ConfigVerification(flow=flow, error=said) for flow in chosen))
     verdicts = []
     for done, flow in enumerate(chosen):
         if progress is not None:
             progress(f"verifying the report's {flow} config", done, len(chosen))
         verdicts.append(verify_flow(model, report, flow, batches))
     return report.with_verification(tuple(verdicts))
+
+
+def _prepared(model: nn.Module) -> bool:
+    """Whether ``model`` holds quantization observers (a ``prepare_fx`` or ``prepare_pt2e`` graph)."""
+    return any(type(module).__name__.endswith(("Observer", "FakeQuantize")) for module in model.modules())
 
 
 class _Scorer:

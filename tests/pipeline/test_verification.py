@@ -188,3 +188,14 @@ def test_a_model_the_flow_leaves_float_is_said_in_one_line_read_from_the_convert
     assert "the pt2e flow quantizes none of this model's Conv1d layers: the config changes nothing" in pt2e.notes
     assert fx.left_float == () and math.isfinite(fx.default)  # FX does quantize the conv
     assert "quantizes none of this model's Conv1d layers" in qinsight.to_text(report)
+
+
+def test_a_prepared_model_is_not_verified_and_says_why() -> None:
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import prepare_fx
+
+    cnn = example("cnn")
+    data = cnn.data(3)
+    prepared = prepare_fx(cnn.model(), get_default_qconfig_mapping("x86"), (data[0],))
+    verdict = qinsight.diagnose(prepared, data, verify="fx").verification[0]
+    assert not verdict.verified and "prepared already" in verdict.error and "diagnose the float model" in verdict.error
