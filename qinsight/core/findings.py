@@ -39,6 +39,11 @@ class Finding:
         """One line with the numbers behind the verdict."""
         raise NotImplementedError(f"{type(self).__name__} must define reason()")
 
+    def severity(self) -> float | None:
+        """How bad it is, higher worse, comparable between findings of one verdict: the text names the
+        worst modules of a repeated block's role first. ``None`` (the default): no order."""
+        return None
+
 
 def check_finding(finding: object) -> None:
     """``TypeError`` unless ``finding`` is a Finding that can say its verdict, whether it is actionable and why.

@@ -79,6 +79,10 @@ class EqualizationFinding(Finding):
     def actionable(self) -> bool:
         return self.recommended
 
+    def severity(self) -> float | None:
+        """The share of channels equalization would rescale."""
+        return self.channel_share
+
     def reason(self) -> str:
         if self.condition is not DataCondition.OK:
             return f"{self.kind.value}: input or weight range is {self.condition.value}"

@@ -129,6 +129,11 @@ class OutlierFinding(Finding):
     def actionable(self) -> bool:
         return bool(self.outlier_channels) or self.condition is DataCondition.NO_DATA
 
+    def severity(self) -> float | None:
+        """The worst outlier channel's ratio."""
+        found = [self.ratios[c] for c in self.outlier_channels if math.isfinite(self.ratios[c])]
+        return max(found) if found else None
+
     def reason(self) -> str:
         if self.condition is DataCondition.NO_DATA:
             return "no finite activation reached it"

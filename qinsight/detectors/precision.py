@@ -64,6 +64,10 @@ class PrecisionFinding(Finding):
     def actionable(self) -> bool:
         return self.verdict in ("too few bits", "no calibration data")
 
+    def severity(self) -> float | None:
+        """The bits the worst side's median channel loses: fewer kept is worse."""
+        return -self.worst.bits_kept if self.worst is not None else None
+
     def reason(self) -> str:
         if not self.quantized:
             return f"{self.kind.value}: the flow leaves it in float"

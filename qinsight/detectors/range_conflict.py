@@ -84,6 +84,11 @@ class RangeConflictFinding(Finding):
     def actionable(self) -> bool:
         return self.verdict in ("range conflict", "no calibration data")
 
+    def severity(self) -> float | None:
+        """The bits the narrower operand loses under the shared scale: fewer kept is worse."""
+        kept = self.bits_kept
+        return -kept if kept is not None else None
+
     def reason(self) -> str:
         kept = self.bits_kept
         if not self.quantized:

@@ -3,11 +3,14 @@ per role (``layers.*.mlp.down_proj (30)``), in the text report and the format pl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import collections
+import math
+from collections.abc import Mapping, Sequence
 
 # A section with more rows than this shows the modules of repeated blocks (an LLM's 30 decoder layers)
 # one row per role, ``layers.*.mlp.down_proj (30)``; ``--all`` shows every module's row.
 GROUP_ABOVE = 12
+MAX_ROLE_ROWS = 8  # a verdict's rows shown before "N more roles" (--all shows every one)
 
 
 def role_of(fqn: str) -> str:
@@ -19,25 +22,60 @@ def role_of(fqn: str) -> str:
     return ".".join("*" if part.isdigit() else part for part in parts)
 
 
-def by_role(rows: Sequence[tuple[str, str]], *, everything: bool, same_text: bool) -> list[tuple[str, str]]:
+def by_role(
+    rows: Sequence[tuple[str, str]], *, everything: bool, same_text: bool, severity: Mapping[str, float] | None = None
+) -> list[tuple[str, str]]:
     """(module, text) rows as printed: each module's own in a short section or with ``everything``; else
-    one row per role (and per text, where ``same_text``: a config's entries) naming how many modules
-    share it; where texts differ (a finding's numbers), the first module's stands for them."""
+    one row per role naming how many modules share it. Where ``same_text`` (a config's entries), the
+    text most of them share, and how many say otherwise; else (a finding's numbers) the worst module's
+    by ``severity`` (higher worse; the first where none is known) stands for them, the next two named."""
     if everything or len(rows) <= GROUP_ABOVE:
         return list(rows)
-    groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    groups: dict[str, list[tuple[str, str]]] = {}
     for fqn, text in rows:
-        groups.setdefault((role_of(fqn), text if same_text else ""), []).append((fqn, text))
+        groups.setdefault(role_of(fqn), []).append((fqn, text))
     shown = []
-    for (role, _), members in groups.items():
+    for role, members in groups.items():
         if len(members) == 1:
             shown.append(members[0])
         elif same_text:
-            shown.append((f"{role} ({len(members)})", members[0][1]))
+            shown.append((f"{role} ({len(members)})", _most_said(members)))
         else:
-            first, text = members[0]
-            shown.append((f"{role} ({len(members)})", f"{first}: {text}; {len(members) - 1} more like it (--all lists them)"))
+            shown.append((f"{role} ({len(members)})", _worst_first(members, severity or {})))
     return shown
 
 
-__all__ = ["GROUP_ABOVE", "by_role", "role_of"]
+def _worst_first(members: Sequence[tuple[str, str]], severity: Mapping[str, float]) -> str:
+    """The worst member's text, the next two worst named, the rest counted."""
+    ranked = sorted(members, key=lambda member: -severity.get(member[0], -math.inf)) if severity else list(members)
+    (worst, text), named = ranked[0], [fqn for fqn, _ in ranked[1:3]]
+    rest = len(members) - 1 - len(named)
+    if not severity:
+        return f"{worst}: {text}; {len(members) - 1} more like it (--all lists them)"
+    return (
+        f"worst {worst}: {text}; next {', '.join(named)}"
+        + (f"; {rest} more (--all lists them)" if rest else "")
+    )
+
+
+def _most_said(members: Sequence[tuple[str, str]]) -> str:
+    """The text most ``members`` share; the others' counted after it ("; 2 of them: ...")."""
+    counts = collections.Counter(text for _, text in members)
+    (most, _), *others = counts.most_common()
+    return "; ".join([most, *(f"{count} of them: {text}" for text, count in others)])
+
+
+def role_counts(fqns: Sequence[str]) -> str:
+    """Modules named by role with their counts, in first-seen order: ``mul#0, layers.*.add#0 (28)``."""
+    counts = collections.Counter(role_of(fqn) for fqn in fqns)
+    return ", ".join(role if count == 1 else f"{role} ({count})" for role, count in counts.items())
+
+
+def capped(rows: Sequence[tuple[str, str]], *, everything: bool) -> tuple[list[tuple[str, str]], int]:
+    """At most :data:`MAX_ROLE_ROWS` rows (all with ``everything``), and how many were left out."""
+    if everything or len(rows) <= MAX_ROLE_ROWS + 1:
+        return list(rows), 0
+    return list(rows[:MAX_ROLE_ROWS]), len(rows) - MAX_ROLE_ROWS
+
+
+__all__ = ["GROUP_ABOVE", "MAX_ROLE_ROWS", "by_role", "capped", "role_counts", "role_of"]

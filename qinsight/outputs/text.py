@@ -6,6 +6,8 @@ detail stays in the typed findings and the file.
 
 from __future__ import annotations
 
+import collections
+import math
 import re
 from collections.abc import Sequence
 
@@ -18,7 +20,7 @@ from qinsight.outputs.diff import ReportDiff
 from qinsight.outputs.formats import format_summary, format_tables, format_text
 from qinsight.outputs.verification import verification_lines
 from qinsight.outputs.plans import plan_tables, plan_text, summary_lines
-from qinsight.outputs.roles import by_role
+from qinsight.outputs.roles import GROUP_ABOVE, MAX_ROLE_ROWS, by_role, capped, role_counts, role_of
 from qinsight.outputs.tables import comparison_tables, tables_as_text
 
 MAX_NAMES = 8  # modules named on a summary line before "and N more"
@@ -75,21 +77,38 @@ def _result_lines(result: DetectorResult, everything: bool) -> list[str]:
     lines = [f"{result.detector}" + (f" ({params})" if params else "")]
     if not result.findings:
         lines.append("  no applicable modules")
+    suggested = {s.fqn for s in result.suggestions if not s.changes_nothing}
     for verdict, group in _group(result.findings).items():
         reasons = {f.reason() for f in group}
         if group[0].actionable and len(reasons) == 1 and len(group) > 1:
             lines.append(f"  {verdict} ({len(group)}): {_names(group, everything)} -- {reasons.pop()}")
         elif group[0].actionable:
-            reasons_of = [f.reason() for f in group]
-            tail = shared_tail(reasons_of)
-            if tail:  # said once: "FX cannot equalize a Linear on 3-D inputs: not suggested" for 102 modules
-                reasons_of = [reason[: -len(tail) - 2] for reason in reasons_of]
-            lines.append(f"  {verdict} ({len(group)})" + (f", each: {tail}:" if tail else ":"))
-            rows = [(f.fqn, reason) for f, reason in zip(group, reasons_of)]
-            lines.extend(_rows(by_role(rows, everything=everything, same_text=False), "    "))
+            lines.extend(_actionable_lines(verdict, group, everything, any(f.fqn in suggested for f in group)))
         else:
             lines.append(f"  {verdict} ({len(group)}): {_names(group, everything)}")
     return lines
+
+
+def _actionable_lines(verdict: str, group: Sequence[Finding], everything: bool, suggests: bool) -> list[str]:
+    """A verdict to act on: a row per module (per role in a long section), at most :data:`MAX_ROLE_ROWS`
+    without ``everything``; one line where the detector suggested nothing for any of them (an LLM's 90
+    "equalization recommended, FX cannot equalize a Linear on 3-D inputs")."""
+    reasons_of = [f.reason() for f in group]
+    tail = shared_tail(reasons_of)
+    if tail:  # said once: "FX cannot equalize a Linear on 3-D inputs: not suggested" for 102 modules
+        reasons_of = [reason[: -len(tail) - 2] for reason in reasons_of]
+    head = f"  {verdict} ({len(group)})" + (f", each: {tail}" if tail else "")
+    if not suggests and not everything and len(group) > GROUP_ABOVE:
+        return [f"{head}{'' if tail else ', nothing suggested'}: {role_counts([f.fqn for f in group])} (--all gives each)"]
+    severity = {f.fqn: value for f in group if (value := _severity(f)) is not None}
+    grouped = by_role([(f.fqn, r) for f, r in zip(group, reasons_of)], everything=everything, same_text=False, severity=severity)
+    if severity and not everything and len(grouped) > MAX_ROLE_ROWS + 1:  # the worst roles are the ones shown
+        worst: dict[str, float] = {}
+        for fqn, value in severity.items():
+            worst[role_of(fqn)] = max(value, worst.get(role_of(fqn), -math.inf))
+        grouped.sort(key=lambda row: -worst.get(role_of(row[0].split(" (")[0]), -math.inf))
+    rows, more = capped(grouped, everything=everything)
+    return [head + ":", *_rows(rows, "    "), *([f"    ... and {more} more roles (--all lists them)"] if more else [])]
 
 
 def render_text(report: Report, *, everything: bool = False) -> str:
@@ -116,14 +135,8 @@ def render_text(report: Report, *, everything: bool = False) -> str:
     if report.plan is not None:
         method = "qinsight.qconfig_mapping(report)" if report.plan.flow == "fx" else "qinsight.pt2e_quantizer(report)"
         lines.append(f"  {method} gives the plan's config below instead: the suggestions it kept, its sites in float")
-    if report.suggestions:
-        entries = [(s.fqn, s.describe()) for s in report.suggestions]
-        lines.extend(_rows(by_role(entries, everything=everything, same_text=True), "  "))
-    conflicts = [
-        (f"{c.fqn}.{c.field}", f"{', '.join(f'{o.detector}={o.value}' for o in c.opinions)}; chose {c.chosen}")
-        for c in report.conflicts
-    ]
-    lines.extend(f"  conflict on {name}: {text}" for name, text in by_role(conflicts, everything=everything, same_text=True))
+    lines.extend(_config_lines(report, everything))
+    lines.extend(_conflict_lines(report, everything))
     if len(report.equalization_mapping):
         lines.append(
             f"Equalize: {', '.join(report.equalization_mapping.fqns)} "
@@ -137,7 +150,8 @@ def render_text(report: Report, *, everything: bool = False) -> str:
         lines.append(f"Not equalized ({len(refused)}), though suggested:")
         lines.extend(f"  {r.fqn}: {r.reason}" for r in refused)
     kept = _kept_float(report)
-    if kept:
+    # a long section's are named by role on the config's "keep in float" line, their findings above saying why
+    if kept and (everything or len(kept) <= GROUP_ABOVE):
         lines.append(f"Kept in float ({len(kept)}), and why:")
         lines.extend(f"  {fqn}: {why}" for fqn, why in by_role(kept, everything=everything, same_text=False))
     notes = _notes(report)
@@ -193,6 +207,51 @@ def _comparison_lines(report: Report) -> str:
     assert report.comparison is not None
     against = f" ({report.comparison.quantized})" if report.comparison.quantized else ""
     return f"Float vs quantized{against}: {report.metadata.model}\n\n" + comparison_text(report.comparison).rstrip("\n")
+
+
+def _severity(finding: Finding) -> float | None:
+    """A finding's :meth:`~qinsight.core.findings.Finding.severity`; ``None`` for a plugin's finding that
+    predates it or whose own raises (the text then keeps the detector's order)."""
+    try:
+        value = finding.severity()
+    except Exception:
+        return None
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _config_lines(report: Report, everything: bool) -> list[str]:
+    """The suggested config, a row per module (per role in a long section); the modules kept in float
+    one line by role in a long section."""
+    entries = [(s.fqn, s.describe()) for s in report.suggestions]
+    floats = [fqn for fqn, text in entries if text == "keep in float"]
+    if everything or len(entries) <= GROUP_ABOVE or len(floats) <= 1:
+        return _rows(by_role(entries, everything=everything, same_text=True), "  ") if entries else []
+    quantized = [(fqn, text) for fqn, text in entries if text != "keep in float"]
+    rows = _rows(by_role(quantized, everything=False, same_text=True), "  ") if quantized else []
+    return [*rows, f"  keep in float ({len(floats)}): {role_counts(floats)}"]
+
+
+def _conflict_lines(report: Report, everything: bool) -> list[str]:
+    """Each conflict between detectors; in a long section, one line per field and choice, naming who said what."""
+    if everything or len(report.conflicts) <= GROUP_ABOVE:
+        conflicts = [
+            (f"{c.fqn}.{c.field}", f"{', '.join(f'{o.detector}={o.value}' for o in c.opinions)}; chose {c.chosen}")
+            for c in report.conflicts
+        ]
+        return [f"  conflict on {name}: {text}" for name, text in by_role(conflicts, everything=everything, same_text=True)]
+    said: dict[tuple[str, str], dict[str, set[str]]] = {}
+    counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    for conflict in report.conflicts:
+        key = (conflict.field, conflict.chosen)
+        counts[key] += 1
+        for opinion in conflict.opinions:
+            said.setdefault(key, {}).setdefault(opinion.value, set()).update(opinion.detector.split(","))
+    return [
+        f"  conflicts on {field} ({counts[field, chosen]} modules): "
+        + "; ".join(f"{', '.join(sorted(detectors))} said {value}" for value, detectors in said[field, chosen].items())
+        + f"; chose {chosen} (--all lists them)"
+        for field, chosen in counts
+    ]
 
 
 def _kept_float(report: Report) -> list[tuple[str, str]]:

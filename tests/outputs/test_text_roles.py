@@ -31,12 +31,43 @@ def test_a_16_block_report_reads_by_role_and_all_lists_every_module(report: qins
     config = short[short.index("Suggested config"):]
     assert re.search(r"^  layers\.\*\.down_proj \(\d+\) +activation \w+, weight per_channel$", config, re.MULTILINE)
     assert all(f"layers.{i}.down_proj " in every for i in range(16))
-    # a finding's numbers differ per module: the first one's stand for its role, the others counted
+    # a finding's numbers differ per module: the worst one's stand for its role, the next two named
     grouped = [line for line in short.splitlines() if re.match(r"^    layers\.\*\.", line)]
-    assert grouped and all(re.search(r"; \d+ more like it \(--all lists them\)$", line) for line in grouped)
+    assert grouped and all(re.search(r"\(\d+\) +worst layers\.\d+\.\S+: .*; next layers\.\d+\.", line) for line in grouped)
     # a small report's sections are short: every module keeps its own row
     small = qinsight.diagnose(llama_stack(width=32, mlp=88, layers=1, heads=4), stack_batches(width=32, tokens=16, count=2))
     assert "*" not in qinsight.to_text(small) and "layers.0.down_proj " in qinsight.to_text(small)
+
+
+def test_a_roles_row_names_its_worst_modules_first(report: qinsight.Report) -> None:
+    outliers = [f for f in report.result("qinsight.outliers").findings if f.verdict == "outlier channels"]
+    by_role: dict[str, list[qinsight.Finding]] = {}
+    for finding in outliers:
+        by_role.setdefault(role_of(finding.fqn), []).append(finding)
+    role, members = max(by_role.items(), key=lambda item: len(item[1]))
+    ranked = sorted(members, key=lambda f: -(f.severity() or 0.0))
+    row = next(line for line in qinsight.to_text(report).splitlines() if line.startswith(f"    {role} ({len(members)})"))
+    assert f"worst {ranked[0].fqn}: {ranked[0].reason()}"[:60] in row
+    assert f"next {ranked[1].fqn}, {ranked[2].fqn}" in row
+
+
+@pytest.mark.slow
+def test_an_llm_report_fits_a_screen_and_names_its_worst_layers() -> None:
+    # SmolLM2-135M's real weights: 211 Linears, 545 ops around them, 30 decoder layers
+    from _support import smollm2_or_skip
+    from qinsight.examples.smollm import token_batches
+
+    report = qinsight.diagnose(smollm2_or_skip(), token_batches(), model_name="SmolLM2-135M", verify=False)
+    text = qinsight.to_text(report)
+    assert len(text.splitlines()) <= 60, text
+    # the massive activations of layers 11 and 28's down_proj inputs, named as their role's worst
+    assert "layers.*.mlp.down_proj (30)     worst layers.28.mlp.down_proj" in text
+    assert "layers.*.mlp.down_proj (9)" in text and "worst layers.11.mlp.down_proj" in text
+    # a detector's non-suggestion is one line; the kept-float ops one line in the config; conflicts one line
+    assert sum("FX cannot equalize a Linear on 3-D inputs" in line for line in text.splitlines()) == 1
+    assert sum(line.startswith("  keep in float (") for line in text.splitlines()) == 1
+    assert sum(line.startswith("  conflict") for line in text.splitlines()) == 1
+    assert len(qinsight.to_text(report, everything=True).splitlines()) > 1000  # --all keeps every row
 
 
 def test_what_every_reason_of_a_verdict_ends_with_is_said_once() -> None:
