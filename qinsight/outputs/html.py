@@ -143,6 +143,8 @@ def _comparison(report: Report) -> str:
 
 
 def _plan(report: Report) -> str:
+    """A plan's verdict, first on the page: what it reached for real beside the default, its curve, and
+    its config where the suggested config below is not it (a PT2E plan)."""
     from qinsight.outputs.plots import plot_plan
     from qinsight import apply  # torch, only when the page shows a plan
 
@@ -152,9 +154,16 @@ def _plan(report: Report) -> str:
     parts = [f"<h2>Plan: {_e(report.plan.target)} ({_e(report.plan.flow)})</h2>", f"<p>{_e(summary)}</p>"]
     parts.append("<ul>" + "".join(f"<li>{_e(line.strip())}</li>" for line in details) + "</ul>")
     parts.append(_png(plot_plan(report.plan)))
-    parts.append(f"<pre>{_e(chr(10).join(apply.config_code(report.plan)))}</pre>")
-    parts.extend(_titled_tables(plan_tables(report.plan)))
+    if report.plan.flow != "fx":  # an FX plan's config is the page's suggested config, shown once below
+        parts.append(f"<pre>{_e(chr(10).join(apply.config_code(report.plan)))}</pre>")
     return "\n".join(parts)
+
+
+def _plan_detail(report: Report) -> str:
+    """A plan's tables (checks, sensitivities, the search), after the diagnosis."""
+    if report.plan is None:
+        return ""
+    return "\n".join([f"<h2>Plan detail ({_e(report.plan.flow)})</h2>", *_titled_tables(plan_tables(report.plan))])
 
 
 def _formats(report: Report) -> str:
@@ -208,9 +217,10 @@ def render_html(report: Report) -> str:
 <h1>qinsight report: {_e(meta.model)}</h1>
 {summary}
 {_formats(report)}
+{_plan(report)}
 {diagnosis}
 {_comparison(report)}
-{_plan(report)}
+{_plan_detail(report)}
 </body></html>
 """
 

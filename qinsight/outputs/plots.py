@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from matplotlib.figure import Figure
 
@@ -127,6 +128,20 @@ def plot_sqnr(activations: ActivationComparison) -> Figure:
     return figure
 
 
+def _focus(axes: Any, scores: list[float]) -> None:
+    """The score axis over the quantized points and the target: the all-float start (an SQNR of hundreds
+    of dB, or infinite) would flatten the region that matters, so it is left above the axis, said so."""
+    finite = [score for score in scores if math.isfinite(score)]
+    if not finite:
+        return
+    low, high = min(finite), max(finite)
+    pad = max((high - low) * 0.1, 1e-3 * max(abs(high), 1.0))
+    top = axes.get_ylim()[1]
+    if top > high + 4 * pad:
+        axes.set_ylim(low - pad, high + pad)
+        axes.annotate("all float: above the axis", xy=(0.01, 0.97), xycoords="axes fraction", fontsize=7, va="top", color="gray")
+
+
 def plot_plan(plan: QuantPlan) -> Figure:
     """The search: the score of each prefix of the sites in the plan's order against the fraction of
     parameters it quantizes (the curve), and the sites tried one by one after the chosen prefix."""
@@ -150,6 +165,8 @@ def plot_plan(plan: QuantPlan) -> Figure:
         axes.plot(*zip(*missed), "x", color="tab:red", label="tried after the prefix: missed, kept in float")
     if not plan.target.is_budget:
         axes.axhline(plan.target.threshold, color="gray", linestyle="--", label=f"target {plan.target}")
+    _focus(axes, [score for fraction, score in curve if fraction > 0] + [s.score for s in plan.steps if s.stage == "refine"]
+           + ([] if plan.target.is_budget else [plan.target.threshold]))
     axes.set_xlabel("fraction of layer parameters quantized")
     axes.set_ylabel(f"{plan.metric} (simulated)")
     axes.legend(fontsize=8)

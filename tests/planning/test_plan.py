@@ -409,6 +409,15 @@ def test_a_plan_travels_in_the_report_file_and_shows_in_text_and_html(
     assert "$.plan.verified_score: " in qinsight.diff_reports(loaded, worse).to_text()
     page = render_html(loaded)
     assert "<h2>Plan: sqnr&gt;=50 (fx)</h2>" in page and page.count("<img") >= 1
+    # the answer first, the config once (an FX plan's is the page's suggested config), the detail last
+    assert page.index("<h2>Plan: sqnr") < page.index("<h2>Suggested config</h2>") < page.index("<h2>Plan detail (fx)</h2>")
+    assert page.count("mapping.set_module_name_object_type_order(&#x27;&#x27;, operator.add, 0, None)") == 1
+    # the curve's axis spans the quantized points and the target, not the all-float start's SQNR
+    from qinsight.outputs.plots import plot_plan
+
+    axes = plot_plan(loaded.plan).axes[0]
+    quantized = [s.score for s in loaded.plan.steps if s.quantized_fraction > 0 and math.isfinite(s.score)]
+    assert axes.get_ylim()[1] <= max(quantized + [50.0]) + 0.2 * (max(quantized + [50.0]) - min(quantized + [50.0])) + 1e-6
 
 
 @pytest.mark.slow
