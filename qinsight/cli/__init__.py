@@ -67,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     planned = commands.add_parser("plan", help="find what to keep in float so that the quantized model reaches a target")
     _model_source(planned)
     planned.add_argument("--eval-data", metavar="PKG.MOD:FACTORY", help="with --model: a function returning the evaluation batches")
-    planned.add_argument("--eval-batches", type=int, default=4, help="evaluation batches of an example (default 4)")
+    planned.add_argument("--eval-batches", type=int, default=4, help="evaluation batches of an example or --hf text (default 4)")
+    planned.add_argument("--eval-text", metavar="FILE", help="with --hf: evaluation text, one paragraph per line (default: qinsight's held-out paragraphs)")
     planned.add_argument("--target", default="sqnr>=30", help="sqnr>=DB, cosine>=X, top1>=X, kl<=NATS, token_agreement>=X, perplexity<=RATIO (logits) or float<=N (default sqnr>=30)")
     planned.add_argument(
         "--flow", choices=("fx", "pt2e", "torchao"), default="fx",
@@ -115,8 +116,11 @@ def _model_source(command: argparse.ArgumentParser) -> None:
     source = command.add_mutually_exclusive_group(required=True)
     source.add_argument("--example", choices=EXAMPLE_NAMES, help="a built-in example model")
     source.add_argument("--model", metavar="PKG.MOD:FACTORY", help="a function returning the model (modules in the current folder are found)")
+    source.add_argument("--hf", metavar="FOLDER|FILE.gguf", help="a Hugging Face causal LM, loaded offline with transformers (the hf extra)")
     command.add_argument("--data", metavar="PKG.MOD:FACTORY", help="with --model: a function returning the batches")
-    command.add_argument("--batches", type=int, default=8, help="calibration batches of an example (default 8)")
+    command.add_argument("--batches", type=int, default=8, help="calibration batches of an example or --hf text (default 8)")
+    command.add_argument("--text", metavar="FILE", help="with --hf: calibration text, one paragraph per line (default: qinsight's own)")
+    command.add_argument("--tokens", type=int, default=64, help="with --hf: tokens per paragraph at most (default 64)")
 
 
 def _outputs(command: argparse.ArgumentParser, save: bool = True) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sized
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qinsight.cli import ranks
+from qinsight.cli import hf, ranks
 from qinsight.cli.gates import check_verdict_gates, parse_diff_gates, tripped_diff, tripped_findings, unverified
 from qinsight.cli.output import Progress, StageProgress, check_targets, note, write, wrote
 from qinsight.core.errors import InvalidParameterError, PluginLoadError, UsageError
@@ -54,6 +54,8 @@ def _model_and_data(args: argparse.Namespace, part: Shard | None, *, whole: bool
 
     model: object
     data: object
+    if not args.hf and (args.text or getattr(args, "eval_text", None)):
+        raise UsageError("--text and --eval-text are for --hf (a model's own tokenizer reads them)")
     if args.example:
         from qinsight.examples import example
 
@@ -61,6 +63,12 @@ def _model_and_data(args: argparse.Namespace, part: Shard | None, *, whole: bool
             raise UsageError("--batches must be at least 1")
         chosen = example(args.example)
         model, data, name = chosen.model(), ranks.batches(lambda: chosen.data(args.batches), part, whole=whole), chosen.name
+    elif args.hf:
+        if args.batches < 1:
+            raise UsageError("--batches must be at least 1")
+        model, tokenizer = hf.load(args.hf, quiet=args.quiet)
+        data, name = ranks.batches(lambda: hf.calibration(args, tokenizer), part, whole=whole), Path(args.hf).name
+        args.tokenizer = tokenizer  # a plan's evaluation text is tokenized the same way
     else:
         if not args.data:
             raise UsageError("--model needs --data (a function returning the calibration batches)")
@@ -192,6 +200,8 @@ def _evaluation_data(args: argparse.Namespace) -> list[object]:
         from qinsight.examples import example
 
         return list(example(args.example).data(args.batches + args.eval_batches)[args.batches :])
+    if args.hf:
+        return hf.evaluation(args, args.tokenizer)
     if not args.eval_data:
         raise UsageError("--model needs --eval-data (a function returning batches not used for calibration)")
     data = _load(args.eval_data, "--eval-data")()

@@ -264,8 +264,8 @@ def _call(model: fx.GraphModule, node: fx.Node, args: Any, kwargs: Any) -> Any:
         return getattr(args[0], str(node.target))(*args[1:], **kwargs)
     if node.op == "call_module":  # forward: the hooks of a layer being compared must not see the replay
         return model.get_submodule(str(node.target)).forward(*args, **kwargs)
-    assert callable(node.target)
-    return node.target(*args, **kwargs)
+    target: Callable[..., Any] = node.target  # type: ignore[assignment]  # a call_function's target is callable
+    return target(*args, **kwargs)
 
 
 class GraphLayer:
@@ -306,7 +306,8 @@ class GraphLayer:
         if not isinstance(self._weight, fx.Node) or self._weight not in self._program.constants:
             raise FrontendError(f"{self.fqn}: the weight is not a constant of the graph")
         value = self._program.constants[self._weight]
-        assert isinstance(value, torch.Tensor)
+        if not isinstance(value, torch.Tensor):
+            raise FrontendError(f"{self.fqn}: the weight node {self._weight.name!r} holds {type(value).__name__}, not a tensor")
         return value
 
     def attach(self, on_output: OnOutput) -> Detach:
@@ -338,8 +339,8 @@ def evaluate_constant(model: fx.GraphModule, node: fx.Node) -> object:
         return fetch_attr(model, str(node.target))
     value_of: Callable[[fx.Node], Any] = lambda n: evaluate_constant(model, n)  # noqa: E731
     args, kwargs = fx.map_arg((node.args, node.kwargs), value_of)
-    assert callable(node.target)
-    return node.target(*args, **kwargs)
+    target: Callable[..., Any] = node.target  # type: ignore[assignment]  # a call_function's target is callable
+    return target(*args, **kwargs)
 
 
 def quantized_layers(

@@ -114,7 +114,7 @@ def _actionable_lines(verdict: str, group: Sequence[Finding], everything: bool, 
 def render_text(report: Report, *, everything: bool = False) -> str:
     """The report for people; ``everything`` names every module instead of the first few per line."""
     if report.comparison is not None and not report.sites:  # a file holding a comparison only
-        return _comparison_lines(report) + "\n"
+        return _comparison_lines(report, report.comparison) + "\n"
     meta = report.metadata
     layers = sum(1 for site in report.sites if site.kind.is_layer)
     ops = [site for site in report.sites if not site.kind.is_layer]
@@ -160,7 +160,7 @@ def render_text(report: Report, *, everything: bool = False) -> str:
         lines.append("Notes:")
         lines.extend(f"  {note}" for note in notes)
     if report.comparison is not None:
-        lines.extend(["", _comparison_lines(report)])
+        lines.extend(["", _comparison_lines(report, report.comparison)])
     tables = (plan_tables(report.plan) if report.plan is not None else []) + (
         format_tables(report.formats) if report.formats is not None else []
     )
@@ -203,10 +203,9 @@ def _legend(text: str) -> list[str]:
     return ["", "Terms (docs/detectors.md has each detector's rule):", *used] if used else []
 
 
-def _comparison_lines(report: Report) -> str:
-    assert report.comparison is not None
-    against = f" ({report.comparison.quantized})" if report.comparison.quantized else ""
-    return f"Float vs quantized{against}: {report.metadata.model}\n\n" + comparison_text(report.comparison).rstrip("\n")
+def _comparison_lines(report: Report, comparison: Comparison) -> str:
+    against = f" ({comparison.quantized})" if comparison.quantized else ""
+    return f"Float vs quantized{against}: {report.metadata.model}\n\n" + comparison_text(comparison).rstrip("\n")
 
 
 def _severity(finding: Finding) -> float | None:

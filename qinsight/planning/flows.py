@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import typing
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -47,7 +48,7 @@ from qinsight.frontends import (
 from qinsight.frontends.edges import site_nodes
 from qinsight.planning.kernels import QuantizedOps
 from qinsight.planning.observed import FxObserved, no_stack_traces
-from qinsight.planning.simulate import EdgeRule, Owners, RealOps, Regroup, Simulation, WeightSwap, observer_nodes
+from qinsight.planning.simulate import EdgeRule, Owners, RealOps, Regroup, Simulation, WeightSwap, observed_input, observer_nodes
 from qinsight.planning.switches import Mode, fake_quantized_rows, fake_quantized_weight
 
 _ANNOTATION = "quantization_annotation"
@@ -128,8 +129,7 @@ class Flow:
         except Exception as exc:  # a quantizer that cannot be built for these sites
             raise FrontendError(f"the {self.name} flow cannot prepare {type(self.model).__name__}: {type(exc).__name__}: {exc}") from exc
         graph, _exported = prepared(self.name, self.model, config, example, self.dynamic_shapes, equalization)
-        assert isinstance(graph, fx.GraphModule)
-        return graph
+        return typing.cast(fx.GraphModule, graph)  # prepare_fx and prepare_pt2e both give a GraphModule
 
     def simulation(self, calibration: Sequence[object]) -> Simulation:
         """The model prepared with the flow's default advice, calibrated, every observer switchable."""
@@ -201,8 +201,7 @@ class FxFlow(Flow):
                     through(nxt, step, found, depth + 1)
 
         def owners(observer: fx.Node) -> Owners:
-            source = observer.args[0]
-            assert isinstance(source, fx.Node)
+            source = observed_input(observer)
             producers: set[str] = set()
             through(observer, lambda n: [a for a in n.all_input_nodes if n.op != "placeholder"][:1], producers)
             consumers: set[str] = set()
@@ -227,7 +226,6 @@ class FxFlow(Flow):
                 warnings.simplefilter("ignore")
                 config = advice_mapping(self.sites, mode_suggestions(modes), self.backend, None, self.activations)
                 prepared = prepare_fx(shallow, config, example)
-            assert isinstance(prepared, fx.GraphModule)
             return prepared
 
         observed = FxObserved(prepare, lambda model: calibrate(model, calibration), prepared)
@@ -239,8 +237,7 @@ class FxFlow(Flow):
         forms FX gives them (:mod:`.kernels`)."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            converted = convert_prepared(copy.deepcopy(prepared), pt2e=False)
-        assert isinstance(converted, fx.GraphModule)
+            converted = typing.cast(fx.GraphModule, convert_prepared(copy.deepcopy(prepared), pt2e=False))
         modules = dict(converted.named_modules())
         kernels = {
             name: module for node in prepared.graph.nodes
@@ -323,8 +320,7 @@ class Pt2eFlow(Flow):
         names.update({node: layer_name(node, model) for node in exported_sites(model)})
 
         def owners(observer: fx.Node) -> Owners:
-            source = observer.args[0]
-            assert isinstance(source, fx.Node)
+            source = observed_input(observer)
             consumers = [
                 names[user]
                 for user in observer.users

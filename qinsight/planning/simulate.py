@@ -272,10 +272,17 @@ def observed_node(observer: fx.Node, chain: Collection[fx.Node]) -> fx.Node:
     observer followed by a consumer's input observer; ``chain``: the graph's observer nodes)."""
     source = observer
     while source in chain:
-        first = source.args[0]
-        assert isinstance(first, fx.Node)
-        source = first
+        source = observed_input(source)
     return source
+
+
+def observed_input(observer: fx.Node) -> fx.Node:
+    """The node an observer node reads; a graph whose observer reads a constant is one :class:`FrontendError`
+    naming it (a plan never ends in a bare assertion on a graph it does not understand)."""
+    first = observer.args[0] if observer.args else None
+    if not isinstance(first, fx.Node):
+        raise FrontendError(f"observer node {observer.name!r} reads {type(first).__name__}, not a node of the graph: qinsight cannot simulate it")
+    return first
 
 
 def _edge(observer: fx.Node, chain: set[fx.Node]) -> Edge:

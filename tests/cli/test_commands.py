@@ -184,3 +184,32 @@ def test_diagnose_verifies_as_asked_and_gates_on_an_unverified_config() -> None:
     assert both.returncode == 2 and "--verify and --no-verify: choose one" in both.stderr
     typo = qinsight("diagnose", "--example", "cnn", "--verify", "onnx")
     assert typo.returncode == 2 and "--verify 'onnx'" in typo.stderr
+
+
+def test_hf_mistakes_end_in_one_line(tmp_path: Path) -> None:
+    missing = qinsight("diagnose", "--hf", str(tmp_path / "nowhere.gguf"), "--quiet")
+    if "needs Hugging Face transformers" in missing.stderr:
+        pytest.skip("the hf extra is not installed")
+    assert missing.returncode == 2 and "--hf " in missing.stderr and "no such folder or .gguf file" in missing.stderr
+    assert missing.stderr.count("\n") == 1
+    text_alone = qinsight("diagnose", "--example", "cnn", "--text", str(tmp_path / "t.txt"))
+    assert text_alone.returncode == 2 and "--text and --eval-text are for --hf" in text_alone.stderr
+
+
+@pytest.mark.slow
+def test_diagnose_a_hugging_face_gguf_with_its_own_tokenizer(tmp_path: Path) -> None:
+    from _support import smollm2_hf_or_skip
+
+    smollm2_hf_or_skip()  # skips without transformers or the packaged weights
+    from qinsight.examples.smollm import gguf_path
+
+    text = tmp_path / "calibration.txt"
+    text.write_text("The harbour filled with small boats.\n\nFishermen repaired their nets on the quay.\n", encoding="utf-8")
+    out = tmp_path / "smollm.json"
+    result = qinsight("diagnose", "--hf", str(gguf_path()), "--text", str(text), "--tokens", "16", "--quiet", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"qinsight report: {gguf_path().name} (eager frontend, backend x86, 2 calibration batches")
+    assert "Converting and de-quantizing" not in result.stderr  # --quiet: transformers' progress bars too
+    report = api.load_report(out)
+    assert any(site.fqn == "model.layers.11.mlp.down_proj" for site in report.sites)  # transformers' own names
+    assert len(result.stdout.splitlines()) <= 60
