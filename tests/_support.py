@@ -43,6 +43,20 @@ class ConvBnReluCNN(nn.Module):
         return self.fc(torch.flatten(self.pool(x), 1))
 
 
+class Stream(nn.Module):
+    """A streaming voice-activity shape: X86InductorQuantizer observes the Conv1d's weight but hands the
+    conv its float weight, and has no LSTMCell pattern: PT2E quantizes nothing of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(8, 16, 3, padding=1)
+        self.cell = nn.LSTMCell(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden, _ = self.cell(torch.relu(self.conv(x)).mean(-1))
+        return hidden  # type: ignore[no-any-return]
+
+
 class TwiceLinear(nn.Module):
     """One Linear called twice per forward."""
 

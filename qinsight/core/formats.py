@@ -143,11 +143,13 @@ class CurvePoint:
 
 @attrs.frozen(kw_only=True)
 class OrderCheck:
-    """The plan's bits spent by another ranking of the layers, quantized for real: ``order`` names it
-    (``measured`` is the plan's own, end to end)."""
+    """A ranking of the layers (``order``: ``measured`` end to end, or a proxy's), quantized for real:
+    ``point`` at the plan's bits, on the search and held-out data; ``searched``, the size its own search
+    chose, on the search data (the plan is the best of these; absent before 2.2)."""
 
     order: str
     point: CurvePoint
+    searched: CurvePoint | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -175,6 +177,8 @@ class FormatPlan:
     orders: tuple[OrderCheck, ...] = ()
     evaluations: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     notes: tuple[str, ...] = ()
+    # the ranking the plan's moves follow: the one that scored best on the search data (absent before 2.2)
+    order: str = "measured (end to end)"
 
     @property
     def mean_bits(self) -> float:

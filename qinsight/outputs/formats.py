@@ -56,9 +56,14 @@ def curve_table(plan: FormatPlan) -> Table:
 def orders_table(plan: FormatPlan) -> Table:
     """The plan's bits spent by each ranking of the layers, scored for real."""
     rows = tuple(
-        (o.order, f"{o.point.mean_bits:.2f}", _score(o.point.score), _score(o.point.held_out)) for o in plan.orders
+        (
+            o.order + (" (the plan)" if o.order == plan.order else ""), f"{o.point.mean_bits:.2f}", _score(o.point.score),
+            _score(o.point.held_out),
+            f"{o.searched.mean_bits:.2f} bits, {_score(o.searched.score)}" if o.searched is not None else "",
+        )
+        for o in plan.orders
     )
-    return Table(f"Rankings at the plan's size ({plan.metric}, quantized for real)", ("ranked by", "bits", "search", "held out"), rows)
+    return Table(f"Rankings at the plan's size ({plan.metric}, quantized for real)", ("ranked by", "bits", "search", "held out", "its own search chose"), rows)
 
 
 def costs_table(plan: FormatPlan, limit: int = DEFAULT_LIMIT) -> Table:

@@ -7,18 +7,21 @@ The stages, each measured for real (``quantize_`` in place, the float weights pu
    data; its *damage* (:meth:`Scorer.damage`) adds up over layers.
 2. **Order** (:mod:`.ladders`): the moves down each layer's ladder of formats, cheapest damage per bit
    saved first.
-3. **Search**: the longest prefix of the order whose real score meets the target (bisection), or the
-   shortest within the budget.
-4. **Held out**: the plan, the uniform formats and the curve scored again on data the search never saw;
-   the plan claims ``reached`` only where both parts meet the target.
-5. **Other orders** (:mod:`.proxies`): the plan's bits spent by the Fisher proxy's ranking and by the
-   activation-weighted weight error's, scored for real beside the measured one.
+3. **Other orders** (:mod:`.proxies`): the same moves ranked by the Fisher proxy (one backward pass)
+   and by the activation-weighted weight error (``compare_orders``).
+4. **Search**: along each order, the longest prefix whose real score meets the target (bisection), no
+   shorter than the budget needs; the plan is the best of them on the search data (the target met with
+   the fewest bits, else the best score). Each ranking is a guess at which layers matter; quantizing
+   along each and keeping what scored best is a measurement.
+5. **Held out**: the plan, the uniform formats and the curve scored again on data the search never saw;
+   the plan claims ``reached`` only where both parts meet the target. Every order is also scored at
+   the plan's bits, on both parts (the rankings table).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -27,6 +30,7 @@ from torch import nn
 from qinsight.apply.torchao import applied, state_bytes, torchao_config
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.formats import Budget, CurvePoint, FormatCost, FormatPlan, OrderCheck, WeightFormat, mean_bits
+from qinsight.core.metrics import LABELLED, METRICS
 from qinsight.core.plan import Target
 from qinsight.core.progress import Progress
 from qinsight.frontends.base import eval_mode
@@ -36,6 +40,7 @@ from qinsight.planning.scores import SCORES, Scorer
 from qinsight.planning.stages import float_outputs, outputs
 
 CURVE_POINTS = 6  # sizes along the plan's order quantized for real, besides the plan itself
+MEASURED = "measured (end to end)"  # the order of each layer's own measured damage
 
 
 @attrs.frozen(kw_only=True)
@@ -162,9 +167,12 @@ def plan_formats(
             raise InvalidParameterError("plan_formats", "model", type(model).__name__, "a model with a Linear the formats fit")
         measure = _Measure(model, layers, request)
         costs = _costs(measure, report)
-        moves = ladders.ordered_moves(layers, {(c.fqn, c.format): c.damage for c in costs})
-        taken, search_notes = _searched(measure, moves, report)
-        return _assembled(request, measure, costs, moves, taken, (*notes, *search_notes), report)
+        orders: dict[str, Sequence[Move]] = {MEASURED: ladders.ordered_moves(layers, {(c.fqn, c.format): c.damage for c in costs})}
+        if request.orders:
+            orders.update(_proxy_orders(measure))
+        searched = {name: _searched(measure, moves, report) for name, moves in orders.items()}
+        name = _best_order(measure, orders, searched)
+        return _assembled(request, measure, costs, orders, name, searched, notes, report)
 
 
 def _costs(measure: _Measure, report: Progress) -> tuple[FormatCost, ...]:
@@ -204,12 +212,30 @@ def _searched(measure: _Measure, moves: Sequence[Move], report: Progress) -> tup
     return low, ()
 
 
+def _best_order(measure: _Measure, orders: Mapping[str, Sequence[Move]], searched: Mapping[str, tuple[int, tuple[str, ...]]]) -> str:
+    """The order whose searched size scored best on the search data: the target met within the budget
+    with the fewest bits (then the better score), else the better score (then the fewer bits)."""
+    goal = measure.request.goal
+    spec = METRICS.get(goal.metric) or LABELLED.get(goal.metric)
+    higher = goal.target.higher_is_better if goal.target is not None else spec is None or spec.higher_is_better
+
+    def rank(name: str) -> tuple[bool, float, float]:
+        point = measure.point(name, ladders.assignment(measure.layers, orders[name], searched[name][0]))
+        fits = goal.budget is None or point.mean_bits <= goal.budget.bits + 1e-9
+        better = point.score if higher else -point.score
+        if fits and measure.met(point):
+            return (True, -point.mean_bits, better) if goal.target is not None else (True, better, -point.mean_bits)
+        return (False, better, -point.mean_bits)
+
+    return max(orders, key=lambda name: (rank(name), name == MEASURED))
+
+
 def _assembled(
-    request: FormatRequest, measure: _Measure, costs: tuple[FormatCost, ...], moves: Sequence[Move], taken: int,
-    notes: tuple[str, ...], report: Progress,
+    request: FormatRequest, measure: _Measure, costs: tuple[FormatCost, ...], orders: Mapping[str, Sequence[Move]], order: str,
+    searched_all: Mapping[str, tuple[int, tuple[str, ...]]], notes: tuple[str, ...], report: Progress,
 ) -> FormatPlan:
     report("verifying", 0, 0)
-    layers = measure.layers
+    layers, moves, (taken, search_notes) = measure.layers, orders[order], searched_all[order]
     formats = ladders.assignment(layers, moves, taken)
     chosen = measure.point("plan", formats, held_out=True)
     target, budget = request.goal.target, request.goal.budget
@@ -218,7 +244,8 @@ def _assembled(
     uniform = tuple(measure.point(f"uniform {fmt}", ladders.uniform(layers, fmt), held_out=True) for fmt in request.goal.formats)
     sizes = sorted({round(len(moves) * i / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)} - {taken})
     curve = tuple(measure.point(f"{k} of {len(moves)} moves", ladders.assignment(layers, moves, k)) for k in sizes)
-    orders = _orders(measure, moves, taken, chosen) if request.orders else ()
+    checks = _orders(measure, orders, searched_all, order, chosen) if request.orders else ()
+    followed = (f"the plan follows the {order} ranking: quantized along each ranking, it scored best on the search data",) if order != MEASURED else ()
     return FormatPlan(
         formats=tuple(f.name for f in request.goal.formats),
         metric=request.goal.metric,
@@ -231,9 +258,10 @@ def _assembled(
         uniform=uniform,
         curve=tuple(sorted((*curve, attrs.evolve(chosen, label=f"{taken} of {len(moves)} moves (the plan)")), key=lambda p: -p.mean_bits)),
         costs=costs,
-        orders=orders,
+        orders=checks,
         evaluations=measure.runs,
-        notes=notes + _held_out_note(request, measure, chosen) + _measured_notes(measure, chosen),
+        notes=notes + search_notes + followed + _held_out_note(request, measure, chosen) + _measured_notes(measure, chosen),
+        order=order,
     )
 
 
@@ -260,19 +288,30 @@ def _held_out_note(request: FormatRequest, measure: _Measure, chosen: CurvePoint
     return ()
 
 
-def _orders(measure: _Measure, moves: Sequence[Move], taken: int, chosen: CurvePoint) -> tuple[OrderCheck, ...]:
-    """The plan's bits spent by each cheap ranking, quantized for real (and the measured one's, the plan)."""
+def _proxy_orders(measure: _Measure) -> dict[str, Sequence[Move]]:
+    """The moves ranked by the Fisher proxy and by the activation-weighted weight error (:mod:`.proxies`)."""
     model, layers, search = measure.model, measure.layers, measure.request.search
     errors = proxies.weight_errors(model, layers)
-    ranked = {
+    damages = {
         "fisher (sum of g^2 dW^2)": proxies.fisher_damage(model, layers, search, errors),
         "activation (sum of E[x^2] dW^2)": proxies.activation_damage(errors, proxies.input_power(model, layers, search)),
     }
-    found = [OrderCheck(order="measured (end to end)", point=chosen)]
-    for name, damage in ranked.items():
-        other = ladders.ordered_moves(layers, damage)
-        formats = ladders.assignment(layers, other, ladders.within(layers, other, chosen.mean_bits))
-        found.append(OrderCheck(order=name, point=measure.point(name, formats, held_out=True)))
+    return {name: ladders.ordered_moves(layers, damage) for name, damage in damages.items()}
+
+
+def _orders(
+    measure: _Measure, orders: Mapping[str, Sequence[Move]], searched: Mapping[str, tuple[int, tuple[str, ...]]], order: str,
+    chosen: CurvePoint,
+) -> tuple[OrderCheck, ...]:
+    """Each ranking at the plan's bits, quantized for real on both parts (``order``'s is the plan), and at
+    the size its own search chose."""
+    layers = measure.layers
+    found = []
+    for name, moves in orders.items():
+        at_plan_bits = ladders.assignment(layers, moves, ladders.within(layers, moves, chosen.mean_bits))
+        point = chosen if name == order else measure.point(name, at_plan_bits, held_out=True)
+        own = measure.point(name, ladders.assignment(layers, moves, searched[name][0]))
+        found.append(OrderCheck(order=name, point=point, searched=own))
     return tuple(found)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from _support import minilm_or_skip, mobilenet_v2_or_skip, photo_crops, sentence_batches, sqnr
+from _support import Stream, minilm_or_skip, mobilenet_v2_or_skip, photo_crops, sentence_batches, sqnr
 from torch import nn
 
 import qinsight
@@ -161,20 +161,6 @@ def test_the_reports_config_scores_at_least_the_default_on_unseen_inputs(name: s
         assert verdict.score >= verdict.default  # on the batches held out of the verification's calibration
         ours, default = unseen_scores(model, report, verdict.flow, calibration, unseen)
         assert ours >= default - 0.3, f"{verdict.flow}: {ours:.2f} dB against the default's {default:.2f} dB unseen"
-
-
-class Stream(nn.Module):
-    """A streaming voice-activity shape: X86InductorQuantizer observes the Conv1d's weight but hands the
-    conv its float weight, and has no LSTMCell pattern: PT2E quantizes nothing of it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv1d(8, 16, 3, padding=1)
-        self.cell = nn.LSTMCell(16, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden, _ = self.cell(torch.relu(self.conv(x)).mean(-1))
-        return hidden  # type: ignore[no-any-return]
 
 
 def test_a_model_the_flow_leaves_float_is_said_in_one_line_read_from_the_converted_model() -> None:

@@ -200,7 +200,13 @@ def test_a_report_carrying_a_format_plan_round_trips_and_leads_with_its_verdict(
     # the same file again (the curve's unmeasured held-out scores are NaN, which == never equals)
     assert loaded.formats is not None and report_to_json(loaded) == report_to_json(report)
     assert loaded.formats.layers == plan.layers and loaded.formats.chosen == plan.chosen and loaded.formats.costs == plan.costs
-    assert len(plan.orders) == 3 and plan.orders[0].point == plan.chosen  # measured, fisher, activation
+    assert len(plan.orders) == 3  # measured, fisher, activation: each at the plan's bits, the plan's own its point
+    assert next(o for o in plan.orders if o.order == plan.order).point == plan.chosen
+    # the plan is the best of the rankings' own searches: the target met with the fewest bits
+    own = {o.order: o.searched for o in plan.orders if o.searched is not None}
+    assert len(own) == 3 and own[plan.order].mean_bits == plan.chosen.mean_bits and own[plan.order].score == plan.chosen.score
+    met = [name for name, point in own.items() if plan.target is not None and plan.target.met(point.score)]
+    assert plan.order in met and own[plan.order].mean_bits == min(own[name].mean_bits for name in met)
     text = qinsight.to_text(loaded).splitlines()
     assert text[2].startswith("Format plan (torchao quantize_, int8, int4_g32): kl<=0.002 ")
     assert "Rankings at the plan's size (kl, quantized for real):" in text

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _support import outlier_batches
+from _support import Stream, outlier_batches
 from torch import nn
 
 import qinsight
@@ -56,16 +56,6 @@ def test_a_model_the_flow_leaves_float_is_said_and_its_fraction_is_zero() -> Non
     # node has no user): nothing of this streaming model is quantized. The plan's fraction is read from
     # the converted graph, not from the modes the search planned (which said 100%).
     pytest.importorskip("torchao")
-
-    class Stream(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.conv = nn.Conv1d(8, 16, 3, padding=1)
-            self.cell = nn.LSTMCell(16, 16)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            hidden, _ = self.cell(torch.relu(self.conv(x)).mean(-1))
-            return hidden
 
     torch.manual_seed(0)
     model, batches = Stream().eval(), [torch.randn(4, 8, 20) for _ in range(4)]
