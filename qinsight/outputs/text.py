@@ -18,10 +18,10 @@ from qinsight.core.plan import QuantPlan
 from qinsight.core.report import DetectorResult, Report
 from qinsight.outputs.diff import ReportDiff
 from qinsight.outputs.formats import format_summary, format_tables, format_text
-from qinsight.outputs.verification import verification_lines
 from qinsight.outputs.plans import plan_tables, plan_text, summary_lines
 from qinsight.outputs.roles import GROUP_ABOVE, MAX_ROLE_ROWS, by_role, capped, role_counts, role_of
 from qinsight.outputs.tables import comparison_tables, tables_as_text
+from qinsight.outputs.verification import verification_lines
 
 MAX_NAMES = 8  # modules named on a summary line before "and N more"
 
