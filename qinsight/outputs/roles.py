@@ -23,26 +23,37 @@ def role_of(fqn: str) -> str:
 
 
 def by_role(
-    rows: Sequence[tuple[str, str]], *, everything: bool, same_text: bool, severity: Mapping[str, float] | None = None
+    rows: Sequence[tuple[str, str]],
+    *,
+    everything: bool,
+    same_text: bool,
+    severity: Mapping[str, float] | None = None,
+    worst_first_above: int | None = None,
 ) -> list[tuple[str, str]]:
     """(module, text) rows as printed: each module's own in a short section or with ``everything``; else
     one row per role naming how many modules share it. Where ``same_text`` (a config's entries), the
     text most of them share, and how many say otherwise; else (a finding's numbers) the worst module's
-    by ``severity`` (higher worse; the first where none is known) stands for them, the next two named."""
+    by ``severity`` (higher worse; the first where none is known) stands for them, the next two named.
+    Where more than ``worst_first_above`` rows result, the roles with the worst module come first."""
     if everything or len(rows) <= GROUP_ABOVE:
-        return list(rows)
-    groups: dict[str, list[tuple[str, str]]] = {}
-    for fqn, text in rows:
-        groups.setdefault(role_of(fqn), []).append((fqn, text))
-    shown = []
-    for role, members in groups.items():
-        if len(members) == 1:
-            shown.append(members[0])
-        elif same_text:
-            shown.append((f"{role} ({len(members)})", _most_said(members)))
-        else:
-            shown.append((f"{role} ({len(members)})", _worst_first(members, severity or {})))
-    return shown
+        shown = [(role_of(fqn), (fqn, text)) for fqn, text in rows]
+    else:
+        groups: dict[str, list[tuple[str, str]]] = {}
+        for fqn, text in rows:
+            groups.setdefault(role_of(fqn), []).append((fqn, text))
+        shown = [(role, _role_row(role, members, same_text, severity or {})) for role, members in groups.items()]
+    if severity and worst_first_above is not None and len(shown) > worst_first_above:
+        worst: dict[str, float] = {}
+        for fqn, value in severity.items():
+            worst[role_of(fqn)] = max(value, worst.get(role_of(fqn), -math.inf))
+        shown.sort(key=lambda item: -worst.get(item[0], -math.inf))
+    return [row for _, row in shown]
+
+
+def _role_row(role: str, members: Sequence[tuple[str, str]], same_text: bool, severity: Mapping[str, float]) -> tuple[str, str]:
+    if len(members) == 1:
+        return members[0]
+    return (f"{role} ({len(members)})", _most_said(members) if same_text else _worst_first(members, severity))
 
 
 def _worst_first(members: Sequence[tuple[str, str]], severity: Mapping[str, float]) -> str:

@@ -19,7 +19,7 @@ from qinsight.core.report import DetectorResult, Report
 from qinsight.outputs.diff import ReportDiff
 from qinsight.outputs.formats import format_summary, format_tables, format_text
 from qinsight.outputs.plans import plan_tables, plan_text, summary_lines
-from qinsight.outputs.roles import GROUP_ABOVE, MAX_ROLE_ROWS, by_role, capped, role_counts, role_of
+from qinsight.outputs.roles import GROUP_ABOVE, MAX_ROLE_ROWS, by_role, capped, role_counts
 from qinsight.outputs.tables import comparison_tables, tables_as_text
 from qinsight.outputs.verification import verification_lines
 
@@ -101,12 +101,10 @@ def _actionable_lines(verdict: str, group: Sequence[Finding], everything: bool, 
     if not suggests and not everything and len(group) > GROUP_ABOVE:
         return [f"{head}{'' if tail else ', nothing suggested'}: {role_counts([f.fqn for f in group])} (--all gives each)"]
     severity = {f.fqn: value for f in group if (value := _severity(f)) is not None}
-    grouped = by_role([(f.fqn, r) for f, r in zip(group, reasons_of)], everything=everything, same_text=False, severity=severity)
-    if severity and not everything and len(grouped) > MAX_ROLE_ROWS + 1:  # the worst roles are the ones shown
-        worst: dict[str, float] = {}
-        for fqn, value in severity.items():
-            worst[role_of(fqn)] = max(value, worst.get(role_of(fqn), -math.inf))
-        grouped.sort(key=lambda row: -worst.get(role_of(row[0].split(" (")[0]), -math.inf))
+    grouped = by_role(
+        [(f.fqn, r) for f, r in zip(group, reasons_of)], everything=everything, same_text=False, severity=severity,
+        worst_first_above=None if everything else MAX_ROLE_ROWS + 1,  # the worst roles are the ones shown
+    )
     rows, more = capped(grouped, everything=everything)
     return [head + ":", *_rows(rows, "    "), *([f"    ... and {more} more roles (--all lists them)"] if more else [])]
 

@@ -44,6 +44,7 @@ from qinsight.core.verification import (
     KindCheck,
     SuggestionKind,
     kinds_of,
+    suggestion_kinds,
     without_kinds,
 )
 from qinsight.frontends import eval_mode, quantizable_modules, run_batch
@@ -247,12 +248,10 @@ def _said(value: float) -> str:
 
 
 def _modules(parts: ConfigParts, kind: SuggestionKind) -> int:
+    """How many modules ``kind`` changes (the activation observing: the one config-wide setting)."""
     if kind is SuggestionKind.ACTIVATIONS:
         return 1
-    stripped = without_kinds(parts, (kind,))
-    before = {s.fqn: s for s in parts.suggestions}
-    after = {s.fqn: s for s in stripped.suggestions}
-    return sum(1 for fqn, s in before.items() if after.get(fqn) != s)
+    return sum(kind in suggestion_kinds(s) for s in parts.suggestions)
 
 
 __all__ = ["ENV_VERIFY", "VERIFY_BATCHES", "verify_setting", "chosen_flows", "default_flows", "split", "verify_flow", "verify_report"]
