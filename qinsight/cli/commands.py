@@ -224,7 +224,7 @@ def _plan(args: argparse.Namespace) -> int:
     except InvalidParameterError as exc:  # before anything loads or runs
         raise UsageError(f"--target {args.target!r}: expected {exc.expected}") from exc
     if args.flow == "torchao":
-        goal = format_goal(args.formats, target, args.budget, None)  # mistakes before any load
+        goal = format_goal(args.formats, target, args.budget, None, args.confidence)  # mistakes before any load
     elif args.budget is not None:
         raise UsageError("--budget is for --flow torchao (a plan for fx or pt2e takes float<=N as its --target)")
     model, data, name = _model_and_data(args, None, whole=True)
@@ -239,7 +239,8 @@ def _plan(args: argparse.Namespace) -> int:
             report = diagnose(model, calibration, model_name=name, verify=None if args.flow == "torchao" else False)
             if args.flow == "torchao":
                 formats = plan_formats(
-                    model, evaluation, formats=[f.name for f in goal.formats], target=target, budget=args.budget, progress=progress
+                    model, evaluation, formats=[f.name for f in goal.formats], target=target, budget=args.budget,
+                    confidence=args.confidence, progress=progress,
                 )
                 report, reached = report.with_formats(formats), formats.reached
             else:

@@ -132,13 +132,16 @@ class FormatCost:
 class CurvePoint:
     """An assignment quantized for real with ``quantize_``: ``label`` says which (``uniform int8``,
     ``plan``, ``12 of 30 moves``), ``mean_bits`` per planned weight, ``state_bytes`` the planned Linears'
-    weights as stored, ``score`` on the search data and ``held_out`` on the held-out data (NaN: none)."""
+    weights as stored, ``score`` on the search data and ``held_out`` on the held-out data (NaN: none);
+    ``bound`` the pessimistic end of the search score's confidence interval, what the search holds to
+    the target (NaN: not a language-model metric, or no confidence asked; absent before 2.3)."""
 
     label: str
     mean_bits: float
     state_bytes: int = attrs.field(validator=attrs.validators.ge(0))
     score: float
     held_out: float = math.nan
+    bound: float = math.nan
 
 
 @attrs.frozen(kw_only=True)
@@ -179,6 +182,8 @@ class FormatPlan:
     notes: tuple[str, ...] = ()
     # the ranking the plan's moves follow: the one that scored best on the search data (absent before 2.2)
     order: str = "measured (end to end)"
+    # the one-sided confidence of the points' ``bound`` the search holds to the target (absent before 2.3: none)
+    confidence: float | None = None
 
     @property
     def mean_bits(self) -> float:

@@ -15,9 +15,10 @@ def _score(value: float) -> str:
     return f"{value:.4g}" if math.isfinite(value) else ("not measured" if math.isnan(value) else str(value))
 
 
-def _point(point: CurvePoint) -> str:
+def _point(point: CurvePoint, confidence: float | None = None) -> str:
+    bound = f" (bound {_score(point.bound)} at {confidence:.0%})" if confidence is not None and not math.isnan(point.bound) else ""
     held = f", held out {_score(point.held_out)}" if not math.isnan(point.held_out) else ""
-    return f"{_score(point.score)}{held} at {point.mean_bits:.2f} bits"
+    return f"{_score(point.score)}{bound}{held} at {point.mean_bits:.2f} bits"
 
 
 def format_summary(plan: FormatPlan) -> list[str]:
@@ -26,11 +27,11 @@ def format_summary(plan: FormatPlan) -> list[str]:
     verdict = "reached" if plan.reached else "NOT reached"
     counts = ", ".join(f"{count} {name}" for name, count in sorted(plan.counts().items()))
     lines = [
-        f"Format plan (torchao quantize_, {', '.join(plan.formats)}): {goal} {verdict}: {plan.metric} {_point(plan.chosen)} per weight",
+        f"Format plan (torchao quantize_, {', '.join(plan.formats)}): {goal} {verdict}: {plan.metric} {_point(plan.chosen, plan.confidence)} per weight",
         f"  {len(plan.layers)} Linears: {counts}; {plan.chosen.state_bytes / 1e6:.1f} MB of weights as stored; "
         f"{plan.evaluations} runs quantized for real",
     ]
-    lines.extend(f"  uniform {point.label.removeprefix('uniform ')}: {_point(point)}" for point in plan.uniform)
+    lines.extend(f"  uniform {point.label.removeprefix('uniform ')}: {_point(point, plan.confidence)}" for point in plan.uniform)
     lines.append("  qinsight.quantize(model, plan) or quantize_(model, qinsight.fqn_to_config(plan)) applies it")
     lines.extend(f"  note: {note}" for note in plan.notes)
     return lines
@@ -49,8 +50,15 @@ def roles_table(plan: FormatPlan, limit: int = DEFAULT_LIMIT) -> Table:
 def curve_table(plan: FormatPlan) -> Table:
     """The plan's ranking at several sizes and the uniform formats, all quantized for real, most bits first."""
     points = sorted((*plan.curve, *plan.uniform), key=lambda p: (-p.mean_bits, p.label))
-    rows = tuple((p.label, f"{p.mean_bits:.2f}", f"{p.state_bytes / 1e6:.1f}", _score(p.score), _score(p.held_out)) for p in points)
-    return Table(f"Size against quality ({plan.metric}, quantized for real)", ("assignment", "bits", "MB", "search", "held out"), rows)
+    bounded = plan.confidence is not None
+    rows = tuple(
+        (p.label, f"{p.mean_bits:.2f}", f"{p.state_bytes / 1e6:.1f}", _score(p.score), *((_score(p.bound),) if bounded else ()), _score(p.held_out))
+        for p in points
+    )
+    bound = (f"search, {plan.confidence:.0%} bound",) if plan.confidence is not None else ()
+    return Table(
+        f"Size against quality ({plan.metric}, quantized for real)", ("assignment", "bits", "MB", "search", *bound, "held out"), rows
+    )
 
 
 def orders_table(plan: FormatPlan) -> Table:

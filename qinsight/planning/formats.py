@@ -10,7 +10,9 @@ The stages, each measured for real (``quantize_`` in place, the float weights pu
 3. **Other orders** (:mod:`.proxies`): the same moves ranked by the Fisher proxy (one backward pass)
    and by the activation-weighted weight error (``compare_orders``).
 4. **Search**: along each order, the longest prefix whose real score meets the target (bisection), no
-   shorter than the budget needs; the plan is the best of them on the search data (the target met with
+   shorter than the budget needs. A language-model metric is held to the target at the pessimistic end
+   of its ``confidence`` interval over the search tokens (:func:`.scores.pessimistic_bound`), so that
+   text like the search text meets it too, not only the tokens the search happened to see; the plan is the best of them on the search data (the target met with
    the fewest bits, else the best score). Each ranking is a guess at which layers matter; quantizing
    along each and keeping what scored best is a measurement.
 5. **Held out**: the plan, the uniform formats and the curve scored again on data the search never saw;
@@ -36,7 +38,7 @@ from qinsight.core.progress import Progress
 from qinsight.frontends.base import eval_mode
 from qinsight.planning import ladders, proxies
 from qinsight.planning.ladders import Move, Rungs
-from qinsight.planning.scores import SCORES, Scorer
+from qinsight.planning.scores import PER_POSITION, SCORES, Scorer
 from qinsight.planning.stages import float_outputs, outputs
 
 CURVE_POINTS = 6  # sizes along the plan's order quantized for real, besides the plan itself
@@ -52,9 +54,13 @@ class FormatGoal:
     target: Target | None
     budget: Budget | None
     metric: str
+    confidence: float | None = None  # held to the target: the score's pessimistic bound (language-model metrics)
 
 
-def format_goal(formats: Iterable[str] | str, target: str | Target | None, budget: str | float | None, metric: str | None) -> FormatGoal:
+def format_goal(
+    formats: Iterable[str] | str, target: str | Target | None, budget: str | float | None, metric: str | None,
+    confidence: float | None = None,
+) -> FormatGoal:
     parsed = tuple(WeightFormat.parse(f) for f in (formats.split(",") if isinstance(formats, str) else formats))
     if not parsed or len(set(parsed)) != len(parsed):
         raise InvalidParameterError("plan_formats", "formats", [str(f) for f in parsed], "one or more distinct formats")
@@ -67,8 +73,11 @@ def format_goal(formats: Iterable[str] | str, target: str | Target | None, budge
     name = metric or (goal.metric if goal is not None else "sqnr")
     if name not in SCORES or (goal is not None and name != goal.metric):
         raise InvalidParameterError("plan_formats", "metric", name, f"the target's own metric, one of {', '.join(SCORES)}")
+    if confidence is not None and not (isinstance(confidence, (int, float)) and 0.5 <= confidence < 1):
+        raise InvalidParameterError("plan_formats", "confidence", confidence, "a one-sided confidence in [0.5, 1) (0.95), or None")
     torchao_config(parsed[0])  # torchao missing: one error, before any forward
-    return FormatGoal(formats=parsed, target=goal, budget=limit, metric=name)
+    held = float(confidence) if confidence is not None and goal is not None and name in PER_POSITION else None
+    return FormatGoal(formats=parsed, target=goal, budget=limit, metric=name, confidence=held)
 
 
 @attrs.frozen(kw_only=True)
@@ -103,18 +112,19 @@ class _Measure:
         self.search = Scorer(float_outputs(model, request.search), request.goal.metric, request.goal.metric, request.search)
         self.held = Scorer(float_outputs(model, request.held_out), request.goal.metric, request.goal.metric, request.held_out) if request.held_out else None
         self.runs = 0
-        self._scores: dict[tuple[tuple[tuple[str, str], ...], bool], float] = {}  # (assignment, held out) -> score
+        self._scores: dict[tuple[tuple[tuple[str, str], ...], bool], tuple[float, float]] = {}  # (assignment, held out) -> score, bound
         self._stored: dict[tuple[tuple[str, str], ...], int] = {}  # assignment -> bytes of its weights as stored
 
     def outputs(self, formats: dict[str, str], batches: Sequence[Any]) -> list[Any]:
         return self._run(formats, batches, None)
 
-    def score(self, formats: dict[str, str], held_out: bool = False) -> float:
+    def score(self, formats: dict[str, str], held_out: bool = False) -> tuple[float, float]:
+        """The score of ``formats`` and its pessimistic bound at the goal's confidence (NaN: none)."""
         assignment = tuple(sorted(formats.items()))
         if (assignment, held_out) not in self._scores:
             scorer = self.held if held_out and self.held is not None else self.search
             data = self.request.held_out if held_out else self.request.search
-            self._scores[(assignment, held_out)] = scorer(self._run(formats, data, assignment))
+            self._scores[(assignment, held_out)] = scorer.bounded(self._run(formats, data, assignment), self.request.goal.confidence)
         return self._scores[(assignment, held_out)]
 
     def _run(self, formats: dict[str, str], batches: Sequence[Any], assignment: tuple[tuple[str, str], ...] | None) -> list[Any]:
@@ -127,13 +137,17 @@ class _Measure:
             return outputs(self.model, batches)
 
     def point(self, label: str, formats: dict[str, str], held_out: bool = False) -> CurvePoint:
-        score = self.score(formats)
-        held = self.score(formats, held_out=True) if held_out and self.held is not None else math.nan
+        score, bound = self.score(formats)
+        held = self.score(formats, held_out=True)[0] if held_out and self.held is not None else math.nan
         bits = mean_bits(ladders.layer_formats(self.layers, formats))
-        return CurvePoint(label=label, mean_bits=bits, state_bytes=self._stored[tuple(sorted(formats.items()))], score=score, held_out=held)
+        stored = self._stored[tuple(sorted(formats.items()))]
+        return CurvePoint(label=label, mean_bits=bits, state_bytes=stored, score=score, held_out=held, bound=bound)
 
     def met(self, point: CurvePoint) -> bool:
-        return self.request.goal.target is None or self.request.goal.target.met(point.score)
+        """Whether ``point`` meets the target on the search data as the search holds it: at its bound
+        where the goal has a confidence, else its score."""
+        target = self.request.goal.target
+        return target is None or target.met(point.score if math.isnan(point.bound) else point.bound)
 
 
 def plan_formats(
@@ -146,6 +160,7 @@ def plan_formats(
     metric: str | None = None,
     held_out_data: Iterable[Any] | None = None,
     compare_orders: bool = True,
+    confidence: float | None = 0.95,
     progress: Progress | None = None,
 ) -> FormatPlan:
     """The torchao format of every Linear of ``model`` (:class:`FormatPlan`): the fewest bits per weight
@@ -156,10 +171,13 @@ def plan_formats(
     ``formats`` are names (:class:`~qinsight.core.formats.WeightFormat`: ``int8``, ``int8_dynamic``,
     ``float8``, ``int4_g32``, ``int4_dynamic_g32``, ``float``). The search chooses on
     ``evaluation_data`` and the plan is scored again on ``held_out_data`` (default: the second half of
-    ``evaluation_data``'s batches, the search keeping the first). ``qinsight.quantize(model, plan)``, or
+    ``evaluation_data``'s batches, the search keeping the first). With a language-model metric the search
+    holds the target at the pessimistic end of the score's one-sided ``confidence`` interval over the
+    search tokens (``None``: at the score itself, which text the search did not see often misses). ``qinsight.quantize(model, plan)``, or
     ``quantize_(model, qinsight.fqn_to_config(plan))``, applies it. The model itself is not changed.
     """
-    request = format_request(format_goal(formats, target, budget, metric), evaluation_data, held_out_data, compare_orders)
+    goal = format_goal(formats, target, budget, metric, confidence)
+    request = format_request(goal, evaluation_data, held_out_data, compare_orders)
     report = progress or (lambda _stage, _done, _total: None)
     with eval_mode(model):
         layers, notes = ladders.ladders(model, request.goal.formats)
@@ -260,8 +278,21 @@ def _assembled(
         costs=costs,
         orders=checks,
         evaluations=measure.runs,
-        notes=notes + search_notes + followed + _held_out_note(request, measure, chosen) + _measured_notes(measure, chosen),
+        notes=notes + search_notes + followed + _bound_note(request, chosen) + _held_out_note(request, measure, chosen)
+        + _measured_notes(measure, chosen),
         order=order,
+        confidence=request.goal.confidence,
+    )
+
+
+def _bound_note(request: FormatRequest, chosen: CurvePoint) -> tuple[str, ...]:
+    """How the search held the target: at the score's bound, what the search tokens' own spread allows."""
+    if request.goal.confidence is None or math.isnan(chosen.bound):
+        return ()
+    return (
+        f"the search held {request.goal.target} at the {request.goal.confidence:.0%} bound of the score over its tokens "
+        f"({chosen.bound:.4g}; the score itself {chosen.score:.4g}): the margin is what the search text's own spread says "
+        "other text may lose",
     )
 
 

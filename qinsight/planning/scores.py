@@ -14,6 +14,7 @@ and for ``top1`` also the share of each row's margin the error moves.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -112,6 +113,34 @@ class Scorer:
             return BUILTIN[self.metric].on_tensors(self.rows, self._matrix(outputs))
         return float(self.metric(self.reference, outputs))
 
+    def bounded(self, outputs: Sequence[Any], confidence: float | None) -> tuple[float, float]:
+        """The score of ``outputs`` and the pessimistic end of its one-sided ``confidence`` interval
+        (:func:`pessimistic_bound`) over the positions a language-model metric averages; NaN where the
+        metric is not such a mean, or ``confidence`` is ``None``."""
+        score = self(outputs)
+        values = self._per_position(outputs) if confidence is not None else None
+        if values is None or confidence is None:
+            return score, math.nan
+        if self._labels is not None:  # perplexity: the ratio is exp(mean difference of the token losses)
+            return score, math.exp(pessimistic_bound(values, confidence, higher_is_better=False))
+        return score, pessimistic_bound(values, confidence, higher_is_better=self.metric == "token_agreement")
+
+    def _per_position(self, outputs: Sequence[Any]) -> torch.Tensor | None:
+        """The per-position values a language-model metric is the mean of, in token order: each next
+        token's loss minus the float model's (perplexity), the KL of its distributions (kl), whether
+        its argmax agrees (token_agreement)."""
+        if self.metric not in PER_POSITION:
+            return None
+        rows = self._matrix(outputs)
+        if self._labels is not None:
+            kept = self._labels != -100
+            losses = [torch.nn.functional.cross_entropy(r[kept].double(), self._labels[kept], reduction="none") for r in (rows, self.rows)]
+            return losses[0] - losses[1]
+        if self.metric == "kl":
+            p_log, q_log = torch.log_softmax(self.rows.double(), dim=1), torch.log_softmax(rows.double(), dim=1)
+            return (p_log.exp() * (p_log - q_log)).sum(dim=1)
+        return (self.rows.argmax(dim=1) == rows.argmax(dim=1)).double()
+
     @property
     def orders(self) -> tuple[str, ...]:
         """The noises the search may order sites by: the output's, and for ``top1`` the margins' too."""
@@ -125,6 +154,24 @@ class Scorer:
         if self._margins is not None:
             found[MARGIN_NOISE] = self._margins.noise(rows)
         return found
+
+
+def pessimistic_bound(values: torch.Tensor, confidence: float, *, higher_is_better: bool) -> float:
+    """The end of the one-sided ``confidence`` interval of ``values``' mean that is worst for the metric:
+    its mean minus (higher is better) or plus ``z`` standard errors, NaN for fewer than four values.
+
+    Neighbouring tokens' errors are correlated (one hard word spoils the next few), so the standard
+    error is the batch-means one: the values in order cut into about ``sqrt(n)`` blocks of about
+    ``sqrt(n)`` consecutive values, the spread of the block means over ``sqrt(blocks)``; a normal ``z``.
+    """
+    n = int(values.numel())
+    if n < 4:
+        return math.nan
+    blocks = torch.stack([block.mean() for block in torch.tensor_split(values.double(), math.isqrt(n))])
+    error = float(blocks.std()) / math.sqrt(blocks.numel())
+    z = statistics.NormalDist().inv_cdf(confidence)
+    mean = float(values.double().mean())
+    return mean - z * error if higher_is_better else mean + z * error
 
 
 class TopMargins:
@@ -157,4 +204,4 @@ def margin_noise(reference: torch.Tensor, candidate: torch.Tensor) -> float:
     return TopMargins(reference).noise(candidate)
 
 
-__all__ = ["MARGIN_NOISE", "PER_POSITION", "SCORES", "logits_of", "OUTPUT_NOISE", "MetricFunction", "Scorer", "TopMargins", "margin_noise"]
+__all__ = ["MARGIN_NOISE", "PER_POSITION", "pessimistic_bound", "SCORES", "logits_of", "OUTPUT_NOISE", "MetricFunction", "Scorer", "TopMargins", "margin_noise"]

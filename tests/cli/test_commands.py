@@ -167,7 +167,9 @@ def test_plan_with_the_torchao_flow_gives_a_format_per_linear_under_a_budget(tmp
     assert loaded is not None and loaded.budget is not None and loaded.mean_bits <= 7.0
     assert result.returncode == (0 if loaded.reached else 1), result.stderr
     assert result.stdout.splitlines()[2].startswith("Format plan (torchao quantize_, int8, int4_g32): sqnr>=20 and bits<=7 ")
-    for option, value, named in (("--formats", "int8,int3", "formats='int3'"), ("--budget", "bytes<=5", "budget='bytes<=5'")):
+    for option, value, named in (
+        ("--formats", "int8,int3", "formats='int3'"), ("--budget", "bytes<=5", "budget='bytes<=5'"), ("--confidence", "1.5", "confidence=1.5"),
+    ):
         refused = qinsight(*args, option, value)
         assert refused.returncode == 2 and refused.stdout == "" and named in refused.stderr, refused.stderr
         assert len(refused.stderr.splitlines()) == 1
