@@ -25,7 +25,7 @@ from qinsight.outputs.files import write_atomically
 from qinsight.outputs.schema import schema
 from qinsight.outputs.serde import load_report, save_report
 from qinsight.outputs.text import render_text
-from qinsight.plugin.discovery import DETECTORS, find_entry, installed, load_detector_class, requested_ids
+from qinsight.plugin.discovery import DETECTORS, OPT_IN_IDS, find_entry, installed, load_detector_class, requested_ids
 
 if TYPE_CHECKING:
     from torch import nn
@@ -217,7 +217,9 @@ def _plan(args: argparse.Namespace) -> int:
     from qinsight.planning.formats import format_goal
 
     check_targets([args.out, args.html], [])
-    for line in check_verdict_gates(args.fail_on, requested_ids(None)):
+    # a torchao plan's report says what each format loses on each Linear too (the formats detector)
+    detectors = [*requested_ids(None), *(d for d in OPT_IN_IDS if d not in requested_ids(None))] if args.flow == "torchao" else None
+    for line in check_verdict_gates(args.fail_on, detectors or requested_ids(None)):
         note(line)
     try:
         target = Target.parse(args.target)
@@ -236,7 +238,7 @@ def _plan(args: argparse.Namespace) -> int:
         with warnings.catch_warnings():  # torch's and torchao's deprecation notices: nothing the user can act on
             warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|torchao)(\.|$)")
             # a plan in fx or pt2e verifies its own config, against the target
-            report = diagnose(model, calibration, model_name=name, verify=None if args.flow == "torchao" else False)
+            report = diagnose(model, calibration, model_name=name, detectors=detectors, verify=None if args.flow == "torchao" else False)
             if args.flow == "torchao":
                 formats = plan_formats(
                     model, evaluation, formats=[f.name for f in goal.formats], target=target, budget=args.budget,
@@ -344,7 +346,8 @@ def _detectors() -> int:
             status = "ok"
         except PluginLoadError as exc:
             status = f"FAILED: {exc.reason}"
-        write(f"{entry.name:<28} {entry.distribution} {entry.version}  {status}\n")
+        opt_in = "  (opt-in: --detectors)" if entry.name in OPT_IN_IDS else ""
+        write(f"{entry.name:<28} {entry.distribution} {entry.version}  {status}{opt_in}\n")
     return 0
 
 

@@ -208,12 +208,17 @@ class ObserverSpec:
     percentile_samples: int | None = None
     # The heavy-tail statistics LLM quantization reads (TailStats); per channel, so they imply per_channel.
     tails: bool = False
+    # A weight's error in each of these torchao formats (names such as "int4_g32"; sorted and unique):
+    # measured on the weight side only, once, from the weight itself (FormatError).
+    formats: tuple[str, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         if any(not 0.0 < p < 1.0 for p in self.percentiles) or list(self.percentiles) != sorted(set(self.percentiles)):
             raise InvalidValueError(f"percentiles must be sorted, unique and in (0, 1), not {self.percentiles}")
         if (self.percentiles or self.tails) and not self.per_channel:
             raise InvalidValueError("percentile and tail statistics are per channel: set per_channel=True")
+        if list(self.formats) != sorted(set(self.formats)):
+            raise InvalidValueError(f"formats must be sorted and unique, not {self.formats}")
         if self.percentile_samples is not None and self.percentile_samples < 1:
             raise InvalidValueError(f"percentile_samples must be at least 1, not {self.percentile_samples}")
 
@@ -228,6 +233,7 @@ class ObserverSpec:
             percentiles=tuple(sorted(set(self.percentiles) | set(other.percentiles))),
             percentile_samples=_finer(self, other),
             tails=self.tails or other.tails,
+            formats=tuple(sorted(set(self.formats) | set(other.formats))),
         )
 
 
@@ -259,12 +265,16 @@ class InsertPoint:
         percentile_samples: int | None = None,
         channel_axis: int | None = None,
         tails: bool = False,
+        formats: tuple[str, ...] = (),
     ) -> InsertPoint:
         """An insert point on ``site``, along its kind's channel axis by default.
 
         A ``percentile`` asks for per-channel max/percentile ratios, ``tails``
-        for the heavy-tail statistics (both imply per-channel statistics).
+        for the heavy-tail statistics (both imply per-channel statistics);
+        ``formats`` (the weight side) for the weight's error in those torchao formats.
         """
+        if formats and side is not Side.WEIGHT:
+            raise InvalidValueError(f"a format's error is a weight's statistic: formats on the {side.value} side of {site.fqn}")
         axis = site.channel_axis if channel_axis is None else channel_axis
         spec = ObserverSpec(
             channel_axis=axis,
@@ -273,6 +283,7 @@ class InsertPoint:
             percentiles=() if percentile is None else (percentile,),
             percentile_samples=percentile_samples,
             tails=tails,
+            formats=tuple(sorted(set(formats))),
         )
         return cls(fqn=site.fqn, side=side, spec=spec)
 

@@ -213,6 +213,16 @@ def _merge_channels(
 
 
 @attrs.frozen(kw_only=True)
+class FormatError:
+    """A weight quantized in one torchao format as ``quantize_`` does it (one absmax scale per row or per
+    group of inputs, round to nearest), and back: ``sqnr`` is the weight's power over the error's, in dB
+    (``inf``: the format holds the weight exactly)."""
+
+    format: str
+    sqnr: float
+
+
+@attrs.frozen(kw_only=True)
 class ActivationStats:
     """Statistics of one observed activation over all calibration batches."""
 
@@ -228,6 +238,11 @@ class ActivationStats:
     moments: BatchMoments | None = None
     percentiles: tuple[PercentileStats, ...] = ()
     tails: TailStats | None = None
+    # a weight side's error in each format its spec names that fits the weight (absent in files before 2.3)
+    formats: tuple[FormatError, ...] = ()
+
+    def format_error(self, name: str) -> FormatError | None:
+        return next((error for error in self.formats if error.format == name), None)
 
     def __attrs_post_init__(self) -> None:
         if (self.channel_min is None) != (self.channel_max is None) or (
@@ -292,6 +307,7 @@ class ActivationStats:
             moments=moments,
             percentiles=_merge_percentiles(self.percentiles, other.percentiles),
             tails=tails,
+            formats=self.formats or other.formats,  # one weight, measured alike by every shard
         )
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterable
 
+import attrs
 import torch
 
 from qinsight.core.errors import ObserverError
 from qinsight.core.sites import InsertPoint, ObserverSpec, Side, observer_key
 from qinsight.core.stats import ActivationStats, Observation, ObservedStats
+from qinsight.observe.formats import format_errors
 from qinsight.observe.observers import ActivationObserver, BatchClock
 from qinsight.plugin.detector import Detach, ModelView
 
@@ -109,8 +111,10 @@ class Instrumenter:
         if side is not Side.WEIGHT:
             return observer.freeze()
         weight = ActivationObserver(observer.spec, observer.key)  # the weight now, as one batch
-        weight.observe(weight_rows(self._view.weight(fqn), self._view.site(fqn).groups))
-        return weight.freeze()
+        tensor = self._view.weight(fqn)
+        weight.observe(weight_rows(tensor, self._view.site(fqn).groups))
+        frozen = weight.freeze()
+        return attrs.evolve(frozen, formats=format_errors(tensor, observer.spec.formats)) if observer.spec.formats else frozen
 
 
 def weight_rows(weight: torch.Tensor, groups: int) -> torch.Tensor:

@@ -41,8 +41,11 @@ BUILTIN_DETECTORS: Final = {
     "qinsight.outliers": "qinsight.detectors.outliers:OutlierDetector",
     "qinsight.precision": "qinsight.detectors.precision:PrecisionDetector",
     "qinsight.range_conflict": "qinsight.detectors.range_conflict:RangeConflictDetector",
+    "qinsight.formats": "qinsight.detectors.formats:FormatDetector",
 }
-DEFAULT_IDS: Final = tuple(BUILTIN_DETECTORS)
+# What a diagnosis runs unless told: every built-in but the torchao formats' (opt-in: ``plan --flow torchao`` runs it)
+OPT_IN_IDS: Final = ("qinsight.formats",)
+DEFAULT_IDS: Final = tuple(name for name in BUILTIN_DETECTORS if name not in OPT_IN_IDS)
 
 
 @attrs.frozen(kw_only=True)

@@ -66,6 +66,7 @@ def test_show_diff_plot_detectors_schema(saved: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     listed = qinsight("detectors")
     assert listed.returncode == 0 and "qinsight.outliers" in listed.stdout and "ok" in listed.stdout
+    assert any(line.startswith("qinsight.formats") and line.endswith("(opt-in: --detectors)") for line in listed.stdout.splitlines())
     schema = qinsight("schema")
     assert schema.returncode == 0 and '"schema_version"' in schema.stdout
 
@@ -167,6 +168,7 @@ def test_plan_with_the_torchao_flow_gives_a_format_per_linear_under_a_budget(tmp
     assert loaded is not None and loaded.budget is not None and loaded.mean_bits <= 7.0
     assert result.returncode == (0 if loaded.reached else 1), result.stderr
     assert result.stdout.splitlines()[2].startswith("Format plan (torchao quantize_, int8, int4_g32): sqnr>=20 and bits<=7 ")
+    assert "\nqinsight.formats (margin_db=3.0, min_bits=4.0)\n" in result.stdout  # what each format loses, per Linear
     for option, value, named in (
         ("--formats", "int8,int3", "formats='int3'"), ("--budget", "bytes<=5", "budget='bytes<=5'"), ("--confidence", "1.5", "confidence=1.5"),
     ):

@@ -36,7 +36,7 @@ from qinsight.outputs.schema import compatibility, schema
 from qinsight.core.comparison import LayerActivationComparison, MetricValue
 from qinsight.core.report import ReportMetadata
 from qinsight.core.sites import OpSite
-from qinsight.core.stats import ActivationStats, BatchMoments, PercentileStats, TailStats
+from qinsight.core.stats import ActivationStats, BatchMoments, FormatError, PercentileStats, TailStats
 from qinsight.plugin.testing import write_distribution
 from _plugin_sources import WIDTHS
 
@@ -82,6 +82,7 @@ def _activation_stats(channels: int) -> st.SearchStrategy[ActivationStats]:
         moments=st.none() | st.from_type(BatchMoments),
         percentiles=st.lists(_percentiles(channels), max_size=2).map(tuple),
         tails=st.none() | _tails(channels),
+        formats=st.lists(st.builds(FormatError, format=st.sampled_from(("int8", "int4_g32")), sqnr=FLOATS), max_size=2).map(tuple),
     )
 
 
@@ -202,7 +203,10 @@ SNAPSHOT = Path(__file__).parent.parent / "data" / "report_schema.json"
 st.register_type_strategy(float, st.floats(allow_nan=False))
 st.register_type_strategy(
     qinsight.ObserverSpec,  # its invariants: sorted percentiles in (0, 1), which imply per_channel
-    st.builds(qinsight.ObserverSpec, channel_axis=st.integers(-4, 4), per_channel=st.booleans(), moments=st.booleans())
+    st.builds(
+        qinsight.ObserverSpec, channel_axis=st.integers(-4, 4), per_channel=st.booleans(), moments=st.booleans(),
+        formats=st.lists(st.sampled_from(("int8", "float8", "int4_g32", "int4_g128")), unique=True).map(lambda fs: tuple(sorted(fs))),
+    )
     | st.builds(
         qinsight.ObserverSpec,
         channel_axis=st.integers(-4, 4),
