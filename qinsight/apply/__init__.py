@@ -10,8 +10,8 @@ and picks the advice for its flow with :func:`~qinsight.core.advice.advice_of`
 - :func:`smoothed`: the model a smoothed plan's config is for;
 - :func:`config_code`: the Python that builds the FX config, as the page shows it;
 - :func:`quantize`: all of it applied, the model prepared, calibrated and converted;
-- :func:`fqn_to_config`: torchao's ``FqnToConfig`` of a mixed-format plan (:mod:`.torchao`), which
-  :func:`quantize` applies with ``quantize_``.
+- :func:`fqn_to_config`: torchao's ``FqnToConfig`` of a mixed-format plan (:mod:`.torchao`), or of the
+  plan a report carries, which :func:`quantize` applies with ``quantize_`` (``flow="torchao"``).
 
 The advice's notes (a plan for the other flow, a config for the smoothed
 model, PT2E without equalization) are warned of as the objects are built.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from qinsight.apply import code, equalization, fx, pt2e, smoothing, torchao
 from qinsight.core.advice import Advice, advice_of
@@ -78,14 +78,15 @@ def quantize(
     source: Report | QuantPlan | Advice | FormatPlan,
     calibration_data: Iterable[Any] | None = None,
     *,
-    flow: FlowName | None = None,
+    flow: FlowName | Literal["torchao"] | None = None,
 ) -> nn.Module:
     """``model`` quantized as ``source`` advises, in ``flow`` (``"fx"`` or ``"pt2e"``; default: a plan's
     own flow, FX for a report): smoothed where the advice smooths, prepared (with the equalization in FX),
-    calibrated on every batch of ``calibration_data`` and converted. A :class:`FormatPlan` is applied by
-    torchao's ``quantize_`` with :func:`fqn_to_config` (no calibration). ``model`` itself is not changed."""
-    if isinstance(source, FormatPlan):
-        return torchao.quantize_formats(model, source)
+    calibrated on every batch of ``calibration_data`` and converted. A :class:`FormatPlan`, or with
+    ``flow="torchao"`` the format plan a report carries, is applied by torchao's ``quantize_`` with
+    :func:`fqn_to_config` (no calibration). ``model`` itself is not changed."""
+    if isinstance(source, FormatPlan) or flow == "torchao":
+        return torchao.quantize_formats(model, _format_plan(source))
     if calibration_data is None:
         raise InvalidParameterError("quantize", "calibration_data", None, "the batches to calibrate the static flow's observers on")
     from qinsight.apply import recipe  # the flows' prepare and convert: only when a model is quantized
@@ -93,11 +94,26 @@ def quantize(
     return recipe.quantize_with(model, advice_of(source, flow), list(calibration_data))
 
 
-def fqn_to_config(source: FormatPlan | Mapping[str, str]) -> Any:
-    """torchao's ``FqnToConfig`` giving each Linear of ``source`` (a plan, or Linear name → format name such
-    as ``{"model.layers.0.mlp.down_proj": "int4_g32"}``) its format: ``quantize_(model, fqn_to_config(plan),
-    filter_fn=None)`` quantizes ``model`` as the plan says (``pip install 'qinsight[pt2e]'``)."""
-    return torchao.fqn_to_config(source)
+def fqn_to_config(source: FormatPlan | Report | Mapping[str, str]) -> Any:
+    """torchao's ``FqnToConfig`` giving each Linear of ``source`` (a plan, the plan a report carries, or
+    Linear name → format name such as ``{"model.layers.0.mlp.down_proj": "int4_g32"}``) its format:
+    ``quantize_(model, fqn_to_config(plan), filter_fn=None)`` quantizes ``model`` as the plan says
+    (``pip install 'qinsight[pt2e]'``)."""
+    return torchao.fqn_to_config(source if isinstance(source, Mapping) else _format_plan(source))
+
+
+def _format_plan(source: object) -> FormatPlan:
+    """The format plan ``source`` is or carries: torchao's advice is measured by a plan, never guessed."""
+    if isinstance(source, FormatPlan):
+        return source
+    carried = getattr(source, "formats", None)
+    if isinstance(carried, FormatPlan):
+        return carried
+    raise InvalidParameterError(
+        "quantize", "source", type(source).__name__,
+        "a FormatPlan, or a report carrying one, for torchao's formats: qinsight.plan_formats(model, data) measures one "
+        "(report.with_formats(plan) attaches it; `qinsight plan --flow torchao` writes it)",
+    )
 
 
 __all__ = ["config_code", "equalization_config", "fqn_to_config", "pt2e_quantizer", "qconfig_mapping", "quantize", "smoothed"]

@@ -212,6 +212,14 @@ def test_a_report_carrying_a_format_plan_round_trips_and_leads_with_its_verdict(
     assert "Rankings at the plan's size (kl, quantized for real):" in text
     page = render_html(loaded)  # the page leads with the answer too
     assert page.index("<h2>Format plan (torchao quantize_)</h2>") < page.index("<h2>Suggested config</h2>")
+    # the report file's torchao config is its plan's: quantize(flow="torchao") and quantize_ with its FqnToConfig
+    from_file = qinsight.quantize(model, loaded, flow="torchao")
+    theirs = copy.deepcopy(model)
+    torchao_quantization.quantize_(theirs, qinsight.fqn_to_config(loaded), filter_fn=None)
+    with torch.no_grad():
+        assert all(torch.equal(from_file(b), theirs(b)) and torch.equal(from_file(b), qinsight.quantize(model, plan)(b)) for b in data)
+    with pytest.raises(InvalidParameterError, match="carrying one, for torchao's formats: qinsight.plan_formats"):
+        qinsight.quantize(model, qinsight.diagnose(model, data[:1]), flow="torchao")
 
 
 @pytest.mark.slow
