@@ -118,7 +118,7 @@ class LayerFormat:
 
 @attrs.frozen(kw_only=True)
 class FormatCost:
-    """One Linear alone in ``format`` (every other layer float), measured on the search data:
+    """One Linear alone in ``format`` (every other layer float), measured on the search data's ranking part:
     ``damage`` is what the search adds up (mean KL of the next-token distributions for language-model
     metrics, else the output error's power over the output's), ``score`` the plan's metric."""
 

@@ -98,9 +98,10 @@ class FormatFinding(Finding):
         medians = {m.format: m.sqnr for m in self.medians}
         worst = self.worst_format()
         if worst is not None:
-            name = worst[0]
+            name, loss = worst
             own = next(e.sqnr for e in self.errors if e.format == name)
-            parts.append(f"{name} keeps {own:.1f} dB of the weight, {worst[1]:+.1f} dB against the median Linear's {medians[name]:.1f}")
+            side = "under" if loss >= 0 else "above"
+            parts.append(f"{name} keeps {own:.1f} dB of the weight, {abs(loss):.1f} dB {side} the median Linear's {medians[name]:.1f}")
             others = [f"{e.format} {e.sqnr:.1f}" for e in self.errors if e.format != name]
             if others:
                 parts[-1] += f" ({', '.join(others)} dB)"

@@ -3,8 +3,11 @@ quality target with as few bits per weight as the search can get, or the best qu
 
 The stages, each measured for real (``quantize_`` in place, the float weights put back after):
 
-1. **Costs**: each Linear alone in each of its formats, every other layer float, scored on the search
-   data; its *damage* (:meth:`Scorer.damage`) adds up over layers.
+1. **Costs**: each Linear alone in each of its formats, every other layer float, scored on the ranking
+   part of the search data; its *damage* (:meth:`Scorer.damage`) adds up over layers. The search data's
+   batches alternate between the ranking part and the sizing part (one batch: both), so the sizes
+   below are chosen on tokens the ranking never saw: a ranking fitted to its own tokens' chance
+   makes cheap-looking layers that are not, and scored on those same tokens it would not show.
 2. **Order** (:mod:`.ladders`): the moves down each layer's ladder of formats, cheapest damage per bit
    saved first.
 3. **Other orders** (:mod:`.proxies`): the same moves ranked by the Fisher proxy (one backward pass)
@@ -83,12 +86,18 @@ def format_goal(
 @attrs.frozen(kw_only=True)
 class FormatRequest:
     """What :func:`plan_formats` was asked, checked before any forward: the goal, and the data split into
-    the part the search chooses on and the part held out."""
+    the part the layers are ranked on, the part the sizes are chosen on and the part held out."""
 
     goal: FormatGoal
+    rank: tuple[Any, ...]
     search: tuple[Any, ...]
     held_out: tuple[Any, ...]
     orders: bool
+
+    @property
+    def cross_fitted(self) -> bool:
+        """Whether the ranking and the sizes were chosen on different batches."""
+        return self.rank is not self.search  # one batch: the same tuple, both parts
 
 
 def format_request(
@@ -99,7 +108,8 @@ def format_request(
         raise InvalidParameterError("plan_formats", "evaluation_data", "no batches", "at least one batch")
     held = tuple(held_out_data) if held_out_data is not None else batches[(len(batches) + 1) // 2:]
     search = batches if held_out_data is not None else batches[: (len(batches) + 1) // 2]
-    return FormatRequest(goal=goal, search=search, held_out=held, orders=orders)
+    rank, size = (search[0::2], search[1::2]) if len(search) > 1 else (search, search)
+    return FormatRequest(goal=goal, rank=rank, search=size, held_out=held, orders=orders)
 
 
 class _Measure:
@@ -110,6 +120,9 @@ class _Measure:
     def __init__(self, model: nn.Module, layers: Sequence[Rungs], request: FormatRequest) -> None:
         self.model, self.layers, self.request = model, tuple(layers), request
         self.search = Scorer(float_outputs(model, request.search), request.goal.metric, request.goal.metric, request.search)
+        self.ranking = (
+            Scorer(float_outputs(model, request.rank), request.goal.metric, request.goal.metric, request.rank) if request.cross_fitted else self.search
+        )
         self.held = Scorer(float_outputs(model, request.held_out), request.goal.metric, request.goal.metric, request.held_out) if request.held_out else None
         self.runs = 0
         self._scores: dict[tuple[tuple[tuple[str, str], ...], bool], tuple[float, float]] = {}  # (assignment, held out) -> score, bound
@@ -171,9 +184,12 @@ def plan_formats(
     ``formats`` are names (:class:`~qinsight.core.formats.WeightFormat`: ``int8``, ``int8_dynamic``,
     ``float8``, ``int4_g32``, ``int4_dynamic_g32``, ``float``). The search chooses on
     ``evaluation_data`` and the plan is scored again on ``held_out_data`` (default: the second half of
-    ``evaluation_data``'s batches, the search keeping the first). With a language-model metric the search
-    holds the target at the pessimistic end of the score's one-sided ``confidence`` interval over the
-    search tokens (``None``: at the score itself, which text the search did not see often misses). ``qinsight.quantize(model, plan)``, or
+    ``evaluation_data``'s batches, the search keeping the first). The search's batches alternate between
+    ranking the layers (each one's cost) and choosing the sizes, so that the scores it keeps are of
+    tokens the ranking never saw (with one batch, both are chosen on it, and a note says so). With a
+    language-model metric the search holds the target at the pessimistic end of the score's one-sided
+    ``confidence`` interval over the sizing tokens (``None``: at the score itself, which text the
+    search did not see often misses). ``qinsight.quantize(model, plan)``, or
     ``quantize_(model, qinsight.fqn_to_config(plan))``, applies it. The model itself is not changed.
     """
     goal = format_goal(formats, target, budget, metric, confidence)
@@ -194,13 +210,13 @@ def plan_formats(
 
 
 def _costs(measure: _Measure, report: Progress) -> tuple[FormatCost, ...]:
-    """Each layer alone in each of its formats (``float`` costs nothing), measured on the search data."""
+    """Each layer alone in each of its formats (``float`` costs nothing), measured on the ranking data."""
     wanted = [(layer.fqn, fmt.name) for layer in measure.layers for fmt in layer.formats if not fmt.is_float]
     found = []
     for done, (fqn, name) in enumerate(wanted):
         report("measuring each layer in each format", done, len(wanted))
-        results = measure.outputs({fqn: name}, measure.request.search)
-        found.append(FormatCost(fqn=fqn, format=name, damage=measure.search.damage(results), score=measure.search(results)))
+        results = measure.outputs({fqn: name}, measure.request.rank)
+        found.append(FormatCost(fqn=fqn, format=name, damage=measure.ranking.damage(results), score=measure.ranking(results)))
     report("measuring each layer in each format", len(wanted), len(wanted))
     return tuple(found)
 
@@ -278,10 +294,20 @@ def _assembled(
         costs=costs,
         orders=checks,
         evaluations=measure.runs,
-        notes=notes + search_notes + followed + _bound_note(request, chosen) + _held_out_note(request, measure, chosen)
+        notes=notes + search_notes + followed + _bound_note(request, chosen) + _fitting_note(request)
+        + _held_out_note(request, measure, chosen)
         + _measured_notes(measure, chosen),
         order=order,
         confidence=request.goal.confidence,
+    )
+
+
+def _fitting_note(request: FormatRequest) -> tuple[str, ...]:
+    if request.cross_fitted:
+        return ()
+    return (
+        "one search batch: the layers were ranked and the sizes chosen on the same tokens, so the search score flatters "
+        "the plan (two or more search batches keep them apart)",
     )
 
 
@@ -321,7 +347,7 @@ def _held_out_note(request: FormatRequest, measure: _Measure, chosen: CurvePoint
 
 def _proxy_orders(measure: _Measure) -> dict[str, Sequence[Move]]:
     """The moves ranked by the Fisher proxy and by the activation-weighted weight error (:mod:`.proxies`)."""
-    model, layers, search = measure.model, measure.layers, measure.request.search
+    model, layers, search = measure.model, measure.layers, measure.request.rank
     errors = proxies.weight_errors(model, layers)
     damages = {
         "fisher (sum of g^2 dW^2)": proxies.fisher_damage(model, layers, search, errors),

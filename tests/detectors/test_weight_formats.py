@@ -66,7 +66,7 @@ def test_the_layer_a_format_loses_most_on_and_the_input_per_token_int8_starves_a
     assert wide.verdict == "weight loses most" and wide.actionable
     worst = wide.worst_format()
     assert worst is not None and worst[0] == "int8" and worst[1] > 10  # per-row scales: its 30x columns set every row's
-    assert "int8 keeps" in wide.reason() and "against the median Linear's" in wide.reason()
+    assert "int8 keeps" in wide.reason() and "dB under the median Linear's" in wide.reason()
     assert loud.verdict == "input starves per-token int8" and loud.widest_channel == 3 and loud.token_bits is not None
     assert loud.token_bits < 4 and loud.widest_ratio is not None and loud.widest_ratio > 100
     assert findings["first"].verdict == findings["last"].verdict == "typical"

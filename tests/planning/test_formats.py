@@ -95,9 +95,22 @@ def test_a_plan_between_the_uniform_formats_reaches_its_target_for_real(model: n
     torchao_quantization.quantize_(theirs, qinsight.fqn_to_config(plan), filter_fn=None)
     with torch.no_grad():
         assert all(torch.equal(ours(b), theirs(b)) for b in data)
-    # its score is that model's perplexity ratio on the search half, computed by hand
-    assert plan.chosen.score == pytest.approx(_perplexity_ratio(model, ours, data[:2]), rel=1e-9)
+    # its score is that model's perplexity ratio on the search half's sizing batch (the first ranks the layers), by hand
+    assert plan.chosen.score == pytest.approx(_perplexity_ratio(model, ours, data[1:2]), rel=1e-9)
     assert plan.chosen.held_out == pytest.approx(_perplexity_ratio(model, ours, data[2:]), rel=1e-9)
+    # each layer's cost is measured on the ranking batch, the one the sizes are not chosen on
+    cost = max(plan.costs, key=lambda c: c.damage)
+    alone = _alone(model, cost.fqn, cost.format)
+    assert cost.score == pytest.approx(_perplexity_ratio(model, alone, data[:1]), rel=1e-9)
+    assert not any("one search batch" in note for note in plan.notes)
+    single = qinsight.plan_formats(model, data[:2], target=f"perplexity<={threshold:.6f}", compare_orders=False)
+    assert any("one search batch: the layers were ranked and the sizes chosen on the same tokens" in n for n in single.notes)
+
+
+def _alone(model: nn.Module, fqn: str, name: str) -> nn.Module:
+    quantized = copy.deepcopy(model)
+    torchao_quantization.quantize_(quantized, qinsight.fqn_to_config({fqn: name}), filter_fn=None)
+    return quantized
 
 
 def test_each_layer_converted_carries_its_planned_format(model: nn.Module, uniform: dict[str, qinsight.CurvePoint]) -> None:
@@ -223,25 +236,26 @@ def test_a_report_carrying_a_format_plan_round_trips_and_leads_with_its_verdict(
 
 
 @pytest.mark.slow
-def test_smollm2_mixes_formats_below_int8_bits_and_claims_its_target_only_where_held_out_text_meets_it() -> None:
+def test_smollm2_mixes_formats_below_int8_bits_and_reaches_its_target_on_text_it_never_saw() -> None:
     """SmolLM2-135M's 210 Linears (the tied output head stays float), int8 or int4 in groups of 32, planned
-    to perplexity <= 1.05x fp32 on six paragraphs (231 tokens) and scored on six others it never saw."""
+    to perplexity <= 1.05x fp32 on six paragraphs (231 tokens: three rank the layers, three choose the
+    size) and scored on six others it never saw. Measured: 1.011 (95% bound 1.040) on the sizing
+    paragraphs, 1.043 held out, at 7.41 bits (36 int4 layers); uniform int4 1.359 held out."""
     from _support import smollm2_or_skip
 
     from qinsight.examples.smollm import HELD_OUT_TEXTS, TEXTS, token_batches
 
     smollm = smollm2_or_skip()
-    search = [torch.cat([b[0] for b in token_batches(TEXTS, tokens=1000)])[None]]
+    paragraphs = token_batches(TEXTS, tokens=1000)
+    search = [torch.cat([b[0] for b in paragraphs[start::2]])[None] for start in (0, 1)]
     held_out = [torch.cat([b[0] for b in token_batches(HELD_OUT_TEXTS, tokens=1000)])[None]]
     plan = qinsight.plan_formats(smollm, search, held_out_data=held_out, target="perplexity<=1.05")
     uniform = {p.label: p for p in plan.uniform}
-    assert len(plan.layers) == 210 and plan.chosen.bound <= 1.05  # the search's own data meets it, at its 95% bound
+    assert len(plan.layers) == 210 and plan.chosen.bound <= 1.05  # the sizing paragraphs meet it, at the 95% bound
     assert plan.chosen.score < plan.chosen.bound and plan.confidence == 0.95
-    assert uniform["uniform int4_g32"].score > 1.05 and uniform["uniform int4_g32"].held_out > 1.05  # uniform int4 misses
-    assert plan.mean_bits < uniform["uniform int8"].mean_bits - 1.0 and plan.counts()["int4_g32"] >= 40
-    # measured: 1.006 (bound 1.039) on the search text, 1.052 held out at 6.95 bits; the plan says so and does not claim it
-    assert plan.reached == (plan.chosen.held_out <= 1.05)
-    assert plan.reached or any("not on the held-out data" in note for note in plan.notes)
+    assert plan.reached and plan.chosen.held_out <= 1.05  # and the paragraphs it never saw
+    assert uniform["uniform int4_g32"].held_out > 1.05 and plan.counts()["int4_g32"] > 0  # uniform int4 misses
+    assert plan.mean_bits < uniform["uniform int8"].mean_bits - 0.5
     assert {o.order.split()[0] for o in plan.orders} == {"measured", "fisher", "activation"}
 
 
@@ -272,12 +286,11 @@ def test_the_search_holds_its_target_at_the_scores_confidence_bound(model: nn.Mo
     assert bold.confidence is None and math.isnan(bold.chosen.bound)
     assert held.confidence == 0.99 and held.target is not None and held.target.met(held.chosen.bound)
     assert held.chosen.bound > held.chosen.score and held.mean_bits >= bold.mean_bits
-    # by hand: the token losses' differences, cut into isqrt(n) runs of consecutive tokens
+    # by hand, on the sizing batch: the token losses' differences, cut into isqrt(n) runs of consecutive tokens
     quantized = qinsight.quantize(model, held)
     with torch.no_grad():
         losses = [
-            torch.nn.functional.cross_entropy(torch.cat([m(b)[:, :-1].reshape(-1, VOCAB) for b in data[:2]]).double(),
-                                              torch.cat([b[:, 1:].reshape(-1) for b in data[:2]]), reduction="none")
+            torch.nn.functional.cross_entropy(m(data[1])[:, :-1].reshape(-1, VOCAB).double(), data[1][:, 1:].reshape(-1), reduction="none")
             for m in (quantized, model)
         ]
     differences = losses[0] - losses[1]
