@@ -159,7 +159,7 @@ st.register_type_strategy(
 # a format plan's points and layers: counts never negative, held-out scores drawn (their default is NaN)
 for _cls in (qinsight.CurvePoint, qinsight.LayerFormat, qinsight.FormatPlan, qinsight.OrderCheck, qinsight.FormatCost, qinsight.Budget):
     attrs.resolve_types(_cls)
-st.register_type_strategy(qinsight.CurvePoint, st.builds(qinsight.CurvePoint, mean_bits=SCORES, state_bytes=COUNTS, score=SCORES, held_out=SCORES))
+st.register_type_strategy(qinsight.CurvePoint, st.builds(qinsight.CurvePoint, mean_bits=SCORES, state_bytes=COUNTS, score=SCORES, held_out=SCORES, bound=SCORES))
 st.register_type_strategy(qinsight.LayerFormat, st.builds(qinsight.LayerFormat, parameters=COUNTS, bits=SCORES))
 st.register_type_strategy(qinsight.FormatCost, st.builds(qinsight.FormatCost, damage=SCORES, score=SCORES))
 st.register_type_strategy(qinsight.Budget, st.builds(qinsight.Budget, bits=SCORES))
