@@ -28,13 +28,12 @@ from qinsight.core.advice import Advice, advice_of
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.formats import FormatPlan
 from qinsight.core.plan import QuantPlan
+from qinsight.core.report import Report
 from qinsight.core.sites import FlowName
 
 if TYPE_CHECKING:
     from torch import nn
     from torch.ao.quantization import QConfigMapping
-
-    from qinsight.core.report import Report
 
 def _advice(source: Report | QuantPlan | Advice, flow: FlowName) -> Advice:
     advice = advice_of(source, flow)
@@ -102,13 +101,12 @@ def fqn_to_config(source: FormatPlan | Report | Mapping[str, str]) -> Any:
     return torchao.fqn_to_config(source if isinstance(source, Mapping) else _format_plan(source))
 
 
-def _format_plan(source: object) -> FormatPlan:
+def _format_plan(source: Report | QuantPlan | Advice | FormatPlan) -> FormatPlan:
     """The format plan ``source`` is or carries: torchao's advice is measured by a plan, never guessed."""
     if isinstance(source, FormatPlan):
         return source
-    carried = getattr(source, "formats", None)
-    if isinstance(carried, FormatPlan):
-        return carried
+    if isinstance(source, Report) and source.formats is not None:
+        return source.formats
     raise InvalidParameterError(
         "quantize", "source", type(source).__name__,
         "a FormatPlan, or a report carrying one, for torchao's formats: qinsight.plan_formats(model, data) measures one "
