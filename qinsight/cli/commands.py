@@ -218,8 +218,9 @@ def _plan(args: argparse.Namespace) -> int:
 
     check_targets([args.out, args.html], [])
     # a torchao plan's report says what each format loses on each Linear too (the formats detector)
-    detectors = [*requested_ids(None), *(d for d in OPT_IN_IDS if d not in requested_ids(None))] if args.flow == "torchao" else None
-    for line in check_verdict_gates(args.fail_on, detectors or requested_ids(None)):
+    requested = requested_ids(None)
+    detectors = [*requested, *(d for d in OPT_IN_IDS if d not in requested)] if args.flow == "torchao" else None
+    for line in check_verdict_gates(args.fail_on, detectors or requested):
         note(line)
     try:
         target = Target.parse(args.target)

@@ -34,6 +34,7 @@ from qinsight.core.sites import OpKind
 from qinsight.frontends import (
     ATEN_KINDS,
     ModelStructure,
+    call_target,
     exported_sites,
     fetch_attr,
     module_name_of,
@@ -264,8 +265,7 @@ def _call(model: fx.GraphModule, node: fx.Node, args: Any, kwargs: Any) -> Any:
         return getattr(args[0], str(node.target))(*args[1:], **kwargs)
     if node.op == "call_module":  # forward: the hooks of a layer being compared must not see the replay
         return model.get_submodule(str(node.target)).forward(*args, **kwargs)
-    target: Callable[..., Any] = node.target  # type: ignore[assignment]  # a call_function's target is callable
-    return target(*args, **kwargs)
+    return call_target(node, args, kwargs)
 
 
 class GraphLayer:
@@ -339,8 +339,7 @@ def evaluate_constant(model: fx.GraphModule, node: fx.Node) -> object:
         return fetch_attr(model, str(node.target))
     value_of: Callable[[fx.Node], Any] = lambda n: evaluate_constant(model, n)  # noqa: E731
     args, kwargs = fx.map_arg((node.args, node.kwargs), value_of)
-    target: Callable[..., Any] = node.target  # type: ignore[assignment]  # a call_function's target is callable
-    return target(*args, **kwargs)
+    return call_target(node, args, kwargs)
 
 
 def quantized_layers(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import pydoc
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -63,6 +64,12 @@ def fetch_attr(model: fx.GraphModule, target: str) -> object:
     for part in target.split("."):
         value = getattr(value, part)
     return value
+
+
+def call_target(node: fx.Node, args: Any, kwargs: Any) -> Any:
+    """A ``call_function`` node's target called on ``args`` and ``kwargs`` (the values of its inputs)."""
+    target: Callable[..., Any] = node.target  # type: ignore[assignment]  # a call_function's target is callable
+    return target(*args, **kwargs)
 
 
 def _weight_source(node: fx.Node, model: fx.GraphModule) -> tuple[fx.Node | None, nn.Module | None]:

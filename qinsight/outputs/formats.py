@@ -50,12 +50,11 @@ def roles_table(plan: FormatPlan, limit: int = DEFAULT_LIMIT) -> Table:
 def curve_table(plan: FormatPlan) -> Table:
     """The plan's ranking at several sizes and the uniform formats, all quantized for real, most bits first."""
     points = sorted((*plan.curve, *plan.uniform), key=lambda p: (-p.mean_bits, p.label))
-    bounded = plan.confidence is not None
+    bound = (f"search, {plan.confidence:.0%} bound",) if plan.confidence is not None else ()  # the column, where the search held one
     rows = tuple(
-        (p.label, f"{p.mean_bits:.2f}", f"{p.state_bytes / 1e6:.1f}", _score(p.score), *((_score(p.bound),) if bounded else ()), _score(p.held_out))
+        (p.label, f"{p.mean_bits:.2f}", f"{p.state_bytes / 1e6:.1f}", _score(p.score), *((_score(p.bound),) if bound else ()), _score(p.held_out))
         for p in points
     )
-    bound = (f"search, {plan.confidence:.0%} bound",) if plan.confidence is not None else ()
     return Table(
         f"Size against quality ({plan.metric}, quantized for real)", ("assignment", "bits", "MB", "search", *bound, "held out"), rows
     )

@@ -119,14 +119,16 @@ class _Measure:
 
     def __init__(self, model: nn.Module, layers: Sequence[Rungs], request: FormatRequest) -> None:
         self.model, self.layers, self.request = model, tuple(layers), request
-        self.search = Scorer(float_outputs(model, request.search), request.goal.metric, request.goal.metric, request.search)
-        self.ranking = (
-            Scorer(float_outputs(model, request.rank), request.goal.metric, request.goal.metric, request.rank) if request.cross_fitted else self.search
-        )
-        self.held = Scorer(float_outputs(model, request.held_out), request.goal.metric, request.goal.metric, request.held_out) if request.held_out else None
+        self.search = self._scorer(request.search)
+        self.ranking = self._scorer(request.rank) if request.cross_fitted else self.search
+        self.held = self._scorer(request.held_out) if request.held_out else None
         self.runs = 0
         self._scores: dict[tuple[tuple[tuple[str, str], ...], bool], tuple[float, float]] = {}  # (assignment, held out) -> score, bound
         self._stored: dict[tuple[tuple[str, str], ...], int] = {}  # assignment -> bytes of its weights as stored
+
+    def _scorer(self, batches: tuple[Any, ...]) -> Scorer:
+        """The goal's metric against the float model's outputs of ``batches``."""
+        return Scorer(float_outputs(self.model, batches), self.request.goal.metric, self.request.goal.metric, batches)
 
     def outputs(self, formats: dict[str, str], batches: Sequence[Any]) -> list[Any]:
         return self._run(formats, batches, None)

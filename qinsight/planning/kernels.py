@@ -16,12 +16,13 @@ then on, as before.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import torch
 from torch import fx, nn
 
+from qinsight.frontends import call_target
 from qinsight.planning.switches import Mode, Switch
 
 # Ops whose quantized form takes the output's qparams (what convert_fx lowers them to).
@@ -153,8 +154,7 @@ class QuantizedOps:
             if output is None or len(args) != 2 or kwargs or not all(isinstance(a, torch.Tensor) for a in args):
                 raise TypeError("not a binary op of two tensors with a quantized output")
             return lowered(args[0], args[1], output.step, output.zero)
-        target: Callable[..., Any] = node.target  # type: ignore[assignment]  # a call_function's target is callable
-        return target(*args, **kwargs)
+        return call_target(node, args, kwargs)
 
 
 __all__ = ["NOT_RUN", "QuantizedOps"]

@@ -65,6 +65,12 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return float(torch.nn.functional.cross_entropy(logits.double(), labels, ignore_index=-100))
 
 
+def _token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Each labelled next token's cross entropy (nats, float64), in token order."""
+    kept = labels != -100
+    return torch.nn.functional.cross_entropy(logits[kept].double(), labels[kept], reduction="none")
+
+
 class Scorer:
     """Scores outputs against the float model's ``reference`` outputs (one entry per batch);
     ``perplexity`` also reads the evaluation ``inputs`` (token ids: its labels are the next tokens)."""
@@ -79,6 +85,7 @@ class Scorer:
         self.rows = self._matrix(reference)  # a language model's: one row per position
         self._margins = TopMargins(self.rows) if metric == "top1" else None
         self._reference_log: torch.Tensor | None = None
+        self._reference_positions: torch.Tensor | None = None  # the float model's side of _per_position, once
         self._labels = next_tokens(self.rows, inputs) if metric == "perplexity" else None
         self._loss = _loss(self.rows, self._labels) if self._labels is not None else 0.0
 
@@ -107,39 +114,46 @@ class Scorer:
         return self.noise(outputs)[OUTPUT_NOISE]
 
     def __call__(self, outputs: Sequence[Any]) -> float:
+        return self._score(outputs, None)
+
+    def _score(self, outputs: Sequence[Any], rows: torch.Tensor | None) -> float:
+        """The score of ``outputs``; ``rows``: their :meth:`_matrix`, where made already."""
+        if not isinstance(self.metric, str):
+            return float(self.metric(self.reference, outputs))
+        rows = self._matrix(outputs) if rows is None else rows
         if self._labels is not None:
-            return math.exp(_loss(self._matrix(outputs), self._labels) - self._loss)
-        if isinstance(self.metric, str):
-            return BUILTIN[self.metric].on_tensors(self.rows, self._matrix(outputs))
-        return float(self.metric(self.reference, outputs))
+            return math.exp(_loss(rows, self._labels) - self._loss)
+        return BUILTIN[self.metric].on_tensors(self.rows, rows)
 
     def bounded(self, outputs: Sequence[Any], confidence: float | None) -> tuple[float, float]:
         """The score of ``outputs`` and the pessimistic end of its one-sided ``confidence`` interval
         (:func:`pessimistic_bound`) over the positions a language-model metric averages; NaN where the
         metric is not such a mean, or ``confidence`` is ``None``."""
-        score = self(outputs)
-        values = self._per_position(outputs) if confidence is not None else None
-        if values is None or confidence is None:
-            return score, math.nan
+        if confidence is None or self.metric not in PER_POSITION:
+            return self(outputs), math.nan
+        rows = self._matrix(outputs)
+        score, values = self._score(outputs, rows), self._per_position(rows)
         if self._labels is not None:  # perplexity: the ratio is exp(mean difference of the token losses)
             return score, math.exp(pessimistic_bound(values, confidence, higher_is_better=False))
         return score, pessimistic_bound(values, confidence, higher_is_better=self.metric == "token_agreement")
 
-    def _per_position(self, outputs: Sequence[Any]) -> torch.Tensor | None:
+    def _per_position(self, rows: torch.Tensor) -> torch.Tensor:
         """The per-position values a language-model metric is the mean of, in token order: each next
         token's loss minus the float model's (perplexity), the KL of its distributions (kl), whether
         its argmax agrees (token_agreement)."""
-        if self.metric not in PER_POSITION:
-            return None
-        rows = self._matrix(outputs)
+        if self._reference_positions is None:  # the float model's side, once: a plan scores hundreds of runs
+            self._reference_positions = (
+                _token_losses(self.rows, self._labels) if self._labels is not None
+                else torch.log_softmax(self.rows.double(), dim=1) if self.metric == "kl" else self.rows.argmax(dim=1)
+            )
+        reference = self._reference_positions
         if self._labels is not None:
-            kept = self._labels != -100
-            losses = [torch.nn.functional.cross_entropy(r[kept].double(), self._labels[kept], reduction="none") for r in (rows, self.rows)]
-            return losses[0] - losses[1]
+            return _token_losses(rows, self._labels) - reference
         if self.metric == "kl":
-            p_log, q_log = torch.log_softmax(self.rows.double(), dim=1), torch.log_softmax(rows.double(), dim=1)
-            return (p_log.exp() * (p_log - q_log)).sum(dim=1)
-        return (self.rows.argmax(dim=1) == rows.argmax(dim=1)).double()
+            return (reference.exp() * (reference - torch.log_softmax(rows.double(), dim=1))).sum(dim=1)
+        return (reference == rows.argmax(dim=1)).double()
+
+
 
     @property
     def orders(self) -> tuple[str, ...]:
