@@ -20,6 +20,7 @@ from qinsight.frontends.base import (
     find_site,
     hookless_copy,
     run_batch,
+    shared_copy,
 )
 from qinsight.frontends.calls import CallTap, WatchCall, hidden_calls, resolve_target
 from qinsight.frontends.eager import eager_view
@@ -92,6 +93,7 @@ __all__ = [
     "resolve_qconfig",
     "run_batch",
     "separate_shared_calls",
+    "shared_copy",
     "site_for_module",
     "tail_chains",
     "tap_nodes",

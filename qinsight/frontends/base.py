@@ -71,11 +71,19 @@ _HOOKS = (
 )
 
 
+def shared_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model``'s modules that shares its parameters (buffers are copied: a forward may
+    update one in place). What ``prepare_fx``, ``convert_fx`` and torch's equalization rewrite: they
+    swap modules and assign new weights, never write into one, so the weights need no copy. A deep
+    copy of four 7B-width decoder layers took 5.9 s, about a seventh of ``report()`` on the CPU."""
+    return copy.deepcopy(model, {id(p): p for p in model.parameters()})
+
+
 def hookless_copy(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` without forward hooks: what a check quantizes or runs while a session may be
-    observing the model (inside ``qinsight.instrument``, its observers hook the modules, and a copy
-    would carry them and feed its values into the statistics)."""
-    copied = copy.deepcopy(model)
+    """A :func:`shared_copy` of ``model`` without forward hooks: what a check quantizes or runs while a
+    session may be observing the model (inside ``qinsight.instrument``, its observers hook the modules,
+    and a copy would carry them and feed its values into the statistics)."""
+    copied = shared_copy(model)
     for module in copied.modules():
         for name in _HOOKS:
             hooks = getattr(module, name, None)

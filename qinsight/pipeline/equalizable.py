@@ -15,7 +15,6 @@ equalization is applied for real on a copy, the quantization left out
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 from collections.abc import Sequence
@@ -33,7 +32,7 @@ from torch.ao.quantization.quantize_fx import prepare_fx
 from qinsight.compare.configs import release_fx_graphs
 from qinsight.compare.metrics import relative_l2
 from qinsight.core.errors import describe
-from qinsight.frontends import eval_mode, example_inputs, hookless_copy, run_batch
+from qinsight.frontends import eval_mode, example_inputs, hookless_copy, run_batch, shared_copy
 
 # The float output may move by rounding only: scaling by s and 1/s is exact up to float32.
 CHANGED = 1e-3
@@ -93,7 +92,7 @@ def _prepared(model: nn.Module, fqns: Sequence[str], example: object, backend: s
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prepared = prepare_fx(
-            copy.deepcopy(model).eval(), get_default_qconfig_mapping(backend), inputs, _equalization_config=equalization
+            shared_copy(model).eval(), get_default_qconfig_mapping(backend), inputs, _equalization_config=equalization
         )
     return prepared
 

@@ -219,3 +219,54 @@ def test_a_model_on_an_accelerator_is_not_copied_to_be_checked(monkeypatch: pyte
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).to("meta")
     found = checked_activations(model, torch.randn(2, 8, device="meta"), "x86", lambda a: advice_mapping((), (), "x86", None, a))
     assert found is None and copies == []
+
+
+def test_the_checks_copy_the_modules_but_not_the_weights_and_leave_them_as_they_were() -> None:
+    # report() quantizes copies of the model (the saturation and equalization checks); the copies share
+    # the weights (a deep copy of four 7B-width layers took seconds) and never write into them
+    from qinsight.frontends import shared_copy
+
+    torch.manual_seed(0)
+    model, batches = Blocks().eval(), [torch.randn(4, 3, 8, 8) for _ in range(2)]
+    copied = shared_copy(model)
+    assert copied.fc is not model.fc and copied.fc.weight is model.fc.weight
+    assert copied.stem[1].running_mean is not model.stem[1].running_mean  # a forward may update a buffer
+    before = {name: (tensor, tensor.clone()) for name, tensor in model.state_dict(keep_vars=True).items()}
+    report = qinsight.diagnose(model, batches)
+    assert report.fx_activations == FxActivations(kernels=4)  # the check ran (conv-BN fused, converted)
+    after = model.state_dict(keep_vars=True)
+    assert after.keys() == before.keys()
+    for name, (tensor, values) in before.items():
+        assert after[name] is tensor and torch.equal(tensor, values), name
+
+
+def test_the_check_keeps_dynamic_layers_in_float_and_finds_what_the_whole_config_finds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MobileNetV2, whose depthwise convs saturate at 8 bits, with its classifier dynamic: the check
+    quantizes the static kernels alone (the dynamic one's input is float either way), and narrows the
+    same inputs with the same excess as a check of the whole config."""
+    from torch.ao.quantization import default_dynamic_qconfig
+
+    from qinsight.examples.mobilenet import MobileNetV2
+
+    torch.manual_seed(0)
+    model, batch = MobileNetV2().eval(), torch.randn(2, 3, 96, 96)
+    sites = fx_view(model, None, batch).sites
+
+    def mapping(activations: FxActivations) -> Any:
+        return advice_mapping(sites, (), "x86", None, activations).set_module_name("classifier.1", default_dynamic_qconfig)
+
+    kinds: list[set[str]] = []
+    checked = saturation.saturated
+
+    def recording(converted: nn.Module, example: object) -> tuple[dict[str, float], int]:
+        kinds.append({type(m).__module__ for m in converted.modules()})
+        return checked(converted, example)
+
+    monkeypatch.setattr(saturation, "saturated", recording)
+    static = checked_activations(model, batch, "x86", mapping)
+    assert kinds and not any(".dynamic" in kind for found in kinds for kind in found)
+    monkeypatch.setattr(saturation, "static_only", lambda m: m)
+    kinds.clear()
+    whole = checked_activations(model, batch, "x86", mapping)
+    assert any(".dynamic" in kind for found in kinds for kind in found)  # the classifier, quantized dynamically
+    assert static is not None and static.narrowed and static == whole
