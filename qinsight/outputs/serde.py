@@ -17,6 +17,7 @@ file is strict JSON. Versioning rules: docs/file-format.md.
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import os
@@ -35,15 +36,27 @@ from cattrs.v import format_exception
 from qinsight.core.errors import InvalidParameterError, ReportFileError, ReportVersionError
 from qinsight.core.findings import Finding, check_finding
 from qinsight.core.report import DetectorResult, ParameterValue, Report
-from qinsight.outputs.arrays import floats_in, floats_out, ints_in, ints_out, is_packed
+from qinsight.outputs.arrays import (
+    ArrayError,
+    compacted,
+    enums_in,
+    enums_out,
+    expanded,
+    floats_in,
+    floats_out,
+    ints_in,
+    ints_out,
+    is_packed,
+    standalone,
+)
 from qinsight.outputs.files import Compression, compressed, compression_of, decompressed, read_capped, write_atomically
 from qinsight.plugin.discovery import finding_type
 
 FORMAT: Final = "qinsight.report"
-SCHEMA_VERSION: Final = (2, 3)
+SCHEMA_VERSION: Final = (3, 0)
 # 2.0 writes long arrays as typed binary (a list-or-object field is a retyping: a 1.x reader refuses
 # 2.0 files with one clear error); every 1.x file is a valid 2.0 file and reads unchanged.
-READABLE_MAJORS: Final = (1, 2)
+READABLE_MAJORS: Final = (1, 2, 3)
 MAX_BYTES: Final = 256 * 1024 * 1024
 _RESERVED: Final = ("type", "summary")  # keys a finding's own fields may not use
 
@@ -155,6 +168,17 @@ def _fail_fast_sequences(converter: cattrs.Converter) -> None:
     typed(float, floats_in)
     typed(int, ints_in)
 
+    def structure_enums(value: object, hint: Any) -> tuple[Any, ...]:
+        return enums_in(value, typing.get_args(hint)[0]) if isinstance(value, dict) else structure(value, hint)
+
+    converter.register_structure_hook_func(_is_enum_sequence, structure_enums)
+
+
+def _is_enum_sequence(hint: object) -> bool:
+    """``tuple[E, ...]`` for an enum E: per-channel statuses."""
+    args = typing.get_args(hint)
+    return _is_sequence(hint) and isinstance(args[0], type) and issubclass(args[0], enum.Enum)
+
 
 def _packed_arrays(converter: cattrs.Converter) -> None:
     """Float and integer sequences of :data:`~.arrays.SHORTEST` values or more written as typed arrays."""
@@ -162,6 +186,7 @@ def _packed_arrays(converter: cattrs.Converter) -> None:
         lambda hint: hint == tuple[float, ...], lambda values: floats_out(values) or [_float_out(v) for v in values]
     )
     converter.register_unstructure_hook_func(lambda hint: hint == tuple[int, ...], lambda values: ints_out(values) or list(values))
+    converter.register_unstructure_hook_func(_is_enum_sequence, lambda values: enums_out(values) or [v.value for v in values])
 
 
 def _converter(*, strict: bool, packed: bool = True) -> cattrs.Converter:
@@ -197,7 +222,7 @@ def _finding_in(converter: cattrs.Converter, detector: str, data: object, known:
     if not isinstance(data, dict) or not isinstance(data.get("fqn"), str):
         raise TypeError("a finding must be an object with a string 'fqn'")
     if known is None or data.get("type") != known.__name__:
-        return RawFinding(fqn=data["fqn"], detector=detector, data=json.dumps(data, allow_nan=False))
+        return RawFinding(fqn=data["fqn"], detector=detector, data=json.dumps(data, allow_nan=False, default=standalone))
     fields = {k: v for k, v in data.items() if k not in _RESERVED}
     finding: Finding = converter.structure(fields, known)
     check_finding(finding)  # values each valid alone may still not make a finding (per-channel tuples of two lengths)
@@ -248,7 +273,9 @@ def report_to_dict(report: Report, *, packed: bool = True) -> dict[str, Any]:
 
 
 def report_to_json(report: Report, *, packed: bool = True) -> str:
-    return json.dumps(report_to_dict(report, packed=packed), allow_nan=False, indent=1) + "\n"
+    """The report's file as text: with ``packed``, its arrays compacted (:func:`~.arrays.compacted`)."""
+    data = report_to_dict(report, packed=packed)
+    return json.dumps(compacted(data) if packed else data, allow_nan=False, indent=1) + "\n"
 
 
 def save_report(
@@ -298,7 +325,9 @@ def _first_error(exc: Exception) -> tuple[str, str | None]:
     return (problem, location) if problem else (first, None)
 
 
-def report_from_dict(data: object, *, source: str = "<report>") -> Report:
+def report_from_dict(data: object, *, source: str = "<report>", max_bytes: int = MAX_BYTES) -> Report:
+    """The report a file's JSON value holds. Its typed arrays are decoded in place (deflated ones to at
+    most ``max_bytes`` in all)."""
     if not isinstance(data, dict):
         raise ReportFileError(source, f"the top level is {type(data).__name__}, not a JSON object", "$")
     if data.get("format") != FORMAT:
@@ -315,6 +344,10 @@ def report_from_dict(data: object, *, source: str = "<report>") -> Report:
         )
         converter = _LENIENT
     body = {k: v for k, v in data.items() if k not in ("format", "schema_version")}
+    try:
+        expanded(body, max_bytes)
+    except ArrayError as exc:
+        raise ReportFileError(source, exc.problem, exc.path) from None
     try:
         report: Report = converter.structure(body, Report)
     except Exception as exc:  # cattrs wraps hook errors; anything else is a malformed file too
@@ -334,7 +367,7 @@ def _finite_number(token: str) -> float:
     return value
 
 
-def report_from_json(text: str, *, source: str = "<string>") -> Report:
+def report_from_json(text: str, *, source: str = "<string>", max_bytes: int = MAX_BYTES) -> Report:
     try:
         data = json.loads(text, parse_constant=_no_constant, parse_float=_finite_number)
     except json.JSONDecodeError as exc:
@@ -343,7 +376,7 @@ def report_from_json(text: str, *, source: str = "<string>") -> Report:
         raise ReportFileError(source, "not a report: JSON nested deeper than the parser allows") from None
     except ValueError as exc:  # NaN/Infinity tokens, overflowing floats, integers over Python's digit limit
         raise ReportFileError(source, f"not valid JSON: {exc}") from None
-    return report_from_dict(data, source=source)
+    return report_from_dict(data, source=source, max_bytes=max_bytes)
 
 
 def load_report(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> Report:
@@ -358,4 +391,4 @@ def load_report(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> 
         raise ReportFileError(source, exc.strerror or str(exc)) from None
     except ValueError as exc:
         raise ReportFileError(source, str(exc)) from None
-    return report_from_json(text, source=source)
+    return report_from_json(text, source=source, max_bytes=max_bytes)

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import qinsight
+from qinsight.outputs.arrays import compacted
 from qinsight.outputs.serde import load_report, report_from_json, report_to_dict
 from qinsight.plugin import discovery
 
@@ -36,9 +37,11 @@ def _real_report() -> qinsight.Report:
     return qinsight.diagnose(model, data, model_name="mlp").with_comparison(comparison)
 
 
-def real_report(*, packed: bool = False) -> dict[str, Any]:
-    """That report as its file's JSON value: arrays as lists, or (``packed``) long ones typed binary."""
-    return report_to_dict(_real_report(), packed=packed)
+def real_report(*, packed: bool = False, compact: bool = False) -> dict[str, Any]:
+    """That report as its file's JSON value: arrays as lists, or (``packed``) long ones typed binary, and
+    (``compact``) those as the file holds them: repeats referenced, byte planes deflated."""
+    data = report_to_dict(_real_report(), packed=packed)
+    return compacted(data) if compact else data
 
 
 def replaced(data: Any, path: tuple[Any, ...], new: Any) -> Any:
@@ -72,7 +75,8 @@ TOKENS = st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-1e999", "9"
 
 @st.composite
 def mutated(draw: st.DrawFn) -> str:
-    data = real_report(packed=draw(st.booleans()))
+    form = draw(st.sampled_from(["lists", "typed", "compact"]))
+    data = real_report(packed=form != "lists", compact=form == "compact")
     path = draw(st.sampled_from(json_paths(data)))
     how = draw(st.sampled_from(["value", "hostile", "delete", "token", "truncate", "duplicate"]))
     if how == "value":
