@@ -140,5 +140,6 @@ def _row_names(data: dict[str, Any], section: str, rows: str) -> set[str]:
 
 def field_changes(a: Report, b: Report, rel_tol: float, abs_tol: float) -> list[Change]:
     """(JSON path, before, after) for every difference of ``a`` and ``b`` not covered by a typed change."""
-    data_a, data_b = report_to_dict(a), report_to_dict(b)
+    # every number a JSON number: long arrays are compared value by value, within the tolerances
+    data_a, data_b = report_to_dict(a, packed=False), report_to_dict(b, packed=False)
     return list(_Walk(rel_tol, abs_tol, _covered(a, b, data_a, data_b)).changes("$", data_a, data_b))

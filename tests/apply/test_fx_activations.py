@@ -8,6 +8,7 @@ import warnings
 from typing import Any
 
 import pytest
+from _support import examples
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
@@ -270,3 +271,29 @@ def test_the_check_keeps_dynamic_layers_in_float_and_finds_what_the_whole_config
     whole = checked_activations(model, batch, "x86", mapping)
     assert any(".dynamic" in kind for found in kinds for kind in found)  # the classifier, quantized dynamically
     assert static is not None and static.narrowed and static == whole
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(
+    rows=st.integers(1, 20), features=st.integers(1, 40), outputs=st.integers(1, 12),
+    zero_point=st.integers(0, 255), per_channel=st.booleans(), seed=st.integers(0, 2**16),
+)
+def test_the_checks_integer_product_is_the_exact_product_of_the_quantized_values(
+    rows: int, features: int, outputs: int, zero_point: int, per_channel: bool, seed: int
+) -> None:
+    # the check compares each quantized Linear with the exact result of its integers: computed in int32
+    # (25x faster than in float at 7B widths), it must be the float64 product of the dequantized values
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.quantize_per_tensor(torch.randn(rows, features, generator=generator), 0.05, zero_point, torch.quint8)
+    weight = torch.randn(outputs, features, generator=generator)
+    if per_channel:
+        scales = weight.abs().amax(dim=1) / 127 + 1e-6
+        q = torch.quantize_per_channel(weight, scales.double(), torch.zeros(outputs, dtype=torch.long), 0, torch.qint8)
+    else:
+        q = torch.quantize_per_tensor(weight, float(weight.abs().max()) / 127 + 1e-6, 0, torch.qint8)
+    bias = torch.randn(outputs, generator=generator)
+    exact = saturation._integer_linear(x, q, bias)
+    reference = F.linear(x.dequantize().double(), q.dequantize().double(), bias.double()).float()
+    assert exact.shape == reference.shape and torch.allclose(exact, reference, rtol=1e-6, atol=1e-6)
+    # 3-D inputs (batch, tokens, features), as a decoder's Linears take them
+    assert torch.equal(saturation._integer_linear(x.reshape(1, rows, features), q, bias), exact.reshape(1, rows, outputs))

@@ -67,3 +67,20 @@ def test_a_flag_read_back_as_a_number_is_a_change() -> None:
     flag["value"] = 1
     changes = diff_reports(report, report_from_json(json.dumps(data)), rel_tol=0, abs_tol=0).fields
     assert [(c.before, c.after) for c in changes] == [("true", "1")]
+
+
+def test_a_long_array_moves_within_the_tolerances_or_counts_its_moved_values() -> None:
+    # per-channel arrays are typed binary in a file; a diff compares their values, not their bytes
+    import json
+
+    from qinsight.outputs.serde import report_from_json, report_to_dict
+
+    report = qinsight.diagnose(seeded(MLP((64, 128, 128, 16))), gaussian_batches((8, 64), 2), model_name="mlp")
+    data = report_to_dict(report, packed=False)
+    channel_max = data["observations"][0]["stats"]["channel_max"]
+    assert len(channel_max) >= 16
+    channel_max[3] *= 1 + 1e-12
+    moved = report_from_json(json.dumps(data))
+    assert diff_reports(report, moved, rel_tol=1e-9, abs_tol=0).fields == ()
+    changes = diff_reports(report, moved, rel_tol=0, abs_tol=0).fields
+    assert [(c.before, c.after) for c in changes] == [(f"{len(channel_max)} values", "1 of them moved")]
