@@ -23,7 +23,9 @@ together) deflated (zlib). Both are lossless. A report repeats arrays: an
 outlier finding carries its input's tail statistics, and the sums of float32
 values are float64 whose high bytes vary little. :func:`expanded` reads them
 back; what they decode to is bounded by the caller's budget, whatever the
-file claims, and a reference shares its target's values (no copy).
+file claims, and a reference shares its target's values (no copy). A long tuple
+of enum members (per-channel statuses) is its levels and a typed array of codes
+(:func:`enums_out`).
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ FLOAT_KINDS: Final = {"f4": "<f4", "f8": "<f8"}
 INT_KINDS: Final = {
     name: f"<{name}" for name in ("u1", "u2", "u4", "u8", "i1", "i2", "i4", "i8")
 }
-_KEYS: Final = {"array", "n", "base64"}
 # the forms a file may hold an array in: its values (base64), deflated, or a reference to an earlier one
 _FORMS: Final = ("base64", "deflate", "same")
 
@@ -94,7 +95,7 @@ class Decoded:
         return self._items
 
 
-E = TypeVar("E", bound=enum.Enum)
+_E = TypeVar("_E", bound=enum.Enum)
 _ENUM_KEYS: Final = {"array", "n", "levels", "codes"}
 
 
@@ -109,7 +110,7 @@ def enums_out(values: tuple[enum.Enum, ...]) -> dict[str, Any] | None:
     return {"array": "enum", "n": len(values), "levels": list(levels), "codes": ints_out(codes)}
 
 
-def enums_in(value: object, kind: type[E]) -> tuple[E, ...]:
+def enums_in(value: object, kind: type[_E]) -> tuple[_E, ...]:
     """The members an :func:`enums_out` object stands for, each level a value of ``kind``."""
     if not isinstance(value, dict) or set(value) != _ENUM_KEYS or value["array"] != "enum":
         raise TypeError(f"an array of {kind.__name__} is a list or an object with the keys {', '.join(sorted(_ENUM_KEYS))} and array 'enum'")
