@@ -213,24 +213,34 @@ _ALL_KINDS: Final = {**FLOAT_KINDS, **INT_KINDS}
 
 def _typed_arrays(tree: Any) -> Iterator[tuple[Any, Any, dict[str, Any], str]]:
     """Every typed array of a JSON tree, in the order its text lists them: (the object or list holding
-    it, its key there, the array, its JSON path). A loop with a stack: a file's nesting is the parser's
-    to bound, not this walk's recursion."""
-    stack: list[tuple[Any, Any, Any, str]] = [(None, None, tree, "$")]
+    it, its key there, the array, its JSON path). Depth first with a stack of iterators, one per open
+    object or list: memory grows with the nesting, which the parser bounds, not with the breadth (a
+    file of 500,000 empty lists), and a plain file's millions of numbers are passed over."""
+    if not isinstance(tree, (dict, list)):
+        return
+    stack: list[tuple[Any, str, Iterator[tuple[Any, Any]]]] = [(tree, "$", _items(tree))]
     while stack:
-        holder, key, value, path = stack.pop()
-        if isinstance(value, dict):
-            if "array" in value and "n" in value and len(value) == 3 and any(form in value for form in _FORMS):
-                if holder is not None:
-                    yield holder, key, value, path
-                continue
-            items: Iterator[tuple[Any, Any]] = iter(value.items())
-        elif isinstance(value, list):
-            items = enumerate(value)
+        holder, path, items = stack[-1]
+        for key, child in items:
+            if isinstance(child, dict) and _is_array(child):
+                yield holder, key, child, _path(path, key)
+            elif isinstance(child, (dict, list)):
+                stack.append((child, _path(path, key), _items(child)))
+                break
         else:
-            continue
-        # only the objects and lists: a plain file's millions of numbers are not walked one by one
-        inner = [(k, child) for k, child in items if isinstance(child, (dict, list))]
-        stack.extend((value, k, v, f"{path}.{k}" if isinstance(k, str) else f"{path}[{k}]") for k, v in reversed(inner))
+            stack.pop()
+
+
+def _items(container: dict[str, Any] | list[Any]) -> Iterator[tuple[Any, Any]]:
+    return iter(container.items()) if isinstance(container, dict) else enumerate(container)
+
+
+def _is_array(value: dict[str, Any]) -> bool:
+    return len(value) == 3 and "array" in value and "n" in value and any(form in value for form in _FORMS)
+
+
+def _path(path: str, key: Any) -> str:
+    return f"{path}.{key}" if isinstance(key, str) else f"{path}[{key}]"
 
 
 def compacted(tree: Any) -> Any:

@@ -197,8 +197,11 @@ def to_text(
 
 
 def _legend(text: str) -> list[str]:
-    used = [f"  {term}: {meaning}" for mark, term, meaning in LEGEND if mark in text]
-    return ["", "Terms (docs/detectors.md has each detector's rule):", *used] if used else []
+    used = [f"{term}: {meaning}" for mark, term, meaning in LEGEND if mark in text]
+    heading = "Terms (docs/detectors.md has each detector's rule):"
+    if len(used) == 1:  # one term: on the heading's line (an LLM's report keeps to one screen)
+        return ["", f"{heading} {used[0]}"]
+    return ["", heading, *(f"  {line}" for line in used)] if used else []
 
 
 def _comparison_lines(report: Report, comparison: Comparison) -> str:

@@ -57,7 +57,7 @@ def _quantized_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
 def _exact(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """What ``module`` computes in exact arithmetic from its quantized input ``x``, in float."""
     weight, bias = module._weight_bias()  # type: ignore[operator]  # one unpack (weight() and bias() each unpack)
-    if weight.dim() == 2 and x.dtype == torch.quint8 and x.shape[-1] <= _INTEGER_FEATURES and _symmetric(weight):
+    if weight.dim() == 2 and x.dtype == torch.quint8 and 2 <= x.shape[-1] <= _INTEGER_FEATURES and _symmetric(weight):
         out = _integer_linear(x, weight, bias)
     elif weight.dim() == 2:
         out = F.linear(x.dequantize(), weight.dequantize(), bias)
@@ -67,7 +67,8 @@ def _exact(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return torch.relu(out) if "ReLU" in type(module).__name__ else out
 
 
-# |x - 128| and |w| are at most 128, so the int32 sums of (x - 128) w and the correction hold 2^14 per feature each
+# |x - 128| and |w| are at most 128, so the int32 sums of (x - 128) w and the correction hold 2^14 per feature each.
+# (At least 2 features: torch 2.13's CPU _int_mm gives wrong sums for one, with two outputs or more.)
 _INTEGER_FEATURES = 2**16 - 1
 
 
