@@ -54,6 +54,11 @@ def _quantized_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
             yield name, module
 
 
+# |x - 128| and |w| are at most 128, so the int32 sums of (x - 128) w and the correction hold 2^14 per feature each.
+# (At least 2 features: torch 2.13's CPU _int_mm gives wrong sums for one, with two outputs or more.)
+_INTEGER_FEATURES = 2**16 - 1
+
+
 def _exact(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """What ``module`` computes in exact arithmetic from its quantized input ``x``, in float."""
     weight, bias = module._weight_bias()  # type: ignore[operator]  # one unpack (weight() and bias() each unpack)
@@ -65,11 +70,6 @@ def _exact(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         conv: Any = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[weight.dim()]
         out = conv(x.dequantize(), weight.dequantize(), bias, module.stride, module.padding, module.dilation, module.groups)
     return torch.relu(out) if "ReLU" in type(module).__name__ else out
-
-
-# |x - 128| and |w| are at most 128, so the int32 sums of (x - 128) w and the correction hold 2^14 per feature each.
-# (At least 2 features: torch 2.13's CPU _int_mm gives wrong sums for one, with two outputs or more.)
-_INTEGER_FEATURES = 2**16 - 1
 
 
 def _symmetric(weight: torch.Tensor) -> bool:
