@@ -20,6 +20,7 @@ import torch
 
 from qinsight.core.errors import PluginLoadError
 from qinsight.core import metrics as table
+from qinsight.core.metrics import sqnr_of_sums
 from qinsight.plugin.discovery import METRICS, find_entry, installed, load_entry
 from qinsight.plugin.metric import ErrorTotals, Metric
 
@@ -68,13 +69,6 @@ def max_abs_error(reference: torch.Tensor, actual: torch.Tensor) -> float:
 def mse(reference: torch.Tensor, actual: torch.Tensor) -> float:
     x, y = _pair(reference, actual)
     return float(((x - y) ** 2).mean()) if x.numel() else 0.0
-
-
-def sqnr_of_sums(ref_sq: float, err_sq: float) -> float:
-    """SQNR in dB from the sums of x² and of (x - y)²: inf without error, -inf without signal."""
-    if err_sq == 0.0:
-        return math.inf
-    return -math.inf if ref_sq == 0.0 else 10 * math.log10(ref_sq / err_sq)
 
 
 def _sqnr_of(totals: ErrorTotals) -> float:

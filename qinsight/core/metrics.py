@@ -81,4 +81,11 @@ def worse(score: float, than: float, higher_is_better: bool) -> bool:
     return score < than if higher_is_better else score > than
 
 
-__all__ = ["COMPARISON_DEFAULT", "LABELLED", "METRICS", "MetricSpec", "worse"]
+def sqnr_of_sums(ref_sq: float, err_sq: float) -> float:
+    """SQNR in dB from the sums of x² and of (x - y)²: inf without error, -inf without signal."""
+    if err_sq == 0.0:
+        return math.inf
+    return -math.inf if ref_sq == 0.0 else 10 * math.log10(ref_sq / err_sq)
+
+
+__all__ = ["COMPARISON_DEFAULT", "LABELLED", "METRICS", "MetricSpec", "sqnr_of_sums", "worse"]

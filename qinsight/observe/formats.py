@@ -10,12 +10,12 @@ A dynamic format quantizes the weight as its weight-only twin.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 import torch
 
 from qinsight.core.formats import WeightFormat
+from qinsight.core.metrics import sqnr_of_sums
 from qinsight.core.stats import FormatError
 
 FLOAT8_MAX = 448.0  # float8 e4m3's largest finite value
@@ -32,7 +32,7 @@ def format_errors(weight: torch.Tensor, names: Iterable[str]) -> tuple[FormatErr
         if fmt.is_float or not fmt.fits(rows.shape[1]):
             continue
         error = (rows - _quantized(rows, fmt)).square().sum()
-        found.append(FormatError(format=fmt.name, sqnr=_decibels(float(power), float(error))))
+        found.append(FormatError(format=fmt.name, sqnr=sqnr_of_sums(float(power), float(error))))
     return tuple(found)
 
 
@@ -48,12 +48,6 @@ def _quantized(rows: torch.Tensor, fmt: WeightFormat) -> torch.Tensor:
         scale = torch.where(amax > 0, amax / ((high - low) / 2), torch.ones_like(amax))
         values = torch.clamp(torch.round(groups / scale), low, high)
     return (values * scale).reshape(rows.shape)
-
-
-def _decibels(power: float, error: float) -> float:
-    if error == 0.0:
-        return math.inf
-    return 10.0 * math.log10(power / error) if power > 0.0 else -math.inf
 
 
 __all__ = ["format_errors"]

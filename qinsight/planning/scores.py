@@ -153,8 +153,6 @@ class Scorer:
             return (reference.exp() * (reference - torch.log_softmax(rows.double(), dim=1))).sum(dim=1)
         return (reference == rows.argmax(dim=1)).double()
 
-
-
     @property
     def orders(self) -> tuple[str, ...]:
         """The noises the search may order sites by: the output's, and for ``top1`` the margins' too."""

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from qinsight.compare.metrics import sqnr_of_sums
+from qinsight.core.metrics import sqnr_of_sums
 from qinsight.core.smoothing import SmoothingEntry, SmoothingMapping
 from qinsight.frontends import eval_mode, run_batch
 from qinsight.planning.switches import dynamic_fake_quantize, fake_quantized_weight
