@@ -185,7 +185,7 @@ class OutlierDetector:
     fraction_batches_used_threshold: float = attrs.field(default=0.95, validator=in_open_interval(0.0, 1.0, closed_high=True))
     magnitude_threshold: float = attrs.field(default=6.0, validator=positive(minimum=0.0))
     channel_axis: int | None = None  # None: the kind's channel axis (last for Linear, 1 for Conv)
-    # Percentiles from at most this many samples per channel and batch (None: exact);
+    # Percentiles from this many samples per channel of a batch holding at least twice as many (None: exact);
     # see qinsight.observe.sampling.ColumnSampler for the error bound.
     percentile_samples: int | None = attrs.field(default=16384, validator=positive_or_none(minimum=1.0))
     # Mean |x|, values above 6, kurtosis and massive tokens at Linear inputs (what LLM methods read)
