@@ -82,6 +82,16 @@ class KeptOutputs:
         raw = split_output(output)
         calls.append(self._copy((key, fqn, len(calls)), raw) if self._copied else raw)
 
+    def mostly_channels_last(self) -> bool:
+        """Whether most 4-D outputs kept this batch are laid out channels-last (as quantized convs write them)."""
+        layouts = [
+            kept.values.is_contiguous(memory_format=torch.channels_last) and not kept.values.is_contiguous()
+            for calls in self._kept.values()
+            for kept in calls
+            if kept is not None and kept.values.dim() == 4
+        ]
+        return 2 * sum(layouts) > len(layouts)
+
     def take(self, key: str, fqn: str, call: int) -> SplitOutput | None:
         """Call ``call``'s output, valid until the next batch; None if the layer was not called that often."""
         calls = self._kept.get((key, fqn))
@@ -226,6 +236,12 @@ class ErrorSums:
         self.per_batch = {name: metric for name, metric in metrics.items() if metric.from_totals is None}
         self.per_batch_sums = dict.fromkeys(self.per_batch, 0.0)
         self._absorbed = (0.0, 0.0, 0.0, 0.0)  # SUMS of other processes' batches (:meth:`absorb`)
+
+    def clear(self) -> None:
+        """Back to no batch (before any :meth:`absorb`)."""
+        self._sums = None
+        self.count = self.batches = 0
+        self.per_batch_sums = dict.fromkeys(self.per_batch, 0.0)
 
     def add(self, reference: Reference, actual: SplitOutput, scratch: Scratch) -> None:
         """Adds one batch's output, compared with the float reference (on the device: nothing read here)."""
