@@ -20,6 +20,7 @@ from torch import nn
 
 from qinsight.compare.accumulate import ErrorSums, KeptOutputs, Reference, Scratch, split_output
 from qinsight.compare.layers import QuantizedLayer, dequantize, quantized_layers
+from qinsight.compare.layout import FloatLayout
 from qinsight.compare.metrics import DEFAULT, load_metrics
 from qinsight.compare.ops import FloatOps, GraphOp, quantized_ops
 from qinsight.core.comparison import ActivationComparison, LayerActivationComparison
@@ -298,7 +299,7 @@ def _measure(
             for model in (float_model, *quantized_models.values()):
                 stack.enter_context(eval_mode(model))
             stack.enter_context(torch.no_grad())
-            layout = _FloatLayout()
+            layout = FloatLayout()
             for batch in batches:
                 compared = False
                 while not compared:
@@ -383,46 +384,3 @@ def _add_up(sums: dict[str, dict[str, tuple[ErrorSums, ErrorSums]]], exchange: E
 
 
 __all__ = ["compare_activations", "measure_activations"]
-
-
-class _FloatLayout:
-    """The memory layout the float model runs in: channels-last where the quantized models' outputs are.
-
-    x86 quantized convs write channels-last outputs. Fed channels-last batches, the float model's
-    activations come out laid out alike: no reference is copied into the other layout before its
-    comparison, and the local runs' inputs are in place. Measured on MobileNetV2 (2 threads), the float
-    forward itself took 95 ms against 130. The layout is chosen on the first batch, from what the
-    quantized models kept; if the float model cannot run that way there (``x.view`` of its input), the
-    batch is compared again in its own layout, and so are the next ones.
-    """
-
-    def __init__(self) -> None:
-        self.channels_last: bool | None = None
-
-    def run(self, float_model: nn.Module, batch: object, kept: KeptOutputs) -> bool:
-        """Runs ``float_model`` on ``batch``; False where the first batch failed channels-last (run it again)."""
-        first = self.channels_last is None
-        if first:
-            self.channels_last = kept.mostly_channels_last()
-        if not self.channels_last:
-            run_batch(float_model, batch)
-            return True
-        try:
-            run_batch(float_model, as_channels_last(batch))
-        except RuntimeError:
-            if not first:
-                raise
-            self.channels_last = False
-            return False
-        return True
-
-
-def as_channels_last(batch: object) -> object:
-    """``batch`` with its 4-D floating tensors in channels-last memory order (the others as they are)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.contiguous(memory_format=torch.channels_last) if batch.dim() == 4 and batch.is_floating_point() else batch
-    if isinstance(batch, Mapping):
-        return {name: as_channels_last(value) for name, value in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(as_channels_last(value) for value in batch)
-    return batch
