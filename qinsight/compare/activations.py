@@ -310,9 +310,8 @@ def _measure(
                         run_batch(model, batch)
                     compared = layout.run(float_model, batch, streamer.outputs)
                     if not compared:  # what the batch added is taken back: it runs again in the usual layout
-                        for pair in (pair for found in sums.values() for pair in found.values()):
-                            for errors in pair:
-                                errors.clear()
+                        for errors in (errors for found in sums.values() for pair in found.values() for errors in pair):
+                            errors.clear()
     finally:
         streamer.remove()
     if exchange is not None:

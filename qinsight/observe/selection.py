@@ -88,16 +88,16 @@ def _select(rows: torch.Tensor, k: int) -> torch.Tensor:
 NUMPY_ROW = 1024
 
 
-def _numpy_selects(values: torch.Tensor, any_length: bool = False) -> bool:
-    """Whether numpy selects among the rows of ``values``: a CPU tensor of a dtype numpy has (not
-    bfloat16), when its rows are short, torch runs one thread or ``any_length`` says so. numpy's
-    introselect is single-threaded and 2x faster than torch.topk on one thread; on long rows of values
-    topk splits the rows over threads and wins."""
-    return (
-        values.device.type == "cpu"
-        and values.dtype in (torch.float32, torch.float64, torch.float16)
-        and (values.shape[-1] <= NUMPY_ROW or torch.get_num_threads() == 1 or any_length)
-    )
+def _numpy_selects(values: torch.Tensor) -> bool:
+    """Whether numpy selects among the rows of ``values`` (:func:`_in_numpy`), when its rows are short or
+    torch runs one thread. numpy's introselect is single-threaded and 2x faster than torch.topk on one
+    thread; on long rows of values topk splits the rows over threads and wins."""
+    return _in_numpy(values) and (values.shape[-1] <= NUMPY_ROW or torch.get_num_threads() == 1)
+
+
+def _in_numpy(values: torch.Tensor) -> bool:
+    """Whether numpy can work on ``values`` in place: a CPU tensor of a dtype numpy has (not bfloat16)."""
+    return values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64, torch.float16)
 
 
 def top_blocks(maxima: torch.Tensor, k: int) -> torch.Tensor:
@@ -106,7 +106,7 @@ def top_blocks(maxima: torch.Tensor, k: int) -> torch.Tensor:
     Any k blocks whose maxima are at least the k-th largest do: the chosen blocks hold k values at least as
     large, and every larger value lies in one of them, so ties between maxima may be broken anyhow.
     """
-    if _numpy_selects(maxima, any_length=True):
+    if _in_numpy(maxima):  # at any row length: see below
         rows = maxima.contiguous().numpy()
         blocks = rows.shape[1]
         if blocks <= SHORT_BLOCK_ROW:
