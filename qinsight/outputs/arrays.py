@@ -158,7 +158,7 @@ def _base64(value: dict[str, Any], key: str) -> bytes:
         raise TypeError(f"a typed array's {key} is a base64 string, not {type(text).__name__}")
     try:
         return base64.b64decode(text, validate=True)
-    except binascii.Error as exc:
+    except (binascii.Error, ValueError) as exc:  # ValueError: a character that is not ASCII
         raise TypeError(f"a typed array's {key} does not decode: {exc}") from None
 
 
