@@ -8,9 +8,9 @@ Two tiers (README):
   digits), plans on them, gloo ranks and torchrun, the browser, and hypothesis on its CI profile
   (every example each test asks for). CI runs this one.
 
-An explicit ``-m`` wins over both. ``QINSIGHT_VERIFY=0``: a report's config is verified for real only
-where a test asks (``verify=...``; tests/pipeline/test_verification.py), not in every one of the suite's
-diagnoses. The helpers live in ``_support.py`` and its siblings; importing
+An explicit ``-m`` wins over both. The suite runs with the defaults a user gets: ``diagnose`` verifies
+its config for real and the command prints its progress, unless a test that wants speed says
+``verify=False`` (``--no-verify``, ``--quiet``) itself. The helpers live in ``_support.py`` and its siblings; importing
 them changes nothing global: what is global (warnings aside, which pyproject.toml filters) is set here.
 """
 
@@ -35,7 +35,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    os.environ["QINSIGHT_VERIFY"] = "0"  # CLI subprocesses inherit it
     whole = bool(config.getoption("--whole", default=False))
     if not config.option.markexpr:
         config.option.markexpr = "" if whole else "not slow"

@@ -39,11 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("diagnose", help="diagnose a model and print the report")
     _model_source(run)
     run.add_argument("--backend", default="x86", help=f"quantized backend: {', '.join(BACKENDS)} (default x86)")
-    run.add_argument(
-        "--qconfig", default="default", metavar="default|none|PKG.MOD:FACTORY",
-        help="the plan the findings are judged against: the backend's default QConfigMapping (default), "
-        "none, or a function returning your QConfigMapping",
-    )
+    _judged_against(run)
     run.add_argument("--detectors", help="comma-separated detector ids (default: QINSIGHT_DETECTORS or the built-ins)")
     run.add_argument("--quiet", action="store_true", help="no progress line")
     run.add_argument(
@@ -84,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     planned.add_argument(
         "--smooth", action="store_true", help="smooth the Linears' inputs first (SmoothQuant factors, chosen by measured error)"
     )
+    _judged_against(planned)
     planned.add_argument("--quiet", action="store_true", help="no progress lines")
     _outputs(planned)
 
@@ -126,6 +123,15 @@ def _model_source(command: argparse.ArgumentParser) -> None:
     command.add_argument("--batches", type=int, default=8, help="calibration batches of an example or --hf text (default 8)")
     command.add_argument("--text", metavar="FILE", help="with --hf: calibration text, one paragraph per line (default: qinsight's own)")
     command.add_argument("--tokens", type=int, default=64, help="with --hf: tokens per paragraph at most (default 64)")
+
+
+def _judged_against(command: argparse.ArgumentParser) -> None:
+    """``--qconfig``: one default for every command that diagnoses, so one model gets one verdict."""
+    command.add_argument(
+        "--qconfig", default="default", metavar="default|none|PKG.MOD:FACTORY",
+        help="the plan the findings are judged against: the backend's default QConfigMapping (default), "
+        "none, or a function returning your QConfigMapping",
+    )
 
 
 def _outputs(command: argparse.ArgumentParser, save: bool = True) -> None:

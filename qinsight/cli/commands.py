@@ -9,13 +9,13 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Sized
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qinsight.cli import hf, ranks
 from qinsight.cli.gates import check_verdict_gates, parse_diff_gates, tripped_diff, tripped_findings, unverified
-from qinsight.cli.output import Progress, StageProgress, check_targets, note, write, wrote
+from qinsight.cli.output import Progress, check_targets, note, write, wrote
 from qinsight.core.errors import InvalidParameterError, PluginLoadError, UsageError
 from qinsight.core.report import Report
 from qinsight.core.shards import Shard
@@ -96,11 +96,12 @@ def _detector_ids(args: argparse.Namespace) -> list[str] | None:
 def _qconfig_mapping(args: argparse.Namespace) -> QConfigMapping | None:
     from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
 
-    check_backend("diagnose", args.backend)
+    backend = getattr(args, "backend", "x86")  # a plan quantizes for x86
+    check_backend("diagnose", backend)
     if args.qconfig == "none":
         return None
     if args.qconfig == "default":
-        return get_default_qconfig_mapping(args.backend)
+        return get_default_qconfig_mapping(backend)
     mapping = _load(args.qconfig, "--qconfig")()
     if not isinstance(mapping, QConfigMapping):
         raise UsageError(f"--qconfig gave {type(mapping).__name__}, not a torch QConfigMapping")
@@ -121,7 +122,7 @@ def _diagnose(args: argparse.Namespace) -> int:
         with ranks.checked_together(launch):
             mapping = _qconfig_mapping(args)
             model, data, name = _model_and_data(args, launch or part)
-        progress = None if args.quiet else Progress(len(data) if isinstance(data, Sized) else None)
+        progress = None if args.quiet else Progress()
         try:
             report = diagnose(
                 model, data, backend=args.backend, model_name=name, detectors=detectors, progress=progress,
@@ -212,6 +213,7 @@ def _evaluation_data(args: argparse.Namespace) -> list[object]:
 
 def _plan(args: argparse.Namespace) -> int:
     from qinsight.core.plan import Target
+    from qinsight.outputs.formats import verdict
     from qinsight.pipeline import diagnose
     from qinsight.planning import plan, plan_formats
     from qinsight.planning.formats import format_goal
@@ -234,29 +236,34 @@ def _plan(args: argparse.Namespace) -> int:
     calibration, evaluation = list(data), _evaluation_data(args)
     if not calibration:
         raise UsageError("no batches to calibrate on")
-    progress = None if args.quiet else StageProgress()
+    progress = None if args.quiet else Progress()
     try:
         with warnings.catch_warnings():  # torch's and torchao's deprecation notices: nothing the user can act on
             warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|torchao)(\.|$)")
             # a plan in fx or pt2e verifies its own config, against the target
-            report = diagnose(model, calibration, model_name=name, detectors=detectors, verify=None if args.flow == "torchao" else False)
+            report = diagnose(
+                model, calibration, model_name=name, detectors=detectors, qconfig_mapping=_qconfig_mapping(args),
+                verify=None if args.flow == "torchao" else False,
+            )
             if args.flow == "torchao":
                 formats = plan_formats(
                     model, evaluation, formats=[f.name for f in goal.formats], target=target, budget=args.budget,
                     confidence=args.confidence, progress=progress,
                 )
                 report, reached = report.with_formats(formats), formats.reached
+                missed = f"the plan: {verdict(formats)}"  # the target and the budget, each as it held
             else:
                 found = plan(
                     model, calibration, evaluation, target=target, flow=args.flow, report=report, progress=progress, smoothing=args.smooth
                 )
                 report, reached = report.with_plan(found), found.reached
+                missed = f"the plan does not reach {target}"
     finally:
         if progress is not None:
             progress.finish()
     status = _finish(report, args)
     if not reached:
-        note(f"the plan does not reach {' and '.join(str(p) for p in (target, args.budget) if p is not None)}")
+        note(missed)
         return 1
     return status
 

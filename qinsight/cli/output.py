@@ -31,82 +31,60 @@ def error_line(message: str) -> None:
 
 
 class Progress:
-    """Batches done, rate, and an ETA when the number of batches is known, on stderr.
+    """A run's stages on stderr: each stage's steps done (of all, where known), their rate and an ETA.
 
-    On a terminal one line is rewritten in place; in a log (stderr not a
-    terminal) a line is printed at every tenth of the batches, or at powers of
-    two when their number is unknown. :meth:`finish` ends the line, and in a log
-    prints the last count if it was not printed yet.
+    Every long call reports through it (``diagnose``: calibrating, then verifying its config;
+    ``plan``: its stages). On a terminal one line is rewritten in place, a new one for each stage; in
+    a log (stderr not a terminal) a line at a stage's first call, at every tenth of its steps (at
+    powers of two where their number is unknown) and at its last, so a log shows where a run is
+    without flooding. :meth:`finish` ends the last line.
     """
-
-    def __init__(self, total: int | None) -> None:
-        self.total = total
-        self.start = time.perf_counter()
-        self.tty = sys.stderr.isatty()
-        self.open = False
-        self.done = 0
-        self.printed = 0
-
-    def _line(self, done: int) -> str:
-        rate = done / max(time.perf_counter() - self.start, 1e-9)
-        of = f"/{self.total}" if self.total else ""
-        eta = f", ETA {max(self.total - done, 0) / rate:.0f}s" if self.total else ""
-        return f"calibrating: {done}{of} batches, {rate:.1f} batch/s{eta}"
-
-    def _worth_a_line(self, done: int) -> bool:
-        if self.total:
-            step = max(self.total // 10, 1)
-            return done % step == 0 or done == self.total
-        return done & (done - 1) == 0
-
-    def __call__(self, _stage: str, done: int, total: int) -> None:
-        self.total = self.total or total or None
-        self.done = done
-        if self.tty:
-            print(f"\r{self._line(done)}", end="", file=sys.stderr, flush=True)
-            self.open = True
-        elif self._worth_a_line(done):
-            print(self._line(done), file=sys.stderr, flush=True)
-            self.printed = done
-
-    def finish(self) -> None:
-        if self.open:
-            print(file=sys.stderr, flush=True)
-            self.open = False
-        elif not self.tty and self.done != self.printed:
-            print(self._line(self.done), file=sys.stderr, flush=True)
-            self.printed = self.done
-
-
-class StageProgress:
-    """A plan's stages on stderr: the stage, steps done of all, and an ETA for the stage.
-
-    On a terminal one line is rewritten in place; in a log, a line per stage
-    and per tenth of its steps."""
 
     def __init__(self) -> None:
         self.tty = sys.stderr.isatty()
         self.stage = ""
-        self.start = time.perf_counter()
-        self.printed = -1
+        self.start = self.now = time.perf_counter()
+        self.done = self.total = 0
+        self.printed = -1  # the step of the stage's last line in a log; -1: none yet
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         if stage != self.stage:
-            if self.tty and self.stage:
-                print(file=sys.stderr, flush=True)
+            self.finish()
             self.stage, self.start, self.printed = stage, time.perf_counter(), -1
-        elapsed = time.perf_counter() - self.start
-        eta = f", ETA {elapsed / done * (total - done):.0f}s" if done and total > done else ""
-        line = f"{stage}: {done}/{total}{eta}"
+        self.done, self.total, self.now = done, total, time.perf_counter()
         if self.tty:
-            print(f"\r{line}\x1b[K", end="", file=sys.stderr, flush=True)
-        elif done == 0 or done - self.printed >= max(total // 10, 1):
-            print(line, file=sys.stderr, flush=True)
-            self.printed = done
+            print(f"\r{self._line()}\x1b[K", end="", file=sys.stderr, flush=True)
+        elif self._worth_a_line():
+            self._print()
+
+    def _line(self) -> str:
+        elapsed = self.now - self.start  # to the stage's last step: a line printed later says the same
+        of = f"/{self.total}" if self.total else ""
+        # a rate and an ETA only once a step is done: a stage's first call (0 done) has neither
+        rate = f", {self.done / elapsed:.1f}/s" if self.done and elapsed > 0 else ""
+        eta = f", ETA {elapsed / self.done * (self.total - self.done):.0f}s" if self.done and self.total > self.done else ""
+        return f"{self.stage}: {self.done}{of}{rate}{eta}"
+
+    def _worth_a_line(self) -> bool:
+        if self.printed < 0 or self.done == self.total:
+            return True
+        if self.total:
+            return self.done - self.printed >= max(self.total // 10, 1)
+        return self.done & (self.done - 1) == 0
+
+    def _print(self) -> None:
+        print(self._line(), file=sys.stderr, flush=True)
+        self.printed = self.done
 
     def finish(self) -> None:
-        if self.tty and self.stage:
+        """Ends the stage's line: on a terminal a newline; in a log, its last count if not printed yet."""
+        if not self.stage:
+            return
+        if self.tty:
             print(file=sys.stderr, flush=True)
+        elif self.done != self.printed:
+            self._print()
+        self.stage = ""
 
 
 def _same_file(a: str, b: str) -> bool:

@@ -23,7 +23,7 @@ def output_rows(output: Any, *, detach: bool = True, owner: str = "plan") -> tor
     """A model output as one float matrix (one row per sample): every floating tensor in it, flattened
     (``detach=False``: the gradient flows through it)."""
     tensors = [t.detach() if detach else t for t in floating_leaves(output, owner)]
-    rows = [t.float().reshape(t.shape[0] if t.dim() else 1, -1) for t in tensors]
+    rows = [t.float().flatten(1) if t.dim() > 1 else t.float().reshape(-1, 1) for t in tensors]  # zero rows too
     return torch.cat(rows, dim=1) if len(rows) > 1 else rows[0]
 
 

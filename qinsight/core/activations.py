@@ -35,28 +35,26 @@ class NarrowedInput:
 @attrs.frozen(kw_only=True)
 class FxActivations:
     """qinsight's FX activation observing: ``bits`` wide, clip-aware, with the ``narrowed`` inputs at 7
-    bits; ``kernels`` is how many quantized kernels the check compared."""
+    bits; ``kernels`` is how many quantized kernels the check compared.
+
+    The check quantizes the report's config for real, so it runs where the config is verified
+    (``verify_report``, a plan), not at diagnosis: ``checked`` is false until then (absent before 3.1:
+    true), and an unverified report, a merge among them, observes at 8 bits with nothing narrowed. A
+    check depends on the suggestions, which a shard's statistics decide otherwise than all the data's:
+    left to verification, the merge of a run's shards is that run, field for field."""
 
     bits: int = attrs.field(default=8, validator=attrs.validators.in_((7, 8)))
     narrowed: tuple[NarrowedInput, ...] = ()
     kernels: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    checked: bool = True
 
     @classmethod
     def merged(cls, checks: Sequence[FxActivations | None]) -> FxActivations | None:
-        """Several diagnoses' checks as one (report files merged): each kernel narrowed that any of them
-        narrowed, with the largest excess; ``None`` if any of them kept torch's observing."""
+        """Several diagnoses' observing as one (report files merged): unchecked, as a merge verifies
+        nothing (``verify_report`` on the merged report checks it); ``None`` if any kept torch's."""
         if not checks or any(check is None for check in checks):
             return None
-        known = [check for check in checks if check is not None]
-        excess: dict[str, float] = {}
-        for check in known:
-            for narrowed in check.narrowed:
-                excess[narrowed.fqn] = max(narrowed.excess, excess.get(narrowed.fqn, 0.0))
-        return cls(
-            bits=min(check.bits for check in known),
-            narrowed=tuple(NarrowedInput(fqn=fqn, excess=value) for fqn, value in excess.items()),
-            kernels=max(check.kernels for check in known),
-        )
+        return cls(checked=False)
 
     @property
     def narrowed_fqns(self) -> frozenset[str]:
@@ -64,6 +62,8 @@ class FxActivations:
 
     def describe(self) -> str:
         """One line for the report's text."""
+        if not self.checked:
+            return f"FX activations at {self.bits} bits, clip-aware (the backend's kernels not checked for saturation: verification checks them)"
         checked = f"{self.kernels} quantized kernels checked at {self.bits} bits"
         if not self.narrowed:
             return f"FX activations at {self.bits} bits, clip-aware ({checked}: none saturates)"

@@ -160,8 +160,9 @@ class FormatPlan:
     """The format of every planned Linear, so that ``quantize_`` with :func:`qinsight.fqn_to_config`
     of it reaches ``target`` (where given) within ``budget`` (where given).
 
-    ``chosen`` is the plan quantized for real; ``reached`` holds only where its score meets the target
-    on the search data and on the held-out data both (``held_out`` NaN where there was none).
+    ``chosen`` is the plan quantized for real; ``reached`` holds only where the budget holds and the
+    target is met as the search holds it (:attr:`target_held`): on the search data, at its confidence
+    bound where there is one, and on the held-out data (``held_out`` NaN where there was none).
     ``uniform`` are the formats each given to every layer, ``curve`` the plan's ranking at several
     sizes, ``orders`` the plan's size spent by the other rankings; all quantized for real.
     """
@@ -188,6 +189,24 @@ class FormatPlan:
     @property
     def mean_bits(self) -> float:
         return self.chosen.mean_bits
+
+    @property
+    def budget_held(self) -> bool:
+        """The plan's bits within the budget (no budget: held)."""
+        return self.budget is None or self.chosen.mean_bits <= self.budget.bits + 1e-9
+
+    @property
+    def target_by_score(self) -> bool:
+        """The target met by the plan's scores, on the search data and the held-out data (no target: met)."""
+        held_out = math.isnan(self.chosen.held_out) or self.target is None or self.target.met(self.chosen.held_out)
+        return self.target is None or (self.target.met(self.chosen.score) and held_out)
+
+    @property
+    def target_held(self) -> bool:
+        """The target met as the search holds it: by the scores, and at the search score's confidence
+        bound where the plan has one. A budget can force a plan past where the bound holds."""
+        bound = self.chosen.bound
+        return self.target_by_score and (self.target is None or math.isnan(bound) or self.target.met(bound))
 
     def format_of(self, fqn: str) -> str:
         for layer in self.layers:

@@ -51,7 +51,7 @@ class Target:
     """What the plan must reach: ``metric >= threshold`` (or ``<=`` for lower-is-better metrics).
 
     ``metric == "float"`` is the budget form: at most ``threshold`` sites in
-    float, the best score of the plan's metric within it.
+    float, the best score of the plan's metric within it (best in that metric's direction).
     """
 
     metric: str
@@ -91,11 +91,6 @@ class Target:
     @property
     def is_budget(self) -> bool:
         return self.metric == BUDGET
-
-    @property
-    def higher_scores_better(self) -> bool:
-        """The direction scores are compared in: the metric's, and for a budget the plan's metric (higher)."""
-        return self.higher_is_better or self.is_budget
 
     def met(self, score: float) -> bool:
         """Whether ``score`` reaches the target (never for a NaN score)."""

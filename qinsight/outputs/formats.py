@@ -21,13 +21,28 @@ def _point(point: CurvePoint, confidence: float | None = None) -> str:
     return f"{_score(point.score)}{bound}{held} at {point.mean_bits:.2f} bits"
 
 
+def verdict(plan: FormatPlan) -> str:
+    """What held, each part of the goal on its own: the budget, and the target as the search holds it
+    (at its bound where there is one; a target the score meets only beside a bound that misses says so)."""
+    parts = []
+    if plan.target is not None:
+        if plan.target_held:
+            parts.append(f"{plan.target} reached")
+        elif plan.target_by_score:
+            at = f"at its {plan.confidence:.0%} bound" if plan.confidence is not None else "as held"
+            parts.append(f"{plan.target} NOT reached {at} (met by the score alone)")
+        else:
+            parts.append(f"{plan.target} NOT reached")
+    if plan.budget is not None:
+        parts.append(f"{plan.budget} {'held' if plan.budget_held else 'NOT held'}")
+    return "; ".join(parts) or "no target, no budget"
+
+
 def format_summary(plan: FormatPlan) -> list[str]:
     """The verdict, against the uniform formats, and how many layers take each format."""
-    goal = " and ".join(str(part) for part in (plan.target, plan.budget) if part is not None)
-    verdict = "reached" if plan.reached else "NOT reached"
     counts = ", ".join(f"{count} {name}" for name, count in sorted(plan.counts().items()))
     lines = [
-        f"Format plan (torchao quantize_, {', '.join(plan.formats)}): {goal} {verdict}: {plan.metric} {_point(plan.chosen, plan.confidence)} per weight",
+        f"Format plan (torchao quantize_, {', '.join(plan.formats)}): {verdict(plan)}: {plan.metric} {_point(plan.chosen, plan.confidence)} per weight",
         f"  {len(plan.layers)} Linears: {counts}; {plan.chosen.state_bytes / 1e6:.1f} MB of weights as stored; "
         f"{plan.evaluations} runs quantized for real",
     ]

@@ -140,8 +140,11 @@ def render_text(report: Report, *, everything: bool = False) -> str:
             f"Equalize: {', '.join(report.equalization_mapping.fqns)} "
             "(prepare_fx's _equalization_config; PT2E has no equalization)"
         )
-    if report.fx_activations is not None:
-        lines.append(f"qinsight.qconfig_mapping(report): {report.fx_activations.describe()}")
+    # an FX plan's config is the report's: its observing, checked by the plan, is what the mapping uses
+    planned = report.plan is not None and report.plan.flow == "fx"
+    observing = report.plan.fx_activations if report.plan is not None and planned else report.fx_activations
+    if observing is not None:
+        lines.append(f"qinsight.qconfig_mapping(report): {observing.describe()}")
     lines.extend(verification_lines(report))
     refused = report.equalization_mapping.refused
     if refused:

@@ -32,8 +32,12 @@ from torch.ao.quantization import QConfigAny, QConfigMapping
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 from torch.ao.quantization.utils import activation_is_dynamically_quantized
 
+import attrs
+
+from qinsight.apply.fx import advice_mapping
 from qinsight.compare.configs import release_fx_graphs
 from qinsight.core.activations import FxActivations, NarrowedInput
+from qinsight.core.report import Report
 from qinsight.frontends import eval_mode, example_inputs, hookless_copy, run_batch, shared_copy
 
 ROUNDS = 3  # checks after narrowing; each narrowing moves only the qparams just before a kernel
@@ -204,4 +208,18 @@ def checked_activations(
     return activations
 
 
-__all__ = ["checked_activations", "saturated", "static_only"]
+def kernels_checked(model: nn.Module, report: Report, example: object) -> Report:
+    """``report`` with its FX activation observing checked (:func:`checked_activations`) on ``example``,
+    under the report's own config; as it is where there is nothing to check or it was checked."""
+    unchecked = report.fx_activations
+    if unchecked is None or unchecked.checked:
+        return report
+    backend = report.metadata.backend
+
+    def mapping(activations: FxActivations) -> QConfigMapping:
+        return advice_mapping(report.sites, report.suggestions, backend, None, activations)
+
+    return attrs.evolve(report, fx_activations=checked_activations(model, example, backend, mapping))
+
+
+__all__ = ["checked_activations", "kernels_checked", "saturated", "static_only"]

@@ -32,11 +32,9 @@ from qinsight.core.stats import ObservedStats
 from qinsight.core.shards import Shard
 from qinsight.distributed import Exchange, sharing_failures
 from qinsight.frontends import eval_mode, run_batch, view_of
-from qinsight.apply.fx import advice_mapping
 from qinsight.observe.instrumenter import Instrumenter
 from qinsight.pipeline.analysis import DetectorChoice, analyze, choose_detectors, metadata
 from qinsight.pipeline.equalizable import refused_equalizations
-from qinsight.pipeline.saturation import checked_activations
 from qinsight.pipeline.verification import VERIFY_BATCHES, chosen_flows, verify_report
 from qinsight.plugin.detector import Detector, ModelView
 
@@ -52,6 +50,18 @@ def _next_batch(batches: Iterator[object], index: int) -> object:
     if batch is None:
         raise CalibrationError(f"calibration batch {index} is None, not a tensor, tuple or mapping", batch=index)
     return batch
+
+
+def _check_not_empty(batch: object, index: int) -> None:
+    """A batch whose every tensor holds no values (zero rows) observes nothing and scores nothing:
+    one :class:`CalibrationError` naming it, not torch's error from deep inside a reshape."""
+    tensors = [t for t in torch.utils._pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)]
+    if tensors and all(t.numel() == 0 for t in tensors):
+        shapes = ", ".join(str(tuple(t.shape)) for t in tensors[:3])
+        raise CalibrationError(
+            f"calibration batch {index} is empty (shape {shapes}): drop batches with zero rows from the calibration data",
+            batch=index,
+        )
 
 
 def _as_batch(args: tuple[object, ...], kwargs: dict[str, object]) -> object | None:
@@ -125,21 +135,27 @@ class Session:
         # frozen only when the block ended normally: an error inside it is the one to see
         self._frozen = self._instrumenter.freeze()
 
-    def calibrate(self, data: Iterable[object], progress: Progress | None = None) -> int:
+    def calibrate(self, data: Iterable[object], progress: Progress | None = None, *, total: int | None = None) -> int:
         """Run every batch of ``data`` through the model in eval mode, without gradients.
 
         The training flags of all submodules are restored afterwards. A batch
         that raises becomes a :class:`CalibrationError` naming its index.
+        ``total``: the number of batches for ``progress`` where ``data`` cannot say it (an iterator).
         """
         model = self.view.model
-        count, total = 0, len(data) if isinstance(data, Sized) else 0
+        count = 0
+        if total is None:
+            total = len(data) if isinstance(data, Sized) else 0
         batches = iter(data)
+        if progress is not None:
+            progress("calibrating", 0, total)  # the stage's clock starts before its first batch
         with eval_mode(model), torch.no_grad():
             for local in itertools.count():
                 index = self._shard.batch_index(local) if self._shard is not None else local  # as numbered in all the data
                 batch = _next_batch(batches, index)
                 if batch is _NOTHING:
                     break
+                _check_not_empty(batch, index)
                 try:
                     run_batch(model, batch)
                 except Exception as exc:
@@ -195,17 +211,14 @@ class Session:
             strict=self._strict,
         )
         report = report.with_equalization_refused(self._refused_equalizations(report.equalization_mapping.fqns))
-        return attrs.evolve(report, fx_activations=self._fx_activations(report))
+        return attrs.evolve(report, fx_activations=self._fx_activations())
 
-    def _fx_activations(self, report: Report) -> FxActivations | None:
-        """How the report's FX config observes activations (:mod:`.saturation`), checked on the first batch."""
+    def _fx_activations(self) -> FxActivations | None:
+        """How the report's FX config observes activations: qinsight's way, its kernels checked where the
+        config is verified (:func:`~qinsight.pipeline.saturation.kernels_checked`)."""
         if self._example is None or self.view.frontend == "export":
             return None  # PT2E observes 8 bits after the clips already
-
-        def mapping(activations: FxActivations) -> QConfigMapping:
-            return advice_mapping(report.sites, report.suggestions, self._backend, None, activations)
-
-        return checked_activations(self.view.model, self._example, self._backend, mapping)
+        return FxActivations(checked=False)
 
     def _refused_equalizations(self, fqns: tuple[str, ...]) -> dict[str, str]:
         """The suggested equalizations torch cannot apply (:mod:`.equalizable`), checked on the first batch."""
@@ -321,6 +334,10 @@ def diagnose(
     ``None``: as the ``QINSIGHT_VERIFY`` environment variable says, else ``True``.
     Distributed runs are not verified: ``qinsight.verify_report`` on one rank does it.
     """
+    if not isinstance(calibration_data, Iterable) or isinstance(calibration_data, (str, bytes)):
+        raise InvalidParameterError(
+            "diagnose", "calibration_data", type(calibration_data).__name__, "an iterable of batches (a list of tensors, a DataLoader...)"
+        )
     exchange = Exchange.of("diagnose", distributed)
     with sharing_failures(exchange):
         batches = iter(calibration_data)
@@ -339,6 +356,6 @@ def diagnose(
 
         with session._attached():
             data = itertools.chain([first], batches) if example is not None else ()
-            session.calibrate(map(keeping, data), progress)
+            session.calibrate(map(keeping, data), progress, total=len(calibration_data) if isinstance(calibration_data, Sized) else 0)
         report = session.report()
     return verify_report(model, report, kept, flows=flows, progress=progress) if flows else report

@@ -48,6 +48,7 @@ from qinsight.core.verification import (
     without_kinds,
 )
 from qinsight.frontends import eval_mode, quantizable_modules, run_batch
+from qinsight.pipeline.saturation import kernels_checked
 
 ENV_VERIFY: Final = "QINSIGHT_VERIFY"
 VERIFY_BATCHES = 8  # the most calibration batches a verification keeps: its cost grows with them
@@ -123,11 +124,18 @@ def verify_report(
     if _prepared(model):  # its observers are the user's own config: the report's has no model to go on
         said = "the model is prepared already (prepare_fx / prepare_pt2e): diagnose the float model to verify the report's config"
         return report.with_verification(tuple(ConfigVerification(flow=flow, error=said) for flow in chosen))
+    if "fx" in chosen:  # the FX config's kernels, checked before it is scored
+        if progress is not None:
+            progress("checking the FX kernels for saturation", 0, 1)
+        report = kernels_checked(model, report, batches[0])
+    stage = f"verifying the report's config in {', '.join(chosen)}"
     verdicts = []
     for done, flow in enumerate(chosen):
         if progress is not None:
-            progress(f"verifying the report's {flow} config", done, len(chosen))
+            progress(stage, done, len(chosen))
         verdicts.append(verify_flow(model, report, flow, batches))
+    if progress is not None:
+        progress(stage, len(chosen), len(chosen))
     return report.with_verification(tuple(verdicts))
 
 

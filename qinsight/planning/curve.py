@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import attrs
 
+from qinsight.core.metrics import worse
 from qinsight.core.plan import PlanStep, Target
 from qinsight.core.progress import Progress
 from qinsight.planning.scores import Scorer
@@ -40,6 +41,11 @@ class Search:
     kinds: dict[str, str]
     progress: Progress
     fixed: dict[str, Mode] = attrs.field(factory=dict)  # sites in the config that are not searched
+    higher_is_better: bool = True  # the direction the plan's scores are compared in (PlanRequest's)
+
+    def best(self, scores: Iterable[float]) -> float:
+        """The best of ``scores`` in the plan's direction."""
+        return max(scores) if self.higher_is_better else min(scores)
 
     def everything_float(self) -> dict[str, Mode]:
         """Every candidate in float; the fixed sites as they are fixed."""
@@ -88,9 +94,10 @@ def choose_order(
     found = []
     for order, by_site in noise.items():
         steps, modes = choose(search, goal, start, float_run, quantized_run, by_site, dynamic_noise[order])
-        score = max(step.score for step in steps) if goal.is_budget else final_score(steps)
+        score = search.best(step.score for step in steps) if goal.is_budget else final_score(steps)
         found.append(_Searched(order, steps, modes, goal.is_budget or goal.met(score), search.fraction(modes), score))
-    best = max(found, key=lambda s: (s.met, s.fraction, s.score))  # the first of equals: the output's noise
+    sign = 1.0 if search.higher_is_better else -1.0
+    best = max(found, key=lambda s: (s.met, s.fraction, sign * s.score))  # the first of equals: the output's noise
     if len(found) == 1:
         return best.steps, best.modes, []
     said = "; ".join(f"by {s.order}, {s.fraction:.1%} of the weights quantized at {s.score:.4g}" for s in found)
@@ -212,7 +219,7 @@ def within_budget(
         run = search.sim.run_changed(modes, run)
         score = search.scorer(run.outputs)
         steps.append(PlanStep(fqn=site, score=score, kept=True, quantized_fraction=search.fraction(modes), stage="budget"))
-        if score > best:
+        if worse(best, score, search.higher_is_better):
             best, best_modes = score, dict(modes)
     return tuple(steps), best_modes
 

@@ -274,20 +274,17 @@ def _assembled(
     layers, moves, (taken, search_notes) = measure.layers, orders[order], searched_all[order]
     formats = ladders.assignment(layers, moves, taken)
     chosen = measure.point("plan", formats, held_out=True)
-    target, budget = request.goal.target, request.goal.budget
-    quality = target is None or (target.met(chosen.score) and (measure.held is None or target.met(chosen.held_out)))
-    reached = quality and (budget is None or chosen.mean_bits <= budget.bits + 1e-9)
     uniform = tuple(measure.point(f"uniform {fmt}", ladders.uniform(layers, fmt), held_out=True) for fmt in request.goal.formats)
     sizes = sorted({round(len(moves) * i / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)} - {taken})
     curve = tuple(measure.point(f"{k} of {len(moves)} moves", ladders.assignment(layers, moves, k)) for k in sizes)
     checks = _orders(measure, orders, searched_all, order, chosen) if request.orders else ()
     followed = (f"the plan follows the {order} ranking: quantized along each ranking, it scored best on the search data",) if order != MEASURED else ()
-    return FormatPlan(
+    plan = FormatPlan(
         formats=tuple(f.name for f in request.goal.formats),
         metric=request.goal.metric,
         target=request.goal.target,
         budget=request.goal.budget,
-        reached=reached,
+        reached=False,
         layers=ladders.layer_formats(layers, formats),
         chosen=chosen,
         float_score=measure.search(measure.search.reference),
@@ -302,6 +299,7 @@ def _assembled(
         order=order,
         confidence=request.goal.confidence,
     )
+    return attrs.evolve(plan, reached=plan.target_held and plan.budget_held)
 
 
 def _fitting_note(request: FormatRequest) -> tuple[str, ...]:
@@ -315,8 +313,14 @@ def _fitting_note(request: FormatRequest) -> tuple[str, ...]:
 
 def _bound_note(request: FormatRequest, chosen: CurvePoint) -> tuple[str, ...]:
     """How the search held the target: at the score's bound, what the search tokens' own spread allows."""
-    if request.goal.confidence is None or math.isnan(chosen.bound):
+    target = request.goal.target
+    if request.goal.confidence is None or math.isnan(chosen.bound) or target is None:
         return ()
+    if not target.met(chosen.bound):
+        return (
+            f"{target} does not hold at the {request.goal.confidence:.0%} bound of the score over the search tokens "
+            f"({chosen.bound:.4g}; the score itself {chosen.score:.4g})",
+        )
     return (
         f"the search held {request.goal.target} at the {request.goal.confidence:.0%} bound of the score over its tokens "
         f"({chosen.bound:.4g}; the score itself {chosen.score:.4g}): the margin is what the search text's own spread says "

@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from qinsight.core.errors import InvalidParameterError
+from qinsight.core.metrics import LABELLED, METRICS
 from qinsight.core.plan import Target
 from qinsight.core.sites import FlowName, checked_flow
 from qinsight.planning.flows import FLOW_CLASSES
@@ -30,6 +31,15 @@ class PlanRequest:
     evaluation: tuple[Any, ...]
     smoothing: bool
     held_out: tuple[Any, ...] = ()  # scored once, the plan's config converted: data the search never chose on
+
+    @property
+    def higher_is_better(self) -> bool:
+        """The direction scores are compared in: the target's; for a budget, its metric's (the one
+        metric table; a function of one's own: higher is better)."""
+        if not self.goal.is_budget:
+            return self.goal.higher_is_better
+        spec = METRICS.get(self.metric_name) or LABELLED.get(self.metric_name)
+        return spec.higher_is_better if spec is not None else True
 
     @property
     def everything(self) -> list[Any]:

@@ -68,10 +68,13 @@ def plan(
         evaluation_data=evaluation_data, smoothing=smoothing, held_out_data=held_out_data,
     )
     progress = progress or _quiet
-    if report is None:
-        from qinsight.pipeline import diagnose
+    from qinsight.pipeline import diagnose
+    from qinsight.pipeline.saturation import kernels_checked
 
+    if report is None:
         report = diagnose(model, list(request.calibration), backend=request.backend, verify=False)  # the plan verifies
+    if request.flow == "fx":  # the FX config's kernels, checked as a verification checks them
+        report = kernels_checked(model, report, request.calibration[0])
     scorer = Scorer(float_outputs(model, request.evaluation), request.metric, request.metric_name, request.evaluation)
     failed = stages.FailedConfigs()
     base = stages.baseline(request, model, report, scorer, failed)
@@ -80,7 +83,8 @@ def plan(
     measured = stages.sensitivity(request, found)
     search = stages.searched(request, found, measured)
     real = verify.verified(
-        chosen.real(request, scorer), request.goal, found.kept, found.checks, found.start, search.steps, search.modes, base.score
+        chosen.real(request, scorer), request.goal, found.kept, found.checks, found.start, search.steps, search.modes, base.score,
+        request.higher_is_better,
     )
     final = base.flow if real.default else chosen.flow
     held = Scorer(float_outputs(model, request.held_out), request.metric, request.metric_name, request.held_out) if request.held_out else None

@@ -79,7 +79,7 @@ class FailedConfigs:
 def real_score(flow: Flow, request: PlanRequest, scorer: Scorer, failed: FailedConfigs) -> RealScore:
     """A config's score quantized for real through ``flow`` (prepare, calibrate, convert, run); the worst
     score there is where the flow cannot build or run it (a metric's own error is not caught)."""
-    worst = -math.inf if request.goal.higher_scores_better else math.inf
+    worst = -math.inf if request.higher_is_better else math.inf
 
     def score(advice: tuple[QuantSuggestion, ...]) -> float:
         try:
@@ -152,7 +152,7 @@ def baseline(request: PlanRequest, model: nn.Module, report: Report, scorer: Sco
         return Baseline(default, score, default, (), score)
     candidate = flow_for(request.flow, model, report.sites, request.backend, request.everything, activations)
     observed = real_score(candidate, request, scorer, failed)(())
-    kept = not worse(observed, score, request.goal.higher_scores_better)
+    kept = not worse(observed, score, request.higher_is_better)
     check = SuggestionCheck(
         fqn="(activations)", change=activations.describe(), before=score, alone=observed, kept=kept,
         reason="measured for real (prepare, calibrate, convert)" if kept
@@ -169,6 +169,7 @@ def subject(
     if not request.smoothing:
         return Subject(model, report, SmoothingMapping(), base.chosen, failed)
     from qinsight.pipeline import diagnose
+    from qinsight.pipeline.saturation import kernels_checked
 
     progress("smoothing the Linears' inputs", 0, 1)
     linears = [site.fqn for site in report.sites if site.kind is OpKind.LINEAR]
@@ -177,6 +178,8 @@ def subject(
         return Subject(model, report, mapping, base.chosen, failed)
     smoothed = apply_smoothing(model, mapping)
     again = diagnose(smoothed, list(request.calibration), backend=request.backend, verify=False)
+    if base.chosen.activations is not None:
+        again = kernels_checked(smoothed, again, request.calibration[0])
     observing = again.fx_activations if base.chosen.activations is not None else None  # the smoothed model's own check
     flow = flow_for(request.flow, smoothed, again.sites, request.backend, request.everything, observing)
     return Subject(smoothed, again, mapping, flow, failed)
@@ -191,13 +194,15 @@ def checked(request: PlanRequest, chosen: Subject, base: Baseline, scorer: Score
     divisions = {site: Mode.FLOAT for site in chosen.smoothing.divisions if site in sim.sites}
     candidates = [site for site in sim.sites if site in names and site not in divisions]
     kinds = {site.fqn: site.kind.value for site in chosen.report.sites}
-    search = Search(sim, scorer, candidates, _parameters(chosen.model, candidates), kinds, progress, divisions)
+    search = Search(
+        sim, scorer, candidates, _parameters(chosen.model, candidates), kinds, progress, divisions, request.higher_is_better
+    )
     default = {**{site: Mode.STATIC for site in candidates}, **divisions}
     real = chosen.real(request, scorer)
     start_score = base.start_score if not chosen.smoothing.entries else real(())
     checks, start, kept = check_all(
         sim, lambda run: scorer(run.outputs), real, chosen.report.suggestions, default, list(request.evaluation),
-        request.goal.higher_scores_better, chosen.flow.name, chosen.flow.equalizes, start_score,
+        request.higher_is_better, chosen.flow.name, chosen.flow.equalizes, start_score,
     )
     return Checked(search, base.checks + checks, start, kept)
 

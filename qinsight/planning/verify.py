@@ -47,13 +47,14 @@ def verified(
     steps: tuple[PlanStep, ...],
     modes: dict[str, Mode],
     default_score: float,
+    higher_is_better: bool,
 ) -> Verified:
     """The searched config quantized for real, the unseen parts checked, bisected where it misses;
     the default config where that scored better."""
-    kept, checks, score, notes = _unseen_parts_checked(real, goal, kept, checks, steps, modes)
+    kept, checks, score, notes = _unseen_parts_checked(real, goal, kept, checks, steps, modes, higher_is_better)
     modes, score, more = _bisected(real, goal, kept, start, steps, modes, score)
     notes += more
-    if worse(score, default_score, goal.higher_scores_better):
+    if worse(score, default_score, higher_is_better):
         notes.append(f"the plan ({score:.4g}) scored below the default config ({default_score:.4g}): the default is returned")
         return Verified((), {site: Mode.STATIC for site in modes}, checks, default_score, tuple(notes), default=True)
     return Verified(advice(kept, modes), modes, checks, score, tuple(notes))
@@ -107,6 +108,7 @@ def _unseen_parts_checked(
     checks: tuple[SuggestionCheck, ...],
     steps: tuple[PlanStep, ...],
     modes: dict[str, Mode],
+    higher_is_better: bool,
 ) -> tuple[tuple[QuantSuggestion, ...], tuple[SuggestionCheck, ...], float, list[str]]:
     """The plan's config quantized for real, with the kept parts the search cannot see (equalization,
     per-tensor weights: they were measured on the default config, not on this one). Where that
@@ -118,7 +120,7 @@ def _unseen_parts_checked(
         return kept, checks, score, []
     searched = tuple(as_searched)  # one part per kept suggestion, as ``kept`` has one per site
     without = real_score(advice(searched, modes))
-    if not worse(score, without, goal.higher_scores_better):
+    if not worse(score, without, higher_is_better):
         return kept, checks, score, []
     said = ", ".join(part.describe() + " at " + part.fqn for part in unseen)
     reason = f"not applied: the planned config scored {score:.4g} with it, {without:.4g} without, measured for real"

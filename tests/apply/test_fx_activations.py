@@ -175,16 +175,23 @@ def test_a_kernel_that_saturates_at_eight_bits_reads_its_input_at_seven() -> Non
 def test_the_report_checks_its_activations_and_a_user_base_keeps_its_own() -> None:
     torch.manual_seed(0)
     model, batches = Blocks().eval(), [torch.randn(4, 3, 8, 8) for _ in range(2)]
-    report = qinsight.diagnose(model, batches)
+    # the check quantizes the config for real: verification runs it, an unverified report says it did not
+    verified = qinsight.diagnose(model, batches)
+    assert verified.fx_activations == FxActivations(kernels=4)  # the static ones; none saturates
+    unverified = qinsight.diagnose(model, batches, verify=False)
+    assert unverified.fx_activations == FxActivations(checked=False)
+    assert "clip-aware (the backend's kernels not checked for saturation" in qinsight.to_text(unverified)
+    report = saturation.kernels_checked(model, unverified, batches[0])  # the check alone, the config unverified
     dynamic = {s.fqn for s in report.suggestions if s.activation is qinsight.ActivationMode.DYNAMIC}
-    assert dynamic == {"fc"} and report.fx_activations == FxActivations(kernels=4)  # the static ones; none saturates
+    assert dynamic == {"fc"} and report.fx_activations == FxActivations(kernels=4)
     assert "qinsight.qconfig_mapping(report): FX activations at 8 bits, clip-aware (4 quantized kernels" in qinsight.to_text(report)
     assert qinsight.qconfig_mapping(report).global_qconfig.activation.p.keywords == {"reduce_range": False}  # type: ignore[union-attr]
     base = get_default_qconfig_mapping("x86")
     mapped = qinsight.qconfig_mapping(report, base=base)
     assert mapped.global_qconfig.activation.p.keywords == {"reduce_range": True}  # type: ignore[union-attr]
     assert not any(isinstance(q.activation(), ClippedHistogramObserver) for q in mapped.module_name_qconfigs.values() if q)
-    onednn = qinsight.diagnose(model, batches, backend="onednn")  # 8 bits by default, but before the clips
+    onednn = qinsight.diagnose(model, batches, backend="onednn", verify=False)  # 8 bits by default, but before the clips
+    onednn = saturation.kernels_checked(model, onednn, batches[0])
     assert onednn.fx_activations == FxActivations(kernels=4)
     assert any(isinstance(q.activation(), ClippedHistogramObserver) for q in qinsight.qconfig_mapping(onednn).module_name_qconfigs.values() if q)
     exported = torch.export.export(model, (batches[0],)).module()

@@ -21,8 +21,9 @@ from qinsight.plugin.testing import write_distribution
 def reports(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("reports")
     for name, args in {
-        "cnn": ("diagnose", "--example", "cnn", "--batches", "2", "--quiet"),
-        "cnn_fbgemm": ("diagnose", "--example", "cnn", "--batches", "2", "--quiet", "--backend", "fbgemm"),
+        # files for the commands that read them: unverified, for speed
+        "cnn": ("diagnose", "--example", "cnn", "--batches", "2", "--quiet", "--no-verify"),
+        "cnn_fbgemm": ("diagnose", "--example", "cnn", "--batches", "2", "--quiet", "--no-verify", "--backend", "fbgemm"),
         "cmp_cnn": ("compare", "--example", "cnn", "--batches", "2"),
         "cmp_encoder": ("compare", "--example", "encoder", "--batches", "2"),
     }.items():
@@ -50,7 +51,9 @@ def test_per_channel_is_in_use_under_the_backends_default(reports: Path) -> None
     report = api.load_report(reports / "cnn.json")
     verdicts = {f.verdict for f in report.result("qinsight.per_channel").findings}
     assert verdicts == {"per-channel in use"}
-    planless = qinsight("diagnose", "--example", "cnn", "--batches", "2", "--quiet", "--qconfig", "none", "--fail-on", "per-channel recommended")
+    planless = qinsight(
+        "diagnose", "--example", "cnn", "--batches", "2", "--quiet", "--no-verify", "--qconfig", "none", "--fail-on", "per-channel recommended"
+    )
     assert planless.returncode == 1 and "qinsight.per_channel conv1: per-channel recommended" in planless.stderr
 
 
@@ -98,7 +101,7 @@ def test_files_get_the_umasks_mode_and_their_paths_are_said(tmp_path: Path) -> N
     out, page = tmp_path / "r.json", tmp_path / "r.html"
     old = os.umask(0o022)
     try:
-        result = qinsight("diagnose", "--example", "cnn", "--batches", "2", "--quiet", "--out", str(out), "--html", str(page))
+        result = qinsight("diagnose", "--example", "cnn", "--batches", "2", "--quiet", "--no-verify", "--out", str(out), "--html", str(page))
     finally:
         os.umask(old)
     assert result.returncode == 0 and result.stderr == f"qinsight: wrote {out}\nqinsight: wrote {page}\n"
@@ -164,8 +167,11 @@ def test_progress_in_a_log_is_lines_and_always_ends(tmp_path: Path) -> None:
     (tmp_path / "userfactories.py").write_text(FACTORIES + "def data():\n    return (torch.randn(2, 4) for _ in range(5))\n")
     result = qinsight("diagnose", "--model", "userfactories:model", "--data", "userfactories:data", pythonpath=tmp_path)
     assert result.returncode == 0 and "\r" not in result.stderr and result.stderr.endswith("\n")
-    lines = result.stderr.splitlines()  # unknown length: a line at powers of two, and the last count
-    assert [line.split(" batches")[0] for line in lines] == ["calibrating: 1", "calibrating: 2", "calibrating: 4", "calibrating: 5"]
+    lines = result.stderr.splitlines()  # unknown length: a line at the start, at powers of two, and the last count
+    calibrating = [line.split(",")[0] for line in lines if line.startswith("calibrating")]
+    assert calibrating == ["calibrating: 0", "calibrating: 1", "calibrating: 2", "calibrating: 4", "calibrating: 5"]
+    # then the verification, which the defaults run, to its end
+    assert lines[len(calibrating):] and lines[-1].startswith("verifying the report's config in fx: 1/1, "), lines
 
 
 def test_version_plot_features_and_the_full_module_list(reports: Path) -> None:

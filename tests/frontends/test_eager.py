@@ -60,8 +60,9 @@ def test_untraceable_model_is_diagnosed_eagerly() -> None:
 
 
 def same_verdicts(model: nn.Module, data: list[torch.Tensor]) -> None:
-    via_fx = qinsight.diagnose(copy.deepcopy(model), data, frontend="fx")
-    via_eager = qinsight.diagnose(copy.deepcopy(model), data, frontend="eager")
+    # what the detectors find, not what FX's verification keeps of it (the eager frontend verifies nothing)
+    via_fx = qinsight.diagnose(copy.deepcopy(model), data, frontend="fx", verify=False)
+    via_eager = qinsight.diagnose(copy.deepcopy(model), data, frontend="eager", verify=False)
     assert (via_fx.metadata.frontend, via_eager.metadata.frontend) == ("fx", "eager")
     # the eager frontend reads no graph: what feeds a site and which clip reads it are FX's alone
     assert via_eager.sites == tuple(attrs.evolve(site, source=None, clip=None) for site in via_fx.sites)

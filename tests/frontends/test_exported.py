@@ -32,10 +32,11 @@ def exported(model: nn.Module, batch: torch.Tensor) -> torch.fx.GraphModule:
 
 
 def same_everywhere(model: nn.Module, data: list[torch.Tensor]) -> qinsight.Report:
+    # what the detectors find, not what each frontend's own flow verifies of it (PT2E, FX, none)
     reports = {
-        "export": qinsight.diagnose(exported(model, data[0]), data),
-        "fx": qinsight.diagnose(copy.deepcopy(model), data, frontend="fx"),
-        "eager": qinsight.diagnose(copy.deepcopy(model), data, frontend="eager"),
+        "export": qinsight.diagnose(exported(model, data[0]), data, verify=False),
+        "fx": qinsight.diagnose(copy.deepcopy(model), data, frontend="fx", verify=False),
+        "eager": qinsight.diagnose(copy.deepcopy(model), data, frontend="eager", verify=False),
     }
     assert {name: r.metadata.frontend for name, r in reports.items()} == {"export": "export", "fx": "fx", "eager": "eager"}
     reference = reports["fx"]

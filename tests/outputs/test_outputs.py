@@ -24,7 +24,7 @@ from qinsight.outputs.view import ReportView
 @pytest.fixture(scope="module")
 def report() -> qinsight.Report:
     chosen = example("resnet18")
-    return qinsight.diagnose(chosen.model(), chosen.data(2), model_name="resnet18")
+    return qinsight.diagnose(chosen.model(), chosen.data(2), model_name="resnet18", verify=False)  # the outputs, not the config
 
 
 @pytest.mark.slow

@@ -93,6 +93,23 @@ def test_bad_batches_name_their_index_and_the_models_message(data: list[object],
     assert info.value.batch == batch
 
 
+@pytest.mark.parametrize(
+    "data,error,message",
+    [
+        (None, qinsight.InvalidParameterError, "diagnose: calibration_data='NoneType' is invalid; expected an iterable of batches"),
+        ("batches.pt", qinsight.InvalidParameterError, "calibration_data='str' is invalid"),
+        ([torch.randn(0, 16)] * 2, qinsight.CalibrationError, r"calibration batch 0 is empty \(shape \(0, 16\)\): drop batches with zero rows"),
+        ([torch.randn(2, 16), torch.randn(0, 16)], qinsight.CalibrationError, "calibration batch 1 is empty"),
+    ],
+)
+def test_data_that_is_no_batches_is_one_error_naming_what_to_change(data: object, error: type[Exception], message: str) -> None:
+    # with the defaults (verification on): the raw TypeError of iter(None) and torch's reshape of zero
+    # rows were what a user saw
+    with pytest.raises(error, match=message) as info:
+        qinsight.diagnose(seeded(MLP()), data)  # type: ignore[arg-type]
+    assert "\n" not in str(info.value)
+
+
 @attrs.frozen(kw_only=True)
 class BrokenFinding(Finding):
     verdicts: ClassVar[tuple[str, ...]] = ("broken",)

@@ -160,7 +160,7 @@ def test_instrument_with_own_loop(mlp: nn.Module) -> None:
             mlp(batch)
         inside = session.report()
     assert hooks_left(mlp) == 0
-    diagnosed = qinsight.diagnose(mlp, data)
+    diagnosed = qinsight.diagnose(mlp, data, verify=False)  # instrument() verifies nothing: verify_report does
     assert session.report() == inside == diagnosed
     # without an example batch nothing runs before calibration: the sites do not know their input
     # ranks (nor would ops around the layers be found); the findings on these layers are the same

@@ -185,3 +185,19 @@ def test_a_prepared_model_is_not_verified_and_says_why() -> None:
     prepared = prepare_fx(cnn.model(), get_default_qconfig_mapping("x86"), (data[0],))
     verdict = qinsight.diagnose(prepared, data, verify="fx").verification[0]
     assert not verdict.verified and "prepared already" in verdict.error and "diagnose the float model" in verdict.error
+
+
+@pytest.mark.parametrize("name", ["cnn", "encoder", "resnet18"])
+def test_the_defaults_verify_every_built_in_example_in_its_own_flow(name: str) -> None:
+    """What a user's first call does: ``diagnose`` with nothing but the model and data verifies the
+    config for real, in FX for the module and in PT2E for its exported program."""
+    chosen = example(name)
+    model, data = chosen.model(), chosen.data(2)  # one batch calibrates, one is scored
+    traced = qinsight.diagnose(model, data)
+    exported = qinsight.diagnose(torch.export.export(model, tuple(data[0]) if isinstance(data[0], tuple) else (data[0],)), data)
+    for report, flow in ((traced, "fx"), (exported, "pt2e")):
+        assert [v.flow for v in report.verification] == [flow]
+        verdict = report.verification[0]
+        assert verdict.verified, verdict.error
+        assert math.isfinite(verdict.score) and not verdict.error
+        assert "Not verified" not in qinsight.to_text(report)

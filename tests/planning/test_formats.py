@@ -305,3 +305,21 @@ def test_the_search_holds_its_target_at_the_scores_confidence_bound(model: nn.Mo
 def test_a_confidence_outside_half_to_one_is_one_error(model: nn.Module, confidence: object) -> None:
     with pytest.raises(InvalidParameterError, match="confidence="):
         qinsight.plan_formats(model, _tokens(2, seed=1), confidence=confidence)  # type: ignore[arg-type]
+
+
+def test_a_budget_that_forces_a_plan_past_its_targets_bound_says_which_part_held(model: nn.Module) -> None:
+    """A target the plan's score meets but its confidence bound does not (a budget forces the plan's
+    size): the plan is not reached, and the headline says the budget held and the target did not."""
+    from qinsight.outputs.formats import verdict
+
+    data = _tokens(4, seed=1)
+    forced = qinsight.plan_formats(model, data, target=None, budget="bits<=6", metric="perplexity", compare_orders=False)
+    threshold = max(forced.chosen.score, forced.chosen.held_out) * (1 + 1e-6)  # met by both scores, by a hair
+    plan = qinsight.plan_formats(model, data, target=f"perplexity<={threshold!r}", budget="bits<=6", compare_orders=False)
+    assert plan.mean_bits == forced.mean_bits and plan.chosen.score == forced.chosen.score  # the budget's size
+    assert plan.target is not None and plan.target.met(plan.chosen.score) and not plan.target.met(plan.chosen.bound)
+    assert plan.budget_held and plan.target_by_score and not plan.target_held and not plan.reached
+    assert verdict(plan) == f"{plan.target} NOT reached at its 95% bound (met by the score alone); bits<=6 held"
+    headline = qinsight.to_text(qinsight.diagnose(model, data[:1], verify=False).with_formats(plan))
+    assert f": {verdict(plan)}: perplexity " in headline
+    assert verdict(forced) == "bits<=6 held" and forced.reached  # a budget alone holds by its bits

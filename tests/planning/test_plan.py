@@ -290,14 +290,16 @@ def test_verification_drops_kept_parts_the_search_cannot_see_where_they_lower_th
         asked.append(advice)
         return 0.8 if any(s.equalize for s in advice) else 0.95
 
-    found = verified(real, goal, kept, (check,), modes, steps, modes, default_score=0.5)
+    found = verified(real, goal, kept, (check,), modes, steps, modes, default_score=0.5, higher_is_better=True)
     assert found.score == 0.95 and len(asked) == 2 and not found.default
     assert not any(s.equalize for s in found.suggestions) and any(s.fqn == "add#0" and s.keep_float for s in found.suggestions)
     assert not found.checks[0].kept and "scored 0.8 with it, 0.95 without" in found.checks[0].reason
     assert found.notes and "dropped" in found.notes[0]
     # where the planned config reaches the target with them, they stay, after one real quantization
     asked.clear()
-    same = verified(lambda advice: asked.append(advice) or 0.94, goal, kept, (check,), modes, steps, modes, default_score=0.5)
+    same = verified(
+        lambda advice: asked.append(advice) or 0.94, goal, kept, (check,), modes, steps, modes, default_score=0.5, higher_is_better=True
+    )
     assert (same.checks, same.score, same.notes) == ((check,), 0.94, ()) and len(asked) == 1
     assert {s.fqn: s for s in same.suggestions}["conv1"].equalize
 
@@ -312,6 +314,21 @@ def test_a_plan_is_never_worse_than_the_default_and_a_budget_keeps_at_most_n_sit
     suggested = {s.fqn for s in report.suggestions if s.keep_float}
     assert len(set(plan.kept_float) - suggested) <= 1
     assert plan.verified_score >= plan.default_score
+
+
+def test_a_budget_keeps_the_best_score_in_its_metrics_direction() -> None:
+    """``float<=N`` with a lower-is-better metric (KL): the plan keeps the prefix of the costliest sites
+    with the lowest KL, not the highest; its real score beats the default's the same way."""
+    chosen = example("cnn")
+    model, data = chosen.model(), chosen.data(8)
+    plan = qinsight.plan(model, data[:4], data[4:], target="float<=2", metric="kl", flow="fx")
+    taken = [step for step in plan.steps if step.stage == "budget"]
+    scores = [plan.steps[0].score, *(step.score for step in taken)]
+    best = scores.index(min(scores))
+    assert scores[best] < max(scores)  # the budget's steps differ: the direction decides
+    assert {step.fqn for step in taken[:best]} <= set(plan.kept_float)
+    assert not {step.fqn for step in taken[best:]} & set(plan.kept_float)
+    assert plan.reached and plan.verified_score <= plan.default_score
 
 
 @pytest.mark.parametrize("flow", ["fx", "pt2e"])
@@ -446,7 +463,7 @@ def test_an_equalization_an_fx_plan_measured_and_dropped_leaves_the_reports_mapp
 
     chosen = example("cnn")
     model, data = chosen.model(), chosen.data(3)
-    report = qinsight.diagnose(model, data)
+    report = qinsight.diagnose(model, data, verify=False)  # as suggested: the plan's measurement drops it here, not verification's
     assert report.equalization_mapping.fqns == ("fc",)
     measured = SuggestionCheck(
         fqn="fc", change="equalize", before=40.0, alone=31.0, kept=False,
