@@ -63,7 +63,8 @@ class FxActivations:
     def describe(self) -> str:
         """One line for the report's text."""
         if not self.checked:
-            return f"FX activations at {self.bits} bits, clip-aware (the backend's kernels not checked for saturation: verification checks them)"
+            unchecked = "the backend's kernels not checked for saturation: verification checks them"
+            return f"FX activations at {self.bits} bits, clip-aware ({unchecked})"
         checked = f"{self.kernels} quantized kernels checked at {self.bits} bits"
         if not self.narrowed:
             return f"FX activations at {self.bits} bits, clip-aware ({checked}: none saturates)"

@@ -198,8 +198,10 @@ class FormatPlan:
     @property
     def target_by_score(self) -> bool:
         """The target met by the plan's scores, on the search data and the held-out data (no target: met)."""
-        held_out = math.isnan(self.chosen.held_out) or self.target is None or self.target.met(self.chosen.held_out)
-        return self.target is None or (self.target.met(self.chosen.score) and held_out)
+        if self.target is None:
+            return True
+        held_out = math.isnan(self.chosen.held_out) or self.target.met(self.chosen.held_out)
+        return self.target.met(self.chosen.score) and held_out
 
     @property
     def target_held(self) -> bool:

@@ -41,8 +41,9 @@ def verdict(plan: FormatPlan) -> str:
 def format_summary(plan: FormatPlan) -> list[str]:
     """The verdict, against the uniform formats, and how many layers take each format."""
     counts = ", ".join(f"{count} {name}" for name, count in sorted(plan.counts().items()))
+    scored = f"{plan.metric} {_point(plan.chosen, plan.confidence)} per weight"
     lines = [
-        f"Format plan (torchao quantize_, {', '.join(plan.formats)}): {verdict(plan)}: {plan.metric} {_point(plan.chosen, plan.confidence)} per weight",
+        f"Format plan (torchao quantize_, {', '.join(plan.formats)}): {verdict(plan)}: {scored}",
         f"  {len(plan.layers)} Linears: {counts}; {plan.chosen.state_bytes / 1e6:.1f} MB of weights as stored; "
         f"{plan.evaluations} runs quantized for real",
     ]

@@ -136,5 +136,5 @@ def merge_reports(reports: Sequence[Report]) -> Report:
         metadata=metadata(meta.model, meta.frontend, meta.backend, sum(r.metadata.batches for r in reports)),
         failures=[f for f in first.failures if f.detector not in ran],  # loading or insert points: as in every shard
     )
-    # the kernels were checked on each file's first batch, with the model: the check on the data's first is the run's
+    # a merge runs no model, so it verifies nothing: its FX kernels are unchecked, as an unverified run's are
     return attrs.evolve(merged, fx_activations=FxActivations.merged([r.fx_activations for r in reports]))

@@ -25,14 +25,13 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.ao.quantization import QConfigAny, QConfigMapping
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 from torch.ao.quantization.utils import activation_is_dynamically_quantized
-
-import attrs
 
 from qinsight.apply.fx import advice_mapping
 from qinsight.compare.configs import release_fx_graphs

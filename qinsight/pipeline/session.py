@@ -58,10 +58,8 @@ def _check_not_empty(batch: object, index: int) -> None:
     tensors = [t for t in torch.utils._pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)]
     if tensors and all(t.numel() == 0 for t in tensors):
         shapes = ", ".join(str(tuple(t.shape)) for t in tensors[:3])
-        raise CalibrationError(
-            f"calibration batch {index} is empty (shape {shapes}): drop batches with zero rows from the calibration data",
-            batch=index,
-        )
+        said = f"calibration batch {index} is empty (shape {shapes}): drop batches with zero rows from the calibration data"
+        raise CalibrationError(said, batch=index)
 
 
 def _as_batch(args: tuple[object, ...], kwargs: dict[str, object]) -> object | None:
@@ -335,9 +333,8 @@ def diagnose(
     Distributed runs are not verified: ``qinsight.verify_report`` on one rank does it.
     """
     if not isinstance(calibration_data, Iterable) or isinstance(calibration_data, (str, bytes)):
-        raise InvalidParameterError(
-            "diagnose", "calibration_data", type(calibration_data).__name__, "an iterable of batches (a list of tensors, a DataLoader...)"
-        )
+        expected = "an iterable of batches (a list of tensors, a DataLoader...)"
+        raise InvalidParameterError("diagnose", "calibration_data", type(calibration_data).__name__, expected)
     exchange = Exchange.of("diagnose", distributed)
     with sharing_failures(exchange):
         batches = iter(calibration_data)
@@ -356,6 +353,7 @@ def diagnose(
 
         with session._attached():
             data = itertools.chain([first], batches) if example is not None else ()
-            session.calibrate(map(keeping, data), progress, total=len(calibration_data) if isinstance(calibration_data, Sized) else 0)
+            total = len(calibration_data) if isinstance(calibration_data, Sized) else 0
+            session.calibrate(map(keeping, data), progress, total=total)
         report = session.report()
     return verify_report(model, report, kept, flows=flows, progress=progress) if flows else report

@@ -194,9 +194,8 @@ def checked(request: PlanRequest, chosen: Subject, base: Baseline, scorer: Score
     divisions = {site: Mode.FLOAT for site in chosen.smoothing.divisions if site in sim.sites}
     candidates = [site for site in sim.sites if site in names and site not in divisions]
     kinds = {site.fqn: site.kind.value for site in chosen.report.sites}
-    search = Search(
-        sim, scorer, candidates, _parameters(chosen.model, candidates), kinds, progress, divisions, request.higher_is_better
-    )
+    parameters = _parameters(chosen.model, candidates)
+    search = Search(sim, scorer, candidates, parameters, kinds, progress, divisions, request.higher_is_better)
     default = {**{site: Mode.STATIC for site in candidates}, **divisions}
     real = chosen.real(request, scorer)
     start_score = base.start_score if not chosen.smoothing.entries else real(())
