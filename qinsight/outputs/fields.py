@@ -63,8 +63,10 @@ class _Walk:
         self.rel_tol, self.abs_tol, self.covered = rel_tol, abs_tol, covered
 
     def same(self, a: Any, b: Any) -> bool:
-        if isinstance(a, (dict, list)) and isinstance(b, (dict, list)):  # == would take True for 1 inside
-            return next(self.changes("", a, b), None) is None
+        if isinstance(a, dict) and isinstance(b, dict) or isinstance(a, list) and isinstance(b, list):
+            return next(self.changes("", a, b), None) is None  # == would take True for 1 inside
+        if isinstance(a, (dict, list)) or isinstance(b, (dict, list)):  # an object against a list or a value
+            return False
         if isinstance(a, bool) or isinstance(b, bool):  # True == 1 in Python, not in the file
             return type(a) is type(b) and a == b
         x, y = _number(a), _number(b)

@@ -128,6 +128,8 @@ def verify_report(
         if progress is not None:
             progress("checking the FX kernels for saturation", 0, 1)
         report = kernels_checked(model, report, batches[0])
+        if progress is not None:
+            progress("checking the FX kernels for saturation", 1, 1)
     stage = f"verifying the report's config in {', '.join(chosen)}"
     verdicts = []
     for done, flow in enumerate(chosen):
