@@ -73,6 +73,17 @@ COMPARISON_DEFAULT: tuple[str, ...] = ("sqnr", "relative_l2", "cosine", "max_abs
 
 
 
+def spec_of(name: str) -> MetricSpec | None:
+    """The spec of a metric by name, a layer comparison's or a labelled one; ``None`` for a name of one's own."""
+    return METRICS.get(name) or LABELLED.get(name)
+
+
+def higher_is_better(name: str) -> bool:
+    """The direction of a metric by name; a metric of one's own is taken as higher is better."""
+    spec = spec_of(name)
+    return spec is None or spec.higher_is_better
+
+
 def worse(score: float, than: float, higher_is_better: bool) -> bool:
     """Whether ``score`` is worse than ``than`` for a metric going that way; never where either is NaN
     (not measured: nothing is dropped or replaced on a number that is not there)."""
@@ -88,4 +99,6 @@ def sqnr_of_sums(ref_sq: float, err_sq: float) -> float:
     return -math.inf if ref_sq == 0.0 else 10 * math.log10(ref_sq / err_sq)
 
 
-__all__ = ["COMPARISON_DEFAULT", "LABELLED", "METRICS", "MetricSpec", "sqnr_of_sums", "worse"]
+__all__ = [
+    "COMPARISON_DEFAULT", "LABELLED", "METRICS", "MetricSpec", "higher_is_better", "spec_of", "sqnr_of_sums", "worse",
+]

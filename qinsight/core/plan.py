@@ -28,7 +28,7 @@ import attrs
 from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.errors import InvalidParameterError, InvalidValueError, NotFoundError
-from qinsight.core.metrics import LABELLED, METRICS
+from qinsight.core.metrics import spec_of
 from qinsight.core.sites import OpSite
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
@@ -74,7 +74,7 @@ class Target:
             raise _target_error(text, f"a number after {operator}, not {number!r}") from None
         if not math.isfinite(threshold):
             raise _target_error(text, "a finite number")
-        spec = METRICS.get(metric) or LABELLED.get(metric)
+        spec = spec_of(metric)
         if metric == BUDGET:
             if higher:
                 raise _target_error(text, f"float<={number}: the budget is bounded with <=")

@@ -141,8 +141,8 @@ def render_text(report: Report, *, everything: bool = False) -> str:
             "(prepare_fx's _equalization_config; PT2E has no equalization)"
         )
     # an FX plan's config is the report's: its observing, checked by the plan, is what the mapping uses
-    planned = report.plan is not None and report.plan.flow == "fx"
-    observing = report.plan.fx_activations if report.plan is not None and planned else report.fx_activations
+    plan = report.plan
+    observing = plan.fx_activations if plan is not None and plan.flow == "fx" else report.fx_activations
     if observing is not None:
         lines.append(f"qinsight.qconfig_mapping(report): {observing.describe()}")
     lines.extend(verification_lines(report))

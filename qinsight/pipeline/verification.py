@@ -125,11 +125,12 @@ def verify_report(
         said = "the model is prepared already (prepare_fx / prepare_pt2e): diagnose the float model to verify the report's config"
         return report.with_verification(tuple(ConfigVerification(flow=flow, error=said) for flow in chosen))
     if "fx" in chosen:  # the FX config's kernels, checked before it is scored
+        checking = "checking the FX kernels for saturation"
         if progress is not None:
-            progress("checking the FX kernels for saturation", 0, 1)
+            progress(checking, 0, 1)
         report = kernels_checked(model, report, batches[0])
         if progress is not None:
-            progress("checking the FX kernels for saturation", 1, 1)
+            progress(checking, 1, 1)
     stage = f"verifying the report's config in {', '.join(chosen)}"
     verdicts = []
     for done, flow in enumerate(chosen):

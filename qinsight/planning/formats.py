@@ -35,7 +35,7 @@ from torch import nn
 from qinsight.apply.torchao import applied, state_bytes, torchao_config
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.formats import Budget, CurvePoint, FormatCost, FormatPlan, OrderCheck, WeightFormat, mean_bits
-from qinsight.core.metrics import LABELLED, METRICS
+from qinsight.core.metrics import higher_is_better
 from qinsight.core.plan import Target
 from qinsight.core.progress import Progress
 from qinsight.frontends.base import eval_mode
@@ -252,8 +252,7 @@ def _best_order(measure: _Measure, orders: Mapping[str, Sequence[Move]], searche
     """The order whose searched size scored best on the search data: the target met within the budget
     with the fewest bits (then the better score), else the better score (then the fewer bits)."""
     goal = measure.request.goal
-    spec = METRICS.get(goal.metric) or LABELLED.get(goal.metric)
-    higher = goal.target.higher_is_better if goal.target is not None else spec is None or spec.higher_is_better
+    higher = goal.target.higher_is_better if goal.target is not None else higher_is_better(goal.metric)
 
     def rank(name: str) -> tuple[bool, float, float]:
         point = measure.point(name, ladders.assignment(measure.layers, orders[name], searched[name][0]))

@@ -10,7 +10,7 @@ from typing import Any
 import attrs
 
 from qinsight.core.errors import InvalidParameterError
-from qinsight.core.metrics import LABELLED, METRICS
+from qinsight.core import metrics
 from qinsight.core.plan import Target
 from qinsight.core.sites import FlowName, checked_flow
 from qinsight.planning.flows import FLOW_CLASSES
@@ -36,10 +36,7 @@ class PlanRequest:
     def higher_is_better(self) -> bool:
         """The direction scores are compared in: the target's; for a budget, its metric's (the one
         metric table; a function of one's own: higher is better)."""
-        if not self.goal.is_budget:
-            return self.goal.higher_is_better
-        spec = METRICS.get(self.metric_name) or LABELLED.get(self.metric_name)
-        return spec.higher_is_better if spec is not None else True
+        return self.goal.higher_is_better if not self.goal.is_budget else metrics.higher_is_better(self.metric_name)
 
     @property
     def everything(self) -> list[Any]:
