@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         ActivationComparison as ActivationComparison,
         Comparison as Comparison,
         ConfigComparison as ConfigComparison,
+        LoweredComparison as LoweredComparison,
         ConfigScore as ConfigScore,
         LayerActivationComparison as LayerActivationComparison,
         LayerConfigRow as LayerConfigRow,
@@ -155,6 +156,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from qinsight.compare import (
         compare_activations as compare_activations,
         compare_configs as compare_configs,
+        compare_lowered as compare_lowered,
         compare_weights as compare_weights,
     )
     from qinsight.apply import (
@@ -207,6 +209,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         'ActivationComparison',
         'Comparison',
         'ConfigComparison',
+        'LoweredComparison',
         'ConfigScore',
         'LayerActivationComparison',
         'LayerConfigRow',
@@ -331,6 +334,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     'qinsight.compare': (
         'compare_activations',
         'compare_configs',
+        'compare_lowered',
         'compare_weights',
     ),
     'qinsight.apply': (

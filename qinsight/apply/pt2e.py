@@ -150,6 +150,19 @@ def default_x86_quantizer() -> Any:
     return x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
 
 
+XNNPACK_HINT = "XNNPACK's quantizer comes with ExecuTorch: pip install 'qinsight[executorch]'"
+
+
+def default_xnnpack_quantizer() -> Any:
+    """ExecuTorch's ``XNNPACKQuantizer`` with its symmetric per-channel static config for every module,
+    the PT2E documentation's own example."""
+    try:
+        from executorch.backends.xnnpack.quantizer import xnnpack_quantizer as xnnpack
+    except ImportError as exc:
+        raise MissingExtraError(f"{XNNPACK_HINT} ({exc})") from exc
+    return xnnpack.XNNPACKQuantizer().set_global(xnnpack.get_symmetric_quantization_config(is_per_channel=True))
+
+
 def pt2e_quantizer(advice: Advice) -> Any:
     """A quantizer applying ``advice`` (X86InductorQuantizer, composed when some Linears are dynamic)."""
     return advice_quantizer(advice.sites, advice.suggestions)

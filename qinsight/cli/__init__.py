@@ -55,8 +55,19 @@ def _parser() -> argparse.ArgumentParser:
 
     compare = commands.add_parser("compare", help="quantize a model and compare it with the float one, layer by layer")
     _model_source(compare)
-    compare.add_argument("--flow", choices=("fx", "pt2e"), default="fx", help="prepare_fx/convert_fx (default) or PT2E")
-    compare.add_argument("--backend", default="x86", help="FX qconfig backend (default x86; PT2E quantizes for x86)")
+    compare.add_argument(
+        "--flow", choices=("fx", "pt2e"),
+        help="prepare_fx/convert_fx (the default) or PT2E (the default with --backend xnnpack or --lowered)",
+    )
+    compare.add_argument(
+        "--backend", default="x86",
+        help="FX: the qconfig backend; PT2E: x86 (X86InductorQuantizer) or xnnpack (XNNPACKQuantizer) (default x86)",
+    )
+    compare.add_argument(
+        "--lowered", action="store_true",
+        help="PT2E: also lower the quantized model for the backend (xnnpack: ExecuTorch; x86: inductor) and measure "
+        "what the program computes against the reference, per layer, and its latency and size",
+    )
     compare.add_argument("--out", metavar="FILE.json", help="write the comparison as a report file")
     compare.add_argument("--html", metavar="FILE.html", help="write it as a self-contained page")
 

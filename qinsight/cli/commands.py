@@ -149,46 +149,64 @@ def _verify(args: argparse.Namespace) -> bool | tuple[str, ...] | None:
     return flows
 
 
+PT2E_QUANTIZERS = {"x86": "x86 default", "xnnpack": "XNNPACKQuantizer, symmetric per-channel"}  # what compare quantizes with
+
+
+def _compared_flow(args: argparse.Namespace) -> str:
+    """``--flow``, or the flow the other options ask for: PT2E to lower or to quantize for XNNPACK."""
+    wants_pt2e = args.lowered or args.backend == "xnnpack"
+    if args.flow == "fx" and wants_pt2e:
+        why = "--lowered lowers a PT2E model" if args.lowered else "XNNPACK quantizes through PT2E"
+        raise UsageError(f"--flow fx cannot be compared with {'--lowered' if args.lowered else '--backend xnnpack'}: {why}; use --flow pt2e")
+    flow: str = args.flow or ("pt2e" if wants_pt2e else "fx")
+    return flow
+
+
 def _quantizer(flow: str, backend: str) -> object:
-    """torch's default config for ``flow``: a QConfigMapping for FX, X86InductorQuantizer for PT2E."""
+    """torch's default config for ``flow``: a QConfigMapping for FX; for PT2E, X86InductorQuantizer or
+    XNNPACKQuantizer (symmetric, per-channel)."""
     from torch.ao.quantization import get_default_qconfig_mapping
 
     if flow == "fx":
+        check_backend("compare", backend)
         return get_default_qconfig_mapping(backend)
-    if backend != "x86":
-        raise UsageError(f"--flow pt2e quantizes for x86 (X86InductorQuantizer), not {backend}")
-    from qinsight.apply.pt2e import default_x86_quantizer  # torchao only for this flow
+    if backend not in PT2E_QUANTIZERS:
+        raise UsageError(f"--flow pt2e quantizes for {' or '.join(PT2E_QUANTIZERS)}, not {backend}")
+    from qinsight.apply.pt2e import default_x86_quantizer, default_xnnpack_quantizer  # torchao only for this flow
 
-    return default_x86_quantizer()
+    return default_x86_quantizer() if backend == "x86" else default_xnnpack_quantizer()
 
 
 def _compare(args: argparse.Namespace) -> int:
     """Quantizes the model with torch's default for the flow, calibrated on the batches, and
-    compares it with the float model on the same batches."""
-    from qinsight.compare import compare_activations, compare_weights, quantize_candidates
+    compares it with the float model on the same batches (``--lowered``: its lowered program too)."""
+    from qinsight.compare import compare_activations, compare_lowered, compare_weights, quantize_candidates
     from qinsight.core.comparison import Comparison
     from qinsight.frontends import model_structure
     from qinsight.pipeline import comparison_report
 
     check_targets([args.out, args.html], [])
-    check_backend("compare", args.backend)
+    flow = _compared_flow(args)
     launch = ranks.launched()
+    if launch is not None and args.lowered:
+        raise UsageError("--lowered runs in one process: run it without torchrun")
     with ranks.process_group(launch):
         with ranks.checked_together(launch):
             model, data, name = _model_and_data(args, launch, whole=True)
             batches = list(data)  # every rank calibrates on all of them, then compares on its stride
             if not batches:
                 raise UsageError("no batches to calibrate and compare on")
-            config = _quantizer(args.flow, args.backend)
+            config = _quantizer(flow, args.backend)
         mine = batches if launch is None else batches[launch.rank :: launch.world_size]
         with warnings.catch_warnings():  # torch's and torchao's deprecation notices: nothing the user can act on
             warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|torchao)(\.|$)")
-            quantized = quantize_candidates(model, {args.flow: config}, batches)[args.flow]
+            quantized = quantize_candidates(model, {flow: config}, batches)[flow]
             structure = model_structure(model)  # one trace for both comparisons
             comparison = Comparison(
-                quantized=f"convert_{args.flow} ({'x86' if args.flow == 'pt2e' else args.backend} default)",
+                quantized=f"convert_{flow} ({PT2E_QUANTIZERS[args.backend] if flow == 'pt2e' else args.backend + ' default'})",
                 weights=compare_weights(model, quantized, structure=structure),
                 activations=compare_activations(model, quantized, mine, structure=structure, distributed=launch is not None),
+                lowered=compare_lowered(model, quantized, mine, backend=args.backend) if args.lowered else None,
             )
         return _finish(comparison_report(comparison, model_name=name), args, writes=launch is None or launch.rank == 0)
 

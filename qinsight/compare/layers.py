@@ -279,8 +279,8 @@ class GraphLayer:
         tail = walk_tail(op)
         self._activations = {node.target for node in tail}
         self.output = self._dequantized(tail[-1] if tail else op)
-        self._input = self._activation_input()
-        self._program = GraphProgram(model, [self._input], self.output, constant, fqn)
+        self.input_node = self._activation_input()  # the float value the layer's input quantize reads
+        self._program = GraphProgram(model, [self.input_node], self.output, constant, fqn)
         self._weight = weight_argument(op)
         self.quantized = isinstance(self._weight, fx.Node) and "dequantize" in str(self._weight.target)
 
@@ -321,7 +321,7 @@ class GraphLayer:
         return bool(wanted & self._activations)
 
     def local(self, float_input: torch.Tensor) -> torch.Tensor:
-        return self._program.run({self._input: float_input})
+        return self._program.run({self.input_node: float_input})
 
 
 def constant_nodes(graph: fx.Graph) -> set[fx.Node]:

@@ -211,15 +211,107 @@ def best_config(scores: tuple[ConfigScore, ...], rank_by: str) -> str:
 
 
 @attrs.frozen(kw_only=True)
+class ProgramCost:
+    """What running a lowered program costs: the median wall time of one batch (every batch of the
+    data timed once, after a first call that is not) and the program's size in bytes (an ExecuTorch
+    program: its ``.pte``; a compiled module: the tensors it holds)."""
+
+    latency_ms: float
+    size_bytes: int = attrs.field(validator=attrs.validators.ge(0))
+
+
+@attrs.frozen(kw_only=True)
+class LayerParity:
+    """One quantized layer of the reference model lowered alone, against the reference's same stretch of
+    graph (input quantize, layer, activation, output quantize) on the inputs the reference gave it.
+
+    ``sqnr`` (dB) is the lowered kernel's output against the reference's (local: what this kernel
+    does otherwise); ``propagated`` (dB) the layer's output in the reference with every layer's
+    kernel lowered, against the reference's (where differences add up); ``max_abs`` the local largest
+    difference; ``step`` the output's quantization step (``None``: the output stays in float), so that
+    ``max_abs / step`` says how many steps the lowered kernel rounds apart. ``mismatched`` is the
+    fraction of output values that differ at all.
+    """
+
+    fqn: str
+    kind: str
+    sqnr: float
+    propagated: float
+    max_abs: float
+    step: float | None
+    mismatched: float
+    batches: int = attrs.field(validator=attrs.validators.ge(0))
+
+    @property
+    def max_steps(self) -> float | None:
+        """The largest difference in output quantization steps (``None`` for a float output)."""
+        return None if self.step is None or self.step <= 0.0 else self.max_abs / self.step
+
+
+@attrs.frozen(kw_only=True)
+class LoweredComparison:
+    """A quantized model's reference (``convert_pt2e``'s output) against the program lowered from it for
+    a backend, on the same batches: what the device runs, not the simulation of it.
+
+    The three ``*_vs_*`` fields are output metrics over every batch (the first side is the reference
+    of the pair: ``lowered_vs_reference`` scores the lowered program's outputs against the reference
+    model's). ``layers`` says which layer's lowered kernel departs from its reference, worst first;
+    ``program`` and ``float_program`` what the int8 program and the float model lowered the same way
+    cost (``None`` where the float program was not measured).
+    """
+
+    backend: str
+    runtime: str
+    batches: int = attrs.field(validator=attrs.validators.ge(0))
+    lowered_vs_reference: tuple[MetricValue, ...]
+    lowered_vs_float: tuple[MetricValue, ...]
+    reference_vs_float: tuple[MetricValue, ...]
+    layers: tuple[LayerParity, ...] = ()
+    unlowered: tuple[str, ...] = ()
+    program: ProgramCost
+    float_program: ProgramCost | None = None
+
+    def metric(self, pair: str, name: str = "sqnr") -> float:
+        """``name`` for ``pair``: ``"lowered_vs_reference"``, ``"lowered_vs_float"`` or ``"reference_vs_float"``."""
+        pairs = {"lowered_vs_reference": self.lowered_vs_reference, "lowered_vs_float": self.lowered_vs_float,
+                 "reference_vs_float": self.reference_vs_float}
+        if pair not in pairs:
+            raise NotFoundError("output pair", pair, pairs)
+        return _value(pairs[pair], name).value
+
+    def layer(self, fqn: str) -> LayerParity:
+        return _find(self.layers, lambda layer: layer.fqn, fqn, "layer")
+
+    def worst(self, count: int | None = 5) -> tuple[LayerParity, ...]:
+        """The ``count`` layers whose lowered kernel departs most from the reference (lowest SQNR), worst first."""
+        return tuple(sorted(self.layers, key=lambda layer: layer.sqnr)[:count])
+
+    @property
+    def speedup(self) -> float | None:
+        """The float program's latency over the int8 program's (above 1: the int8 program is faster)."""
+        if self.float_program is None or self.program.latency_ms <= 0.0:
+            return None
+        return self.float_program.latency_ms / self.program.latency_ms
+
+    @property
+    def size_ratio(self) -> float | None:
+        """The int8 program's size over the float program's."""
+        if self.float_program is None or self.float_program.size_bytes == 0:
+            return None
+        return self.program.size_bytes / self.float_program.size_bytes
+
+
+@attrs.frozen(kw_only=True)
 class Comparison:
     """What was measured of a float model against its quantized version(s): what a report file carries.
 
     ``quantized`` says what the quantized side was (``"convert_fx"``,
     ``"convert_pt2e"``, the candidate configs' names…), for whoever reads the
-    file later.
+    file later; ``lowered`` what the program lowered from it for a backend computes and costs.
     """
 
     quantized: str = ""
     weights: WeightComparison | None = None
     activations: ActivationComparison | None = None
     configs: ConfigComparison | None = None
+    lowered: LoweredComparison | None = None

@@ -26,6 +26,7 @@ from qinsight.frontends.calls import CallTap, WatchCall, hidden_calls, resolve_t
 from qinsight.frontends.eager import eager_view
 from qinsight.frontends.exported import (
     ATEN_KINDS,
+    ATEN_OPS,
     OP_NAME_KINDS,
     ExportedView,
     call_target,
@@ -66,6 +67,7 @@ __all__ = [
     "resolve_target",
     "tap_each",
     "ATEN_KINDS",
+    "ATEN_OPS",
     "ExportedView",
     "LeafTracer",
     "ModelStructure",

@@ -15,7 +15,9 @@ from qinsight.core.comparison import (
     ActivationComparison,
     Comparison,
     ConfigComparison,
+    LoweredComparison,
     MetricValue,
+    ProgramCost,
     WeightComparison,
 )
 
@@ -97,6 +99,66 @@ def config_table(configs: ConfigComparison, limit: int = DEFAULT_LIMIT) -> Table
     return Table(f"Candidate configs, local {configs.rank_by} per layer", ("layer", *configs.configs, "best"), rows, note)
 
 
+def _shown(metric: MetricValue) -> str:
+    return _db(metric.value) if metric.name == "sqnr" else _value(metric.value)
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:.2f} MB"
+
+
+def _unlowered(names: tuple[str, ...]) -> str:
+    if not names:
+        return ""
+    shown = ", ".join(name.partition(":")[0] for name in names[:5])
+    return f"not lowered alone: {shown}{' and more' if len(names) > 5 else ''} (the file says why)"
+
+
+def lowered_tables(lowered: LoweredComparison, limit: int = DEFAULT_LIMIT) -> list[Table]:
+    """The lowered program's outputs against the reference and the float model, its cost, and the
+    layers whose lowered kernel departs most from the reference."""
+    names = tuple(metric.name for metric in lowered.lowered_vs_reference)
+    pairs = (
+        ("lowered vs reference", lowered.lowered_vs_reference),
+        ("lowered vs float", lowered.lowered_vs_float),
+        ("reference vs float", lowered.reference_vs_float),
+    )
+    outputs = Table(
+        f"Lowered for {lowered.backend} ({lowered.runtime}): outputs over {lowered.batches} batches",
+        ("outputs", *(f"{name} (dB)" if name == "sqnr" else name for name in names)),
+        tuple((label, *(_shown(metric) for metric in metrics)) for label, metrics in pairs),
+    )
+    costs: list[tuple[str, ProgramCost]] = [("int8 program", lowered.program)]
+    if lowered.float_program is not None:
+        costs.append(("float program", lowered.float_program))
+    ratios = []
+    if lowered.speedup is not None and lowered.size_ratio is not None:
+        ratios.append(f"int8: {lowered.speedup:.2f}x the float program's speed, {lowered.size_ratio:.2f}x its size")
+    cost = Table(
+        "Lowered programs, median time per batch",
+        ("program", "ms per batch", "size"),
+        tuple((label, f"{c.latency_ms:.2f}", _megabytes(c.size_bytes)) for label, c in costs),
+        "; ".join(ratios),
+    )
+    tables = [outputs, cost]
+    if lowered.layers or lowered.unlowered:
+        worst = lowered.worst(count=None)
+        rows = tuple(
+            (
+                layer.fqn, layer.kind, _db(layer.sqnr), _db(layer.propagated),
+                "float" if layer.max_steps is None else f"{layer.max_steps:.0f}", f"{100 * layer.mismatched:.2f}",
+            )
+            for layer in worst[:limit]
+        )
+        tables.append(Table(
+            "Lowered kernels vs the reference, worst local first (SQNR dB)",
+            ("layer", "kind", "local", "propagated", "max steps", "% differing"),
+            rows,
+            "; ".join(filter(None, [_more(len(worst), len(rows)), _unlowered(lowered.unlowered)])),
+        ))
+    return tables
+
+
 def comparison_tables(comparison: Comparison, limit: int = DEFAULT_LIMIT) -> list[Table]:
     tables = []
     if comparison.activations is not None:
@@ -105,6 +167,8 @@ def comparison_tables(comparison: Comparison, limit: int = DEFAULT_LIMIT) -> lis
         tables.append(weight_table(comparison.weights, limit))
     if comparison.configs is not None:
         tables.append(config_table(comparison.configs, limit))
+    if comparison.lowered is not None:
+        tables.extend(lowered_tables(comparison.lowered, limit))
     return tables
 
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMAND = re.compile(r"^(python -m qinsight|qinsight|torchrun .*-m qinsight)\b")
 PLACEHOLDERS = ("mypkg", "mymodels", "path/to", "m:build", "...", "PKG.MOD", "FILE.")
-EXTRAS = {"pt2e": "torchao", "--flow torchao": "torchao", "--hf": "transformers"}  # a flag in the line: the module it needs
+EXTRAS = {"pt2e": "torchao", "--flow torchao": "torchao", "xnnpack": "executorch", "--lowered": "torchao", "--hf": "transformers"}  # a flag in the line: the module it needs
 
 
 def commands(doc: Path) -> list[str]:

@@ -33,7 +33,7 @@ from qinsight.outputs.serde import (
     save_report,
 )
 from qinsight.outputs.schema import compatibility, schema
-from qinsight.core.comparison import LayerActivationComparison, MetricValue
+from qinsight.core.comparison import LayerActivationComparison, LayerParity, LoweredComparison, MetricValue, ProgramCost
 from qinsight.core.report import ReportMetadata
 from qinsight.core.sites import OpSite
 from qinsight.core.stats import ActivationStats, BatchMoments, FormatError, PercentileStats, TailStats
@@ -86,7 +86,10 @@ def _activation_stats(channels: int) -> st.SearchStrategy[ActivationStats]:
     )
 
 
-for _cls in (BatchMoments, PercentileStats, TailStats, ActivationStats, OpSite, ReportMetadata, LayerActivationComparison, MetricValue):
+for _cls in (
+    BatchMoments, PercentileStats, TailStats, ActivationStats, OpSite, ReportMetadata, LayerActivationComparison, MetricValue,
+    ProgramCost, LayerParity, LoweredComparison,
+):
     attrs.resolve_types(_cls)  # string annotations (from __future__), which builds() must see as types
 st.register_type_strategy(BatchMoments, st.builds(BatchMoments, count=COUNTS))
 st.register_type_strategy(PercentileStats, st.integers(0, 4).flatmap(_percentiles))
@@ -99,6 +102,15 @@ METRIC_VALUES = st.lists(st.builds(MetricValue, value=FLOATS, higher_is_better=s
 st.register_type_strategy(
     LayerActivationComparison,
     st.builds(LayerActivationComparison, batches=COUNTS, propagated=METRIC_VALUES, local=METRIC_VALUES),
+)
+st.register_type_strategy(ProgramCost, st.builds(ProgramCost, size_bytes=COUNTS))
+st.register_type_strategy(LayerParity, st.builds(LayerParity, batches=COUNTS))
+st.register_type_strategy(
+    LoweredComparison,
+    st.builds(
+        LoweredComparison, batches=COUNTS, lowered_vs_reference=METRIC_VALUES, lowered_vs_float=METRIC_VALUES,
+        reference_vs_float=METRIC_VALUES, layers=st.lists(st.from_type(LayerParity), max_size=2).map(tuple),
+    ),
 )
 
 # plan scores: finite here (a NaN scalar never compares equal); test_plan saves NaN scores in a file
