@@ -103,8 +103,14 @@ st.register_type_strategy(
     LayerActivationComparison,
     st.builds(LayerActivationComparison, batches=COUNTS, propagated=METRIC_VALUES, local=METRIC_VALUES),
 )
-st.register_type_strategy(ProgramCost, st.builds(ProgramCost, size_bytes=COUNTS))
-st.register_type_strategy(LayerParity, st.builds(LayerParity, batches=COUNTS))
+st.register_type_strategy(ProgramCost, st.builds(ProgramCost, latency_ms=FLOATS, size_bytes=COUNTS))
+st.register_type_strategy(
+    LayerParity,
+    st.builds(
+        LayerParity, sqnr=FLOATS, propagated=FLOATS, max_abs=FLOATS, step=st.none() | FLOATS, mismatched=FLOATS,
+        batches=COUNTS,
+    ),
+)
 st.register_type_strategy(
     LoweredComparison,
     st.builds(
