@@ -47,9 +47,14 @@ def qconfig_mapping(source: Report | QuantPlan | Advice, base: QConfigMapping | 
     return fx.qconfig_mapping(_advice(source, "fx"), base)
 
 
-def pt2e_quantizer(source: Report | QuantPlan | Advice) -> Any:
-    """A torchao PT2E quantizer applying ``source``'s advice (``pip install 'qinsight[pt2e]'``)."""
-    return pt2e.pt2e_quantizer(_advice(source, "pt2e"))
+def pt2e_quantizer(source: Report | QuantPlan | Advice, backend: str = "x86") -> Any:
+    """A PT2E quantizer applying ``source``'s advice for ``backend``: ``"x86"`` (torchao's
+    X86InductorQuantizer, ``pip install 'qinsight[pt2e]'``) or ``"xnnpack"`` (ExecuTorch's
+    XNNPACKQuantizer, ``pip install 'qinsight[executorch]'``)."""
+    if backend not in pt2e.PT2E_BACKENDS:
+        expected = " or ".join(repr(b) for b in pt2e.PT2E_BACKENDS)
+        raise InvalidParameterError("pt2e_quantizer", "backend", backend, expected)
+    return pt2e.pt2e_quantizer(_advice(source, "pt2e"), backend)
 
 
 def equalization_config(source: Report | QuantPlan | Advice) -> QConfigMapping:

@@ -17,6 +17,12 @@ the report's Linear/Conv sites: those the quantizer left unannotated
 (X86InductorQuantizer has no Conv1d, for one) are named in a warning and in
 its ``unhonoured`` attribute, as are suggested ops it did not find.
 
+For XNNPACK (``backend="xnnpack"``, ExecuTorch's ``XNNPACKQuantizer``, the
+``executorch`` extra) one quantizer mixes static and dynamic modules itself: the
+global config is its symmetric static per-channel one, a dynamic or per-tensor
+layer gets a module config of its own, and the layers kept in float are stripped
+after annotation like the ops (its ``set_module_name`` refuses ``None``).
+
 PT2E has no input-weight equalization. Modules the report would equalize are
 named in the advice's notes, a warning (and the text report) rather than dropped silently.
 torchao is an optional extra: without it, this module raises one error saying
@@ -67,9 +73,17 @@ def _shares_with(annotation: Any, nodes: set[fx.Node]) -> bool:
     return False
 
 
+def _site_names(model: fx.GraphModule) -> dict[fx.Node, str]:
+    """The graph's op nodes and Linear/Conv nodes, named as the report names its sites."""
+    names = exported_op_names(model)
+    names.update({node: layer_name(node, model) for node in exported_sites(model)})
+    return names
+
+
 def strip_annotations(model: fx.GraphModule, float_names: set[str]) -> set[str]:
-    """Drop the annotations of the op nodes named in ``float_names`` (and of what shares theirs); the names found."""
-    named = {node: name for node, name in exported_op_names(model).items() if name in float_names}
+    """Drop the annotations of the op and layer nodes named in ``float_names`` (and of what shares
+    theirs); the names found."""
+    named = {node: name for node, name in _site_names(model).items() if name in float_names}
     stripped = set(named)
     changed = True
     while changed:  # a node sharing a stripped node's spec cannot keep its own
@@ -94,17 +108,21 @@ def _unannotated_layers(model: fx.GraphModule, fqns: set[str]) -> set[str]:
     return {fqn for fqn in fqns if fqn in annotated and not annotated[fqn]}
 
 
-def _honouring(inner: Any, sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...]) -> Any:
-    """``inner`` (the X86InductorQuantizers, alone or composed), then the float ops stripped and what it
-    left unquantized recorded and warned of."""
+def _honouring(
+    inner: Any, sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...], name: str, *, strip_layers: bool
+) -> Any:
+    """``inner`` (the backend's quantizers, alone or composed), then the ops kept float stripped (and
+    the layers, ``strip_layers``, where ``inner`` cannot leave them out itself) and what it left
+    unquantized recorded and warned of (``name``: the backend's quantizer, for the warning)."""
     from torchao.quantization.pt2e.quantizer import Quantizer
 
     layers = {site.fqn for site in sites if site.kind.is_layer}
-    float_ops = {s.fqn for s in suggestions if s.keep_float and s.fqn not in layers}
-    quantized_layers = layers - {s.fqn for s in suggestions if s.keep_float}
+    kept_float = {s.fqn for s in suggestions if s.keep_float}
+    stripped_names = kept_float if strip_layers else kept_float - layers
+    quantized_layers = layers - kept_float
 
     class ReportQuantizer(Quantizer):  # type: ignore[misc]
-        """The composed X86InductorQuantizer, with the report's op suggestions applied per node."""
+        """The backend's quantizer, with the report's suggestions kept float applied per node."""
 
         def __init__(self) -> None:
             super().__init__()
@@ -117,12 +135,12 @@ def _honouring(inner: Any, sites: tuple[OpSite, ...], suggestions: tuple[QuantSu
 
         def annotate(self, model: fx.GraphModule) -> fx.GraphModule:
             self.inner.annotate(separate_shared_calls(model))  # a reused nn.ReLU would make it raise
-            found = strip_annotations(model, float_ops)
-            missed = sorted(_unannotated_layers(model, quantized_layers)) + sorted(float_ops - found)
+            found = strip_annotations(model, stripped_names)
+            missed = sorted(_unannotated_layers(model, quantized_layers)) + sorted(kept_float - layers - found)
             self.unhonoured = tuple(missed)
             if missed:
                 warnings.warn(
-                    f"X86InductorQuantizer does not apply the report to {len(missed)} sites (left in float, or an op "
+                    f"{name} does not apply the report to {len(missed)} sites (left in float, or an op "
                     f"not found in this graph): {', '.join(missed[:10])}{' ...' if len(missed) > 10 else ''}",
                     stacklevel=2,
                 )
@@ -156,15 +174,44 @@ XNNPACK_HINT = "XNNPACK's quantizer comes with ExecuTorch: pip install 'qinsight
 def default_xnnpack_quantizer() -> Any:
     """ExecuTorch's ``XNNPACKQuantizer`` with its symmetric per-channel static config for every module,
     the PT2E documentation's own example."""
-    try:
-        from executorch.backends.xnnpack.quantizer import xnnpack_quantizer as xnnpack
-    except ImportError as exc:
-        raise MissingExtraError(f"{XNNPACK_HINT} ({exc})") from exc
+    xnnpack = _xnnpack()
     return xnnpack.XNNPACKQuantizer().set_global(xnnpack.get_symmetric_quantization_config(is_per_channel=True))
 
 
-def pt2e_quantizer(advice: Advice) -> Any:
-    """A quantizer applying ``advice`` (X86InductorQuantizer, composed when some Linears are dynamic)."""
+def _xnnpack() -> Any:
+    try:
+        from executorch.backends.xnnpack.quantizer import xnnpack_quantizer
+    except ImportError as exc:
+        raise MissingExtraError(f"{XNNPACK_HINT} ({exc})") from exc
+    return xnnpack_quantizer
+
+
+def xnnpack_advice_quantizer(sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...]) -> Any:
+    """``XNNPACKQuantizer`` applying ``suggestions``: symmetric static per-channel by default, a module
+    config of its own for each dynamic or per-tensor layer (XNNPACK mixes them), the sites kept in
+    float stripped after it annotates (its ``set_module_name`` takes no ``None``)."""
+    xnnpack = _xnnpack()
+    configs = {
+        (channels, dynamic): xnnpack.get_symmetric_quantization_config(is_per_channel=channels, is_dynamic=dynamic)
+        for channels in (True, False) for dynamic in (False, True)
+    }
+    inner = xnnpack.XNNPACKQuantizer().set_global(configs[True, False])
+    layers = {site.fqn for site in sites if site.kind.is_layer}
+    for suggestion in (s for s in suggestions if s.fqn in layers and not s.keep_float):
+        wanted = (suggestion.weight is not WeightScheme.PER_TENSOR, suggestion.activation is ActivationMode.DYNAMIC)
+        if wanted != (True, False):
+            inner.set_module_name(suggestion.fqn, configs[wanted])
+    return _honouring(inner, sites, suggestions, "XNNPACKQuantizer", strip_layers=True)
+
+
+PT2E_BACKENDS = ("x86", "xnnpack")
+
+
+def pt2e_quantizer(advice: Advice, backend: str = "x86") -> Any:
+    """A quantizer applying ``advice`` for ``backend``: X86InductorQuantizer (composed when some
+    Linears are dynamic) or XNNPACKQuantizer."""
+    if backend == "xnnpack":
+        return xnnpack_advice_quantizer(advice.sites, advice.suggestions)
     return advice_quantizer(advice.sites, advice.suggestions)
 
 
@@ -189,4 +236,5 @@ def advice_quantizer(sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggesti
             dynamic_modules.append(suggestion.fqn)
         elif tensor_wise:
             static.set_module_name_qconfig(suggestion.fqn, per_tensor[static_config])
-    return _honouring(composable([dynamic, static]) if dynamic_modules else static, sites, suggestions)
+    inner = composable([dynamic, static]) if dynamic_modules else static
+    return _honouring(inner, sites, suggestions, "X86InductorQuantizer", strip_layers=False)

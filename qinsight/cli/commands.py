@@ -149,17 +149,17 @@ def _verify(args: argparse.Namespace) -> bool | tuple[str, ...] | None:
     return flows
 
 
-PT2E_QUANTIZERS = {"x86": "x86 default", "xnnpack": "XNNPACKQuantizer, symmetric per-channel"}  # what compare quantizes with
+PT2E_QUANTIZERS = {"x86": "x86 default", "xnnpack": "XNNPACKQuantizer, symmetric per-channel"}  # what compare uses
 
 
 def _compared_flow(args: argparse.Namespace) -> str:
     """``--flow``, or the flow the other options ask for: PT2E to lower or to quantize for XNNPACK."""
     wants_pt2e = args.lowered or args.backend == "xnnpack"
     if args.flow == "fx" and wants_pt2e:
-        why = "--lowered lowers a PT2E model" if args.lowered else "XNNPACK quantizes through PT2E"
-        raise UsageError(f"--flow fx cannot be compared with {'--lowered' if args.lowered else '--backend xnnpack'}: {why}; use --flow pt2e")
-    flow: str = args.flow or ("pt2e" if wants_pt2e else "fx")
-    return flow
+        option, why = ("--lowered", "--lowered lowers a PT2E model") if args.lowered else (
+            "--backend xnnpack", "XNNPACK quantizes through PT2E")
+        raise UsageError(f"--flow fx cannot be compared with {option}: {why}; use --flow pt2e")
+    return str(args.flow or ("pt2e" if wants_pt2e else "fx"))
 
 
 def _quantizer(flow: str, backend: str) -> object:
@@ -202,8 +202,9 @@ def _compare(args: argparse.Namespace) -> int:
             warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|torchao)(\.|$)")
             quantized = quantize_candidates(model, {flow: config}, batches)[flow]
             structure = model_structure(model)  # one trace for both comparisons
+            described = PT2E_QUANTIZERS[args.backend] if flow == "pt2e" else f"{args.backend} default"
             comparison = Comparison(
-                quantized=f"convert_{flow} ({PT2E_QUANTIZERS[args.backend] if flow == 'pt2e' else args.backend + ' default'})",
+                quantized=f"convert_{flow} ({described})",
                 weights=compare_weights(model, quantized, structure=structure),
                 activations=compare_activations(model, quantized, mine, structure=structure, distributed=launch is not None),
                 lowered=compare_lowered(model, quantized, mine, backend=args.backend) if args.lowered else None,

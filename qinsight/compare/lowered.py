@@ -24,7 +24,7 @@ from qinsight.compare.lowering import Program, lowered, lowering_for, timed
 from qinsight.compare.metrics import DEFAULT, load_metrics
 from qinsight.compare.outputs import output_rows
 from qinsight.compare.parity import layer_parities
-from qinsight.core.comparison import LoweredComparison, MetricValue, ProgramCost
+from qinsight.core.comparison import LayerParity, LoweredComparison, MetricValue, ProgramCost
 from qinsight.core.errors import InvalidParameterError
 from qinsight.frontends import eval_mode, example_inputs, exported_sites
 from qinsight.plugin.metric import Metric
@@ -57,12 +57,15 @@ def _checked_reference(quantized: nn.Module) -> fx.GraphModule:
     if not isinstance(quantized, fx.GraphModule) or not exported_sites(quantized):
         raise InvalidParameterError(
             OWNER, "quantized", type(quantized).__name__,
-            "a model converted by convert_pt2e (the reference a backend lowers); FX and quantize_ models are not lowered",
+            "a model converted by convert_pt2e (the reference a backend lowers); "
+            "FX and quantize_ models are not lowered",
         )
     return quantized
 
 
-def _metric_values(reference: torch.Tensor, actual: torch.Tensor, metrics: dict[str, Metric]) -> tuple[MetricValue, ...]:
+def _metric_values(
+    reference: torch.Tensor, actual: torch.Tensor, metrics: dict[str, Metric]
+) -> tuple[MetricValue, ...]:
     return tuple(
         MetricValue(name=name, value=metric(reference, actual), higher_is_better=metric.higher_is_better)
         for name, metric in metrics.items()
@@ -114,7 +117,10 @@ def compare_lowered(
         raise InvalidParameterError(OWNER, "layer_batches", layer_batches, "at least 1")
     batches = _batches(data)
     measured = load_metrics(tuple(DEFAULT if metrics is None else metrics))  # an unknown name fails before any lowering
-    parities, skipped = layer_parities(float_model, reference, batches[:layer_batches], lowering) if layers else ((), ())
+    parities: tuple[LayerParity, ...] = ()
+    skipped: tuple[str, ...] = ()
+    if layers:
+        parities, skipped = layer_parities(float_model, reference, batches[:layer_batches], lowering)
     program = lowered(lowering, reference, batches[0], "the quantized model")
     float_lowered = lowered(lowering, float_model, batches[0], "the float model") if float_program else None
     with torch.no_grad(), eval_mode(float_model), eval_mode(reference):

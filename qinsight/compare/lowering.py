@@ -182,7 +182,8 @@ def lowered(lowering: Lowering, module: nn.Module, example: tuple[Any, ...], wha
         raise
     except Exception as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise FrontendError(f"{what} cannot be lowered for {lowering.backend}: {type(exc).__name__}: {message}") from exc
+        why = f"{type(exc).__name__}: {message}"
+        raise FrontendError(f"{what} cannot be lowered for {lowering.backend}: {why}") from exc
 
 
 def timed(program: Callable[..., Any], inputs: tuple[Any, ...]) -> tuple[Any, float]:

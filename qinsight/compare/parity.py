@@ -29,7 +29,14 @@ import attrs
 import torch
 from torch import fx, nn
 
-from qinsight.compare.layers import QDQ_TARGETS, QUANTIZE_TARGETS, GraphLayer, constant_nodes, quantized_layers, single_user
+from qinsight.compare.layers import (
+    QDQ_TARGETS,
+    QUANTIZE_TARGETS,
+    GraphLayer,
+    constant_nodes,
+    quantized_layers,
+    single_user,
+)
 from qinsight.compare.lowering import Lowering, Program, evaluated_copy, lowered
 from qinsight.core.comparison import LayerParity
 from qinsight.core.errors import FrontendError
@@ -134,14 +141,17 @@ def stretches(float_model: nn.Module, model: fx.GraphModule) -> list[Stretch]:
         inputs = [argument for argument in node.all_input_nodes if argument not in constant]
         if not any(argument.target in QDQ_TARGETS for argument in inputs):
             continue  # inside a layer's stretch (its ReLU), or in float
-        stretch = Stretch(names.get(node, node.name), _op_kind(node), list(dict.fromkeys(map(_float_source, inputs))), node)
+        starts = list(dict.fromkeys(map(_float_source, inputs)))
+        stretch = Stretch(names.get(node, node.name), _op_kind(node), starts, node)
         if stretch.end.target in QDQ_TARGETS:
             found[node] = stretch
     order = {node: index for index, node in enumerate(model.graph.nodes)}
     return [found[node] for node in sorted(found, key=order.__getitem__)]
 
 
-def hybrid(model: fx.GraphModule, lowered_stretches: Sequence[tuple[Stretch, Program]]) -> tuple[fx.GraphModule, dict[str, fx.Node]]:
+def hybrid(
+    model: fx.GraphModule, lowered_stretches: Sequence[tuple[Stretch, Program]]
+) -> tuple[fx.GraphModule, dict[str, fx.Node]]:
     """A copy of ``model`` whose every stretch runs its lowered program, and the node of each stretch's
     output in it. A stretch's output feeds every dequantize of its output quantize, and a later
     stretch that reads the float value before that quantize reads the lowered output instead (the
@@ -276,7 +286,9 @@ def layer_parities(
                 local[each.stretch.name].add(each.reference(*inputs), each.program(*inputs))
         for name, value in _values(mixed, mixed_outputs, batch).items():
             propagated[name].add(expected[name], value)
-    parities = [_parity(each.stretch, local[each.stretch.name], propagated[each.stretch.name], len(batches)) for each in kept]
+    parities = [
+        _parity(each.stretch, local[each.stretch.name], propagated[each.stretch.name], len(batches)) for each in kept
+    ]
     return tuple(sorted(parities, key=lambda parity: parity.sqnr)), skipped
 
 

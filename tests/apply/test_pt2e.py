@@ -251,3 +251,29 @@ def test_the_grouped_quantizer_annotates_node_for_node_as_torchaos_per_module_pa
             assert quantizer.module_name_qconfig == entries  # the entries stay as set
         assert annotations[0]  # something was annotated
         assert annotations[1] == annotations[0]
+
+
+def test_the_advice_comes_back_as_an_xnnpack_quantizer_that_honours_every_override() -> None:
+    xnnpack = pytest.importorskip("executorch.backends.xnnpack.quantizer.xnnpack_quantizer")
+    torch.manual_seed(0)
+    model, data = ThreeLinear().eval(), gaussian_batches((8, 16), 4)
+    report = attrs.evolve(
+        qinsight.diagnose(model, data, verify=False),
+        suggestions=(
+            QuantSuggestion(fqn="fc1", activation=ActivationMode.DYNAMIC, weight=WeightScheme.PER_CHANNEL),
+            QuantSuggestion(fqn="fc2", activation=ActivationMode.STATIC, weight=WeightScheme.PER_TENSOR),
+            QuantSuggestion(fqn="fc3", keep_float=True),
+        ),
+    )
+    quantizer = qinsight.pt2e_quantizer(report, backend="xnnpack")
+    assert isinstance(quantizer.inner, xnnpack.XNNPACKQuantizer)
+    converted = quantize(model, quantizer, data)
+    # fc3 computes in float with its float weight; what it reads is fc2's output, which XNNPACK
+    # quantizes as part of fc2's linear-relu pattern (X86InductorQuantizer leaves it float)
+    assert linear_modes(converted) == {"fc1": ("dynamic", "per_channel"), "fc2": ("static", "per_tensor"), "fc3": ("static", "float")}
+    assert quantizer.unhonoured == ()
+    # and it lowers: the program runs the two quantized Linears in XNNPACK, fc3 in float
+    lowered = qinsight.compare_lowered(model, converted, data[:2], layers=False, float_program=False)
+    assert lowered.metric("lowered_vs_float") > 20.0
+    with pytest.raises(qinsight.InvalidParameterError, match="'x86' or 'xnnpack'"):
+        qinsight.pt2e_quantizer(report, backend="qnnpack")

@@ -102,20 +102,6 @@ def test_compare_in_the_pt2e_flow() -> None:
     assert "block.0" in result.stdout and "conv1" in result.stdout
 
 
-@pytest.mark.slow  # docs/cli.md's --lowered line runs in the fast tier
-def test_compare_lowered_measures_the_xnnpack_program_and_keeps_it_in_the_file(tmp_path: Path) -> None:
-    pytest.importorskip("executorch")
-    out = tmp_path / "lowered.json"
-    result = qinsight("compare", "--example", "cnn", "--batches", "3", "--backend", "xnnpack", "--lowered", "--out", str(out))
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("Float vs quantized (convert_pt2e (XNNPACKQuantizer, symmetric per-channel)): cnn")
-    assert "Lowered for xnnpack (ExecuTorch 1.5.1" in result.stdout and "Lowered kernels vs the reference" in result.stdout
-    comparison = api.load_report(out).comparison
-    assert comparison is not None and comparison.lowered is not None and comparison.lowered.batches == 3
-    assert {"conv1", "block.0", "fc"} <= {layer.fqn for layer in comparison.lowered.layers}
-    assert qinsight("show", str(out)).stdout == result.stdout
-
-
 @pytest.mark.parametrize(
     "args,message",
     [
