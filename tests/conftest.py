@@ -48,7 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # Each worker starts one of them at once (``--dist worksteal`` gives each worker a half of the
 # collection, in order) instead of both being left to the end.
 LONGEST = (
-    "test_mobilenet_v2_pt2e_plan_keeps_nine_tenths_of_the_conv_weights_int8",
+    "test_mobilenet_v2_pt2e_plan_keeps_three_quarters_of_the_conv_weights_int8",
     "test_minilm_fx_plan_with_smoothing_keeps_nine_tenths_of_the_linear_weights_int8",
     "test_torchrun_diagnose_and_merge_on_the_command_line",
     "test_the_fx_simulation_calibrates_observers_fx_shares_otherwise_under_a_config",
