@@ -214,7 +214,7 @@ def best_config(scores: tuple[ConfigScore, ...], rank_by: str) -> str:
 class ProgramCost:
     """What running a lowered program costs: the median wall time of one batch (every batch of the
     data timed once, after a first call that is not) and the program's size in bytes (an ExecuTorch
-    program: its ``.pte``; a compiled module: the tensors it holds)."""
+    program: its ``.pte``; a compiled module: the constants its graph computes with)."""
 
     latency_ms: float
     size_bytes: int = attrs.field(validator=attrs.validators.ge(0))
@@ -222,8 +222,9 @@ class ProgramCost:
 
 @attrs.frozen(kw_only=True)
 class LayerParity:
-    """One quantized layer of the reference model lowered alone, against the reference's same stretch of
-    graph (input quantize, layer, activation, output quantize) on the inputs the reference gave it.
+    """One quantized layer or op of the reference model lowered alone, against the reference's same
+    stretch of graph (input quantize, layer or op, activation, output quantize) on the inputs the
+    reference gave it.
 
     ``sqnr`` (dB) is the lowered kernel's output against the reference's (local: what this kernel
     does otherwise); ``propagated`` (dB) the layer's output in the reference with every layer's
@@ -255,7 +256,7 @@ class LoweredComparison:
 
     The three ``*_vs_*`` fields are output metrics over every batch (the first side is the reference
     of the pair: ``lowered_vs_reference`` scores the lowered program's outputs against the reference
-    model's). ``layers`` says which layer's lowered kernel departs from its reference, worst first;
+    model's). ``layers`` says which layer's (or op's) lowered kernel departs from its reference;
     ``program`` and ``float_program`` what the int8 program and the float model lowered the same way
     cost (``None`` where the float program was not measured).
     """
