@@ -256,8 +256,8 @@ class LoweredComparison:
 
     The three ``*_vs_*`` fields are output metrics over every batch (the first side is the reference
     of the pair: ``lowered_vs_reference`` scores the lowered program's outputs against the reference
-    model's). ``layers`` says which layer's (or op's) lowered kernel departs from its reference;
-    ``program`` and ``float_program`` what the int8 program and the float model lowered the same way
+    model's). ``layers`` says which layer's (or op's) lowered kernel departs from its reference, worst
+    first; ``unlowered`` names those that could not be lowered alone, each with why; ``program`` and ``float_program`` what the int8 program and the float model lowered the same way
     cost (``None`` where the float program was not measured).
     """
 
