@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from qinsight.apply import code, equalization, fx, pt2e, smoothing, torchao
 from qinsight.core.advice import Advice, advice_of
 from qinsight.core.errors import InvalidParameterError
+from qinsight.core.flows import check_flow_backend
 from qinsight.core.formats import FormatPlan
 from qinsight.core.plan import QuantPlan
 from qinsight.core.report import Report
@@ -35,8 +36,8 @@ if TYPE_CHECKING:
     from torch import nn
     from torch.ao.quantization import QConfigMapping
 
-def _advice(source: Report | QuantPlan | Advice, flow: FlowName) -> Advice:
-    advice = advice_of(source, flow)
+def _advice(source: Report | QuantPlan | Advice, flow: FlowName, owner: str) -> Advice:
+    advice = advice_of(source, flow, owner=owner)
     for note in advice.notes:
         warnings.warn(note, stacklevel=3)
     return advice
@@ -44,24 +45,24 @@ def _advice(source: Report | QuantPlan | Advice, flow: FlowName) -> Advice:
 
 def qconfig_mapping(source: Report | QuantPlan | Advice, base: QConfigMapping | None = None) -> QConfigMapping:
     """The FX ``QConfigMapping`` of ``source``'s advice, added to ``base`` (the backend's default mapping)."""
-    return fx.qconfig_mapping(_advice(source, "fx"), base)
+    return fx.qconfig_mapping(_advice(source, "fx", "qconfig_mapping"), base)
 
 
-def pt2e_quantizer(source: Report | QuantPlan | Advice, backend: str = "x86") -> Any:
+def pt2e_quantizer(source: Report | QuantPlan | Advice, backend: str | None = None) -> Any:
     """A PT2E quantizer applying ``source``'s advice for ``backend``: ``"x86"`` (torchao's
     X86InductorQuantizer, ``pip install 'qinsight[pt2e]'``) or ``"xnnpack"`` (ExecuTorch's
-    XNNPACKQuantizer, ``pip install 'qinsight[executorch]'``)."""
-    if backend not in pt2e.PT2E_BACKENDS:
-        expected = " or ".join(repr(b) for b in pt2e.PT2E_BACKENDS)
-        raise InvalidParameterError("pt2e_quantizer", "backend", backend, expected)
-    return pt2e.pt2e_quantizer(_advice(source, "pt2e"), backend)
+    XNNPACKQuantizer, ``pip install 'qinsight[executorch]'``); default: the source's own backend
+    where PT2E serves it, else x86."""
+    if backend is not None:
+        check_flow_backend("pt2e_quantizer", "pt2e", backend)
+    return pt2e.pt2e_quantizer(_advice(source, "pt2e", "pt2e_quantizer"), backend)
 
 
 def equalization_config(source: Report | QuantPlan | Advice) -> QConfigMapping:
     """``prepare_fx``'s ``_equalization_config`` for the modules ``source``'s FX advice equalizes."""
     from torch.ao.quantization import QConfigMapping
 
-    mapping = equalization.equalization_qconfig_mapping(advice_of(source, "fx").equalization)
+    mapping = equalization.equalization_qconfig_mapping(advice_of(source, "fx", owner="equalization_config").equalization)
     return mapping if mapping is not None else QConfigMapping()
 
 
@@ -74,7 +75,7 @@ def smoothed(model: nn.Module, source: Report | QuantPlan | Advice) -> nn.Module
 def config_code(source: Report | QuantPlan | Advice) -> list[str]:
     """Python lines that build the same FX ``QConfigMapping`` (``mapping``) and equalization config
     (``equalization``) as :func:`qconfig_mapping` and :func:`equalization_config`."""
-    return code.config_code(advice_of(source, "fx"))
+    return code.config_code(advice_of(source, "fx", owner="config_code"))
 
 
 def quantize(
@@ -95,7 +96,7 @@ def quantize(
         raise InvalidParameterError("quantize", "calibration_data", None, "the batches to calibrate the static flow's observers on")
     from qinsight.apply import recipe  # the flows' prepare and convert: only when a model is quantized
 
-    return recipe.quantize_with(model, advice_of(source, flow), list(calibration_data))
+    return recipe.quantize_with(model, advice_of(source, flow, owner="quantize"), list(calibration_data))
 
 
 def fqn_to_config(source: FormatPlan | Report | Mapping[str, str]) -> Any:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -204,15 +205,14 @@ def xnnpack_advice_quantizer(sites: tuple[OpSite, ...], suggestions: tuple[Quant
     return _honouring(inner, sites, suggestions, "XNNPACKQuantizer", strip_layers=True)
 
 
-PT2E_BACKENDS = ("x86", "xnnpack")
+def pt2e_quantizer(advice: Advice, backend: str | None = None) -> Any:
+    """A quantizer applying ``advice`` for ``backend`` (default: the advice's own)."""
+    return backend_quantizer(backend or advice.backend, advice.sites, advice.suggestions)
 
 
-def pt2e_quantizer(advice: Advice, backend: str = "x86") -> Any:
-    """A quantizer applying ``advice`` for ``backend``: X86InductorQuantizer (composed when some
-    Linears are dynamic) or XNNPACKQuantizer."""
-    if backend == "xnnpack":
-        return xnnpack_advice_quantizer(advice.sites, advice.suggestions)
-    return advice_quantizer(advice.sites, advice.suggestions)
+def backend_quantizer(backend: str, sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...]) -> Any:
+    """The PT2E quantizer of ``backend`` (one of :data:`BACKEND_QUANTIZERS`) applying ``suggestions``."""
+    return BACKEND_QUANTIZERS[backend](sites, suggestions)
 
 
 def advice_quantizer(sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...]) -> Any:
@@ -238,3 +238,16 @@ def advice_quantizer(sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggesti
             static.set_module_name_qconfig(suggestion.fqn, per_tensor[static_config])
     inner = composable([dynamic, static]) if dynamic_modules else static
     return _honouring(inner, sites, suggestions, "X86InductorQuantizer", strip_layers=False)
+
+
+# Each PT2E backend's quantizer builder: adding a backend to the PT2E flow is one entry here, its
+# name in qinsight.core.flows and, to measure its program, a Lowering in qinsight.compare.lowering.
+BACKEND_QUANTIZERS: dict[str, Callable[[tuple[OpSite, ...], tuple[QuantSuggestion, ...]], Any]] = {
+    "x86": advice_quantizer,
+    "xnnpack": xnnpack_advice_quantizer,
+}
+# Each backend's default quantizer, and how a comparison names it.
+DEFAULT_QUANTIZERS: dict[str, tuple[Callable[[], Any], str]] = {
+    "x86": (default_x86_quantizer, "x86 default"),
+    "xnnpack": (default_xnnpack_quantizer, "XNNPACKQuantizer, symmetric per-channel"),
+}

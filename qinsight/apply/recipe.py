@@ -10,7 +10,7 @@ user's model is never changed: the flows prepare a copy.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -18,17 +18,44 @@ from torch import nn
 
 from qinsight.apply.equalization import equalization_qconfig_mapping
 from qinsight.apply.fx import qconfig_mapping
-from qinsight.apply.pt2e import pt2e_quantizer
+from qinsight.apply.pt2e import DEFAULT_QUANTIZERS, pt2e_quantizer
 from qinsight.apply.smoothing import apply_smoothing
-from qinsight.compare.configs import convert_prepared, prepare_config
+from qinsight.compare.flows import QuantFlow, prepare_config
 from qinsight.core.advice import Advice
 from qinsight.core.errors import FrontendError, InvalidParameterError
+from qinsight.core.flows import check_flow_backend, flow_spec
+from qinsight.core.sites import FlowName
 from qinsight.frontends import eval_mode, example_inputs, run_batch
 
 
+# Each flow's config built from advice: its prepare and convert are qinsight.compare.flows'.
+CONFIG_BUILDERS: dict[FlowName, Callable[[Advice], object]] = {"fx": qconfig_mapping, "pt2e": pt2e_quantizer}
+
+
+def _fx_default(backend: str) -> tuple[object, str]:
+    from torch.ao.quantization import get_default_qconfig_mapping
+
+    return get_default_qconfig_mapping(backend), f"{backend} default"
+
+
+def _pt2e_default(backend: str) -> tuple[object, str]:
+    build, name = DEFAULT_QUANTIZERS[backend]
+    return build(), name
+
+
+DEFAULT_CONFIGS: dict[FlowName, Callable[[str], tuple[object, str]]] = {"fx": _fx_default, "pt2e": _pt2e_default}
+
+
+def default_config(flow: FlowName, backend: str, owner: str = "compare") -> tuple[object, str]:
+    """torch's default config of ``flow`` for ``backend`` and its name: FX's default ``QConfigMapping``,
+    the backend's PT2E quantizer; one error naming the flow that serves ``backend`` where ``flow`` does not."""
+    check_flow_backend(owner, flow, backend)
+    return DEFAULT_CONFIGS[flow](backend)
+
+
 def torch_config(advice: Advice) -> object:
-    """The flow's config for ``advice``: a ``QConfigMapping`` (FX) or a torchao quantizer (PT2E)."""
-    return qconfig_mapping(advice) if advice.flow == "fx" else pt2e_quantizer(advice)
+    """The flow's config for ``advice``: a ``QConfigMapping`` (FX) or the backend's PT2E quantizer."""
+    return CONFIG_BUILDERS[advice.flow](advice)
 
 
 def varying_shapes(batches: Sequence[object]) -> tuple[dict[int, Any] | None, ...] | None:
@@ -61,8 +88,8 @@ def calibrate(prepared: nn.Module, batches: Iterable[object]) -> None:
 
 def prepared(
     flow: str, model: nn.Module, config: object, example: tuple[Any, ...], shapes: Any, equalization: Any
-) -> tuple[nn.Module, bool]:
-    """:func:`~qinsight.compare.configs.prepare_config`, its failures (tracing, export, a quantizer
+) -> tuple[nn.Module, QuantFlow]:
+    """:func:`~qinsight.compare.flows.prepare_config`, its failures (tracing, export, a quantizer
     refusing a pattern: torch's errors have no common base) said as one :class:`FrontendError`."""
     try:
         return prepare_config(model, config, example, shapes, equalization)
@@ -79,11 +106,12 @@ def quantize_with(model: nn.Module, advice: Advice, calibration: Sequence[object
         if "smoothed model" not in note:  # quantize smooths the model itself
             warnings.warn(note, stacklevel=3)
     smoothed = apply_smoothing(model, advice.smoothing)
-    equalization = equalization_qconfig_mapping(advice.equalization) if advice.flow == "fx" else None
-    shapes = varying_shapes(calibration) if advice.flow == "pt2e" else None
-    ready, pt2e = prepared(advice.flow, smoothed, torch_config(advice), example_inputs(calibration[0]), shapes, equalization)
+    spec = flow_spec(advice.flow)
+    equalization = equalization_qconfig_mapping(advice.equalization) if spec.equalizes else None
+    shapes = varying_shapes(calibration) if spec.frontend == "export" else None
+    ready, flow = prepared(advice.flow, smoothed, torch_config(advice), example_inputs(calibration[0]), shapes, equalization)
     calibrate(ready, calibration)
-    return convert_prepared(ready, pt2e)
+    return flow.convert(ready)
 
 
-__all__ = ["calibrate", "prepared", "quantize_with", "torch_config", "varying_shapes"]
+__all__ = ["CONFIG_BUILDERS", "DEFAULT_CONFIGS", "calibrate", "default_config", "prepared", "quantize_with", "torch_config", "varying_shapes"]

@@ -78,8 +78,17 @@ def _parser() -> argparse.ArgumentParser:
     planned.add_argument("--eval-text", metavar="FILE", help="with --hf: evaluation text, one paragraph per line (default: qinsight's held-out paragraphs)")
     planned.add_argument("--target", default="sqnr>=30", help="sqnr>=DB, cosine>=X, top1>=X, kl<=NATS, token_agreement>=X, perplexity<=RATIO (logits) or float<=N (default sqnr>=30)")
     planned.add_argument(
-        "--flow", choices=("fx", "pt2e", "torchao"), default="fx",
-        help="prepare_fx/convert_fx (default), PT2E, or torchao's quantize_ with a format per Linear (--formats)",
+        "--flow", choices=("fx", "pt2e", "torchao"),
+        help="prepare_fx/convert_fx (default), PT2E (the default with --backend xnnpack or --lowered), "
+        "or torchao's quantize_ with a format per Linear (--formats)",
+    )
+    planned.add_argument(
+        "--backend", default="x86",
+        help="FX: the qconfig backend; PT2E: x86 (X86InductorQuantizer) or xnnpack (XNNPACKQuantizer) (default x86)",
+    )
+    planned.add_argument(
+        "--lowered", action="store_true",
+        help="PT2E: score each config for real as the program lowered for the backend (xnnpack: ExecuTorch; x86: inductor)",
     )
     planned.add_argument("--formats", default="int8,int4_g32", help="with --flow torchao: the formats to choose from (default int8,int4_g32)")
     planned.add_argument("--budget", metavar="bits<=N", help="with --flow torchao: the mean bits per weight at most (scales included)")

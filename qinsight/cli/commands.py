@@ -19,7 +19,8 @@ from qinsight.cli.output import Progress, check_targets, note, write, wrote
 from qinsight.core.errors import InvalidParameterError, PluginLoadError, UsageError
 from qinsight.core.report import Report
 from qinsight.core.shards import Shard
-from qinsight.core.sites import check_backend
+from qinsight.core.flows import FLOW_SPECS, flow_spec, flows_serving, fx_engine
+from qinsight.core.sites import FLOWS, FlowName, check_backend, checked_flow
 from qinsight.outputs.diff import diff_reports
 from qinsight.outputs.files import write_atomically
 from qinsight.outputs.schema import schema
@@ -101,7 +102,7 @@ def _qconfig_mapping(args: argparse.Namespace) -> QConfigMapping | None:
     if args.qconfig == "none":
         return None
     if args.qconfig == "default":
-        return get_default_qconfig_mapping(backend)
+        return get_default_qconfig_mapping(fx_engine(backend))
     mapping = _load(args.qconfig, "--qconfig")()
     if not isinstance(mapping, QConfigMapping):
         raise UsageError(f"--qconfig gave {type(mapping).__name__}, not a torch QConfigMapping")
@@ -144,37 +145,23 @@ def _verify(args: argparse.Namespace) -> bool | tuple[str, ...] | None:
     if args.verify is None:
         return None
     flows = tuple(name.strip() for name in args.verify.split(",") if name.strip())
-    if not flows or any(name not in ("fx", "pt2e") for name in flows):
-        raise UsageError(f"--verify {args.verify!r}: flows among fx, pt2e (comma-separated)")
+    if not flows or any(name not in FLOWS for name in flows):
+        raise UsageError(f"--verify {args.verify!r}: flows among {', '.join(FLOWS)} (comma-separated)")
     return flows
 
 
-PT2E_QUANTIZERS = {"x86": "x86 default", "xnnpack": "XNNPACKQuantizer, symmetric per-channel"}  # what compare uses
-
-
-def _compared_flow(args: argparse.Namespace) -> str:
-    """``--flow``, or the flow the other options ask for: PT2E to lower or to quantize for XNNPACK."""
-    wants_pt2e = args.lowered or args.backend == "xnnpack"
-    if args.flow == "fx" and wants_pt2e:
-        option, why = ("--lowered", "--lowered lowers a PT2E model") if args.lowered else (
-            "--backend xnnpack", "XNNPACK quantizes through PT2E")
-        raise UsageError(f"--flow fx cannot be compared with {option}: {why}; use --flow pt2e")
-    return str(args.flow or ("pt2e" if wants_pt2e else "fx"))
-
-
-def _quantizer(flow: str, backend: str) -> object:
-    """torch's default config for ``flow``: a QConfigMapping for FX; for PT2E, X86InductorQuantizer or
-    XNNPACKQuantizer (symmetric, per-channel)."""
-    from torch.ao.quantization import get_default_qconfig_mapping
-
-    if flow == "fx":
-        check_backend("compare", backend)
-        return get_default_qconfig_mapping(backend)
-    if backend not in PT2E_QUANTIZERS:
-        raise UsageError(f"--flow pt2e quantizes for {' or '.join(PT2E_QUANTIZERS)}, not {backend}")
-    from qinsight.apply.pt2e import default_x86_quantizer, default_xnnpack_quantizer  # torchao only for this flow
-
-    return default_x86_quantizer() if backend == "x86" else default_xnnpack_quantizer()
+def _compared_flow(args: argparse.Namespace) -> FlowName:
+    """``--flow``, or the first flow serving ``--backend`` that lowers where ``--lowered`` asks (PT2E)."""
+    if args.flow is not None:
+        flow = checked_flow(args.flow, "compare")
+        if args.lowered and not flow_spec(flow).lowers:
+            raise UsageError(f"--flow {flow} cannot be compared with --lowered: --lowered lowers a PT2E model; use --flow pt2e")
+        return flow
+    served = [name for name in flows_serving(args.backend) if flow_spec(name).lowers or not args.lowered]
+    if not served:
+        lowered = sorted({b for spec in FLOW_SPECS.values() if spec.lowers or not args.lowered for b in spec.backends})
+        raise UsageError(f"--backend {args.backend}: {'--lowered takes' if args.lowered else 'one of'} {', '.join(lowered)}")
+    return served[0]
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -196,13 +183,14 @@ def _compare(args: argparse.Namespace) -> int:
             batches = list(data)  # every rank calibrates on all of them, then compares on its stride
             if not batches:
                 raise UsageError("no batches to calibrate and compare on")
-            config = _quantizer(flow, args.backend)
+            from qinsight.apply.recipe import default_config  # torchao only for PT2E
+
+            config, described = default_config(flow, args.backend)
         mine = batches if launch is None else batches[launch.rank :: launch.world_size]
         with warnings.catch_warnings():  # torch's and torchao's deprecation notices: nothing the user can act on
             warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|torchao)(\.|$)")
             quantized = quantize_candidates(model, {flow: config}, batches)[flow]
             structure = model_structure(model)  # one trace for both comparisons
-            described = PT2E_QUANTIZERS[args.backend] if flow == "pt2e" else f"{args.backend} default"
             comparison = Comparison(
                 quantized=f"convert_{flow} ({described})",
                 weights=compare_weights(model, quantized, structure=structure),
@@ -249,6 +237,8 @@ def _plan(args: argparse.Namespace) -> int:
         raise UsageError(f"--target {args.target!r}: expected {exc.expected}") from exc
     if args.flow == "torchao":
         goal = format_goal(args.formats, target, args.budget, None, args.confidence)  # mistakes before any load
+        if args.lowered:
+            raise UsageError("--lowered is for PT2E plans: torchao's quantize_ model is not lowered")
     elif args.budget is not None:
         raise UsageError("--budget is for --flow torchao (a plan for fx or pt2e takes float<=N as its --target)")
     model, data, name = _model_and_data(args, None, whole=True)
@@ -262,7 +252,7 @@ def _plan(args: argparse.Namespace) -> int:
             # a plan in fx or pt2e verifies its own config, against the target
             report = diagnose(
                 model, calibration, model_name=name, detectors=detectors, qconfig_mapping=_qconfig_mapping(args),
-                verify=None if args.flow == "torchao" else False,
+                verify=None if args.flow == "torchao" else False, backend=args.backend,
             )
             if args.flow == "torchao":
                 formats = plan_formats(
@@ -273,7 +263,8 @@ def _plan(args: argparse.Namespace) -> int:
                 missed = f"the plan: {verdict(formats)}"  # the target and the budget, each as it held
             else:
                 found = plan(
-                    model, calibration, evaluation, target=target, flow=args.flow, report=report, progress=progress, smoothing=args.smooth
+                    model, calibration, evaluation, target=target, flow=args.flow, backend=args.backend, report=report,
+                    progress=progress, smoothing=args.smooth, lowered=args.lowered,
                 )
                 report, reached = report.with_plan(found), found.reached
                 missed = f"the plan does not reach {target}"

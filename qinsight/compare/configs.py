@@ -1,8 +1,7 @@
 """Several candidate quantization configs of one model, compared layer by layer (torch's n-shadows job).
 
-Each candidate is a torch ``QConfigMapping`` (FX: ``prepare_fx``/``convert_fx``)
-or a torchao PT2E ``Quantizer`` (``torch.export`` then
-``prepare_pt2e``/``convert_pt2e``). All candidates calibrate in one pass over
+Each candidate is a config of one of the flows (:mod:`.flows`): a torch ``QConfigMapping`` (FX)
+or a torchao PT2E ``Quantizer``, composed or not (PT2E). All candidates calibrate in one pass over
 the calibration data, then one pass over the evaluation data measures every
 layer under every candidate (:func:`qinsight.compare.activations.measure_activations`):
 the float model runs once per batch. The result is one typed table, with the
@@ -12,7 +11,6 @@ config that makes the least local error per layer.
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import itertools
 import warnings
@@ -21,10 +19,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.ao.quantization import QConfigMapping
-from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 from qinsight.compare.activations import measure_activations
+from qinsight.compare.flows import prepare_config
 from qinsight.compare.metrics import DEFAULT
 from qinsight.core.comparison import (
     ConfigComparison,
@@ -34,7 +31,7 @@ from qinsight.core.comparison import (
 )
 from qinsight.core.errors import InvalidParameterError
 from qinsight.distributed import current_shard
-from qinsight.frontends import batch_arguments, eval_mode, model_structure, run_batch, separate_shared_calls
+from qinsight.frontends import batch_arguments, eval_mode, model_structure, run_batch
 
 
 def _example_inputs(batch: object) -> tuple[Any, ...]:
@@ -42,37 +39,6 @@ def _example_inputs(batch: object) -> tuple[Any, ...]:
     if kwargs:
         raise InvalidParameterError("compare_configs", "example_inputs", None, "example inputs as a tuple for keyword-argument batches")
     return args
-
-
-def prepare_config(
-    model: nn.Module,
-    config: object,
-    example_inputs: tuple[Any, ...],
-    dynamic_shapes: Any = None,
-    equalization: QConfigMapping | None = None,
-) -> tuple[nn.Module, bool]:
-    """The prepared copy of ``model`` under ``config`` (a QConfigMapping: FX, with ``equalization``
-    as prepare_fx's ``_equalization_config``; a torchao Quantizer: PT2E, exported with
-    ``dynamic_shapes``), and whether it is a PT2E graph."""
-    if isinstance(config, QConfigMapping):
-        copied = copy.deepcopy(model).eval()
-        return prepare_fx(copied, config, example_inputs, _equalization_config=equalization), False
-    if callable(getattr(config, "annotate", None)):  # a torchao Quantizer: PT2E
-        from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
-
-        exported = torch.export.export(copy.deepcopy(model).eval(), example_inputs, dynamic_shapes=dynamic_shapes).module()
-        return prepare_pt2e(separate_shared_calls(exported), config), True
-    raise InvalidParameterError("compare_configs", "configs", type(config).__name__, "a QConfigMapping or a torchao Quantizer per name")
-
-
-def convert_prepared(prepared: nn.Module, pt2e: bool) -> nn.Module:
-    """``convert_pt2e`` or ``convert_fx`` of a :func:`prepare_config` model, calibrated."""
-    if pt2e:
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
-
-        converted: nn.Module = convert_pt2e(prepared)
-        return converted
-    return convert_fx(prepared)  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager
@@ -113,12 +79,12 @@ def quantize_candidates(
     example = example_inputs if example_inputs is not None else _example_inputs(first)
     prepared = {name: prepare_config(model, config, example) for name, config in configs.items()}
     with torch.no_grad(), contextlib.ExitStack() as stack:
-        for module, _pt2e in prepared.values():
+        for module, _flow in prepared.values():
             stack.enter_context(eval_mode(module))
         for batch in itertools.chain([first], batches):
-            for module, _pt2e in prepared.values():
+            for module, _flow in prepared.values():
                 run_batch(module, batch)
-    return {name: convert_prepared(module, pt2e) for name, (module, pt2e) in prepared.items()}
+    return {name: flow.convert(module) for name, (module, flow) in prepared.items()}
 
 
 def compare_configs(
@@ -182,4 +148,4 @@ def compare_configs(
     return ConfigComparison(configs=tuple(configs), rank_by=rank_by, rows=tuple(rows))
 
 
-__all__ = ["compare_configs", "convert_prepared", "prepare_config", "quantize_candidates", "release_fx_graphs", "trial"]
+__all__ = ["compare_configs", "quantize_candidates", "release_fx_graphs", "trial"]

@@ -186,6 +186,24 @@ def lowered(lowering: Lowering, module: nn.Module, example: tuple[Any, ...], wha
         raise FrontendError(f"{what} cannot be lowered for {lowering.backend}: {why}") from exc
 
 
+class LoweredModule(nn.Module):
+    """``module``'s program for ``lowering``, as a module: lowered at the first batch of each shape
+    (a program runs one shape). What a plan scores with ``lowered=True``: the program that ships."""
+
+    def __init__(self, lowering: Lowering, module: nn.Module) -> None:
+        super().__init__()
+        self._lowering, self._reference = lowering, [module]  # a list: not a submodule, whose modes it would set
+        self._programs: dict[tuple[object, ...], Program] = {}
+
+    def forward(self, *inputs: Any) -> Any:
+        shapes = tuple(tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__ for value in inputs)
+        program = self._programs.get(shapes)
+        if program is None:
+            program = lowered(self._lowering, self._reference[0], inputs, "the quantized model")
+            self._programs[shapes] = program
+        return program(*inputs)
+
+
 def timed(program: Callable[..., Any], inputs: tuple[Any, ...]) -> tuple[Any, float]:
     """``program(*inputs)`` and its wall time in milliseconds."""
     start = time.perf_counter()
@@ -197,6 +215,7 @@ __all__ = [
     "EXECUTORCH_HINT",
     "InductorLowering",
     "LOWERINGS",
+    "LoweredModule",
     "Lowering",
     "Program",
     "XnnpackLowering",

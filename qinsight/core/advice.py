@@ -22,6 +22,7 @@ import attrs
 
 from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
+from qinsight.core.flows import flow_spec, flows_serving
 from qinsight.core.plan import QuantPlan
 from qinsight.core.sites import FlowName, OpSite, checked_flow
 from qinsight.core.smoothing import SmoothingMapping
@@ -54,8 +55,10 @@ class Advice:
     notes: tuple[str, ...] = ()
 
 
-def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None) -> Advice:
-    """The advice ``source`` gives for ``flow`` (default: a plan's own flow, FX for a report).
+def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None, *, owner: str = "advice_of") -> Advice:
+    """The advice ``source`` gives for ``flow`` (default: a plan's own flow; for a report, the first
+    flow serving its backend: FX, PT2E for XNNPACK), for the backend the flow serves
+    (:meth:`~qinsight.core.flows.FlowSpec.backend_for`; ``owner``: the function named in its error).
 
     A report carrying a plan made for ``flow`` gives the plan's verified config;
     a plan made for the other flow is not applied (its measurements say
@@ -64,22 +67,24 @@ def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None)
     its verification dropped.
     """
     if isinstance(source, Advice):
-        if flow is not None and checked_flow(flow, "advice_of") != source.flow:
-            return _for_flow(source, checked_flow(flow, "advice_of"), f"this advice was made for {source.flow}, not {flow}")
+        if flow is not None and checked_flow(flow, owner) != source.flow:
+            return _for_flow(source, checked_flow(flow, owner), f"this advice was made for {source.flow}, not {flow}", owner)
         return source
     if isinstance(source, QuantPlan):
-        wanted = checked_flow(flow if flow is not None else source.flow, "advice_of")
-        return _of_plan(source, wanted)
-    wanted = checked_flow(flow if flow is not None else "fx", "advice_of")
+        wanted = checked_flow(flow if flow is not None else source.flow, owner)
+        return _of_plan(source, wanted, owner)
+    backend = source.metadata.backend
+    wanted = checked_flow(flow if flow is not None else (flows_serving(backend) or ("fx",))[0], owner)
     plan = source.plan
     if plan is not None and plan.flow == wanted:
-        return _of_plan(plan, wanted)
+        return _of_plan(plan, wanted, owner)
+    spec = flow_spec(wanted)
     advice = Advice(
         flow=wanted,
-        backend=source.metadata.backend,
+        backend=spec.backend_for(owner, backend),
         sites=source.sites,
         suggestions=source.suggestions,
-        fx_activations=source.fx_activations if wanted == "fx" else None,
+        fx_activations=source.fx_activations if spec.observes_activations else None,
         equalization=source.equalization_mapping,
     )
     notes = () if plan is None else (
@@ -87,7 +92,7 @@ def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None)
         f"suggestions, not verified in {wanted}",
     )
     advice = _verified(advice, source.verification_for(wanted))
-    return attrs.evolve(advice, notes=notes + _pt2e_equalization(advice))
+    return attrs.evolve(advice, notes=notes + _unequalized(advice))
 
 
 def _verified(advice: Advice, verdict: ConfigVerification | None) -> Advice:
@@ -104,9 +109,9 @@ def _verified(advice: Advice, verdict: ConfigVerification | None) -> Advice:
     )
 
 
-def _of_plan(plan: QuantPlan, flow: FlowName) -> Advice:
+def _of_plan(plan: QuantPlan, flow: FlowName, owner: str) -> Advice:
     advice = Advice(
-        flow=checked_flow(plan.flow, "advice_of"),
+        flow=checked_flow(plan.flow, owner),
         backend=plan.backend,
         sites=plan.sites,
         suggestions=plan.suggestions,
@@ -125,26 +130,30 @@ def _of_plan(plan: QuantPlan, flow: FlowName) -> Advice:
             ),
         )
     if advice.flow != flow:
-        return _for_flow(advice, flow, f"the plan was made for {advice.flow}, not {flow}: its config is not verified in {flow}")
+        note = f"the plan was made for {advice.flow}, not {flow}: its config is not verified in {flow}"
+        return _for_flow(advice, flow, note, owner)
     return advice
 
 
-def _for_flow(advice: Advice, flow: FlowName, note: str) -> Advice:
+def _for_flow(advice: Advice, flow: FlowName, note: str, owner: str) -> Advice:
     """``advice`` used for the other flow: its suggestions, unverified, with ``note``."""
+    spec = flow_spec(flow)
     moved = attrs.evolve(
         advice,
         flow=flow,
-        fx_activations=advice.fx_activations if flow == "fx" else None,
+        backend=spec.backend_for(owner, advice.backend),
+        fx_activations=advice.fx_activations if spec.observes_activations else None,
         verified=False,
         notes=advice.notes + (note,),
     )
-    return attrs.evolve(moved, notes=moved.notes + _pt2e_equalization(moved))
+    return attrs.evolve(moved, notes=moved.notes + _unequalized(moved))
 
 
-def _pt2e_equalization(advice: Advice) -> tuple[str, ...]:
-    if advice.flow != "pt2e" or not advice.equalization.entries:
+def _unequalized(advice: Advice) -> tuple[str, ...]:
+    spec = flow_spec(advice.flow)
+    if spec.equalizes or not advice.equalization.entries:
         return ()
-    return ("PT2E has no input-weight equalization; these modules stay unequalized: " + ", ".join(advice.equalization.fqns),)
+    return (f"{spec.title} has no input-weight equalization; these modules stay unequalized: " + ", ".join(advice.equalization.fqns),)
 
 
 __all__ = ["Advice", "advice_of"]

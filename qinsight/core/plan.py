@@ -200,7 +200,10 @@ class QuantPlan:
     observes activations (measured against torch's way; ``None`` where torch's scored better, or
     in PT2E). ``smoothing`` is what the plan did to the model before quantizing it (none
     unless asked): its config is for ``qinsight.smoothed(model, plan)``, and its
-    sites are named as in that model; ``default_score`` is the model as given.
+    sites are named as in that model; ``default_score`` is the model as given. ``lowered`` names
+    the runtime that ran every real score where the plan scored the program lowered from each config
+    (``plan(..., lowered=True)``: ``"ExecuTorch 1.5.1 runtime, XNNPACK delegate"``); empty: the
+    reference model.
     """
 
     flow: str
@@ -222,6 +225,7 @@ class QuantPlan:
     notes: tuple[str, ...] = ()
     smoothing: SmoothingMapping = SmoothingMapping()
     fx_activations: FxActivations | None = None
+    lowered: str = ""  # what ran the real scores: the lowered program's runtime; empty: the reference model
 
     @property
     def kept_float(self) -> tuple[str, ...]:

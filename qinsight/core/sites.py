@@ -14,8 +14,9 @@ import attrs
 
 from qinsight.core.errors import InvalidParameterError, InvalidValueError
 
-# The quantized backends torch 2.13's FX flow knows.
-BACKENDS: Final = ("fbgemm", "qnnpack", "onednn", "x86")
+# The backends qinsight quantizes for: FX's four engines and XNNPACK (through PT2E); which flow
+# serves which is qinsight.core.flows.
+BACKENDS: Final = ("fbgemm", "qnnpack", "onednn", "x86", "xnnpack")
 # The flows qinsight quantizes through, and the frontends it reads models with: typed alike, each
 # checked where a user passes it (a type checker sees the Literal, a program gets the error).
 FlowName = Literal["fx", "pt2e"]

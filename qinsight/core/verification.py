@@ -122,7 +122,8 @@ class ConfigVerification:
     ``default``: the flow's default config; ``suggested``: the report's config as the detectors said
     it; ``score``: the config the report now offers (the kinds in ``dropped`` left out); ``left_float``:
     what the flow left in float of it, read from the converted model. ``error``: the flow could not
-    quantize the model with its default config, and nothing was verified.
+    quantize the model with its default config, and nothing was verified. ``lowered``: the runtime
+    that ran every score, where each config was scored as the program lowered from it.
     """
 
     flow: FlowName
@@ -138,6 +139,7 @@ class ConfigVerification:
     notes: tuple[str, ...] = ()
     # layers with weights the offered config quantizes that the flow, as converted, left in float
     left_float: tuple[str, ...] = ()
+    lowered: str = ""  # the runtime of the programs scored (verify_report(lowered=True)); empty: the reference
 
     @property
     def verified(self) -> bool:
@@ -155,8 +157,9 @@ class ConfigVerification:
             return f"{self.flow}: not verified: {self.error}"
         where = f"{self.scored} held-out batch{'es' if self.scored != 1 else ''}" if self.held_out else "the calibration batch"
         dropped = "; dropped: " + ", ".join(kind.value for kind in self.dropped) if self.dropped else ""
+        program = f" as lowered ({self.lowered})" if self.lowered else ""
         return (
-            f"{self.flow}: the report's config {_db(self.score)} on {where} "
+            f"{self.flow}: the report's config {_db(self.score)}{program} on {where} "
             f"(the flow's default {_db(self.default)}, as suggested {_db(self.suggested)}){dropped}"
         )
 

@@ -22,6 +22,7 @@ from torch import nn
 from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
 
 from qinsight.core.errors import FrontendError
+from qinsight.core.flows import fx_engine
 from qinsight.core.sites import OpCall, OpKind, OpSite
 from qinsight.frontends.base import eval_mode, run_batch
 from qinsight.frontends.calls import CallTap, is_leaf, resolve_target
@@ -139,7 +140,7 @@ def op_sites(discovery: Discovery, mapping: QConfigMapping | None, backend: str 
     when none is given (what ``qinsight.qconfig_mapping(report)`` starts from).
     """
     model, tap = discovery.model, discovery.tap
-    mapping = mapping if mapping is not None else get_default_qconfig_mapping(backend)
+    mapping = mapping if mapping is not None else get_default_qconfig_mapping(fx_engine(backend))
     modules = dict(model.named_modules())
     module_sites = {
         fqn: OpSite(

@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterable
 
 from qinsight.core.advice import advice_of
+from qinsight.core.flows import flow_spec, flows_serving
 from qinsight.core.report import Report
 from qinsight.outputs.files import write_atomically
 from qinsight.outputs.formats import format_summary, format_tables
@@ -48,6 +49,18 @@ def _png(figure: object) -> str:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=80)  # type: ignore[attr-defined]
     return f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
+
+
+def _suggested_config(report: Report) -> str:
+    """FX's pasteable config where FX serves the report's backend; else the call that builds it."""
+    backend = report.metadata.backend
+    if not flow_spec("fx").serves(backend):
+        spec = flow_spec((flows_serving(backend) or ("pt2e",))[0])
+        return f"<p>{_e(backend)} quantizes through {spec.title}: <code>{_e(spec.call('report'))}</code> gives the config.</p>"
+    source = " It is the attached plan's config, verified below." if advice_of(report, "fx").source == "plan" else ""
+    return f"""<p>Paste to quantize with <code>prepare_fx(model, mapping, example_inputs)</code>, or use
+<code>qinsight.qconfig_mapping(report)</code> / <code>qinsight.pt2e_quantizer(report)</code>.{source}</p>
+<pre id="config">{_e(config_code(report))}</pre>"""
 
 
 def config_code(report: Report) -> str:
@@ -154,8 +167,10 @@ def _plan(report: Report) -> str:
     parts = [f"<h2>Plan: {_e(report.plan.target)} ({_e(report.plan.flow)})</h2>", f"<p>{_e(summary)}</p>"]
     parts.append("<ul>" + "".join(f"<li>{_e(line.strip())}</li>" for line in details) + "</ul>")
     parts.append(_png(plot_plan(report.plan)))
-    if report.plan.flow != "fx":  # an FX plan's config is the page's suggested config, shown once below
-        parts.append(f"<pre>{_e(chr(10).join(apply.config_code(report.plan)))}</pre>")
+    plan = report.plan
+    if not flow_spec(plan.flow).observes_activations:  # an FX plan's config is the page's suggested config, shown once below
+        code = apply.config_code(plan) if flow_spec("fx").serves(plan.backend) else [flow_spec(plan.flow).call("report")]
+        parts.append(f"<pre>{_e(chr(10).join(code))}</pre>")
     return "\n".join(parts)
 
 
@@ -194,11 +209,8 @@ def render_html(report: Report) -> str:
     failures = "".join(
         f'<li class="fail">{_e(f.detector)} failed at {_e(f.stage.value)}: {_e(f.error)}</li>' for f in report.failures
     )
-    source = " It is the attached plan's config, verified below." if advice_of(report, "fx").source == "plan" else ""
     diagnosis = f"""<h2>Suggested config</h2>
-<p>Paste to quantize with <code>prepare_fx(model, mapping, example_inputs)</code>, or use
-<code>qinsight.qconfig_mapping(report)</code> / <code>qinsight.pt2e_quantizer(report)</code>.{source}</p>
-<pre id="config">{_e(config_code(report))}</pre>
+{_suggested_config(report)}
 {_verification(report)}
 {_refused_equalizations(report)}
 <h2>Modules</h2>

@@ -22,7 +22,7 @@ def summary_lines(plan: QuantPlan) -> list[str]:
     floats = plan.kept_float
     lines = [
         f"Plan ({plan.flow}, backend {plan.backend}): target {plan.target} {verdict}: {plan.metric} "
-        f"{_score(plan.verified_score)} quantized for real"
+        f"{_score(plan.verified_score)} quantized for real" + (f" and lowered ({plan.lowered})" if plan.lowered else "")
         + (f", {_score(plan.held_out_score)} on held-out data" if not math.isnan(plan.held_out_score) else "")
         + f", the flow's default config {_score(plan.default_score)}",
         f"  {plan.quantized_fraction:.1%} of the layers' parameters quantized; {len(floats)} sites kept in float; "

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from qinsight.core.comparison import Comparison
 from qinsight.core.findings import Finding
+from qinsight.core.flows import flow_spec
 from qinsight.core.formats import FormatPlan
 from qinsight.core.plan import QuantPlan
 from qinsight.core.report import DetectorResult, Report
@@ -131,7 +132,7 @@ def render_text(report: Report, *, everything: bool = False) -> str:
         lines.append("")
     lines.append(f"Suggested config ({len(report.suggestions)} modules):")
     if report.plan is not None:
-        method = "qinsight.qconfig_mapping(report)" if report.plan.flow == "fx" else "qinsight.pt2e_quantizer(report)"
+        method = flow_spec(report.plan.flow).call("report")
         lines.append(f"  {method} gives the plan's config below instead: the suggestions it kept, its sites in float")
     lines.extend(_config_lines(report, everything))
     lines.extend(_conflict_lines(report, everything))
@@ -142,7 +143,7 @@ def render_text(report: Report, *, everything: bool = False) -> str:
         )
     # an FX plan's config is the report's: its observing, checked by the plan, is what the mapping uses
     plan = report.plan
-    observing = plan.fx_activations if plan is not None and plan.flow == "fx" else report.fx_activations
+    observing = plan.fx_activations if plan is not None and flow_spec(plan.flow).observes_activations else report.fx_activations
     if observing is not None:
         lines.append(f"qinsight.qconfig_mapping(report): {observing.describe()}")
     lines.extend(verification_lines(report))

@@ -4,6 +4,7 @@ with its numbers; or that the config was not verified."""
 
 from __future__ import annotations
 
+from qinsight.core.flows import flow_spec
 from qinsight.core.report import Report
 
 UNVERIFIED = (
@@ -19,7 +20,8 @@ def verification_lines(report: Report) -> list[str]:
         return [f"Verified by the plan in {report.plan.flow}: its config, quantized for real against {report.plan.target} (below)"]
     if not report.verification:
         return [UNVERIFIED]
-    lines = ["Verified for real (qinsight.qconfig_mapping / pt2e_quantizer(report) leave out what was dropped):"]
+    calls = " / ".join(flow_spec(verdict.flow).call("report") for verdict in report.verification)
+    lines = [f"Verified for real ({calls} leave{'s' if len(report.verification) == 1 else ''} out what was dropped):"]
     for verdict in report.verification:
         lines.append(f"  {verdict.describe()}")
         lines.extend(

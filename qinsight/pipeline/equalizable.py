@@ -32,6 +32,7 @@ from torch.ao.quantization.quantize_fx import prepare_fx
 from qinsight.compare.configs import release_fx_graphs
 from qinsight.compare.metrics import relative_l2
 from qinsight.core.errors import describe
+from qinsight.core.flows import fx_engine
 from qinsight.frontends import eval_mode, example_inputs, hookless_copy, run_batch, shared_copy
 
 # The float output may move by rounding only: scaling by s and 1/s is exact up to float32.
@@ -92,7 +93,7 @@ def _prepared(model: nn.Module, fqns: Sequence[str], example: object, backend: s
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prepared = prepare_fx(
-            shared_copy(model).eval(), get_default_qconfig_mapping(backend), inputs, _equalization_config=equalization
+            shared_copy(model).eval(), get_default_qconfig_mapping(fx_engine(backend)), inputs, _equalization_config=equalization
         )
     return prepared
 

@@ -25,6 +25,7 @@ from torch.ao.quantization import QConfigMapping
 
 from qinsight.core.activations import FxActivations
 from qinsight.core.errors import CalibrationError, InvalidParameterError, describe
+from qinsight.core.flows import flow_spec
 from qinsight.core.progress import Progress
 from qinsight.core.report import DetectorFailure, FailureStage, Report
 from qinsight.core.sites import Frontend, InsertPoint, check_backend
@@ -214,15 +215,15 @@ class Session:
     def _fx_activations(self) -> FxActivations | None:
         """How the report's FX config observes activations: qinsight's way, its kernels checked where the
         config is verified (:func:`~qinsight.pipeline.saturation.kernels_checked`)."""
-        if self._example is None or self.view.frontend == "export":
+        if self._example is None or self.view.frontend == "export" or not flow_spec("fx").serves(self._backend):
             return None  # PT2E observes 8 bits after the clips already
         return FxActivations(checked=False)
 
     def _refused_equalizations(self, fqns: tuple[str, ...]) -> dict[str, str]:
         """The suggested equalizations torch cannot apply (:mod:`.equalizable`), checked on the first batch."""
-        if not fqns or self._example is None or self.view.frontend == "export":
+        if not fqns or self._example is None or self.view.frontend == "export" or not flow_spec("fx").serves(self._backend):
             # an exported graph is not what prepare_fx equalizes (the user's module is); PT2E has no
-            # equalization at all, which qinsight.pt2e_quantizer(report) says
+            # equalization at all (XNNPACK's only flow), which qinsight.pt2e_quantizer(report) says
             return {}
         return refused_equalizations(self.view.model, fqns, self._example, self._backend)
 
@@ -343,7 +344,7 @@ def diagnose(
         example = None if first is _NOTHING else first
         args = (detectors, backend, qconfig_mapping, model_name, strict, frontend, example, shard, exchange)
         session = _session(model, *args)
-        flows = chosen_flows("diagnose", verify, session.view.frontend) if exchange is None else ()
+        flows = chosen_flows("diagnose", verify, session.view.frontend, backend) if exchange is None else ()
         kept: list[object] = []  # the first batches, to verify the config on
 
         def keeping(batch: object) -> object:

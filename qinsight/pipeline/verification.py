@@ -31,12 +31,14 @@ from torch import nn
 from qinsight.apply.recipe import quantize_with
 from qinsight.compare.configs import release_fx_graphs, trial
 from qinsight.compare.layers import quantized_layers
+from qinsight.compare.lowering import LoweredModule, Lowering, lowering_for
 from qinsight.compare.metrics import sqnr
 from qinsight.compare.outputs import output_rows
 from qinsight.core.advice import Advice, advice_of
 from qinsight.core.errors import InvalidParameterError, describe
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
+from qinsight.core.flows import FLOW_SPECS, flow_spec, flows_serving
 from qinsight.core.sites import FLOWS, FlowName
 from qinsight.core.verification import (
     ConfigParts,
@@ -52,29 +54,34 @@ from qinsight.pipeline.saturation import kernels_checked
 
 ENV_VERIFY: Final = "QINSIGHT_VERIFY"
 VERIFY_BATCHES = 8  # the most calibration batches a verification keeps: its cost grows with them
-_FRONTEND_FLOWS: dict[str, tuple[FlowName, ...]] = {"fx": ("fx",), "export": ("pt2e",), "eager": ()}
-
-
-def default_flows(frontend: str) -> tuple[FlowName, ...]:
+def default_flows(frontend: str, backend: str) -> tuple[FlowName, ...]:
     """The flows a report is verified in unless told: its frontend's (FX for a traced model, PT2E for
-    an exported one); none for the eager frontend's models, which FX cannot trace."""
-    return _FRONTEND_FLOWS.get(frontend, ())
+    an exported one), or where that flow does not serve the backend the one that does (PT2E for
+    XNNPACK); none for the eager frontend's models, which FX cannot trace."""
+    own = [name for name, spec in FLOW_SPECS.items() if spec.frontend == frontend]
+    if not own:
+        return ()
+    return (own[0],) if flow_spec(own[0]).serves(backend) else flows_serving(backend)[:1]
 
 
-def chosen_flows(owner: str, verify: bool | str | Sequence[str] | None, frontend: str) -> tuple[FlowName, ...]:
-    """``verify`` as flows: ``True`` the ``frontend``'s own (:func:`default_flows`), ``False`` none, a
+def chosen_flows(
+    owner: str, verify: bool | str | Sequence[str] | None, frontend: str, backend: str
+) -> tuple[FlowName, ...]:
+    """``verify`` as flows: ``True`` the report's own (:func:`default_flows`), ``False`` none, a
     flow's name or several, ``None`` what ``QINSIGHT_VERIFY`` says (:func:`verify_setting`), else
-    ``True``; anything else one :class:`InvalidParameterError`."""
+    ``True``; anything else, or a flow that cannot quantize for ``backend``, one :class:`InvalidParameterError`."""
     if verify is None:
         verify = verify_setting()
     if verify is True:
-        return default_flows(frontend)
+        return default_flows(frontend, backend)
     if verify is False:
         return ()
     names = [verify] if isinstance(verify, str) else list(verify)
     flows = [name for name in names if name in FLOWS]
     if len(flows) < len(names):
         raise InvalidParameterError(owner, "verify", verify, "True, False, 'fx', 'pt2e' or both")
+    for flow in flows:
+        flow_spec(flow).backend_for(owner, backend)
     return tuple(dict.fromkeys(flows))
 
 
@@ -110,21 +117,25 @@ def verify_report(
     *,
     flows: bool | str | Sequence[str] | None = True,
     progress: Progress | None = None,
+    lowered: bool = False,
 ) -> Report:
     """``report`` carrying each flow's verdict on its config (:class:`ConfigVerification`): quantized
     for real with ``model`` on ``data`` (its first :data:`VERIFY_BATCHES` batches), the kinds of
     suggestion that lower the score dropped. ``flows``: ``True`` the report's own
-    (:func:`default_flows`), or ``"fx"``, ``"pt2e"`` or both."""
+    (:func:`default_flows`), or ``"fx"``, ``"pt2e"`` or both. With ``lowered=True`` (PT2E) each config
+    is scored as the program lowered from it for the report's backend, as it ships (XNNPACK run by
+    the ExecuTorch runtime, x86 compiled by inductor)."""
     if isinstance(model, torch.export.ExportedProgram):
         model = model.module()
-    chosen = chosen_flows("verify_report", flows, report.metadata.frontend)
+    chosen = chosen_flows("verify_report", flows, report.metadata.frontend, report.metadata.backend)
+    lowering = _lowering(chosen, report.metadata.backend) if lowered else None
     batches = [batch for _, batch in zip(range(VERIFY_BATCHES), data)]
     if chosen and not batches:
         raise InvalidParameterError("verify_report", "data", "no batches", "at least one batch")
     if _prepared(model):  # its observers are the user's own config: the report's has no model to go on
         said = "the model is prepared already (prepare_fx / prepare_pt2e): diagnose the float model to verify the report's config"
         return report.with_verification(tuple(ConfigVerification(flow=flow, error=said) for flow in chosen))
-    if "fx" in chosen:  # the FX config's kernels, checked before it is scored
+    if any(flow_spec(flow).observes_activations for flow in chosen):  # FX's kernels, checked before it is scored
         checking = "checking the FX kernels for saturation"
         if progress is not None:
             progress(checking, 0, 1)
@@ -136,7 +147,7 @@ def verify_report(
     for done, flow in enumerate(chosen):
         if progress is not None:
             progress(stage, done, len(chosen))
-        verdicts.append(verify_flow(model, report, flow, batches))
+        verdicts.append(verify_flow(model, report, flow, batches, lowering))
     if progress is not None:
         progress(stage, len(chosen), len(chosen))
     return report.with_verification(tuple(verdicts))
@@ -152,8 +163,8 @@ class _Scorer:
     the layers the converted model quantizes (:attr:`quantized`); the flow's error, where it cannot build
     or run a config, kept for the reason."""
 
-    def __init__(self, model: nn.Module, batches: Sequence[Any]) -> None:
-        self.model = model
+    def __init__(self, model: nn.Module, batches: Sequence[Any], lowering: Lowering | None = None) -> None:
+        self.model, self.lowering = model, lowering
         self.calibrating, self.scored = split(batches)
         with eval_mode(model), torch.no_grad():
             self.reference = torch.cat([output_rows(run_batch(model, b), owner="verify_report") for b in self.scored])
@@ -164,8 +175,9 @@ class _Scorer:
         try:
             with trial():
                 quantized = quantize_with(self.model, advice, self.calibrating)
-                with eval_mode(quantized), torch.no_grad():
-                    rows = torch.cat([output_rows(run_batch(quantized, b), owner="verify_report") for b in self.scored])
+                shipped = quantized if self.lowering is None else LoweredModule(self.lowering, quantized)
+                with eval_mode(shipped), torch.no_grad():
+                    rows = torch.cat([output_rows(run_batch(shipped, b), owner="verify_report") for b in self.scored])
         except Exception as exc:  # torch's errors have no common base: prepare, convert and the run alike
             self.last_error = describe(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return -math.inf
@@ -176,18 +188,33 @@ class _Scorer:
         return sqnr(self.reference, rows)
 
 
-def verify_flow(model: nn.Module, report: Report, flow: FlowName, batches: Sequence[Any]) -> ConfigVerification:
-    """``report``'s config in ``flow`` verified on ``batches`` (the module docstring's steps)."""
-    score = _Scorer(model, batches)
+def _lowering(flows: Sequence[FlowName], backend: str) -> Lowering | None:
+    """The lowering that scores ``flows``' configs as programs (none: no flow to verify in); one error
+    where a flow's model is not lowered."""
+    for flow in flows:
+        if not flow_spec(flow).lowers:
+            raise InvalidParameterError("verify_report", "lowered", True, f"flows whose model is lowered (pt2e), not {flow}")
+    return lowering_for("verify_report", flow_spec(flows[0]).backend_for("verify_report", backend)) if flows else None
+
+
+def verify_flow(
+    model: nn.Module, report: Report, flow: FlowName, batches: Sequence[Any], lowering: Lowering | None = None
+) -> ConfigVerification:
+    """``report``'s config in ``flow`` verified on ``batches`` (the module docstring's steps); each
+    config scored as its program for ``lowering``'s backend where one is given."""
+    score = _Scorer(model, batches, lowering)
     suggested_advice = advice_of(attrs.evolve(report, verification=(), plan=None), flow)
     base = attrs.evolve(suggested_advice, suggestions=(), fx_activations=None, equalization=attrs.evolve(suggested_advice.equalization, entries=()))
-    blank = ConfigVerification(flow=flow, calibrated=len(score.calibrating), scored=len(score.scored), held_out=len(batches) > 1)
+    blank = ConfigVerification(
+        flow=flow, calibrated=len(score.calibrating), scored=len(score.scored), held_out=len(batches) > 1,
+        lowered=lowering.runtime() if lowering is not None else "",
+    )
     default = score(base)
     if default == -math.inf:
         return attrs.evolve(blank, error=f"the {flow} flow cannot quantize this model: {score.last_error}")
     parts = ConfigParts(suggested_advice.suggestions, suggested_advice.fx_activations, suggested_advice.equalization)
-    # PT2E has no equalization: suggested ones change nothing there (advice_of notes so)
-    kinds = tuple(kind for kind in kinds_of(parts) if flow == "fx" or kind is not SuggestionKind.EQUALIZE)
+    # a flow without equalization (PT2E): suggested ones change nothing there (advice_of notes so)
+    kinds = tuple(kind for kind in kinds_of(parts) if flow_spec(flow).equalizes or kind is not SuggestionKind.EQUALIZE)
 
     def config(without: Iterable[SuggestionKind]) -> Advice:
         stripped = without_kinds(parts, tuple(without))

@@ -6,7 +6,8 @@
   names; functional calls by owner, call and index, which ``prepare_fx``
   records in ``node_name_to_scope``); an edge belongs to the site producing it
   and the sites consuming it.
-- PT2E: the advice is a torchao quantizer (:func:`~qinsight.apply.pt2e.advice_quantizer`);
+- PT2E: the advice is the backend's quantizer (:func:`~qinsight.apply.pt2e.backend_quantizer`:
+  X86InductorQuantizer, XNNPACKQuantizer);
   nodes are named by the exported frontend; which edges are quantized under a
   config is the quantizer's own answer, asked again on the prepared graph
   without its observers (a consumer's input spec, a producer's output spec).
@@ -29,14 +30,17 @@ from torch.ao.quantization.quantize_fx import prepare_fx
 
 from qinsight.apply.equalization import equalization_qconfig_mapping
 from qinsight.apply.fx import advice_mapping
-from qinsight.apply.pt2e import advice_quantizer
+from qinsight.apply.pt2e import backend_quantizer
 from qinsight.apply.recipe import calibrate, prepared, varying_shapes
-from qinsight.compare.configs import convert_prepared, release_fx_graphs
+from qinsight.compare.configs import release_fx_graphs
+from qinsight.compare.flows import QUANT_FLOWS
+from qinsight.compare.lowering import LoweredModule, Lowering
 from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
-from qinsight.core.errors import FrontendError, InvalidParameterError
+from qinsight.core.errors import FrontendError
+from qinsight.core.flows import FlowSpec, check_flow_backend, flow_spec
 from qinsight.core.precision import activation_bits
-from qinsight.core.sites import FlowName, OpSite, check_backend
+from qinsight.core.sites import FlowName, OpSite
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 from qinsight.frontends import (
     classify,
@@ -62,10 +66,8 @@ class Flow:
     whole once constructed: ``batches`` (every batch it will see) tell it the inputs' shapes.
     """
 
-    name = ""
+    name: FlowName
     dynamic_max = 255  # the top of a dynamic activation's range
-    equalizes = False  # whether the flow has input-weight equalization
-    exported = False  # whether it prepares torch.export's graph (PT2E) rather than the module itself
 
     def __init__(
         self,
@@ -74,17 +76,19 @@ class Flow:
         backend: str,
         batches: Sequence[object],
         activations: FxActivations | None = None,
+        lowering: Lowering | None = None,
     ) -> None:
-        self.check_backend(backend)
+        check_flow_backend("plan", self.name, backend)
         self.model, self.sites, self.backend = model, sites, backend
         self.activations = activations  # how FX observes activations (None: torch's default; PT2E: unused)
+        self.lowering = lowering  # where configs are scored as the program the backend runs (plan(lowered=True))
         self.names = {site.fqn for site in sites}
         self.dynamic_shapes = self.shapes(batches)
 
-    @classmethod
-    def check_backend(cls, backend: str) -> None:
-        """:class:`InvalidParameterError` unless the flow quantizes for ``backend``."""
-        check_backend("plan", backend)
+    @property
+    def spec(self) -> FlowSpec:
+        """What the flow can express (equalization, the report's activation observing)."""
+        return flow_spec(self.name)
 
     def shapes(self, batches: Sequence[object]) -> Any:
         """What ``torch.export`` needs to know of the inputs' shapes (PT2E's dynamic dimensions)."""
@@ -118,9 +122,13 @@ class Flow:
             warnings.simplefilter("ignore")  # the advice's own warnings were shown with the report
             prepared = self._prepared(suggestions, example_inputs(calibration[0]))
             calibrate(prepared, calibration)
-            converted = convert_prepared(prepared, self.exported)
+            converted = QUANT_FLOWS[self.name].convert(prepared)
             release_fx_graphs()  # a plan quantizes for real dozens of times
             return converted
+
+    def shipped(self, converted: nn.Module) -> nn.Module:
+        """What the user runs of ``converted``: itself, or its program where the flow is scored lowered."""
+        return converted if self.lowering is None else LoweredModule(self.lowering, converted)
 
     def _prepared(self, suggestions: tuple[QuantSuggestion, ...], example: tuple[Any, ...]) -> fx.GraphModule:
         """:meth:`prepare`, its failures (tracing, export, a quantizer that refuses a pattern) said as one."""
@@ -128,7 +136,7 @@ class Flow:
             config, equalization = self.config(suggestions), self.equalization(suggestions)
         except Exception as exc:  # a quantizer that cannot be built for these sites
             raise FrontendError(f"the {self.name} flow cannot prepare {type(self.model).__name__}: {type(exc).__name__}: {exc}") from exc
-        graph, _exported = prepared(self.name, self.model, config, example, self.dynamic_shapes, equalization)
+        graph, _flow = prepared(self.name, self.model, config, example, self.dynamic_shapes, equalization)
         return typing.cast(fx.GraphModule, graph)  # prepare_fx and prepare_pt2e both give a GraphModule
 
     def simulation(self, calibration: Sequence[object]) -> Simulation:
@@ -156,8 +164,7 @@ class Flow:
 
 
 class FxFlow(Flow):
-    name = "fx"
-    equalizes = True
+    name: FlowName = "fx"
 
     def observing(self, activations: FxActivations | None) -> FxActivations | None:
         """The report's FX activation observing (8 bits, clip-aware), to be measured against torch's way."""
@@ -237,7 +244,7 @@ class FxFlow(Flow):
         forms FX gives them (:mod:`.kernels`)."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            converted = typing.cast(fx.GraphModule, convert_prepared(copy.deepcopy(prepared), pt2e=False))
+            converted = typing.cast(fx.GraphModule, QUANT_FLOWS["fx"].convert(copy.deepcopy(prepared)))
         modules = dict(converted.named_modules())
         kernels = {
             name: module for node in prepared.graph.nodes
@@ -272,20 +279,15 @@ class FxFlow(Flow):
 
 
 class Pt2eFlow(Flow):
-    name = "pt2e"
-    exported = True
-
-    @classmethod
-    def check_backend(cls, backend: str) -> None:
-        if backend != "x86":
-            raise InvalidParameterError("plan", "backend", backend, "'x86' for flow='pt2e' (X86InductorQuantizer)")
+    name: FlowName = "pt2e"
 
     def shapes(self, batches: Sequence[object]) -> Any:
         """Export with every input dimension that differs between ``batches`` dynamic (token counts)."""
         return varying_shapes(batches)
 
     def config(self, suggestions: tuple[QuantSuggestion, ...]) -> object:
-        return advice_quantizer(self.sites, suggestions)
+        """The backend's quantizer applying ``suggestions`` (X86InductorQuantizer, XNNPACKQuantizer)."""
+        return backend_quantizer(self.backend, self.sites, suggestions)
 
     def observed(self, prepared: fx.GraphModule, calibration: Sequence[object]) -> tuple[EdgeRule, None]:
         """The quantizer itself, asked again for each config: whether an edge is quantized depends on
@@ -374,7 +376,7 @@ def _without_observers(prepared: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(prepared, graph)
 
 
-FLOW_CLASSES: dict[str, type[Flow]] = {flow.name: flow for flow in (FxFlow, Pt2eFlow)}
+FLOW_CLASSES: dict[FlowName, type[Flow]] = {flow.name: flow for flow in (FxFlow, Pt2eFlow)}
 
 
 def flow_for(
@@ -384,9 +386,10 @@ def flow_for(
     backend: str,
     batches: Sequence[object],
     activations: FxActivations | None = None,
+    lowering: Lowering | None = None,
 ) -> Flow:
     """The flow called ``name`` (checked by :func:`qinsight.core.advice.checked_flow`), whole."""
-    return FLOW_CLASSES[name](model, sites, backend, batches, activations)
+    return FLOW_CLASSES[name](model, sites, backend, batches, activations, lowering)
 
 
 __all__ = ["FLOW_CLASSES", "Flow", "FxFlow", "Pt2eFlow", "flow_for"]

@@ -10,10 +10,11 @@ from typing import Any
 import attrs
 
 from qinsight.core.errors import InvalidParameterError
+from qinsight.compare.lowering import Lowering, lowering_for
+from qinsight.core.flows import check_flow_backend, flow_spec, flows_serving
 from qinsight.core import metrics
 from qinsight.core.plan import Target
 from qinsight.core.sites import FlowName, checked_flow
-from qinsight.planning.flows import FLOW_CLASSES
 from qinsight.planning.scores import SCORES, MetricFunction
 
 
@@ -31,6 +32,7 @@ class PlanRequest:
     evaluation: tuple[Any, ...]
     smoothing: bool
     held_out: tuple[Any, ...] = ()  # scored once, the plan's config converted: data the search never chose on
+    lowering: Lowering | None = None  # configs scored as the program it lowers them to (lowered=True)
 
     @property
     def higher_is_better(self) -> bool:
@@ -47,17 +49,22 @@ class PlanRequest:
 def plan_request(
     *,
     target: str | Target,
-    flow: FlowName,
+    flow: FlowName | None,
     backend: str,
     metric: str | MetricFunction | None,
     calibration_data: Iterable[Any],
     evaluation_data: Iterable[Any],
     smoothing: bool = False,
     held_out_data: Iterable[Any] | None = None,
+    lowered: bool = False,
 ) -> PlanRequest:
-    """The arguments of :func:`qinsight.plan`, checked; the batches read once into tuples."""
-    name = checked_flow(flow, "plan")
-    FLOW_CLASSES[name].check_backend(backend)
+    """The arguments of :func:`qinsight.plan`, checked; the batches read once into tuples. No ``flow``:
+    the first serving ``backend`` (FX for x86, PT2E for XNNPACK), one that lowers where ``lowered``."""
+    name = checked_flow(flow if flow is not None else _serving(backend, lowered), "plan")
+    check_flow_backend("plan", name, backend)
+    if lowered and not flow_spec(name).lowers:
+        raise InvalidParameterError("plan", "lowered", True, f"flow='pt2e' (the {name} flow's model is not lowered)")
+    lowering = lowering_for("plan", backend) if lowered else None
     goal = Target.parse(target) if isinstance(target, str) else target
     chosen, metric_name = _metric(goal, metric)
     batches = {}
@@ -71,7 +78,14 @@ def plan_request(
     return PlanRequest(
         goal=goal, flow=name, backend=backend, metric=chosen, metric_name=metric_name,
         calibration=batches["calibration_data"], evaluation=batches["evaluation_data"], smoothing=smoothing, held_out=held_out,
+        lowering=lowering,
     )
+
+
+def _serving(backend: str, lowered: bool) -> str:
+    """The first flow serving ``backend`` (that lowers, if ``lowered``); ``backend`` unchecked: FX, which names the error."""
+    served = [name for name in flows_serving(backend) if flow_spec(name).lowers or not lowered]
+    return served[0] if served else "fx"
 
 
 def _metric(goal: Target, metric: str | MetricFunction | None) -> tuple[str | MetricFunction, str]:

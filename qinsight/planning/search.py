@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from qinsight.core.activations import FxActivations
+from qinsight.core.flows import flow_spec
 from qinsight.core.plan import QuantPlan, Target
 from qinsight.core.report import Report
 from qinsight.core.sites import FlowName, OpSite
@@ -38,16 +39,24 @@ def plan(
     evaluation_data: Iterable[Any],
     *,
     target: str | Target = "sqnr>=30",
-    flow: FlowName = "fx",
+    flow: FlowName | None = None,
     backend: str = "x86",
     metric: str | MetricFunction | None = None,
     report: Report | None = None,
     progress: Progress | None = None,
     smoothing: bool = False,
     held_out_data: Iterable[Any] | None = None,
+    lowered: bool = False,
 ) -> QuantPlan:
     """The sites to keep in float so that ``model``, quantized with ``flow``, reaches ``target`` on
     ``evaluation_data``, starting from the report's verified suggestions (:class:`QuantPlan`).
+
+    ``flow`` (default: the first serving ``backend``: FX for x86 and FX's engines, PT2E for
+    ``"xnnpack"``, where it quantizes with XNNPACKQuantizer) quantizes for ``backend``. With
+    ``lowered=True`` (PT2E) every real score is of the program lowered from the config as the user
+    ships it (XNNPACK run by the ExecuTorch runtime, x86 compiled by inductor; ``plan.lowered``
+    names it), so the target holds for what runs; the search between them stays on the reference
+    model. A program runs one input shape: each shape among the batches is lowered once per config.
 
     ``target`` is ``"sqnr>=30"``, ``"cosine>=0.995"``, ``"top1>=0.94"``, or
     ``"float<=N"`` (the best score with at most N sites in float, by
@@ -65,7 +74,7 @@ def plan(
     """
     request = plan_request(
         target=target, flow=flow, backend=backend, metric=metric, calibration_data=calibration_data,
-        evaluation_data=evaluation_data, smoothing=smoothing, held_out_data=held_out_data,
+        evaluation_data=evaluation_data, smoothing=smoothing, held_out_data=held_out_data, lowered=lowered,
     )
     progress = progress or _quiet
     from qinsight.pipeline import diagnose
@@ -73,7 +82,7 @@ def plan(
 
     if report is None:
         report = diagnose(model, list(request.calibration), backend=request.backend, verify=False)  # the plan verifies
-    if request.flow == "fx":  # the FX config's kernels, checked as a verification checks them
+    if flow_spec(request.flow).observes_activations:  # the FX config's kernels, checked as a verification checks them
         report = kernels_checked(model, report, request.calibration[0])
     scorer = Scorer(float_outputs(model, request.evaluation), request.metric, request.metric_name, request.evaluation)
     failed = stages.FailedConfigs()
@@ -125,6 +134,7 @@ def _assembled(
         notes=search.notes + real.notes + chosen.failed.notes(flow.name) + applied.notes(flow.name) + _held_out_note(request, real.score, applied.held_out),
         smoothing=SmoothingMapping() if real.default else chosen.smoothing,
         fx_activations=flow.activations,
+        lowered=request.lowering.runtime() if request.lowering is not None else "",
     )
 
 

@@ -25,7 +25,7 @@ from torch import nn
 from qinsight.apply.smoothing import apply_smoothing
 from qinsight.compare.configs import trial
 from qinsight.compare.layers import quantized_layers
-from qinsight.core.errors import FrontendError, describe
+from qinsight.core.errors import FrontendError, MissingExtraError, describe
 from qinsight.core.metrics import worse
 from qinsight.core.plan import PlanStep, SiteSensitivity, SuggestionCheck
 from qinsight.core.report import Report
@@ -145,12 +145,12 @@ def baseline(request: PlanRequest, model: nn.Module, report: Report, scorer: Sco
     """The flow's default config for real (where the flow cannot build or run even that, the plan ends
     here, in one error); where the flow observes activations the report's way (FX), that too, kept if it
     scores no worse (a check saying so either way)."""
-    default = flow_for(request.flow, model, report.sites, request.backend, request.everything)
+    default = flow_for(request.flow, model, report.sites, request.backend, request.everything, None, request.lowering)
     score = _score(default, request, scorer)
     activations = default.observing(report.fx_activations)
     if activations is None:
         return Baseline(default, score, default, (), score)
-    candidate = flow_for(request.flow, model, report.sites, request.backend, request.everything, activations)
+    candidate = flow_for(request.flow, model, report.sites, request.backend, request.everything, activations, request.lowering)
     observed = real_score(candidate, request, scorer, failed)(())
     kept = not worse(observed, score, request.higher_is_better)
     check = SuggestionCheck(
@@ -181,7 +181,7 @@ def subject(
     if base.chosen.activations is not None:
         again = kernels_checked(smoothed, again, request.calibration[0])
     observing = again.fx_activations if base.chosen.activations is not None else None  # the smoothed model's own check
-    flow = flow_for(request.flow, smoothed, again.sites, request.backend, request.everything, observing)
+    flow = flow_for(request.flow, smoothed, again.sites, request.backend, request.everything, observing, request.lowering)
     return Subject(smoothed, again, mapping, flow, failed)
 
 
@@ -201,7 +201,7 @@ def checked(request: PlanRequest, chosen: Subject, base: Baseline, scorer: Score
     start_score = base.start_score if not chosen.smoothing.entries else real(())
     checks, start, kept = check_all(
         sim, lambda run: scorer(run.outputs), real, chosen.report.suggestions, default, list(request.evaluation),
-        request.higher_is_better, chosen.flow.name, chosen.flow.equalizes, start_score,
+        request.higher_is_better, chosen.flow.name, chosen.flow.spec.equalizes, start_score,
     )
     return Checked(search, base.checks + checks, start, kept)
 
@@ -270,7 +270,7 @@ def converted(
     calibrate, convert, then the converted model's layers read: quantized modules in FX, weights
     dequantized in the PT2E graph), and that converted model's score on the held-out data."""
     model = flow.quantize(advice, request.calibration)
-    held = held_out(outputs(model, request.held_out)) if held_out is not None else math.nan
+    held = held_out(outputs(flow.shipped(model), request.held_out)) if held_out is not None else math.nan
     layers = quantized_layers(flow.model, model)
     quantized = {fqn for fqn, layer in layers.items() if layer.quantized}
     kept = {s.fqn for s in advice if s.keep_float}
@@ -285,7 +285,7 @@ def _score(flow: Flow, request: PlanRequest, scorer: Scorer) -> float:
     """The flow's config without suggestions, quantized for real: what every plan starts from."""
     try:
         results = _quantized_outputs(flow, (), request)
-    except FrontendError:
+    except (FrontendError, MissingExtraError):
         raise
     except Exception as exc:
         raise FrontendError(
@@ -296,8 +296,9 @@ def _score(flow: Flow, request: PlanRequest, scorer: Scorer) -> float:
 
 
 def _quantized_outputs(flow: Flow, advice: tuple[QuantSuggestion, ...], request: PlanRequest) -> list[Any]:
-    """``advice``'s config quantized for real through ``flow`` (prepare, calibrate, convert), run on the evaluation data."""
-    return outputs(flow.quantize(advice, request.calibration), request.evaluation)
+    """``advice``'s config quantized for real through ``flow`` (prepare, calibrate, convert), run on the
+    evaluation data as the flow ships it (the reference, or the program lowered from it)."""
+    return outputs(flow.shipped(flow.quantize(advice, request.calibration)), request.evaluation)
 
 
 def float_outputs(model: nn.Module, batches: Sequence[object]) -> list[Any]:

@@ -275,5 +275,5 @@ def test_the_advice_comes_back_as_an_xnnpack_quantizer_that_honours_every_overri
     # and it lowers: the program runs the two quantized Linears in XNNPACK, fc3 in float
     lowered = qinsight.compare_lowered(model, converted, data[:2], layers=False, float_program=False)
     assert lowered.metric("lowered_vs_float") > 20.0
-    with pytest.raises(qinsight.InvalidParameterError, match="'x86' or 'xnnpack'"):
+    with pytest.raises(qinsight.InvalidParameterError, match="one of x86, xnnpack for flow='pt2e'"):
         qinsight.pt2e_quantizer(report, backend="qnnpack")

@@ -106,7 +106,10 @@ def test_compare_in_the_pt2e_flow() -> None:
     "args,message",
     [
         (("--flow", "fx", "--lowered"), "--flow fx cannot be compared with --lowered: --lowered lowers a PT2E model; use --flow pt2e"),
-        (("--flow", "pt2e", "--backend", "qnnpack"), "--flow pt2e quantizes for x86 or xnnpack, not qnnpack"),
+        (
+            ("--flow", "pt2e", "--backend", "qnnpack"),
+            "compare: backend='qnnpack' is invalid; expected one of x86, xnnpack for flow='pt2e' (qnnpack is served by flow='fx')",
+        ),
     ],
 )
 def test_compare_says_which_flow_a_backend_or_lowering_needs(args: tuple[str, ...], message: str) -> None:
@@ -118,7 +121,7 @@ def test_compare_says_which_flow_a_backend_or_lowering_needs(args: tuple[str, ..
 @pytest.mark.parametrize(
     "args,message",
     [
-        (("compare", "--example", "cnn", "--flow", "pt2e", "--backend", "fbgemm"), "--flow pt2e quantizes for x86"),
+        (("compare", "--example", "cnn", "--flow", "pt2e", "--backend", "fbgemm"), "expected one of x86, xnnpack for flow='pt2e'"),
         (("compare", "--model", "qinsight.examples:example"), "--model needs --data"),
         (("diagnose", "--example", "cnn", "--batches", "0"), "qinsight: error: --batches must be at least 1"),
         (("diagnose", "--example", "cnn", "--backend", "tpu"), "backend='tpu' is invalid"),

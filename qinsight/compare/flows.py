@@ -1,0 +1,95 @@
+"""Each flow's torch side: which configs it takes, how it prepares a model with one, how it converts.
+
+Registered under the names of :data:`qinsight.core.flows.FLOW_SPECS` (what each flow can express).
+A config picks its flow by what it is: a ``QConfigMapping`` is FX's
+(``prepare_fx``/``convert_fx``), a torchao ``Quantizer``, composed or not, PT2E's (``torch.export``,
+then ``prepare_pt2e``/``convert_pt2e``). The advice's configs are built in :mod:`qinsight.apply`;
+the programs a backend lowers to, in :mod:`.lowering`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+from torch.ao.quantization import QConfigMapping
+
+from qinsight.core.errors import InvalidParameterError
+from qinsight.core.sites import FlowName
+from qinsight.frontends import separate_shared_calls
+
+
+def _prepare_fx(model: nn.Module, config: object, example: tuple[Any, ...], _shapes: Any, equalization: Any) -> nn.Module:
+    from torch.ao.quantization.quantize_fx import prepare_fx
+
+    return prepare_fx(copy.deepcopy(model).eval(), config, example, _equalization_config=equalization)  # type: ignore[arg-type]
+
+
+def _convert_fx(prepared: nn.Module) -> nn.Module:
+    from torch.ao.quantization.quantize_fx import convert_fx
+
+    return convert_fx(prepared)  # type: ignore[arg-type]
+
+
+def _prepare_pt2e(model: nn.Module, config: object, example: tuple[Any, ...], shapes: Any, _equalization: Any) -> nn.Module:
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    exported = torch.export.export(copy.deepcopy(model).eval(), example, dynamic_shapes=shapes).module()
+    prepared: nn.Module = prepare_pt2e(separate_shared_calls(exported), config)
+    return prepared
+
+
+def _convert_pt2e(prepared: nn.Module) -> nn.Module:
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+
+    converted: nn.Module = convert_pt2e(prepared)
+    return converted
+
+
+def _is_quantizer(config: object) -> bool:
+    return callable(getattr(config, "annotate", None))  # torchao's Quantizer, ComposableQuantizer included
+
+
+@attrs.frozen
+class QuantFlow:
+    """One flow's calls: ``takes`` a config; ``prepare(model, config, example, dynamic_shapes,
+    equalization)`` a copy of the model (the user's is never changed); ``convert`` the calibrated one."""
+
+    name: FlowName
+    takes: Callable[[object], bool]
+    prepare: Callable[[nn.Module, object, tuple[Any, ...], Any, Any], nn.Module]
+    convert: Callable[[nn.Module], nn.Module]
+
+
+QUANT_FLOWS: dict[FlowName, QuantFlow] = {
+    "fx": QuantFlow("fx", lambda config: isinstance(config, QConfigMapping), _prepare_fx, _convert_fx),
+    "pt2e": QuantFlow("pt2e", _is_quantizer, _prepare_pt2e, _convert_pt2e),
+}
+
+
+def flow_of(config: object, owner: str = "compare_configs") -> QuantFlow:
+    """The flow that takes ``config``, or one :class:`InvalidParameterError` saying what is taken."""
+    for flow in QUANT_FLOWS.values():
+        if flow.takes(config):
+            return flow
+    raise InvalidParameterError(owner, "configs", type(config).__name__, "a QConfigMapping or a torchao Quantizer per name")
+
+
+def prepare_config(
+    model: nn.Module,
+    config: object,
+    example_inputs: tuple[Any, ...],
+    dynamic_shapes: Any = None,
+    equalization: QConfigMapping | None = None,
+) -> tuple[nn.Module, QuantFlow]:
+    """The prepared copy of ``model`` under ``config`` (FX with ``equalization`` as prepare_fx's
+    ``_equalization_config``; PT2E exported with ``dynamic_shapes``), and the flow that prepared it."""
+    flow = flow_of(config)
+    return flow.prepare(model, config, example_inputs, dynamic_shapes, equalization), flow
+
+
+__all__ = ["QUANT_FLOWS", "QuantFlow", "flow_of", "prepare_config"]

@@ -1,0 +1,101 @@
+"""The flows qinsight quantizes through, and the backends each serves: one torch-free table.
+
+Every decision that differs by flow reads it: which backends a flow takes, whether it has
+input-weight equalization, whether the report's FX activation observing applies, which frontend's
+graph it prepares, which call gives a user its config. A flow's torch side (its config builder,
+prepare and convert) is registered under the same name in :mod:`qinsight.apply.flows`; how a
+backend's program is lowered, in :mod:`qinsight.compare.lowering`. PT2E is one flow with a
+quantizer per backend, as torchao has it: X86InductorQuantizer (x86) and ExecuTorch's
+XNNPACKQuantizer (xnnpack).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import attrs
+
+from qinsight.core.errors import InvalidParameterError
+from qinsight.core.sites import FlowName
+
+
+@attrs.frozen(kw_only=True)
+class FlowSpec:
+    """What a flow can express, and how a user gets its config (``config_call``, ``{source}`` the
+    report or plan: its builder defaults to the source's own backend)."""
+
+    name: FlowName
+    title: str
+    backends: tuple[str, ...]
+    frontend: str  # the frontend whose graph the flow prepares: a traced module (fx), an exported one
+    equalizes: bool  # input-weight equalization (prepare_fx's _equalization_config)
+    observes_activations: bool  # the report's own activation observing (FxActivations) applies
+    lowers: bool  # its converted model is what a backend's Lowering takes (qinsight.compare_lowered)
+    config_call: str
+    stand_in: str | None = None  # the backend it quantizes for when asked for one it does not serve
+
+    def serves(self, backend: str) -> bool:
+        return backend in self.backends
+
+    def backend_for(self, owner: str, backend: str) -> str:
+        """The backend this flow quantizes for when asked for ``backend``: ``backend`` where it serves
+        it, else its stand-in (PT2E quantizes a report for FX's other engines with X86InductorQuantizer),
+        else one :class:`InvalidParameterError` naming the flow that does serve it."""
+        if self.serves(backend):
+            return backend
+        if self.stand_in is None:
+            raise _unserved(owner, self, backend)
+        return self.stand_in
+
+    def call(self, source: str) -> str:
+        """The call that builds this flow's config of ``source`` (``"report"``, ``"plan"``)."""
+        return self.config_call.format(source=source)
+
+
+FLOW_SPECS: Final[dict[FlowName, FlowSpec]] = {
+    "fx": FlowSpec(
+        name="fx", title="FX", backends=("x86", "fbgemm", "qnnpack", "onednn"), frontend="fx",
+        equalizes=True, observes_activations=True, lowers=False, config_call="qinsight.qconfig_mapping({source})",
+    ),
+    "pt2e": FlowSpec(
+        name="pt2e", title="PT2E", backends=("x86", "xnnpack"), frontend="export",
+        equalizes=False, observes_activations=False, lowers=True, config_call="qinsight.pt2e_quantizer({source})",
+        stand_in="x86",
+    ),
+}
+
+_BY_NAME: Final[dict[str, FlowSpec]] = {name: spec for name, spec in FLOW_SPECS.items()}
+
+# XNNPACK has no FX flow: which ops around the layers its report calls quantized is read from FX's
+# qnnpack config, the engine XNNPACK succeeded on phones (the PT2E flow asks XNNPACKQuantizer itself).
+_FX_STAND_INS: Final = {"xnnpack": "qnnpack"}
+
+
+def flow_spec(name: str) -> FlowSpec:
+    """The flow called ``name`` (a :data:`~qinsight.core.sites.FlowName`; a plan read from a file holds a str)."""
+    return _BY_NAME[name]
+
+
+def flows_serving(backend: str) -> tuple[FlowName, ...]:
+    """The flows that quantize for ``backend``, FX first."""
+    return tuple(name for name, spec in FLOW_SPECS.items() if spec.serves(backend))
+
+
+def check_flow_backend(owner: str, flow: FlowName, backend: str) -> None:
+    """One :class:`InvalidParameterError` unless ``flow`` quantizes for ``backend``, naming the backends it does."""
+    if not FLOW_SPECS[flow].serves(backend):
+        raise _unserved(owner, FLOW_SPECS[flow], backend)
+
+
+def _unserved(owner: str, spec: FlowSpec, backend: str) -> InvalidParameterError:
+    others = flows_serving(backend)
+    hint = f" ({backend} is served by flow={others[0]!r})" if others else ""
+    return InvalidParameterError(owner, "backend", backend, f"one of {', '.join(spec.backends)} for flow={spec.name!r}{hint}")
+
+
+def fx_engine(backend: str) -> str:
+    """The FX backend whose default config stands for ``backend``'s where only FX's can be read."""
+    return _FX_STAND_INS.get(backend, backend)
+
+
+__all__ = ["FLOW_SPECS", "FlowSpec", "check_flow_backend", "flow_spec", "flows_serving", "fx_engine"]
