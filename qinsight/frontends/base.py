@@ -127,6 +127,13 @@ class ModelViewBase:
     def site(self, fqn: str) -> OpSite:
         return find_site(self._sites + self._ops, fqn)
 
+    def reconfigure(self, sites: tuple[OpSite, ...], ops: tuple[OpSite, ...]) -> None:
+        """The same sites, as another config will quantize them (:mod:`.configured`): only what a config
+        decides may differ (a layer's weight scheme, whether an op is quantized)."""
+        if [s.fqn for s in sites] != [s.fqn for s in self._sites] or [o.fqn for o in ops] != [o.fqn for o in self._ops]:
+            raise ValueError("reconfigure keeps the view's sites, in order")
+        self._sites, self._ops = sites, ops
+
 
 class ModuleView(ModelViewBase):
     """A view whose sites are submodules: observed with forward hooks.

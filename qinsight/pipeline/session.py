@@ -32,7 +32,8 @@ from qinsight.core.sites import Frontend, InsertPoint, check_backend
 from qinsight.core.stats import ObservedStats
 from qinsight.core.shards import Shard
 from qinsight.distributed import Exchange, sharing_failures
-from qinsight.frontends import eval_mode, run_batch, view_of
+from qinsight.frontends import eval_mode, example_inputs, run_batch, view_of
+from qinsight.frontends.configured import configure_by_quantizer
 from qinsight.observe.instrumenter import Instrumenter
 from qinsight.pipeline.analysis import DetectorChoice, analyze, choose_detectors, metadata
 from qinsight.pipeline.equalizable import refused_equalizations
@@ -221,18 +222,27 @@ class Session:
 
     def _refused_equalizations(self, fqns: tuple[str, ...]) -> dict[str, str]:
         """The suggested equalizations torch cannot apply (:mod:`.equalizable`), checked on the first batch."""
-        if not fqns or self._example is None or self.view.frontend == "export" or not flow_spec("fx").serves(self._backend):
+        fx_equalizes = flow_spec("fx").serves(self._backend)
+        if not fqns or self._example is None or self.view.frontend == "export" or not fx_equalizes:
             # an exported graph is not what prepare_fx equalizes (the user's module is); PT2E has no
             # equalization at all (XNNPACK's only flow), which qinsight.pt2e_quantizer(report) says
             return {}
         return refused_equalizations(self.view.model, fqns, self._example, self._backend)
 
 
+def _planned(qconfig_mapping: QConfigMapping | None, quantizer: object | None) -> QConfigMapping | object | None:
+    """The config the user plans to quantize with: an FX mapping or a PT2E quantizer, not both."""
+    if qconfig_mapping is not None and quantizer is not None:
+        expected = "None beside qconfig_mapping= (one planned config: FX's or PT2E's)"
+        raise InvalidParameterError("diagnose", "quantizer", type(quantizer).__name__, expected)
+    return quantizer if quantizer is not None else qconfig_mapping
+
+
 def _session(
     model: nn.Module,
     detectors: Sequence[DetectorChoice] | None,
     backend: str,
-    qconfig_mapping: QConfigMapping | None,
+    planned: QConfigMapping | object | None,
     model_name: str | None,
     strict: bool,
     frontend: Frontend,
@@ -248,7 +258,12 @@ def _session(
         raise InvalidParameterError("diagnose", "shard", shard, "None with distributed=True (the process group says which shard)")
     check_backend("diagnose", backend)
     chosen, load_failures = choose_detectors(detectors, backend, strict)
-    view = view_of(model, frontend, qconfig_mapping, example, backend)
+    mapping = planned if planned is None or isinstance(planned, QConfigMapping) else None
+    view = view_of(model, frontend, mapping, example, backend)
+    if planned is not None and mapping is None:  # a PT2E quantizer: asked on the exported graph
+        if example is None:
+            raise InvalidParameterError("instrument", "example_inputs", None, "a batch, for the quantizer= to annotate")
+        configure_by_quantizer(view, planned, example_inputs(example))
     name = model_name or type(model).__name__
     return Session(
         view, chosen, backend=backend, model_name=name, strict=strict, load_failures=load_failures, shard=shard, exchange=exchange
@@ -268,6 +283,7 @@ def instrument(
     example_inputs: object | None = None,
     distributed: bool = False,
     shard: Shard | None = None,
+    quantizer: object | None = None,
 ) -> Iterator[Session]:
     """Observe ``model`` inside a ``with`` block; call ``session.report()`` inside or after it.
 
@@ -276,14 +292,16 @@ def instrument(
     ...         model(batch)
     >>> report = session.report()                          # doctest: +SKIP
 
-    A model FX cannot trace needs ``example_inputs`` (one batch) for the eager frontend.
+    A model FX cannot trace needs ``example_inputs`` (one batch) for the eager frontend; so does
+    ``quantizer=`` (as :func:`diagnose`'s).
     With ``distributed=True`` every rank runs this block on its own batches and
     calls ``report()``; an error in the block on one rank ends the others'
     ``report()`` with a :class:`ShardError` naming it. ``shard``: as for :func:`diagnose`.
     """
     exchange = Exchange.of("instrument", distributed)
     with sharing_failures(exchange):
-        args = (detectors, backend, qconfig_mapping, model_name, strict, frontend, example_inputs, shard, exchange)
+        planned = _planned(qconfig_mapping, quantizer)
+        args = (detectors, backend, planned, model_name, strict, frontend, example_inputs, shard, exchange)
         session = _session(model, *args)
         with session._attached():
             yield session
@@ -303,6 +321,7 @@ def diagnose(
     distributed: bool = False,
     shard: Shard | None = None,
     verify: bool | str | Sequence[str] | None = None,
+    quantizer: object | None = None,
 ) -> Report:
     """Instrument ``model``, calibrate it on ``calibration_data``, and return the :class:`Report`.
 
@@ -317,7 +336,11 @@ def diagnose(
     else the six built-ins. A detector that fails to load is recorded in
     ``report.failures`` and the others run.
     ``qconfig_mapping`` is the mapping you plan to quantize with; it tells the
-    detectors what each module would get. With ``strict=True`` a failing
+    detectors what each module would get. ``quantizer`` is its PT2E counterpart: the torchao
+    ``Quantizer`` you plan to apply (``XNNPACKQuantizer``, ``X86InductorQuantizer``, a
+    ``ComposableQuantizer`` of several), asked on the exported first batch which layers it quantizes
+    with which weight scheme and which ops around them (:mod:`qinsight.frontends.configured`);
+    pass the ``backend`` it is for too. With ``strict=True`` a failing
     detector raises instead of being recorded in ``report.failures``.
     With ``distributed=True`` (inside an initialized process group) this is
     called on every rank with that rank's batches, ``qinsight.shard(data)``:
@@ -342,7 +365,17 @@ def diagnose(
         mine = exchange.shard if exchange is not None else shard
         first = _next_batch(batches, mine.batch_index(0) if mine is not None else 0)
         example = None if first is _NOTHING else first
-        args = (detectors, backend, qconfig_mapping, model_name, strict, frontend, example, shard, exchange)
+        args = (
+            detectors,
+            backend,
+            _planned(qconfig_mapping, quantizer),
+            model_name,
+            strict,
+            frontend,
+            example,
+            shard,
+            exchange,
+        )
         session = _session(model, *args)
         flows = chosen_flows("diagnose", verify, session.view.frontend, backend) if exchange is None else ()
         kept: list[object] = []  # the first batches, to verify the config on

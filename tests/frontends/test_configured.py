@@ -1,0 +1,61 @@
+"""diagnose(..., quantizer=q): the findings judged against what the user's PT2E quantizer will do, as
+qconfig_mapping= does for FX: asked of the quantizer on the exported graph, a ComposableQuantizer too."""
+
+from __future__ import annotations
+
+import pytest
+
+import qinsight
+from qinsight.examples.builtin import example
+
+pytest.importorskip("executorch")
+
+from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (  # noqa: E402
+    XNNPACKQuantizer,
+    get_symmetric_quantization_config,
+)
+from torchao.quantization.pt2e.quantizer import ComposableQuantizer  # noqa: E402
+
+
+def _verdicts(quantizer: object) -> dict[str, str]:
+    chosen = example("cnn")
+    report = qinsight.diagnose(chosen.model(), chosen.data(4), backend="xnnpack", quantizer=quantizer, verify=False)
+    return {finding.fqn: finding.verdict for finding in report.result("qinsight.per_channel").findings}
+
+
+def test_per_channel_is_judged_against_the_users_quantizer_composed_or_not() -> None:
+    per_channel = get_symmetric_quantization_config(is_per_channel=True)
+    per_tensor = get_symmetric_quantization_config(is_per_channel=False)
+    assert set(_verdicts(XNNPACKQuantizer().set_global(per_channel)).values()) == {"per-channel in use"}
+    assert set(_verdicts(XNNPACKQuantizer().set_global(per_tensor)).values()) == {"per-channel recommended"}
+    composed = ComposableQuantizer(
+        [XNNPACKQuantizer().set_module_name("fc", per_channel), XNNPACKQuantizer().set_global(per_tensor)]
+    )
+    verdicts = _verdicts(composed)
+    assert verdicts.pop("fc") == "per-channel in use"
+    assert set(verdicts.values()) == {"per-channel recommended"}
+
+
+def test_a_layer_the_quantizer_leaves_float_is_not_quantized_in_the_report() -> None:
+    """XNNPACKQuantizer's module-name filter takes a pattern only if all its nodes match: conv1's
+    conv-bn-relu has bn1 and relu1 too, so naming conv1 leaves it float, and the report says so."""
+    chosen = example("cnn")
+    config = get_symmetric_quantization_config(is_per_channel=True)
+    quantizer = XNNPACKQuantizer().set_module_name("fc", config).set_module_name("conv1", config)
+    report = qinsight.diagnose(chosen.model(), chosen.data(4), backend="xnnpack", quantizer=quantizer, verify=False)
+    layers = {site.fqn: site for site in report.sites if site.kind.is_layer}
+    assert layers["fc"].quantized and layers["fc"].weight_scheme is qinsight.WeightScheme.PER_CHANNEL
+    assert not layers["conv1"].quantized and layers["conv1"].weight_scheme is None
+
+
+def test_a_quantizer_beside_a_mapping_or_not_a_quantizer_is_one_error() -> None:
+    from torch.ao.quantization import get_default_qconfig_mapping
+
+    chosen = example("cnn")
+    model, batches = chosen.model(), chosen.data(2)
+    with pytest.raises(qinsight.InvalidParameterError, match="None beside qconfig_mapping="):
+        qinsight.diagnose(
+            model, batches, qconfig_mapping=get_default_qconfig_mapping("x86"), quantizer=XNNPACKQuantizer()
+        )
+    with pytest.raises(qinsight.FrontendError, match="quantizer=str is not a torchao PT2E Quantizer"):
+        qinsight.diagnose(model, batches, quantizer="xnnpack", verify=False)
