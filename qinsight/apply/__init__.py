@@ -62,7 +62,9 @@ def equalization_config(source: Report | QuantPlan | Advice) -> QConfigMapping:
     """``prepare_fx``'s ``_equalization_config`` for the modules ``source``'s FX advice equalizes."""
     from torch.ao.quantization import QConfigMapping
 
-    mapping = equalization.equalization_qconfig_mapping(advice_of(source, "fx", owner="equalization_config").equalization)
+    mapping = equalization.equalization_qconfig_mapping(
+        advice_of(source, "fx", owner="equalization_config").equalization
+    )
     return mapping if mapping is not None else QConfigMapping()
 
 

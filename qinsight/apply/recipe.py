@@ -109,9 +109,20 @@ def quantize_with(model: nn.Module, advice: Advice, calibration: Sequence[object
     spec = flow_spec(advice.flow)
     equalization = equalization_qconfig_mapping(advice.equalization) if spec.equalizes else None
     shapes = varying_shapes(calibration) if spec.frontend == "export" else None
-    ready, flow = prepared(advice.flow, smoothed, torch_config(advice), example_inputs(calibration[0]), shapes, equalization)
+    ready, flow = prepared(
+        advice.flow, smoothed, torch_config(advice), example_inputs(calibration[0]), shapes, equalization
+    )
     calibrate(ready, calibration)
     return flow.convert(ready)
 
 
-__all__ = ["CONFIG_BUILDERS", "DEFAULT_CONFIGS", "calibrate", "default_config", "prepared", "quantize_with", "torch_config", "varying_shapes"]
+__all__ = [
+    "CONFIG_BUILDERS",
+    "DEFAULT_CONFIGS",
+    "calibrate",
+    "default_config",
+    "prepared",
+    "quantize_with",
+    "torch_config",
+    "varying_shapes",
+]

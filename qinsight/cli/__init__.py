@@ -87,8 +87,10 @@ def _parser() -> argparse.ArgumentParser:
         help="FX: the qconfig backend; PT2E: x86 (X86InductorQuantizer) or xnnpack (XNNPACKQuantizer) (default x86)",
     )
     planned.add_argument(
-        "--lowered", action="store_true",
-        help="PT2E: score each config for real as the program lowered for the backend (xnnpack: ExecuTorch; x86: inductor)",
+        "--lowered",
+        action="store_true",
+        help="PT2E: score each config for real as the program lowered for the backend "
+        "(xnnpack: ExecuTorch; x86: inductor)",
     )
     planned.add_argument("--formats", default="int8,int4_g32", help="with --flow torchao: the formats to choose from (default int8,int4_g32)")
     planned.add_argument("--budget", metavar="bits<=N", help="with --flow torchao: the mean bits per weight at most (scales included)")
@@ -149,8 +151,8 @@ def _judged_against(command: argparse.ArgumentParser) -> None:
     """``--qconfig``: one default for every command that diagnoses, so one model gets one verdict."""
     command.add_argument(
         "--qconfig", default="default", metavar="default|none|PKG.MOD:FACTORY",
-        help="the plan the findings are judged against: the backend's default QConfigMapping (default), "
-        "none, or a function returning your QConfigMapping",
+        help="the plan the findings are judged against: the backend's default config (default: FX's QConfigMapping; "
+        "XNNPACKQuantizer for xnnpack), none, or a function returning your QConfigMapping or PT2E Quantizer",
     )
 
 

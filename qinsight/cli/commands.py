@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import io
 import json
-import os
-import sys
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qinsight.cli import hf, ranks
+from qinsight.cli.configs import compared_flow, load_factory, planned_config
 from qinsight.cli.gates import check_verdict_gates, parse_diff_gates, tripped_diff, tripped_findings, unverified
 from qinsight.cli.output import Progress, check_targets, note, write, wrote
 from qinsight.core.errors import InvalidParameterError, PluginLoadError, UsageError
 from qinsight.core.report import Report
 from qinsight.core.shards import Shard
-from qinsight.core.flows import FLOW_SPECS, flow_spec, flows_serving, fx_engine
-from qinsight.core.sites import FLOWS, FlowName, check_backend, checked_flow
+from qinsight.core.sites import FLOWS
 from qinsight.outputs.diff import diff_reports
 from qinsight.outputs.files import write_atomically
 from qinsight.outputs.schema import schema
@@ -30,23 +27,6 @@ from qinsight.plugin.discovery import DETECTORS, OPT_IN_IDS, find_entry, install
 
 if TYPE_CHECKING:
     from torch import nn
-    from torch.ao.quantization import QConfigMapping
-
-
-def _load(target: str, what: str) -> Callable[[], object]:
-    """The function ``package.module:function``, found in the current folder too (like ``python -m``)."""
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise UsageError(f"{what} must look like package.module:factory, not {target!r}")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        factory = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise UsageError(f"cannot load {what} {target}: {type(exc).__name__}: {exc}") from exc
-    if not callable(factory):
-        raise UsageError(f"{what} {target} is not callable")
-    return factory  # type: ignore[no-any-return]
 
 
 def _model_and_data(args: argparse.Namespace, part: Shard | None, *, whole: bool = False) -> tuple[nn.Module, Iterable[object], str]:
@@ -73,7 +53,7 @@ def _model_and_data(args: argparse.Namespace, part: Shard | None, *, whole: bool
     else:
         if not args.data:
             raise UsageError("--model needs --data (a function returning the calibration batches)")
-        model, data = _load(args.model, "--model")(), ranks.batches(_load(args.data, "--data"), part, whole=whole)
+        model, data = load_factory(args.model, "--model")(), ranks.batches(load_factory(args.data, "--data"), part, whole=whole)
         name = args.model.rpartition(":")[2]
     if not isinstance(model, nn.Module):
         raise UsageError(f"--model gave {type(model).__name__}, not a torch.nn.Module")
@@ -94,21 +74,6 @@ def _detector_ids(args: argparse.Namespace) -> list[str] | None:
     return ids
 
 
-def _qconfig_mapping(args: argparse.Namespace) -> QConfigMapping | None:
-    from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
-
-    backend = getattr(args, "backend", "x86")  # a plan quantizes for x86
-    check_backend("diagnose", backend)
-    if args.qconfig == "none":
-        return None
-    if args.qconfig == "default":
-        return get_default_qconfig_mapping(fx_engine(backend))
-    mapping = _load(args.qconfig, "--qconfig")()
-    if not isinstance(mapping, QConfigMapping):
-        raise UsageError(f"--qconfig gave {type(mapping).__name__}, not a torch QConfigMapping")
-    return mapping
-
-
 def _diagnose(args: argparse.Namespace) -> int:
     from qinsight.pipeline import diagnose
 
@@ -121,13 +86,13 @@ def _diagnose(args: argparse.Namespace) -> int:
         raise UsageError("--shard is for runs without torchrun; under torchrun the ranks are the shards")
     with ranks.process_group(launch):
         with ranks.checked_together(launch):
-            mapping = _qconfig_mapping(args)
+            mapping, quantizer = planned_config(args)
             model, data, name = _model_and_data(args, launch or part)
         progress = None if args.quiet else Progress()
         try:
             report = diagnose(
                 model, data, backend=args.backend, model_name=name, detectors=detectors, progress=progress,
-                qconfig_mapping=mapping, distributed=launch is not None,
+                qconfig_mapping=mapping, quantizer=quantizer, distributed=launch is not None,
                 shard=part, verify=_verify(args),
             )
         finally:
@@ -150,20 +115,6 @@ def _verify(args: argparse.Namespace) -> bool | tuple[str, ...] | None:
     return flows
 
 
-def _compared_flow(args: argparse.Namespace) -> FlowName:
-    """``--flow``, or the first flow serving ``--backend`` that lowers where ``--lowered`` asks (PT2E)."""
-    if args.flow is not None:
-        flow = checked_flow(args.flow, "compare")
-        if args.lowered and not flow_spec(flow).lowers:
-            raise UsageError(f"--flow {flow} cannot be compared with --lowered: --lowered lowers a PT2E model; use --flow pt2e")
-        return flow
-    served = [name for name in flows_serving(args.backend) if flow_spec(name).lowers or not args.lowered]
-    if not served:
-        lowered = sorted({b for spec in FLOW_SPECS.values() if spec.lowers or not args.lowered for b in spec.backends})
-        raise UsageError(f"--backend {args.backend}: {'--lowered takes' if args.lowered else 'one of'} {', '.join(lowered)}")
-    return served[0]
-
-
 def _compare(args: argparse.Namespace) -> int:
     """Quantizes the model with torch's default for the flow, calibrated on the batches, and
     compares it with the float model on the same batches (``--lowered``: its lowered program too)."""
@@ -173,7 +124,7 @@ def _compare(args: argparse.Namespace) -> int:
     from qinsight.pipeline import comparison_report
 
     check_targets([args.out, args.html], [])
-    flow = _compared_flow(args)
+    flow = compared_flow(args)
     launch = ranks.launched()
     if launch is not None and args.lowered:
         raise UsageError("--lowered runs in one process: run it without torchrun")
@@ -212,7 +163,7 @@ def _evaluation_data(args: argparse.Namespace) -> list[object]:
         return hf.evaluation(args, args.tokenizer)
     if not args.eval_data:
         raise UsageError("--model needs --eval-data (a function returning batches not used for calibration)")
-    data = _load(args.eval_data, "--eval-data")()
+    data = load_factory(args.eval_data, "--eval-data")()
     if not isinstance(data, Iterable):
         raise UsageError(f"--eval-data gave {type(data).__name__}, not an iterable of batches")
     return list(data)
@@ -250,8 +201,9 @@ def _plan(args: argparse.Namespace) -> int:
         with warnings.catch_warnings():  # torch's and torchao's deprecation notices: nothing the user can act on
             warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|torchao)(\.|$)")
             # a plan in fx or pt2e verifies its own config, against the target
+            mapping, quantizer = planned_config(args)
             report = diagnose(
-                model, calibration, model_name=name, detectors=detectors, qconfig_mapping=_qconfig_mapping(args),
+                model, calibration, model_name=name, detectors=detectors, qconfig_mapping=mapping, quantizer=quantizer,
                 verify=None if args.flow == "torchao" else False, backend=args.backend,
             )
             if args.flow == "torchao":

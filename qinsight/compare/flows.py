@@ -23,10 +23,13 @@ from qinsight.core.sites import FlowName
 from qinsight.frontends import separate_shared_calls
 
 
-def _prepare_fx(model: nn.Module, config: object, example: tuple[Any, ...], _shapes: Any, equalization: Any) -> nn.Module:
+def _prepare_fx(
+    model: nn.Module, config: object, example: tuple[Any, ...], _shapes: Any, equalization: Any
+) -> nn.Module:
     from torch.ao.quantization.quantize_fx import prepare_fx
 
-    return prepare_fx(copy.deepcopy(model).eval(), config, example, _equalization_config=equalization)  # type: ignore[arg-type]
+    copied = copy.deepcopy(model).eval()
+    return prepare_fx(copied, config, example, _equalization_config=equalization)  # type: ignore[arg-type]
 
 
 def _convert_fx(prepared: nn.Module) -> nn.Module:
@@ -35,7 +38,9 @@ def _convert_fx(prepared: nn.Module) -> nn.Module:
     return convert_fx(prepared)  # type: ignore[arg-type]
 
 
-def _prepare_pt2e(model: nn.Module, config: object, example: tuple[Any, ...], shapes: Any, _equalization: Any) -> nn.Module:
+def _prepare_pt2e(
+    model: nn.Module, config: object, example: tuple[Any, ...], shapes: Any, _equalization: Any
+) -> nn.Module:
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
     exported = torch.export.export(copy.deepcopy(model).eval(), example, dynamic_shapes=shapes).module()
@@ -76,7 +81,9 @@ def flow_of(config: object, owner: str = "compare_configs") -> QuantFlow:
     for flow in QUANT_FLOWS.values():
         if flow.takes(config):
             return flow
-    raise InvalidParameterError(owner, "configs", type(config).__name__, "a QConfigMapping or a torchao Quantizer per name")
+    raise InvalidParameterError(
+        owner, "configs", type(config).__name__, "a QConfigMapping or a torchao Quantizer per name"
+    )
 
 
 def prepare_config(

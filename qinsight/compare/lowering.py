@@ -196,7 +196,9 @@ class LoweredModule(nn.Module):
         self._programs: dict[tuple[object, ...], Program] = {}
 
     def forward(self, *inputs: Any) -> Any:
-        shapes = tuple(tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__ for value in inputs)
+        shapes = tuple(
+            tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__ for value in inputs
+        )
         program = self._programs.get(shapes)
         if program is None:
             program = lowered(self._lowering, self._reference[0], inputs, "the quantized model")

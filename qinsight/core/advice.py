@@ -68,7 +68,9 @@ def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None,
     """
     if isinstance(source, Advice):
         if flow is not None and checked_flow(flow, owner) != source.flow:
-            return _for_flow(source, checked_flow(flow, owner), f"this advice was made for {source.flow}, not {flow}", owner)
+            return _for_flow(
+                source, checked_flow(flow, owner), f"this advice was made for {source.flow}, not {flow}", owner
+            )
         return source
     if isinstance(source, QuantPlan):
         wanted = checked_flow(flow if flow is not None else source.flow, owner)
@@ -153,7 +155,10 @@ def _unequalized(advice: Advice) -> tuple[str, ...]:
     spec = flow_spec(advice.flow)
     if spec.equalizes or not advice.equalization.entries:
         return ()
-    return (f"{spec.title} has no input-weight equalization; these modules stay unequalized: " + ", ".join(advice.equalization.fqns),)
+    return (
+        f"{spec.title} has no input-weight equalization; these modules stay unequalized: "
+        + ", ".join(advice.equalization.fqns),
+    )
 
 
 __all__ = ["Advice", "advice_of"]

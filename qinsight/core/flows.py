@@ -90,7 +90,9 @@ def check_flow_backend(owner: str, flow: FlowName, backend: str) -> None:
 def _unserved(owner: str, spec: FlowSpec, backend: str) -> InvalidParameterError:
     others = flows_serving(backend)
     hint = f" ({backend} is served by flow={others[0]!r})" if others else ""
-    return InvalidParameterError(owner, "backend", backend, f"one of {', '.join(spec.backends)} for flow={spec.name!r}{hint}")
+    return InvalidParameterError(
+        owner, "backend", backend, f"one of {', '.join(spec.backends)} for flow={spec.name!r}{hint}"
+    )
 
 
 def fx_engine(backend: str) -> str:

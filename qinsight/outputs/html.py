@@ -56,7 +56,8 @@ def _suggested_config(report: Report) -> str:
     backend = report.metadata.backend
     if not flow_spec("fx").serves(backend):
         spec = flow_spec((flows_serving(backend) or ("pt2e",))[0])
-        return f"<p>{_e(backend)} quantizes through {spec.title}: <code>{_e(spec.call('report'))}</code> gives the config.</p>"
+        call = _e(spec.call("report"))
+        return f"<p>{_e(backend)} quantizes through {spec.title}: <code>{call}</code> gives the config.</p>"
     source = " It is the attached plan's config, verified below." if advice_of(report, "fx").source == "plan" else ""
     return f"""<p>Paste to quantize with <code>prepare_fx(model, mapping, example_inputs)</code>, or use
 <code>qinsight.qconfig_mapping(report)</code> / <code>qinsight.pt2e_quantizer(report)</code>.{source}</p>
@@ -168,8 +169,12 @@ def _plan(report: Report) -> str:
     parts.append("<ul>" + "".join(f"<li>{_e(line.strip())}</li>" for line in details) + "</ul>")
     parts.append(_png(plot_plan(report.plan)))
     plan = report.plan
-    if not flow_spec(plan.flow).observes_activations:  # an FX plan's config is the page's suggested config, shown once below
-        code = apply.config_code(plan) if flow_spec("fx").serves(plan.backend) else [flow_spec(plan.flow).call("report")]
+    if not flow_spec(
+        plan.flow
+    ).observes_activations:  # an FX plan's config is the page's suggested config, shown once below
+        code = (
+            apply.config_code(plan) if flow_spec("fx").serves(plan.backend) else [flow_spec(plan.flow).call("report")]
+        )
         parts.append(f"<pre>{_e(chr(10).join(code))}</pre>")
     return "\n".join(parts)
 

@@ -143,7 +143,9 @@ def render_text(report: Report, *, everything: bool = False) -> str:
         )
     # an FX plan's config is the report's: its observing, checked by the plan, is what the mapping uses
     plan = report.plan
-    observing = plan.fx_activations if plan is not None and flow_spec(plan.flow).observes_activations else report.fx_activations
+    observing = (
+        plan.fx_activations if plan is not None and flow_spec(plan.flow).observes_activations else report.fx_activations
+    )
     if observing is not None:
         lines.append(f"qinsight.qconfig_mapping(report): {observing.describe()}")
     lines.extend(verification_lines(report))

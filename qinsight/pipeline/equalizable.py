@@ -93,7 +93,10 @@ def _prepared(model: nn.Module, fqns: Sequence[str], example: object, backend: s
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prepared = prepare_fx(
-            shared_copy(model).eval(), get_default_qconfig_mapping(fx_engine(backend)), inputs, _equalization_config=equalization
+            shared_copy(model).eval(),
+            get_default_qconfig_mapping(fx_engine(backend)),
+            inputs,
+            _equalization_config=equalization,
         )
     return prepared
 

@@ -193,7 +193,9 @@ def _lowering(flows: Sequence[FlowName], backend: str) -> Lowering | None:
     where a flow's model is not lowered."""
     for flow in flows:
         if not flow_spec(flow).lowers:
-            raise InvalidParameterError("verify_report", "lowered", True, f"flows whose model is lowered (pt2e), not {flow}")
+            raise InvalidParameterError(
+                "verify_report", "lowered", True, f"flows whose model is lowered (pt2e), not {flow}"
+            )
     return lowering_for("verify_report", flow_spec(flows[0]).backend_for("verify_report", backend)) if flows else None
 
 

@@ -83,7 +83,7 @@ def plan_request(
 
 
 def _serving(backend: str, lowered: bool) -> str:
-    """The first flow serving ``backend`` (that lowers, if ``lowered``); ``backend`` unchecked: FX, which names the error."""
+    """The first flow serving ``backend`` (that lowers, if ``lowered``); none: FX, whose check names the error."""
     served = [name for name in flows_serving(backend) if flow_spec(name).lowers or not lowered]
     return served[0] if served else "fx"
 

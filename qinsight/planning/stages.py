@@ -150,7 +150,9 @@ def baseline(request: PlanRequest, model: nn.Module, report: Report, scorer: Sco
     activations = default.observing(report.fx_activations)
     if activations is None:
         return Baseline(default, score, default, (), score)
-    candidate = flow_for(request.flow, model, report.sites, request.backend, request.everything, activations, request.lowering)
+    candidate = flow_for(
+        request.flow, model, report.sites, request.backend, request.everything, activations, request.lowering
+    )
     observed = real_score(candidate, request, scorer, failed)(())
     kept = not worse(observed, score, request.higher_is_better)
     check = SuggestionCheck(
@@ -181,7 +183,9 @@ def subject(
     if base.chosen.activations is not None:
         again = kernels_checked(smoothed, again, request.calibration[0])
     observing = again.fx_activations if base.chosen.activations is not None else None  # the smoothed model's own check
-    flow = flow_for(request.flow, smoothed, again.sites, request.backend, request.everything, observing, request.lowering)
+    flow = flow_for(
+        request.flow, smoothed, again.sites, request.backend, request.everything, observing, request.lowering
+    )
     return Subject(smoothed, again, mapping, flow, failed)
 
 

@@ -105,10 +105,14 @@ def test_compare_in_the_pt2e_flow() -> None:
 @pytest.mark.parametrize(
     "args,message",
     [
-        (("--flow", "fx", "--lowered"), "--flow fx cannot be compared with --lowered: --lowered lowers a PT2E model; use --flow pt2e"),
+        (
+            ("--flow", "fx", "--lowered"),
+            "--flow fx cannot be compared with --lowered: --lowered lowers a PT2E model; use --flow pt2e",
+        ),
         (
             ("--flow", "pt2e", "--backend", "qnnpack"),
-            "compare: backend='qnnpack' is invalid; expected one of x86, xnnpack for flow='pt2e' (qnnpack is served by flow='fx')",
+            "compare: backend='qnnpack' is invalid; expected one of x86, xnnpack for flow='pt2e' "
+            "(qnnpack is served by flow='fx')",
         ),
     ],
 )
@@ -121,7 +125,10 @@ def test_compare_says_which_flow_a_backend_or_lowering_needs(args: tuple[str, ..
 @pytest.mark.parametrize(
     "args,message",
     [
-        (("compare", "--example", "cnn", "--flow", "pt2e", "--backend", "fbgemm"), "expected one of x86, xnnpack for flow='pt2e'"),
+        (
+            ("compare", "--example", "cnn", "--flow", "pt2e", "--backend", "fbgemm"),
+            "expected one of x86, xnnpack for flow='pt2e'",
+        ),
         (("compare", "--model", "qinsight.examples:example"), "--model needs --data"),
         (("diagnose", "--example", "cnn", "--batches", "0"), "qinsight: error: --batches must be at least 1"),
         (("diagnose", "--example", "cnn", "--backend", "tpu"), "backend='tpu' is invalid"),
@@ -248,3 +255,14 @@ def test_diagnose_and_plan_judge_one_model_against_the_same_default_plan(tmp_pat
 
     assert verdicts("p.json") == verdicts("d.json") and {v for _, v in verdicts("d.json")} == {"per-channel in use"}
     assert "per-channel recommended" not in planned.stdout
+
+
+def test_diagnose_for_xnnpack_judges_the_findings_against_xnnpacks_default_quantizer(tmp_path: Path) -> None:
+    """--qconfig default is the backend's first flow's default config: for xnnpack, XNNPACKQuantizer's
+    symmetric per-channel one, asked on the exported graph (weights per channel already)."""
+    pytest.importorskip("executorch")
+    result = qinsight("diagnose", "--example", "cnn", "--batches", "2", "--quiet", "--no-verify", "--backend", "xnnpack",
+                      "--out", str(tmp_path / "x.json"))
+    assert result.returncode == 0, result.stderr
+    findings = api.load_report(tmp_path / "x.json").result("qinsight.per_channel").findings
+    assert {f.verdict for f in findings} == {"per-channel in use"} and len(findings) == 3

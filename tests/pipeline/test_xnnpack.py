@@ -27,7 +27,9 @@ def test_an_xnnpack_report_is_verified_in_pt2e_and_speaks_that_flow() -> None:
     assert "xnnpack quantizes through PT2E: <code>qinsight.pt2e_quantizer(report)</code>" in render_html(report)
     with pytest.raises(qinsight.InvalidParameterError, match=r"for flow='fx' \(xnnpack is served by flow='pt2e'\)"):
         qinsight.qconfig_mapping(report)
-    with pytest.raises(qinsight.InvalidParameterError, match="backend='xnnpack' is invalid; expected one of x86, fbgemm"):
+    with pytest.raises(
+        qinsight.InvalidParameterError, match="backend='xnnpack' is invalid; expected one of x86, fbgemm"
+    ):
         qinsight.diagnose(model, batches, backend="xnnpack", verify="fx")
 
 
@@ -68,5 +70,10 @@ def test_verify_report_lowered_scores_the_program_executorch_runs() -> None:
     converted = qinsight.quantize(model, verified, batches[:6])
     shipped = qinsight.compare_lowered(model, converted, batches[6:], layers=False, float_program=False)
     assert verdict.score == pytest.approx(shipped.metric("lowered_vs_float"), abs=1e-6)
-    with pytest.raises(qinsight.InvalidParameterError, match=r"lowered=True is invalid; expected flows whose model is lowered \(pt2e\), not fx"):
-        qinsight.verify_report(model, qinsight.diagnose(model, batches, verify=False), batches, flows="fx", lowered=True)
+    with pytest.raises(
+        qinsight.InvalidParameterError,
+        match=r"lowered=True is invalid; expected flows whose model is lowered \(pt2e\), not fx",
+    ):
+        qinsight.verify_report(
+            model, qinsight.diagnose(model, batches, verify=False), batches, flows="fx", lowered=True
+        )

@@ -18,12 +18,17 @@ def _cnn() -> tuple[torch.nn.Module, list[torch.Tensor]]:
 @pytest.mark.parametrize(
     "arguments,message",
     [
-        ({"flow": "fx", "lowered": True}, "plan: lowered=True is invalid; expected flow='pt2e' (the fx flow's model is not lowered)"),
+        (
+            {"flow": "fx", "lowered": True},
+            "plan: lowered=True is invalid; expected flow='pt2e' (the fx flow's model is not lowered)",
+        ),
         ({"flow": "fx", "backend": "xnnpack"}, "for flow='fx' (xnnpack is served by flow='pt2e')"),
         ({"backend": "onednn", "lowered": True}, "expected flow='pt2e' (the fx flow's model is not lowered)"),
     ],
 )
-def test_a_plan_that_cannot_be_lowered_is_one_error_before_any_forward(arguments: dict[str, object], message: str) -> None:
+def test_a_plan_that_cannot_be_lowered_is_one_error_before_any_forward(
+    arguments: dict[str, object], message: str
+) -> None:
     model, batches = _cnn()
     with pytest.raises(qinsight.InvalidParameterError, match=message.replace("(", r"\(").replace(")", r"\)")):
         qinsight.plan(model, batches[:2], batches[2:4], **arguments)  # type: ignore[arg-type]
@@ -36,10 +41,16 @@ def test_a_lowered_xnnpack_plan_scores_the_program_executorch_runs() -> None:
     pytest.importorskip("executorch")
     model, batches = _cnn()
     calibration, evaluation, held_out = batches[:6], batches[6:9], batches[9:]
-    plan = qinsight.plan(model, calibration, evaluation, target="sqnr>=40", backend="xnnpack", lowered=True, held_out_data=held_out)
+    plan = qinsight.plan(
+        model, calibration, evaluation, target="sqnr>=40", backend="xnnpack", lowered=True, held_out_data=held_out
+    )
     assert plan.flow == "pt2e" and plan.reached
     assert plan.lowered.startswith("ExecuTorch ") and plan.lowered.endswith("runtime, XNNPACK delegate")
-    shipped = qinsight.compare_lowered(model, qinsight.quantize(model, plan, calibration), evaluation, layers=False, float_program=False)
+    shipped = qinsight.compare_lowered(
+        model, qinsight.quantize(model, plan, calibration), evaluation, layers=False, float_program=False
+    )
     assert plan.verified_score == pytest.approx(shipped.metric("lowered_vs_float"), abs=1e-6)
     assert plan.verified_score != shipped.metric("reference_vs_float")
-    assert f"quantized for real and lowered ({plan.lowered})" in qinsight.to_text(qinsight.diagnose(model, calibration, verify=False).with_plan(plan))
+    assert f"quantized for real and lowered ({plan.lowered})" in qinsight.to_text(
+        qinsight.diagnose(model, calibration, verify=False).with_plan(plan)
+    )
