@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
         help="verify the report's config for real in these flows (default: QINSIGHT_VERIFY, else the model's own flow)",
     )
     run.add_argument("--no-verify", action="store_true", help="do not quantize the config for real: the report says it is unverified")
+    run.add_argument("--lowered", action="store_true", help="PT2E: verify each config as the program lowered for the backend")
     run.add_argument(
         "--shard", metavar="I/N",
         help="calibrate only shard I of N (batches I, I+N, ...), numbered as in all the data, for 'qinsight merge'",

@@ -92,7 +92,7 @@ def _diagnose(args: argparse.Namespace) -> int:
         try:
             report = diagnose(
                 model, data, backend=args.backend, model_name=name, detectors=detectors, progress=progress,
-                qconfig_mapping=mapping, quantizer=quantizer, distributed=launch is not None,
+                qconfig_mapping=mapping, quantizer=quantizer, distributed=launch is not None, lowered=args.lowered,
                 shard=part, verify=_verify(args),
             )
         finally:

@@ -37,7 +37,7 @@ from qinsight.frontends.configured import configure_by_quantizer
 from qinsight.observe.instrumenter import Instrumenter
 from qinsight.pipeline.analysis import DetectorChoice, analyze, choose_detectors, metadata
 from qinsight.pipeline.equalizable import refused_equalizations
-from qinsight.pipeline.verification import VERIFY_BATCHES, chosen_flows, verify_report
+from qinsight.pipeline.verification import VERIFY_BATCHES, chosen_flows, lowering_of, verify_report
 from qinsight.plugin.detector import Detector, ModelView
 
 _NOTHING = object()  # what an exhausted calibration iterator gives
@@ -322,6 +322,7 @@ def diagnose(
     shard: Shard | None = None,
     verify: bool | str | Sequence[str] | None = None,
     quantizer: object | None = None,
+    lowered: bool = False,
 ) -> Report:
     """Instrument ``model``, calibrate it on ``calibration_data``, and return the :class:`Report`.
 
@@ -354,6 +355,7 @@ def diagnose(
     suggestion that lowers the score is dropped (:mod:`qinsight.pipeline.verification`, on the first
     :data:`VERIFY_BATCHES` batches); ``False`` for speed, the report then says its config is unverified;
     ``None``: as the ``QINSIGHT_VERIFY`` environment variable says, else ``True``.
+    With ``lowered=True`` (PT2E) each config is scored as the program lowered for the backend.
     Distributed runs are not verified: ``qinsight.verify_report`` on one rank does it.
     """
     if not isinstance(calibration_data, Iterable) or isinstance(calibration_data, (str, bytes)):
@@ -378,6 +380,8 @@ def diagnose(
         )
         session = _session(model, *args)
         flows = chosen_flows("diagnose", verify, session.view.frontend, backend) if exchange is None else ()
+        if lowered:  # checked before calibration: a flow whose model is not lowered is one error now
+            lowering_of("diagnose", flows, backend)
         kept: list[object] = []  # the first batches, to verify the config on
 
         def keeping(batch: object) -> object:
@@ -390,4 +394,4 @@ def diagnose(
             total = len(calibration_data) if isinstance(calibration_data, Sized) else 0
             session.calibrate(map(keeping, data), progress, total=total)
         report = session.report()
-    return verify_report(model, report, kept, flows=flows, progress=progress) if flows else report
+    return verify_report(model, report, kept, flows=flows, progress=progress, lowered=lowered) if flows else report

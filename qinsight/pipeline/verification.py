@@ -128,7 +128,7 @@ def verify_report(
     if isinstance(model, torch.export.ExportedProgram):
         model = model.module()
     chosen = chosen_flows("verify_report", flows, report.metadata.frontend, report.metadata.backend)
-    lowering = _lowering(chosen, report.metadata.backend) if lowered else None
+    lowering = lowering_of("verify_report", chosen, report.metadata.backend) if lowered else None
     batches = [batch for _, batch in zip(range(VERIFY_BATCHES), data)]
     if chosen and not batches:
         raise InvalidParameterError("verify_report", "data", "no batches", "at least one batch")
@@ -188,15 +188,13 @@ class _Scorer:
         return sqnr(self.reference, rows)
 
 
-def _lowering(flows: Sequence[FlowName], backend: str) -> Lowering | None:
+def lowering_of(owner: str, flows: Sequence[FlowName], backend: str) -> Lowering | None:
     """The lowering that scores ``flows``' configs as programs (none: no flow to verify in); one error
     where a flow's model is not lowered."""
     for flow in flows:
         if not flow_spec(flow).lowers:
-            raise InvalidParameterError(
-                "verify_report", "lowered", True, f"flows whose model is lowered (pt2e), not {flow}"
-            )
-    return lowering_for("verify_report", flow_spec(flows[0]).backend_for("verify_report", backend)) if flows else None
+            raise InvalidParameterError(owner, "lowered", True, f"flows whose model is lowered (pt2e), not {flow}")
+    return lowering_for(owner, flow_spec(flows[0]).backend_for(owner, backend)) if flows else None
 
 
 def verify_flow(
@@ -294,4 +292,7 @@ def _modules(parts: ConfigParts, kind: SuggestionKind) -> int:
     return sum(kind in suggestion_kinds(s) for s in parts.suggestions)
 
 
-__all__ = ["ENV_VERIFY", "VERIFY_BATCHES", "verify_setting", "chosen_flows", "default_flows", "split", "verify_flow", "verify_report"]
+__all__ = [
+    "ENV_VERIFY", "VERIFY_BATCHES", "chosen_flows", "default_flows", "lowering_of", "split", "verify_flow", "verify_report",
+    "verify_setting",
+]

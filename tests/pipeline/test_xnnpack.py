@@ -77,3 +77,7 @@ def test_verify_report_lowered_scores_the_program_executorch_runs() -> None:
         qinsight.verify_report(
             model, qinsight.diagnose(model, batches, verify=False), batches, flows="fx", lowered=True
         )
+    with pytest.raises(qinsight.InvalidParameterError, match=r"^diagnose: lowered=True is invalid; .* not fx$"):
+        qinsight.diagnose(model, batches, lowered=True)  # x86 verifies in FX: refused before calibration
+    lowered = qinsight.diagnose(model, batches, backend="xnnpack", lowered=True).verification_for("pt2e")
+    assert lowered is not None and lowered.lowered == verdict.lowered and lowered.score == verdict.score
