@@ -48,14 +48,20 @@ def qconfig_mapping(source: Report | QuantPlan | Advice, base: QConfigMapping | 
     return fx.qconfig_mapping(_advice(source, "fx", "qconfig_mapping"), base)
 
 
-def pt2e_quantizer(source: Report | QuantPlan | Advice, backend: str | None = None) -> Any:
+def pt2e_quantizer(source: Report | QuantPlan | Advice, backend: str | None = None, *, quantizer: Any = None) -> Any:
     """A PT2E quantizer applying ``source``'s advice for ``backend``: ``"x86"`` (torchao's
     X86InductorQuantizer, ``pip install 'qinsight[pt2e]'``) or ``"xnnpack"`` (ExecuTorch's
     XNNPACKQuantizer, ``pip install 'qinsight[executorch]'``); default: the source's own backend
-    where PT2E serves it, else x86."""
+    where PT2E serves it, else x86. With ``quantizer`` (yours; a plan made with ``quantizer=`` needs
+    it again), that quantizer with the advice's float sites stripped after it annotates."""
     if backend is not None:
         check_flow_backend("pt2e_quantizer", "pt2e", backend)
-    return pt2e.pt2e_quantizer(_advice(source, "pt2e", "pt2e_quantizer"), backend)
+    advice = _advice(source, "pt2e", "pt2e_quantizer")
+    if quantizer is not None or advice.starts_from:
+        from qinsight.apply.recipe import torch_config
+
+        return torch_config(advice, quantizer, "pt2e_quantizer")
+    return pt2e.pt2e_quantizer(advice, backend)
 
 
 def equalization_config(source: Report | QuantPlan | Advice) -> QConfigMapping:
@@ -86,19 +92,21 @@ def quantize(
     calibration_data: Iterable[Any] | None = None,
     *,
     flow: FlowName | Literal["torchao"] | None = None,
+    quantizer: Any = None,
 ) -> nn.Module:
     """``model`` quantized as ``source`` advises, in ``flow`` (``"fx"`` or ``"pt2e"``; default: a plan's
     own flow, FX for a report): smoothed where the advice smooths, prepared (with the equalization in FX),
     calibrated on every batch of ``calibration_data`` and converted. A :class:`FormatPlan`, or with
     ``flow="torchao"`` the format plan a report carries, is applied by torchao's ``quantize_`` with
-    :func:`fqn_to_config` (no calibration). ``model`` itself is not changed."""
+    :func:`fqn_to_config` (no calibration). ``quantizer``: yours, which a plan made with ``quantizer=``
+    starts from (its float sites are stripped from it). ``model`` itself is not changed."""
     if isinstance(source, FormatPlan) or flow == "torchao":
         return torchao.quantize_formats(model, _format_plan(source))
     if calibration_data is None:
         raise InvalidParameterError("quantize", "calibration_data", None, "the batches to calibrate the static flow's observers on")
     from qinsight.apply import recipe  # the flows' prepare and convert: only when a model is quantized
 
-    return recipe.quantize_with(model, advice_of(source, flow, owner="quantize"), list(calibration_data))
+    return recipe.quantize_with(model, advice_of(source, flow, owner="quantize"), list(calibration_data), quantizer)
 
 
 def fqn_to_config(source: FormatPlan | Report | Mapping[str, str]) -> Any:

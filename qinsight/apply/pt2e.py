@@ -210,6 +210,14 @@ def pt2e_quantizer(advice: Advice, backend: str | None = None) -> Any:
     return backend_quantizer(backend or advice.backend, advice.sites, advice.suggestions)
 
 
+def on_top_of(quantizer: Any, sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...]) -> Any:
+    """The user's ``quantizer`` (any torchao Quantizer, composed or not) with the layers and ops
+    ``suggestions`` keep in float stripped after it annotates: what a plan that starts from it applies.
+    Everything else (weight schemes, static or dynamic) stays the quantizer's own."""
+    kept_float = tuple(s for s in suggestions if s.keep_float)
+    return _honouring(quantizer, sites, kept_float, type(quantizer).__name__, strip_layers=True)
+
+
 def backend_quantizer(backend: str, sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...]) -> Any:
     """The PT2E quantizer of ``backend`` (one of :data:`BACKEND_QUANTIZERS`) applying ``suggestions``."""
     return BACKEND_QUANTIZERS[backend](sites, suggestions)

@@ -18,9 +18,9 @@ from torch import nn
 
 from qinsight.apply.equalization import equalization_qconfig_mapping
 from qinsight.apply.fx import qconfig_mapping
-from qinsight.apply.pt2e import DEFAULT_QUANTIZERS, pt2e_quantizer
+from qinsight.apply.pt2e import DEFAULT_QUANTIZERS, on_top_of, pt2e_quantizer
 from qinsight.apply.smoothing import apply_smoothing
-from qinsight.compare.flows import QuantFlow, prepare_config
+from qinsight.compare.flows import QUANT_FLOWS, QuantFlow, prepare_config
 from qinsight.core.advice import Advice
 from qinsight.core.errors import FrontendError, InvalidParameterError
 from qinsight.core.flows import check_flow_backend, flow_spec
@@ -53,8 +53,17 @@ def default_config(flow: FlowName, backend: str, owner: str = "compare") -> tupl
     return DEFAULT_CONFIGS[flow](backend)
 
 
-def torch_config(advice: Advice) -> object:
-    """The flow's config for ``advice``: a ``QConfigMapping`` (FX) or the backend's PT2E quantizer."""
+def torch_config(advice: Advice, quantizer: object | None = None, owner: str = "quantize") -> object:
+    """The flow's config for ``advice``: a ``QConfigMapping`` (FX) or the backend's PT2E quantizer; with
+    the user's ``quantizer``, that quantizer with the advice's float sites stripped (a plan made with
+    ``quantizer=`` must be given it again: its config is not qinsight's to rebuild)."""
+    if quantizer is not None:
+        if not QUANT_FLOWS[advice.flow].takes(quantizer):
+            expected = f"a config the {advice.flow} flow takes (a torchao Quantizer for PT2E advice)"
+            raise InvalidParameterError(owner, "quantizer", type(quantizer).__name__, expected)
+        return on_top_of(quantizer, advice.sites, advice.suggestions)
+    if advice.starts_from:
+        raise InvalidParameterError(owner, "quantizer", None, f"the {advice.starts_from} the plan started from")
     return CONFIG_BUILDERS[advice.flow](advice)
 
 
@@ -97,9 +106,11 @@ def prepared(
         raise FrontendError(f"the {flow} flow cannot prepare {type(model).__name__}: {type(exc).__name__}: {exc}") from exc
 
 
-def quantize_with(model: nn.Module, advice: Advice, calibration: Sequence[object]) -> nn.Module:
-    """``model`` quantized with ``advice`` through its flow: smoothed first where the advice smooths,
-    prepared, calibrated on ``calibration`` and converted."""
+def quantize_with(
+    model: nn.Module, advice: Advice, calibration: Sequence[object], quantizer: object | None = None
+) -> nn.Module:
+    """``model`` quantized with ``advice`` through its flow (on top of the user's ``quantizer``, where
+    given): smoothed first where the advice smooths, prepared, calibrated on ``calibration`` and converted."""
     if not calibration:
         raise InvalidParameterError("quantize", "calibration_data", "no batches", "at least one batch")
     for note in advice.notes:
@@ -110,7 +121,7 @@ def quantize_with(model: nn.Module, advice: Advice, calibration: Sequence[object
     equalization = equalization_qconfig_mapping(advice.equalization) if spec.equalizes else None
     shapes = varying_shapes(calibration) if spec.frontend == "export" else None
     ready, flow = prepared(
-        advice.flow, smoothed, torch_config(advice), example_inputs(calibration[0]), shapes, equalization
+        advice.flow, smoothed, torch_config(advice, quantizer), example_inputs(calibration[0]), shapes, equalization
     )
     calibrate(ready, calibration)
     return flow.convert(ready)

@@ -76,14 +76,12 @@ QUANT_FLOWS: dict[FlowName, QuantFlow] = {
 }
 
 
-def flow_of(config: object, owner: str = "compare_configs") -> QuantFlow:
+def flow_of(config: object, owner: str = "compare_configs", argument: str = "configs") -> QuantFlow:
     """The flow that takes ``config``, or one :class:`InvalidParameterError` saying what is taken."""
     for flow in QUANT_FLOWS.values():
         if flow.takes(config):
             return flow
-    raise InvalidParameterError(
-        owner, "configs", type(config).__name__, "a QConfigMapping or a torchao Quantizer per name"
-    )
+    raise InvalidParameterError(owner, argument, type(config).__name__, "a QConfigMapping or a torchao Quantizer")
 
 
 def prepare_config(

@@ -53,6 +53,7 @@ class Advice:
     source: Literal["report", "plan"] = "report"
     verified: bool = False
     notes: tuple[str, ...] = ()
+    starts_from: str = ""  # the user's quantizer a plan's float sites go on top of (its class name)
 
 
 def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None, *, owner: str = "advice_of") -> Advice:
@@ -122,6 +123,7 @@ def _of_plan(plan: QuantPlan, flow: FlowName, owner: str) -> Advice:
         smoothing=plan.smoothing,
         source="plan",
         verified=True,
+        starts_from=plan.starts_from,
     )
     if plan.smoothing.entries:
         advice = attrs.evolve(
@@ -147,6 +149,7 @@ def _for_flow(advice: Advice, flow: FlowName, note: str, owner: str) -> Advice:
         fx_activations=advice.fx_activations if spec.observes_activations else None,
         verified=False,
         notes=advice.notes + (note,),
+        starts_from="",
     )
     return attrs.evolve(moved, notes=moved.notes + _unequalized(moved))
 

@@ -203,7 +203,9 @@ class QuantPlan:
     sites are named as in that model; ``default_score`` is the model as given. ``lowered`` names
     the runtime that ran every real score where the plan scored the program lowered from each config
     (``plan(..., lowered=True)``: ``"ExecuTorch 1.5.1 runtime, XNNPACK delegate"``); empty: the
-    reference model.
+    reference model. ``starts_from`` names the user's quantizer a plan made with ``quantizer=`` starts
+    from: its config is that quantizer with the plan's float sites stripped
+    (``qinsight.pt2e_quantizer(plan, quantizer=q)``).
     """
 
     flow: str
@@ -226,6 +228,7 @@ class QuantPlan:
     smoothing: SmoothingMapping = SmoothingMapping()
     fx_activations: FxActivations | None = None
     lowered: str = ""  # what ran the real scores: the lowered program's runtime; empty: the reference model
+    starts_from: str = ""  # the user's quantizer the plan keeps sites float on top of (its class); empty: qinsight's
 
     @property
     def kept_float(self) -> tuple[str, ...]:

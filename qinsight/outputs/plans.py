@@ -21,7 +21,8 @@ def summary_lines(plan: QuantPlan) -> list[str]:
     verdict = "reached" if plan.reached else "NOT reached"
     floats = plan.kept_float
     lines = [
-        f"Plan ({plan.flow}, backend {plan.backend}): target {plan.target} {verdict}: {plan.metric} "
+        f"Plan ({plan.flow}, backend {plan.backend}{f', on top of your {plan.starts_from}' if plan.starts_from else ''}): "
+        f"target {plan.target} {verdict}: {plan.metric} "
         f"{_score(plan.verified_score)} quantized for real" + (f" and lowered ({plan.lowered})" if plan.lowered else "")
         + (f", {_score(plan.held_out_score)} on held-out data" if not math.isnan(plan.held_out_score) else "")
         + f", the flow's default config {_score(plan.default_score)}",

@@ -133,6 +133,8 @@ def render_text(report: Report, *, everything: bool = False) -> str:
     lines.append(f"Suggested config ({len(report.suggestions)} modules):")
     if report.plan is not None:
         method = flow_spec(report.plan.flow).call("report")
+        if report.plan.starts_from:  # the plan's config is the user's quantizer, given again
+            method = method.replace(")", f", quantizer=<your {report.plan.starts_from}>)")
         lines.append(f"  {method} gives the plan's config below instead: the suggestions it kept, its sites in float")
     lines.extend(_config_lines(report, everything))
     lines.extend(_conflict_lines(report, everything))

@@ -30,7 +30,7 @@ from torch.ao.quantization.quantize_fx import prepare_fx
 
 from qinsight.apply.equalization import equalization_qconfig_mapping
 from qinsight.apply.fx import advice_mapping
-from qinsight.apply.pt2e import backend_quantizer
+from qinsight.apply.pt2e import backend_quantizer, on_top_of
 from qinsight.apply.recipe import calibrate, prepared, varying_shapes
 from qinsight.compare.configs import release_fx_graphs
 from qinsight.compare.flows import QUANT_FLOWS
@@ -77,11 +77,13 @@ class Flow:
         batches: Sequence[object],
         activations: FxActivations | None = None,
         lowering: Lowering | None = None,
+        quantizer: Any = None,
     ) -> None:
         check_flow_backend("plan", self.name, backend)
         self.model, self.sites, self.backend = model, sites, backend
         self.activations = activations  # how FX observes activations (None: torch's default; PT2E: unused)
         self.lowering = lowering  # where configs are scored as the program the backend runs (plan(lowered=True))
+        self.quantizer = quantizer  # the user's, every config starts from (plan(quantizer=)); None: qinsight's
         self.names = {site.fqn for site in sites}
         self.dynamic_shapes = self.shapes(batches)
 
@@ -286,7 +288,10 @@ class Pt2eFlow(Flow):
         return varying_shapes(batches)
 
     def config(self, suggestions: tuple[QuantSuggestion, ...]) -> object:
-        """The backend's quantizer applying ``suggestions`` (X86InductorQuantizer, XNNPACKQuantizer)."""
+        """The backend's quantizer applying ``suggestions`` (X86InductorQuantizer, XNNPACKQuantizer), or
+        the user's with the float sites of ``suggestions`` stripped."""
+        if self.quantizer is not None:
+            return on_top_of(self.quantizer, self.sites, suggestions)
         return backend_quantizer(self.backend, self.sites, suggestions)
 
     def observed(self, prepared: fx.GraphModule, calibration: Sequence[object]) -> tuple[EdgeRule, None]:
@@ -387,9 +392,10 @@ def flow_for(
     batches: Sequence[object],
     activations: FxActivations | None = None,
     lowering: Lowering | None = None,
+    quantizer: Any = None,
 ) -> Flow:
     """The flow called ``name`` (checked by :func:`qinsight.core.advice.checked_flow`), whole."""
-    return FLOW_CLASSES[name](model, sites, backend, batches, activations, lowering)
+    return FLOW_CLASSES[name](model, sites, backend, batches, activations, lowering, quantizer)
 
 
 __all__ = ["FLOW_CLASSES", "Flow", "FxFlow", "Pt2eFlow", "flow_for"]

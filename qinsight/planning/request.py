@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from qinsight.core.errors import InvalidParameterError
+from qinsight.compare.flows import QUANT_FLOWS, flow_of
 from qinsight.compare.lowering import Lowering, lowering_for
 from qinsight.core.flows import check_flow_backend, flow_spec, flows_serving
 from qinsight.core import metrics
@@ -33,6 +34,7 @@ class PlanRequest:
     smoothing: bool
     held_out: tuple[Any, ...] = ()  # scored once, the plan's config converted: data the search never chose on
     lowering: Lowering | None = None  # configs scored as the program it lowers them to (lowered=True)
+    quantizer: Any = None  # the user's quantizer every config starts from (quantizer=): float sites stripped from it
 
     @property
     def higher_is_better(self) -> bool:
@@ -57,11 +59,17 @@ def plan_request(
     smoothing: bool = False,
     held_out_data: Iterable[Any] | None = None,
     lowered: bool = False,
+    quantizer: Any = None,
 ) -> PlanRequest:
     """The arguments of :func:`qinsight.plan`, checked; the batches read once into tuples. No ``flow``:
     the first serving ``backend`` (FX for x86, PT2E for XNNPACK), one that lowers where ``lowered``."""
+    if quantizer is not None and flow is None:
+        flow = flow_of(quantizer, "plan", "quantizer").name
     name = checked_flow(flow if flow is not None else _serving(backend, lowered), "plan")
     check_flow_backend("plan", name, backend)
+    if quantizer is not None and not (QUANT_FLOWS[name].takes(quantizer) and callable(getattr(quantizer, "annotate", None))):
+        expected = "a torchao Quantizer, for flow='pt2e' (a plan starts from a PT2E quantizer)"
+        raise InvalidParameterError("plan", "quantizer", type(quantizer).__name__, expected)
     if lowered and not flow_spec(name).lowers:
         raise InvalidParameterError("plan", "lowered", True, f"flow='pt2e' (the {name} flow's model is not lowered)")
     lowering = lowering_for("plan", backend) if lowered else None
@@ -78,7 +86,7 @@ def plan_request(
     return PlanRequest(
         goal=goal, flow=name, backend=backend, metric=chosen, metric_name=metric_name,
         calibration=batches["calibration_data"], evaluation=batches["evaluation_data"], smoothing=smoothing, held_out=held_out,
-        lowering=lowering,
+        lowering=lowering, quantizer=quantizer,
     )
 
 

@@ -47,6 +47,7 @@ def plan(
     smoothing: bool = False,
     held_out_data: Iterable[Any] | None = None,
     lowered: bool = False,
+    quantizer: Any = None,
 ) -> QuantPlan:
     """The sites to keep in float so that ``model``, quantized with ``flow``, reaches ``target`` on
     ``evaluation_data``, starting from the report's verified suggestions (:class:`QuantPlan`).
@@ -57,6 +58,11 @@ def plan(
     ships it (XNNPACK run by the ExecuTorch runtime, x86 compiled by inductor; ``plan.lowered``
     names it), so the target holds for what runs; the search between them stays on the reference
     model. A program runs one input shape: each shape among the batches is lowered once per config.
+    With ``quantizer`` (yours, PT2E: any torchao Quantizer, a ``ComposableQuantizer`` too) every config
+    is that quantizer with the plan's float sites stripped after it annotates: the plan only chooses
+    what to keep in float (your quantizer decides weight schemes and dynamic activations; the report's
+    other suggestions are checks saying so). ``plan.starts_from`` names it; apply the plan with
+    ``qinsight.pt2e_quantizer(plan, quantizer=q)`` or ``qinsight.quantize(model, plan, data, quantizer=q)``.
 
     ``target`` is ``"sqnr>=30"``, ``"cosine>=0.995"``, ``"top1>=0.94"``, or
     ``"float<=N"`` (the best score with at most N sites in float, by
@@ -75,6 +81,7 @@ def plan(
     request = plan_request(
         target=target, flow=flow, backend=backend, metric=metric, calibration_data=calibration_data,
         evaluation_data=evaluation_data, smoothing=smoothing, held_out_data=held_out_data, lowered=lowered,
+        quantizer=quantizer,
     )
     progress = progress or _quiet
     from qinsight.pipeline import diagnose
@@ -135,6 +142,7 @@ def _assembled(
         smoothing=SmoothingMapping() if real.default else chosen.smoothing,
         fx_activations=flow.activations,
         lowered=request.lowering.runtime() if request.lowering is not None else "",
+        starts_from=type(request.quantizer).__name__ if request.quantizer is not None else "",
     )
 
 

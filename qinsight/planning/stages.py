@@ -29,11 +29,12 @@ from qinsight.core.errors import FrontendError, MissingExtraError, describe
 from qinsight.core.metrics import worse
 from qinsight.core.plan import PlanStep, SiteSensitivity, SuggestionCheck
 from qinsight.core.report import Report
-from qinsight.core.sites import OpKind
+from qinsight.core.activations import FxActivations
+from qinsight.core.sites import OpKind, OpSite
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.frontends import classify, eval_mode, run_batch
-from qinsight.planning.checks import RealScore, check_all
+from qinsight.planning.checks import RealScore, check_all, is_default
 from qinsight.core.progress import Progress
 from qinsight.planning.curve import Noise, Search, choose_order, measure_dynamic_noise
 from qinsight.planning.flows import Flow, flow_for
@@ -141,18 +142,23 @@ class Searched:
     notes: tuple[str, ...]
 
 
+def _flow(request: PlanRequest, model: nn.Module, sites: tuple[OpSite, ...], activations: FxActivations | None = None) -> Flow:
+    """The request's flow for ``model`` (scored lowered, started from the user's quantizer, as asked)."""
+    return flow_for(
+        request.flow, model, sites, request.backend, request.everything, activations, request.lowering, request.quantizer
+    )
+
+
 def baseline(request: PlanRequest, model: nn.Module, report: Report, scorer: Scorer, failed: FailedConfigs) -> Baseline:
     """The flow's default config for real (where the flow cannot build or run even that, the plan ends
     here, in one error); where the flow observes activations the report's way (FX), that too, kept if it
     scores no worse (a check saying so either way)."""
-    default = flow_for(request.flow, model, report.sites, request.backend, request.everything, None, request.lowering)
+    default = _flow(request, model, report.sites)
     score = _score(default, request, scorer)
     activations = default.observing(report.fx_activations)
     if activations is None:
         return Baseline(default, score, default, (), score)
-    candidate = flow_for(
-        request.flow, model, report.sites, request.backend, request.everything, activations, request.lowering
-    )
+    candidate = _flow(request, model, report.sites, activations)
     observed = real_score(candidate, request, scorer, failed)(())
     kept = not worse(observed, score, request.higher_is_better)
     check = SuggestionCheck(
@@ -183,9 +189,7 @@ def subject(
     if base.chosen.activations is not None:
         again = kernels_checked(smoothed, again, request.calibration[0])
     observing = again.fx_activations if base.chosen.activations is not None else None  # the smoothed model's own check
-    flow = flow_for(
-        request.flow, smoothed, again.sites, request.backend, request.everything, observing, request.lowering
-    )
+    flow = _flow(request, smoothed, again.sites, observing)
     return Subject(smoothed, again, mapping, flow, failed)
 
 
@@ -203,11 +207,28 @@ def checked(request: PlanRequest, chosen: Subject, base: Baseline, scorer: Score
     default = {**{site: Mode.STATIC for site in candidates}, **divisions}
     real = chosen.real(request, scorer)
     start_score = base.start_score if not chosen.smoothing.entries else real(())
+    applicable, decided = _applicable(request, chosen.report.suggestions, start_score)
     checks, start, kept = check_all(
-        sim, lambda run: scorer(run.outputs), real, chosen.report.suggestions, default, list(request.evaluation),
+        sim, lambda run: scorer(run.outputs), real, applicable, default, list(request.evaluation),
         request.higher_is_better, chosen.flow.name, chosen.flow.spec.equalizes, start_score,
     )
-    return Checked(search, base.checks + checks, start, kept)
+    return Checked(search, base.checks + checks + decided, start, kept)
+
+
+def _applicable(
+    request: PlanRequest, suggestions: tuple[QuantSuggestion, ...], before: float
+) -> tuple[tuple[QuantSuggestion, ...], tuple[SuggestionCheck, ...]]:
+    """The suggestions a plan can apply: all of them, or on top of the user's quantizer only the sites
+    kept in float (the quantizer decides weight schemes and dynamic activations), the others said."""
+    if request.quantizer is None:
+        return suggestions, ()
+    name = type(request.quantizer).__name__
+    decided = tuple(
+        SuggestionCheck(fqn=s.fqn, change=s.describe(), before=before, alone=math.nan, kept=False,
+                        reason=f"not applied: the plan starts from your {name}, which decides this")
+        for s in suggestions if not s.keep_float and not is_default(s)
+    )
+    return tuple(s for s in suggestions if s.keep_float), decided
 
 
 def sensitivity(request: PlanRequest, found: Checked) -> Sensitivity:
@@ -238,7 +259,9 @@ def sensitivity(request: PlanRequest, found: Checked) -> Sensitivity:
                 gain=float_only - all_quantized,
             )
         )
-    dynamic_noise = measure_dynamic_noise(search, start, float_run, noise)
+    # on top of the user's quantizer no Linear is made dynamic: the quantizer decides that
+    fixed = request.quantizer is not None
+    dynamic_noise = {order: {} for order in noise} if fixed else measure_dynamic_noise(search, start, float_run, noise)
     return Sensitivity(tuple(sites), noise, dynamic_noise, quantized_run, float_run)
 
 
