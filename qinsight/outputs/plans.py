@@ -20,10 +20,12 @@ def summary_lines(plan: QuantPlan) -> list[str]:
     """What the plan reached, against what, and what it keeps in float."""
     verdict = "reached" if plan.reached else "NOT reached"
     floats = plan.kept_float
+    start = f", on top of your {plan.starts_from}" if plan.starts_from else ""
     lines = [
-        f"Plan ({plan.flow}, backend {plan.backend}{f', on top of your {plan.starts_from}' if plan.starts_from else ''}): "
+        f"Plan ({plan.flow}, backend {plan.backend}{start}): "
         f"target {plan.target} {verdict}: {plan.metric} "
-        f"{_score(plan.verified_score)} quantized for real" + (f" and lowered ({plan.lowered})" if plan.lowered else "")
+        f"{_score(plan.verified_score)} quantized for real"
+        + (f" and lowered ({plan.lowered})" if plan.lowered else "")
         + (f", {_score(plan.held_out_score)} on held-out data" if not math.isnan(plan.held_out_score) else "")
         + f", the flow's default config {_score(plan.default_score)}",
         f"  {plan.quantized_fraction:.1%} of the layers' parameters quantized; {len(floats)} sites kept in float; "

@@ -88,8 +88,7 @@ class Flow:
         self.dynamic_shapes = self.shapes(batches)
 
     @property
-    def spec(self) -> FlowSpec:
-        """What the flow can express (equalization, the report's activation observing)."""
+    def spec(self) -> FlowSpec:  # what the flow can express (equalization, the report's activation observing)
         return flow_spec(self.name)
 
     def shapes(self, batches: Sequence[object]) -> Any:
@@ -288,8 +287,7 @@ class Pt2eFlow(Flow):
         return varying_shapes(batches)
 
     def config(self, suggestions: tuple[QuantSuggestion, ...]) -> object:
-        """The backend's quantizer applying ``suggestions`` (X86InductorQuantizer, XNNPACKQuantizer), or
-        the user's with the float sites of ``suggestions`` stripped."""
+        """The backend's quantizer applying ``suggestions``, or the user's with their float sites stripped."""
         if self.quantizer is not None:
             return on_top_of(self.quantizer, self.sites, suggestions)
         return backend_quantizer(self.backend, self.sites, suggestions)

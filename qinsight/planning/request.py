@@ -67,7 +67,9 @@ def plan_request(
         flow = flow_of(quantizer, "plan", "quantizer").name
     name = checked_flow(flow if flow is not None else _serving(backend, lowered), "plan")
     check_flow_backend("plan", name, backend)
-    if quantizer is not None and not (QUANT_FLOWS[name].takes(quantizer) and callable(getattr(quantizer, "annotate", None))):
+    if quantizer is not None and not (
+        QUANT_FLOWS[name].takes(quantizer) and callable(getattr(quantizer, "annotate", None))
+    ):
         expected = "a torchao Quantizer, for flow='pt2e' (a plan starts from a PT2E quantizer)"
         raise InvalidParameterError("plan", "quantizer", type(quantizer).__name__, expected)
     if lowered and not flow_spec(name).lowers:

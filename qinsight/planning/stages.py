@@ -142,11 +142,12 @@ class Searched:
     notes: tuple[str, ...]
 
 
-def _flow(request: PlanRequest, model: nn.Module, sites: tuple[OpSite, ...], activations: FxActivations | None = None) -> Flow:
+def _flow(
+    request: PlanRequest, model: nn.Module, sites: tuple[OpSite, ...], activations: FxActivations | None = None
+) -> Flow:
     """The request's flow for ``model`` (scored lowered, started from the user's quantizer, as asked)."""
-    return flow_for(
-        request.flow, model, sites, request.backend, request.everything, activations, request.lowering, request.quantizer
-    )
+    scoring = (request.lowering, request.quantizer)
+    return flow_for(request.flow, model, sites, request.backend, request.everything, activations, *scoring)
 
 
 def baseline(request: PlanRequest, model: nn.Module, report: Report, scorer: Scorer, failed: FailedConfigs) -> Baseline:

@@ -42,7 +42,9 @@ def _run(name: str) -> None:
             "the report's": qinsight.quantize(model, report, calibration),
         }
         shipped = {
-            label: qinsight.compare_lowered(model, reference, held_out, metrics=metrics, layers=False, float_program=False)
+            label: qinsight.compare_lowered(
+                model, reference, held_out, metrics=metrics, layers=False, float_program=False
+            )
             for label, reference in converted.items()
         }
     verdict = report.verification_for("pt2e")
@@ -52,7 +54,9 @@ def _run(name: str) -> None:
     print(f"  the report's suggestions: {len(report.suggestions)} layers ({'; '.join(kinds[:4])})")
     for label, lowered in shipped.items():
         values = "  ".join(
-            f"{metric} {lowered.metric(pair, metric):.4g}" for pair in ("lowered_vs_float", "reference_vs_float") for metric in metrics
+            f"{metric} {lowered.metric(pair, metric):.4g}"
+            for pair in ("lowered_vs_float", "reference_vs_float")
+            for metric in metrics
         )
         print(f"  {label:16s} program vs fp32 / reference vs fp32: {values}")
 
