@@ -19,6 +19,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -103,13 +104,14 @@ def _run(case: str) -> None:
               f"{min(layer.propagated for layer in lowered.layers):.1f} dB; not lowered alone: {len(lowered.unlowered)}")
 
 
-def main() -> None:
+def main(cases: Sequence[str] = CASES, run: Callable[[str], None] = _run) -> None:
+    """Run the ``--cases`` asked among ``cases`` (default all), each by ``run``."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=CASES)
+    parser.add_argument("--cases", nargs="*", default=list(cases), choices=cases)
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     for case in args.cases:
-        _run(case)
+        run(case)
 
 
 if __name__ == "__main__":

@@ -12,18 +12,15 @@ task metric against fp32, and what the verification measured on its own held-out
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 import warnings
 
-import torch
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import qinsight  # noqa: E402
-from bench_lowered import _model_and_data, _quantizer, _reference  # noqa: E402
+from bench_lowered import _model_and_data, _quantizer, _reference, main  # noqa: E402
 
 CASES = {"mobilenet_v2": ("sqnr", "top1"), "minilm": ("sqnr", "cosine")}
 
@@ -61,14 +58,5 @@ def _run(name: str) -> None:
         print(f"  {label:16s} program vs fp32 / reference vs fp32: {values}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=CASES)
-    args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    for case in args.cases:
-        _run(case)
-
-
 if __name__ == "__main__":
-    main()
+    main(tuple(CASES), _run)
