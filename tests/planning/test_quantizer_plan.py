@@ -42,7 +42,8 @@ def test_a_plan_on_top_of_the_users_quantizer_keeps_float_only_what_it_must() ->
     calibration, evaluation, held_out = batches[:6], batches[6:9], batches[9:]
     quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=False))
     plan = qinsight.plan(
-        model, calibration, evaluation, target="sqnr>=50", backend="xnnpack", quantizer=quantizer, held_out_data=held_out
+        model, calibration, evaluation, target="sqnr>=50", backend="xnnpack", quantizer=quantizer,
+        held_out_data=held_out,
     )
     assert plan.flow == "pt2e" and plan.starts_from == "XNNPACKQuantizer" and plan.reached
     assert plan.default_score < 50.0 and 0.5 < plan.quantized_fraction < 1.0
