@@ -65,7 +65,7 @@ def compared_flow(args: argparse.Namespace) -> FlowName:
                 f"--flow {flow} cannot be compared with --lowered: --lowered lowers a PT2E model; use --flow pt2e"
             )
         return flow
-    served = [name for name in flows_serving(args.backend) if flow_spec(name).lowers or not args.lowered]
+    served = flows_serving(args.backend, lowered=args.lowered)
     if not served:
         lowered = sorted({b for spec in FLOW_SPECS.values() if spec.lowers or not args.lowered for b in spec.backends})
         raise UsageError(

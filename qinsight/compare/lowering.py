@@ -206,6 +206,11 @@ class LoweredModule(nn.Module):
         return program(*inputs)
 
 
+def shipped(module: nn.Module, lowering: Lowering | None) -> nn.Module:
+    """What the user runs of a converted ``module``: itself, or its program for ``lowering``."""
+    return module if lowering is None else LoweredModule(lowering, module)
+
+
 def timed(program: Callable[..., Any], inputs: tuple[Any, ...]) -> tuple[Any, float]:
     """``program(*inputs)`` and its wall time in milliseconds."""
     start = time.perf_counter()
@@ -225,5 +230,6 @@ __all__ = [
     "held_bytes",
     "lowered",
     "lowering_for",
+    "shipped",
     "timed",
 ]

@@ -77,7 +77,7 @@ def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None,
         wanted = checked_flow(flow if flow is not None else source.flow, owner)
         return _of_plan(source, wanted, owner)
     backend = source.metadata.backend
-    wanted = checked_flow(flow if flow is not None else (flows_serving(backend) or ("fx",))[0], owner)
+    wanted = checked_flow(flow if flow is not None else (*flows_serving(backend), "fx")[0], owner)
     plan = source.plan
     if plan is not None and plan.flow == wanted:
         return _of_plan(plan, wanted, owner)

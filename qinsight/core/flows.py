@@ -76,9 +76,9 @@ def flow_spec(name: str) -> FlowSpec:
     return _BY_NAME[name]
 
 
-def flows_serving(backend: str) -> tuple[FlowName, ...]:
-    """The flows that quantize for ``backend``, FX first."""
-    return tuple(name for name, spec in FLOW_SPECS.items() if spec.serves(backend))
+def flows_serving(backend: str, *, lowered: bool = False) -> tuple[FlowName, ...]:
+    """The flows that quantize for ``backend``, FX first (``lowered``: those whose model is lowered)."""
+    return tuple(name for name, spec in FLOW_SPECS.items() if spec.serves(backend) and (spec.lowers or not lowered))
 
 
 def check_flow_backend(owner: str, flow: FlowName, backend: str) -> None:

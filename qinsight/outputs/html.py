@@ -55,7 +55,7 @@ def _suggested_config(report: Report) -> str:
     """FX's pasteable config where FX serves the report's backend; else the call that builds it."""
     backend = report.metadata.backend
     if not flow_spec("fx").serves(backend):
-        spec = flow_spec((flows_serving(backend) or ("pt2e",))[0])
+        spec = flow_spec((*flows_serving(backend), "pt2e")[0])
         call = _e(spec.call("report"))
         return f"<p>{_e(backend)} quantizes through {spec.title}: <code>{call}</code> gives the config.</p>"
     source = " It is the attached plan's config, verified below." if advice_of(report, "fx").source == "plan" else ""

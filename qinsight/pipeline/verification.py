@@ -31,7 +31,7 @@ from torch import nn
 from qinsight.apply.recipe import quantize_with
 from qinsight.compare.configs import release_fx_graphs, trial
 from qinsight.compare.layers import quantized_layers
-from qinsight.compare.lowering import LoweredModule, Lowering, lowering_for
+from qinsight.compare.lowering import Lowering, lowering_for, shipped
 from qinsight.compare.metrics import sqnr
 from qinsight.compare.outputs import output_rows
 from qinsight.core.advice import Advice, advice_of
@@ -175,9 +175,9 @@ class _Scorer:
         try:
             with trial():
                 quantized = quantize_with(self.model, advice, self.calibrating)
-                shipped = quantized if self.lowering is None else LoweredModule(self.lowering, quantized)
-                with eval_mode(shipped), torch.no_grad():
-                    rows = torch.cat([output_rows(run_batch(shipped, b), owner="verify_report") for b in self.scored])
+                program = shipped(quantized, self.lowering)
+                with eval_mode(program), torch.no_grad():
+                    rows = torch.cat([output_rows(run_batch(program, b), owner="verify_report") for b in self.scored])
         except Exception as exc:  # torch's errors have no common base: prepare, convert and the run alike
             self.last_error = describe(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return -math.inf

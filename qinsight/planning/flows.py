@@ -34,7 +34,7 @@ from qinsight.apply.pt2e import backend_quantizer, on_top_of
 from qinsight.apply.recipe import calibrate, prepared, varying_shapes
 from qinsight.compare.configs import release_fx_graphs
 from qinsight.compare.flows import QUANT_FLOWS
-from qinsight.compare.lowering import LoweredModule, Lowering
+from qinsight.compare.lowering import Lowering, shipped
 from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.errors import FrontendError
@@ -129,7 +129,7 @@ class Flow:
 
     def shipped(self, converted: nn.Module) -> nn.Module:
         """What the user runs of ``converted``: itself, or its program where the flow is scored lowered."""
-        return converted if self.lowering is None else LoweredModule(self.lowering, converted)
+        return shipped(converted, self.lowering)
 
     def _prepared(self, suggestions: tuple[QuantSuggestion, ...], example: tuple[Any, ...]) -> fx.GraphModule:
         """:meth:`prepare`, its failures (tracing, export, a quantizer that refuses a pattern) said as one."""

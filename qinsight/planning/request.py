@@ -94,8 +94,7 @@ def plan_request(
 
 def _serving(backend: str, lowered: bool) -> str:
     """The first flow serving ``backend`` (that lowers, if ``lowered``); none: FX, whose check names the error."""
-    served = [name for name in flows_serving(backend) if flow_spec(name).lowers or not lowered]
-    return served[0] if served else "fx"
+    return (*flows_serving(backend, lowered=lowered), "fx")[0]
 
 
 def _metric(goal: Target, metric: str | MetricFunction | None) -> tuple[str | MetricFunction, str]:
