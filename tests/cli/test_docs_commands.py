@@ -22,6 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+INSTALL = re.compile(r"^python -m pip install [^&]*&& ")  # a README line installs first, as a fresh machine needs
 COMMAND = re.compile(r"^(python -m qinsight|qinsight|torchrun .*-m qinsight)\b")
 PLACEHOLDERS = ("mypkg", "mymodels", "path/to", "m:build", "...", "PKG.MOD", "FILE.")
 EXTRAS = {"pt2e": "torchao", "--flow torchao": "torchao", "xnnpack": "executorch", "--lowered": "torchao", "--hf": "transformers"}  # a flag in the line: the module it needs
@@ -32,7 +33,7 @@ def commands(doc: Path) -> list[str]:
     found = []
     for block in re.findall(r"^ *```bash\n(.*?)^ *```", doc.read_text(), re.MULTILINE | re.DOTALL):
         for line in re.sub(r"\\\n\s*", " ", block).splitlines():
-            if COMMAND.match(line.strip()):
+            if COMMAND.match(INSTALL.sub("", line.strip())):
                 found.append(line.strip())
     return found
 
@@ -57,15 +58,17 @@ def written(line: str) -> list[str]:
 
 def test_the_docs_show_the_commands_a_user_starts_with() -> None:
     shown = {doc.name: commands(doc) for doc in DOCS}
-    assert shown["README.md"][0] == "python -m qinsight diagnose --example encoder --html report.html"
+    assert shown["README.md"][0] == (
+        "python -m pip install -q torch==2.13.0 -e . && python -m qinsight diagnose --example encoder --html report.html"
+    )
     assert sum(runnable(line) for line in shown["cli.md"]) >= 12  # the examples of every command
 
 
 @pytest.mark.parametrize("doc", [doc for doc in DOCS if any(runnable(line) for line in commands(doc))], ids=lambda doc: doc.name)
 def test_every_documented_command_runs_as_written(doc: Path, tmp_path: Path) -> None:
     env = user_environment()
-    for line in filter(runnable, commands(doc)):
-        result = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    for line in filter(runnable, commands(doc)):  # installed already: the command itself runs
+        result = subprocess.run(["bash", "-c", INSTALL.sub("", line)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         allowed = (0, 1) if "exit 1" in line.partition("#")[2] else (0,)  # where the docs say it may
         assert result.returncode in allowed, f"{line}\n{result.stderr}"
         assert "Traceback" not in result.stderr, f"{line}\n{result.stderr}"
@@ -75,7 +78,7 @@ def test_every_documented_command_runs_as_written(doc: Path, tmp_path: Path) -> 
 
 def test_the_first_command_on_a_terminal_rewrites_one_progress_line_per_stage(tmp_path: Path) -> None:
     """The README's first command with stderr on a pseudo-terminal, as at a prompt."""
-    first = commands(ROOT / "README.md")[0]
+    first = INSTALL.sub("", commands(ROOT / "README.md")[0])
     controller, terminal = pty.openpty()
     try:
         process = subprocess.Popen(
