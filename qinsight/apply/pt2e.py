@@ -40,7 +40,7 @@ import torch
 from torch import fx
 
 from qinsight.core.advice import Advice
-from qinsight.core.errors import MissingExtraError
+from qinsight.core.errors import InvalidParameterError, MissingExtraError
 from qinsight.frontends import exported_op_names, exported_sites, layer_name, separate_shared_calls
 from qinsight.core.sites import OpSite, WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
@@ -216,6 +216,35 @@ def on_top_of(quantizer: Any, sites: tuple[OpSite, ...], suggestions: tuple[Quan
     Everything else (weight schemes, static or dynamic) stays the quantizer's own."""
     kept_float = tuple(s for s in suggestions if s.keep_float)
     return _honouring(quantizer, sites, kept_float, type(quantizer).__name__, strip_layers=True)
+
+
+# The backend each torchao quantizer class quantizes for (subclasses too): what quantizer= implies.
+QUANTIZER_BACKENDS: dict[str, str] = {"X86InductorQuantizer": "x86", "XNNPACKQuantizer": "xnnpack"}
+
+
+def quantizer_backend(quantizer: object) -> str | None:
+    """The backend ``quantizer`` quantizes for, seen through composition (``ComposableQuantizer``'s
+    quantizers, qinsight's own wrappers' ``inner``): ``None`` where its classes name no backend, or
+    more than one."""
+    found: set[str] = set()
+    pending = [quantizer]
+    while pending:
+        current = pending.pop()
+        found |= {QUANTIZER_BACKENDS[c.__name__] for c in type(current).__mro__ if c.__name__ in QUANTIZER_BACKENDS}
+        pending += list(getattr(current, "quantizers", ())) + ([current.inner] if hasattr(current, "inner") else [])
+    return found.pop() if len(found) == 1 else None
+
+
+def planned_backend(owner: str, backend: str | None, quantizer: object | None) -> str:
+    """``backend`` as given, else the one the user's ``quantizer`` quantizes for, else x86; one error
+    where the two disagree (an ``XNNPACKQuantizer`` judged as x86 would misread every finding)."""
+    implied = quantizer_backend(quantizer) if quantizer is not None else None
+    if backend is None:
+        return implied or "x86"
+    if implied is not None and implied != backend:
+        expected = f"{implied!r}, the backend your {type(quantizer).__name__} quantizes for (or leave backend out)"
+        raise InvalidParameterError(owner, "backend", backend, expected)
+    return backend
 
 
 def backend_quantizer(backend: str, sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...]) -> Any:

@@ -38,7 +38,9 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("diagnose", help="diagnose a model and print the report")
     _model_source(run)
-    run.add_argument("--backend", default="x86", help=f"quantized backend: {', '.join(BACKENDS)} (default x86)")
+    run.add_argument(
+        "--backend", help=f"quantized backend: {', '.join(BACKENDS)} (default: the --qconfig quantizer's, else x86)"
+    )
     _judged_against(run)
     run.add_argument("--detectors", help="comma-separated detector ids (default: QINSIGHT_DETECTORS or the built-ins)")
     run.add_argument("--quiet", action="store_true", help="no progress line")

@@ -37,16 +37,18 @@ def load_factory(target: str, what: str) -> Callable[[], object]:
 
 def planned_config(args: argparse.Namespace) -> tuple[QConfigMapping | None, object | None]:
     """``--qconfig`` as diagnose's ``qconfig_mapping=`` or ``quantizer=``: the backend's default config
-    (its first flow's: FX's mapping, XNNPACK's quantizer), none, or what a function returns."""
+    (its first flow's: FX's mapping, XNNPACK's quantizer), none, or what a function returns (whose
+    quantizer, without ``--backend``, says the backend)."""
     from torch.ao.quantization import QConfigMapping
 
     from qinsight.apply.recipe import default_config
 
-    check_backend("diagnose", args.backend)
+    backend = args.backend or "x86"  # diagnose's own default, where no quantizer says otherwise
+    check_backend("diagnose", backend)
     if args.qconfig == "none":
         return None, None
     if args.qconfig == "default":
-        config, _name = default_config(flows_serving(args.backend)[0], args.backend, "diagnose")
+        config, _name = default_config(flows_serving(backend)[0], backend, "diagnose")
     else:
         config = load_factory(args.qconfig, "--qconfig")()
     if isinstance(config, QConfigMapping):

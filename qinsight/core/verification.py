@@ -123,7 +123,9 @@ class ConfigVerification:
     it; ``score``: the config the report now offers (the kinds in ``dropped`` left out); ``left_float``:
     what the flow left in float of it, read from the converted model. ``error``: the flow could not
     quantize the model with its default config, and nothing was verified. ``lowered``: the runtime
-    that ran every score, where each config was scored as the program lowered from it.
+    that ran every score, where each config was scored as the program lowered from it. ``yours``: the
+    user's own quantizer (``verify_report(quantizer=q)``, ``diagnose(quantizer=q)``), scored the same
+    way; ``yours_from`` names its class (``None`` and empty: none given).
     """
 
     flow: FlowName
@@ -140,6 +142,8 @@ class ConfigVerification:
     # layers with weights the offered config quantizes that the flow, as converted, left in float
     left_float: tuple[str, ...] = ()
     lowered: str = ""  # the runtime of the programs scored (verify_report(lowered=True)); empty: the reference
+    yours: float | None = None
+    yours_from: str = ""
 
     @property
     def verified(self) -> bool:
@@ -158,9 +162,10 @@ class ConfigVerification:
         where = f"{self.scored} held-out batch{'es' if self.scored != 1 else ''}" if self.held_out else "the calibration batch"
         dropped = "; dropped: " + ", ".join(kind.value for kind in self.dropped) if self.dropped else ""
         program = f" as lowered ({self.lowered})" if self.lowered else ""
+        yours = f"your {self.yours_from} {_db(self.yours)}, " if self.yours is not None else ""
         return (
             f"{self.flow}: the report's config {_db(self.score)}{program} on {where} "
-            f"(the flow's default {_db(self.default)}, as suggested {_db(self.suggested)}){dropped}"
+            f"({yours}the flow's default {_db(self.default)}, as suggested {_db(self.suggested)}){dropped}"
         )
 
 

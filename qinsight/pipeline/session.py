@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.ao.quantization import QConfigMapping
 
+from qinsight.apply.pt2e import planned_backend
 from qinsight.core.activations import FxActivations
 from qinsight.core.errors import CalibrationError, InvalidParameterError, describe
 from qinsight.core.flows import flow_spec
@@ -275,7 +276,7 @@ def instrument(
     model: nn.Module,
     *,
     detectors: Sequence[DetectorChoice] | None = None,
-    backend: str = "x86",
+    backend: str | None = None,
     qconfig_mapping: QConfigMapping | None = None,
     model_name: str | None = None,
     strict: bool = False,
@@ -301,7 +302,8 @@ def instrument(
     exchange = Exchange.of("instrument", distributed)
     with sharing_failures(exchange):
         planned = _planned(qconfig_mapping, quantizer)
-        args = (detectors, backend, planned, model_name, strict, frontend, example_inputs, shard, exchange)
+        chosen = planned_backend("instrument", backend, quantizer)
+        args = (detectors, chosen, planned, model_name, strict, frontend, example_inputs, shard, exchange)
         session = _session(model, *args)
         with session._attached():
             yield session
@@ -312,7 +314,7 @@ def diagnose(
     calibration_data: Iterable[Any],
     *,
     detectors: Sequence[DetectorChoice] | None = None,
-    backend: str = "x86",
+    backend: str | None = None,
     qconfig_mapping: QConfigMapping | None = None,
     model_name: str | None = None,
     strict: bool = False,
@@ -341,7 +343,7 @@ def diagnose(
     ``Quantizer`` you plan to apply (``XNNPACKQuantizer``, ``X86InductorQuantizer``, a
     ``ComposableQuantizer`` of several), asked on the exported first batch which layers it quantizes
     with which weight scheme and which ops around them (:mod:`qinsight.frontends.configured`);
-    pass the ``backend`` it is for too. With ``strict=True`` a failing
+    ``backend`` (``None``: your quantizer's, else x86) must be the one it is for. With ``strict=True`` a failing
     detector raises instead of being recorded in ``report.failures``.
     With ``distributed=True`` (inside an initialized process group) this is
     called on every rank with that rank's batches, ``qinsight.shard(data)``:
@@ -362,24 +364,16 @@ def diagnose(
         expected = "an iterable of batches (a list of tensors, a DataLoader...)"
         raise InvalidParameterError("diagnose", "calibration_data", type(calibration_data).__name__, expected)
     exchange = Exchange.of("diagnose", distributed)
+    backend = planned_backend("diagnose", backend, quantizer)
     with sharing_failures(exchange):
         batches = iter(calibration_data)
         mine = exchange.shard if exchange is not None else shard
         first = _next_batch(batches, mine.batch_index(0) if mine is not None else 0)
         example = None if first is _NOTHING else first
-        args = (
-            detectors,
-            backend,
-            _planned(qconfig_mapping, quantizer),
-            model_name,
-            strict,
-            frontend,
-            example,
-            shard,
-            exchange,
-        )
+        planned = _planned(qconfig_mapping, quantizer)
+        args = (detectors, backend, planned, model_name, strict, frontend, example, shard, exchange)
         session = _session(model, *args)
-        flows = chosen_flows("diagnose", verify, session.view.frontend, backend) if exchange is None else ()
+        flows = chosen_flows("diagnose", verify, session.view.frontend, backend, quantizer) if exchange is None else ()
         if lowered:  # checked before calibration: a flow whose model is not lowered is one error now
             lowering_of("diagnose", flows, backend)
         kept: list[object] = []  # the first batches, to verify the config on
@@ -394,4 +388,6 @@ def diagnose(
             total = len(calibration_data) if isinstance(calibration_data, Sized) else 0
             session.calibrate(map(keeping, data), progress, total=total)
         report = session.report()
-    return verify_report(model, report, kept, flows=flows, progress=progress, lowered=lowered) if flows else report
+    if not flows:
+        return report
+    return verify_report(model, report, kept, flows=flows, progress=progress, lowered=lowered, quantizer=quantizer)

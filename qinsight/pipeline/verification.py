@@ -30,6 +30,7 @@ from torch import nn
 
 from qinsight.apply.recipe import quantize_with
 from qinsight.compare.configs import release_fx_graphs, trial
+from qinsight.compare.flows import QUANT_FLOWS, flow_of
 from qinsight.compare.layers import quantized_layers
 from qinsight.compare.lowering import Lowering, lowering_for, shipped
 from qinsight.compare.metrics import sqnr
@@ -54,10 +55,13 @@ from qinsight.pipeline.saturation import kernels_checked
 
 ENV_VERIFY: Final = "QINSIGHT_VERIFY"
 VERIFY_BATCHES = 8  # the most calibration batches a verification keeps: its cost grows with them
-def default_flows(frontend: str, backend: str) -> tuple[FlowName, ...]:
-    """The flows a report is verified in unless told: its frontend's (FX for a traced model, PT2E for
-    an exported one), or where that flow does not serve the backend the one that does (PT2E for
-    XNNPACK); none for the eager frontend's models, which FX cannot trace."""
+def default_flows(frontend: str, backend: str, quantizer: object | None = None) -> tuple[FlowName, ...]:
+    """The flows a report is verified in unless told: the flow of the user's ``quantizer`` (PT2E), else
+    its frontend's (FX for a traced model, PT2E for an exported one), or where that flow does not serve
+    the backend the one that does (PT2E for XNNPACK); none for the eager frontend's models, which FX
+    cannot trace."""
+    if quantizer is not None:
+        return (flow_of(quantizer, "diagnose", "quantizer").name,)
     own = [name for name, spec in FLOW_SPECS.items() if spec.frontend == frontend]
     if not own:
         return ()
@@ -65,15 +69,20 @@ def default_flows(frontend: str, backend: str) -> tuple[FlowName, ...]:
 
 
 def chosen_flows(
-    owner: str, verify: bool | str | Sequence[str] | None, frontend: str, backend: str
+    owner: str,
+    verify: bool | str | Sequence[str] | None,
+    frontend: str,
+    backend: str,
+    quantizer: object | None = None,
 ) -> tuple[FlowName, ...]:
     """``verify`` as flows: ``True`` the report's own (:func:`default_flows`), ``False`` none, a
     flow's name or several, ``None`` what ``QINSIGHT_VERIFY`` says (:func:`verify_setting`), else
-    ``True``; anything else, or a flow that cannot quantize for ``backend``, one :class:`InvalidParameterError`."""
+    ``True``; anything else, a flow that cannot quantize for ``backend`` or cannot take the user's
+    ``quantizer``, one :class:`InvalidParameterError`."""
     if verify is None:
         verify = verify_setting()
     if verify is True:
-        return default_flows(frontend, backend)
+        return default_flows(frontend, backend, quantizer)
     if verify is False:
         return ()
     names = [verify] if isinstance(verify, str) else list(verify)
@@ -82,6 +91,8 @@ def chosen_flows(
         raise InvalidParameterError(owner, "verify", verify, "True, False, 'fx', 'pt2e' or both")
     for flow in flows:
         flow_spec(flow).backend_for(owner, backend)
+        if quantizer is not None and not QUANT_FLOWS[flow].takes(quantizer):
+            raise InvalidParameterError(owner, "verify", flow, f"a flow your {type(quantizer).__name__} quantizes in")
     return tuple(dict.fromkeys(flows))
 
 
@@ -118,16 +129,19 @@ def verify_report(
     flows: bool | str | Sequence[str] | None = True,
     progress: Progress | None = None,
     lowered: bool = False,
+    quantizer: object | None = None,
 ) -> Report:
     """``report`` carrying each flow's verdict on its config (:class:`ConfigVerification`): quantized
     for real with ``model`` on ``data`` (its first :data:`VERIFY_BATCHES` batches), the kinds of
     suggestion that lower the score dropped. ``flows``: ``True`` the report's own
     (:func:`default_flows`), or ``"fx"``, ``"pt2e"`` or both. With ``lowered=True`` (PT2E) each config
     is scored as the program lowered from it for the report's backend, as it ships (XNNPACK run by
-    the ExecuTorch runtime, x86 compiled by inductor)."""
+    the ExecuTorch runtime, x86 compiled by inductor). With the user's ``quantizer`` (PT2E, what the
+    report was diagnosed against) verification starts from it: it is scored beside the flow's
+    default, and where it beats the report's config the verdict says to keep it."""
     if isinstance(model, torch.export.ExportedProgram):
         model = model.module()
-    chosen = chosen_flows("verify_report", flows, report.metadata.frontend, report.metadata.backend)
+    chosen = chosen_flows("verify_report", flows, report.metadata.frontend, report.metadata.backend, quantizer)
     lowering = lowering_of("verify_report", chosen, report.metadata.backend) if lowered else None
     batches = [batch for _, batch in zip(range(VERIFY_BATCHES), data)]
     if chosen and not batches:
@@ -147,7 +161,7 @@ def verify_report(
     for done, flow in enumerate(chosen):
         if progress is not None:
             progress(stage, done, len(chosen))
-        verdicts.append(verify_flow(model, report, flow, batches, lowering))
+        verdicts.append(verify_flow(model, report, flow, batches, lowering, quantizer))
     if progress is not None:
         progress(stage, len(chosen), len(chosen))
     return report.with_verification(tuple(verdicts))
@@ -171,10 +185,10 @@ class _Scorer:
         self.last_error = ""
         self.quantized: dict[Advice, frozenset[str]] = {}
 
-    def __call__(self, advice: Advice) -> float:
+    def __call__(self, advice: Advice, quantizer: object | None = None) -> float:
         try:
             with trial():
-                quantized = quantize_with(self.model, advice, self.calibrating)
+                quantized = quantize_with(self.model, advice, self.calibrating, quantizer)
                 program = shipped(quantized, self.lowering)
                 with eval_mode(program), torch.no_grad():
                     rows = torch.cat([output_rows(run_batch(program, b), owner="verify_report") for b in self.scored])
@@ -183,6 +197,8 @@ class _Scorer:
             return -math.inf
         finally:
             release_fx_graphs()
+        if quantizer is not None:  # the user's config: what it quantizes is not the report's to name
+            return sqnr(self.reference, rows)
         layers = quantized_layers(self.model, quantized)
         self.quantized[advice] = frozenset(fqn for fqn, layer in layers.items() if layer.quantized)
         return sqnr(self.reference, rows)
@@ -198,10 +214,16 @@ def lowering_of(owner: str, flows: Sequence[FlowName], backend: str) -> Lowering
 
 
 def verify_flow(
-    model: nn.Module, report: Report, flow: FlowName, batches: Sequence[Any], lowering: Lowering | None = None
+    model: nn.Module,
+    report: Report,
+    flow: FlowName,
+    batches: Sequence[Any],
+    lowering: Lowering | None = None,
+    quantizer: object | None = None,
 ) -> ConfigVerification:
     """``report``'s config in ``flow`` verified on ``batches`` (the module docstring's steps); each
-    config scored as its program for ``lowering``'s backend where one is given."""
+    config scored as its program for ``lowering``'s backend where one is given, the user's
+    ``quantizer`` too where one is given (:func:`_beside_yours`)."""
     score = _Scorer(model, batches, lowering)
     suggested_advice = advice_of(attrs.evolve(report, verification=(), plan=None), flow)
     base = attrs.evolve(suggested_advice, suggestions=(), fx_activations=None, equalization=attrs.evolve(suggested_advice.equalization, entries=()))
@@ -212,6 +234,8 @@ def verify_flow(
     default = score(base)
     if default == -math.inf:
         return attrs.evolve(blank, error=f"the {flow} flow cannot quantize this model: {score.last_error}")
+    if quantizer is not None:
+        blank = _beside_yours(blank, score(base, quantizer), type(quantizer).__name__, score.last_error)
     parts = ConfigParts(suggested_advice.suggestions, suggested_advice.fx_activations, suggested_advice.equalization)
     # a flow without equalization (PT2E): suggested ones change nothing there (advice_of notes so)
     kinds = tuple(kind for kind in kinds_of(parts) if flow_spec(flow).equalizes or kind is not SuggestionKind.EQUALIZE)
@@ -225,8 +249,8 @@ def verify_flow(
 
     if not kinds:
         verdict = attrs.evolve(blank, default=default, suggested=default, score=default,
-                               notes=("the report suggests nothing the flow's default does not do",))
-        return _left_float(verdict, model, report, base, score.quantized[base])
+                               notes=(*blank.notes, "the report suggests nothing the flow's default does not do"))
+        return _left_float(noting_yours(verdict), model, report, base, score.quantized[base])
     suggested = score(config(()))
     error = score.last_error if suggested == -math.inf else ""
     without = {kind: score(config([kind])) if len(kinds) > 1 else default for kind in kinds}
@@ -245,9 +269,28 @@ def verify_flow(
                   reason=reason if kind in dropped else "")
         for kind in kinds
     )
-    verdict = attrs.evolve(blank, default=default, suggested=suggested, score=final, checks=checks, notes=notes)
+    verdict = attrs.evolve(
+        blank, default=default, suggested=suggested, score=final, checks=checks, notes=blank.notes + notes
+    )
     offered = base if dropped == frozenset(kinds) else config(dropped)
-    return _left_float(verdict, model, report, offered, score.quantized[offered])
+    return _left_float(noting_yours(verdict), model, report, offered, score.quantized[offered])
+
+
+def _beside_yours(blank: ConfigVerification, yours: float, name: str, error: str) -> ConfigVerification:
+    """``blank`` with the user's quantizer's score; a note where the flow cannot run it."""
+    failed = yours == -math.inf
+    said = (f"your {name} cannot quantize this model in the {blank.flow} flow: {error}",) if failed else ()
+    return attrs.evolve(blank, yours=yours, yours_from=name, notes=blank.notes + said)
+
+
+def noting_yours(verdict: ConfigVerification) -> ConfigVerification:
+    """``verdict`` saying so where the user's quantizer scored above the config the report offers: the
+    report's findings stand, its config does not beat what the user already had."""
+    if verdict.yours is None or not verdict.yours > verdict.score:
+        return verdict
+    said = (f"your {verdict.yours_from} scored {_said(verdict.yours)}, above the report's config "
+            f"({_said(verdict.score)}): keep yours")
+    return attrs.evolve(verdict, notes=verdict.notes + (said,))
 
 
 def _left_float(
@@ -293,6 +336,6 @@ def _modules(parts: ConfigParts, kind: SuggestionKind) -> int:
 
 
 __all__ = [
-    "ENV_VERIFY", "VERIFY_BATCHES", "chosen_flows", "default_flows", "lowering_of", "split", "verify_flow", "verify_report",
-    "verify_setting",
+    "ENV_VERIFY", "VERIFY_BATCHES", "chosen_flows", "default_flows", "lowering_of", "noting_yours", "split",
+    "verify_flow", "verify_report", "verify_setting",
 ]

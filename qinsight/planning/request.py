@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from qinsight.apply.pt2e import planned_backend
 from qinsight.core.errors import InvalidParameterError
 from qinsight.compare.flows import QUANT_FLOWS, flow_of
 from qinsight.compare.lowering import Lowering, lowering_for
@@ -52,7 +53,7 @@ def plan_request(
     *,
     target: str | Target,
     flow: FlowName | None,
-    backend: str,
+    backend: str | None,
     metric: str | MetricFunction | None,
     calibration_data: Iterable[Any],
     evaluation_data: Iterable[Any],
@@ -62,7 +63,9 @@ def plan_request(
     quantizer: Any = None,
 ) -> PlanRequest:
     """The arguments of :func:`qinsight.plan`, checked; the batches read once into tuples. No ``flow``:
-    the first serving ``backend`` (FX for x86, PT2E for XNNPACK), one that lowers where ``lowered``."""
+    the first serving ``backend`` (FX for x86, PT2E for XNNPACK), one that lowers where ``lowered``. No
+    ``backend``: the one ``quantizer`` quantizes for, else x86."""
+    backend = planned_backend("plan", backend, quantizer)
     if quantizer is not None and flow is None:
         flow = flow_of(quantizer, "plan", "quantizer").name
     name = checked_flow(flow if flow is not None else _serving(backend, lowered), "plan")

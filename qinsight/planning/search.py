@@ -40,7 +40,7 @@ def plan(
     *,
     target: str | Target = "sqnr>=30",
     flow: FlowName | None = None,
-    backend: str = "x86",
+    backend: str | None = None,
     metric: str | MetricFunction | None = None,
     report: Report | None = None,
     progress: Progress | None = None,
@@ -53,7 +53,8 @@ def plan(
     ``evaluation_data``, starting from the report's verified suggestions (:class:`QuantPlan`).
 
     ``flow`` (default: the first serving ``backend``: FX for x86 and FX's engines, PT2E for
-    ``"xnnpack"``, where it quantizes with XNNPACKQuantizer) quantizes for ``backend``. With
+    ``"xnnpack"``, where it quantizes with XNNPACKQuantizer) quantizes for ``backend`` (default: the
+    one your ``quantizer`` is for, else x86). With
     ``lowered=True`` (PT2E) every real score is of the program lowered from the config as the user
     ships it (XNNPACK run by the ExecuTorch runtime, x86 compiled by inductor; ``plan.lowered``
     names it), so the target holds for what runs; the search between them stays on the reference

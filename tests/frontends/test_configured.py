@@ -59,3 +59,28 @@ def test_a_quantizer_beside_a_mapping_or_not_a_quantizer_is_one_error() -> None:
         )
     with pytest.raises(qinsight.FrontendError, match="quantizer=str is not a torchao PT2E Quantizer"):
         qinsight.diagnose(model, batches, quantizer="xnnpack", verify=False)
+
+
+def test_the_backend_is_the_one_the_quantizer_is_for_unless_given() -> None:
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import X86InductorQuantizer
+
+    from qinsight.apply.pt2e import quantizer_backend
+    from qinsight.planning.request import plan_request
+
+    chosen = example("cnn")
+    model, batches = chosen.model(), chosen.data(2)
+    assert quantizer_backend(ComposableQuantizer([XNNPACKQuantizer(), XNNPACKQuantizer()])) == "xnnpack"
+    assert quantizer_backend(ComposableQuantizer([XNNPACKQuantizer(), X86InductorQuantizer()])) is None
+    report = qinsight.diagnose(model, batches, quantizer=XNNPACKQuantizer(), verify=False)
+    assert report.metadata.backend == "xnnpack"
+    with pytest.warns(UserWarning, match="PT2E has no input-weight equalization"):
+        assert quantizer_backend(qinsight.pt2e_quantizer(report)) == "xnnpack"  # qinsight's own, seen through
+    request = plan_request(
+        target="sqnr>=30", flow=None, backend=None, metric=None, calibration_data=batches, evaluation_data=batches,
+        quantizer=XNNPACKQuantizer(),
+    )
+    assert (request.backend, request.flow) == ("xnnpack", "pt2e")
+    with pytest.raises(qinsight.InvalidParameterError, match="'xnnpack', the backend your XNNPACKQuantizer quantizes"):
+        qinsight.diagnose(model, batches, backend="x86", quantizer=XNNPACKQuantizer())
+    with pytest.raises(qinsight.InvalidParameterError, match="a flow your X86InductorQuantizer quantizes in"):
+        qinsight.diagnose(model, batches, quantizer=X86InductorQuantizer(), verify="fx")

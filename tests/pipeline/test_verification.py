@@ -113,10 +113,12 @@ def test_a_config_the_flow_cannot_run_drops_the_kind_that_breaks_it(monkeypatch:
 
     real = recipe.quantize_with
 
-    def breaks_on_float_sites(model: nn.Module, advice: qinsight.Advice, calibration: Any) -> nn.Module:
+    def breaks_on_float_sites(
+        model: nn.Module, advice: qinsight.Advice, calibration: Any, quantizer: object = None
+    ) -> nn.Module:
         if any(s.keep_float for s in advice.suggestions):
             raise RuntimeError("promoteTypes with quantized numbers is not handled yet")  # what convert_fx gave MiniLM
-        return real(model, advice, calibration)
+        return real(model, advice, calibration, quantizer)
 
     monkeypatch.setattr("qinsight.pipeline.verification.quantize_with", breaks_on_float_sites)
     verdict = qinsight.verify_report(model, unverified, data, flows="fx").verification[0]

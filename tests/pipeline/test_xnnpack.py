@@ -3,7 +3,11 @@ serving XNNPACK), its advice comes back as that quantizer, and it holds in the p
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import attrs
 import pytest
+import torch
 
 import qinsight
 from qinsight.examples.builtin import example
@@ -81,3 +85,39 @@ def test_verify_report_lowered_scores_the_program_executorch_runs() -> None:
         qinsight.diagnose(model, batches, lowered=True)  # x86 verifies in FX: refused before calibration
     lowered = qinsight.diagnose(model, batches, backend="xnnpack", lowered=True).verification_for("pt2e")
     assert lowered is not None and lowered.lowered == verdict.lowered and lowered.score == verdict.score
+
+
+def test_verification_starts_from_the_users_quantizer(tmp_path: Path) -> None:
+    """diagnose(quantizer=q) without a backend: the report is for q's backend, verified in q's flow, and
+    q itself is scored beside the flow's default: its score is q applied by hand (export,
+    prepare_pt2e, calibrate on the first three quarters, convert) on the held-out quarter."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from qinsight.compare.metrics import sqnr
+    from qinsight.pipeline.verification import noting_yours
+
+    chosen = example("cnn")
+    model, batches = chosen.model().eval(), chosen.data(8)
+    yours = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=False))
+    report = qinsight.diagnose(model, batches, quantizer=yours)
+    verdict = report.verification_for("pt2e")
+    assert report.metadata.backend == "xnnpack" and verdict is not None and verdict.yours_from == "XNNPACKQuantizer"
+    prepared = prepare_pt2e(torch.export.export(model, (batches[0],)).module(), yours)
+    with torch.no_grad():
+        for batch in batches[:6]:
+            prepared(batch)
+        quantized = convert_pt2e(prepared)
+        by_hand = sqnr(torch.cat([model(b) for b in batches[6:]]), torch.cat([quantized(b) for b in batches[6:]]))
+    assert verdict.yours == pytest.approx(by_hand, abs=1e-6)
+    assert f"(your XNNPACKQuantizer {verdict.yours:.1f} dB, the flow's default" in verdict.describe()
+    said = any(note.endswith("keep yours") for note in verdict.notes)
+    assert said == (verdict.yours > verdict.score)
+    qinsight.save_report(report, tmp_path / "report.json")
+    assert qinsight.load_report(tmp_path / "report.json").verification_for("pt2e") == verdict
+    beaten = noting_yours(attrs.evolve(verdict, yours=verdict.score + 1.0))
+    assert beaten.notes[-1] == f"your XNNPACKQuantizer scored {verdict.score + 1.0:.2f} dB, above the report's " \
+        f"config ({verdict.score:.2f} dB): keep yours"
