@@ -266,3 +266,26 @@ def test_diagnose_for_xnnpack_judges_the_findings_against_xnnpacks_default_quant
     assert result.returncode == 0, result.stderr
     findings = api.load_report(tmp_path / "x.json").result("qinsight.per_channel").findings
     assert {f.verdict for f in findings} == {"per-channel in use"} and len(findings) == 3
+
+
+def test_diagnose_takes_its_backend_from_the_qconfig_quantizer(tmp_path: Path) -> None:
+    """--qconfig module:factory returning XNNPACKQuantizer (per-tensor), no --backend: the report is
+    for xnnpack, judged against that quantizer; --backend x86 beside it is the one-line error."""
+    pytest.importorskip("executorch")
+    (tmp_path / "myquantizers.py").write_text(
+        "from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer, "
+        "get_symmetric_quantization_config\n"
+        "def per_tensor():\n"
+        "    return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=False))\n"
+    )
+    common = ("diagnose", "--example", "cnn", "--batches", "2", "--quiet", "--no-verify", "--qconfig",
+              "myquantizers:per_tensor")
+    result = qinsight(*common, "--out", str(tmp_path / "x.json"), pythonpath=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = api.load_report(tmp_path / "x.json")
+    assert report.metadata.backend == "xnnpack"
+    assert {f.verdict for f in report.result("qinsight.per_channel").findings} == {"per-channel recommended"}
+    refused = qinsight(*common, "--backend", "x86", pythonpath=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.strip().endswith(
+        "expected 'xnnpack', the backend your XNNPACKQuantizer quantizes for (or leave backend out)"
+    ), refused.stderr
