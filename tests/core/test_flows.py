@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import qinsight
-from qinsight.apply.pt2e import BACKEND_QUANTIZERS, DEFAULT_QUANTIZERS
+from qinsight.apply.pt2e import BACKEND_QUANTIZERS, DEFAULT_QUANTIZERS, QUANTIZER_BACKENDS
 from qinsight.apply.recipe import CONFIG_BUILDERS, DEFAULT_CONFIGS
 from qinsight.compare.flows import QUANT_FLOWS
 from qinsight.compare.lowering import LOWERINGS
@@ -33,6 +33,7 @@ def test_every_backend_is_served_and_every_pt2e_backend_has_its_quantizers_and_a
     lowering = [spec for spec in FLOW_SPECS.values() if spec.lowers]
     assert [spec.name for spec in lowering] == ["pt2e"]
     assert set(BACKEND_QUANTIZERS) == set(DEFAULT_QUANTIZERS) == set(lowering[0].backends) == set(LOWERINGS)
+    assert set(QUANTIZER_BACKENDS.values()) == set(BACKEND_QUANTIZERS)
 
 
 def test_xnnpack_is_served_by_pt2e_alone_and_pt2e_stands_in_x86_for_fxs_other_engines() -> None:
