@@ -124,7 +124,7 @@ def test_minilm_ops_are_compared_and_the_worst_error_is_made_in_them() -> None:
     assert not [w for w in caught if "not compared" in str(w.message)]  # every op matched
     kinds = [row.kind for row in fx.ops]
     assert (kinds.count("add"), kinds.count("matmul"), kinds.count("softmax"), kinds.count("mul")) == (20, 12, 6, 2)
-    report = qinsight.diagnose(model, calibration)
+    report = qinsight.diagnose(model, calibration, verify=False)  # its sites alone: speed
     assert {row.fqn for row in fx.ops} == {site.fqn for site in report.sites if not site.kind.is_layer}
     worst = fx.worst(count=7)
     assert {row.kind for row in worst} <= {"add", "mul", "matmul", "softmax"}, [(r.fqn, r.kind) for r in worst]

@@ -236,6 +236,7 @@ def test_a_report_carrying_a_format_plan_round_trips_and_leads_with_its_verdict(
 
 
 @pytest.mark.slow
+@pytest.mark.extended(6)
 def test_smollm2_mixes_formats_below_int8_bits_and_reaches_its_target_on_text_it_never_saw() -> None:
     """SmolLM2-135M's 210 Linears (the tied output head stays float), int8 or int4 in groups of 32, planned
     to perplexity <= 1.05x fp32 on six paragraphs (231 tokens: three rank the layers, three choose the

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 import random
 import re
 
@@ -231,7 +230,7 @@ def test_leave_one_float_simulated_is_the_real_flow_bit_for_bit(flow: str) -> No
 
     model = mobilenet_v2_or_skip()
     calibration, held_out = photo_crops(8, seed=1), photo_crops(8, seed=2)
-    report = qinsight.diagnose(model, calibration)
+    report = qinsight.diagnose(model, calibration, verify=False)  # its sites alone: speed
     planned = flow_for(flow, model, report.sites, "x86", calibration + held_out)
     sim = planned.simulation(calibration)
     everything = {site: Mode.STATIC for site in sim.sites}
@@ -259,7 +258,7 @@ def test_the_fx_simulation_calibrates_observers_fx_shares_otherwise_under_a_conf
     model = minilm_or_skip()
     batches = sentence_batches()
     calibration, held_out = batches[:2], batches[4:5]
-    report = qinsight.diagnose(model, calibration)
+    report = qinsight.diagnose(model, calibration, verify=False)  # its sites alone: speed
     planned = flow_for("fx", model, report.sites, "x86", calibration + held_out)
     sim = planned.simulation(calibration)
     everything = {site: Mode.STATIC for site in sim.sites}
@@ -509,6 +508,7 @@ def _quantized_share(plan: QuantPlan, kind: str) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.extended(6)
 def test_minilm_fx_plan_with_smoothing_keeps_nine_tenths_of_the_linear_weights_int8() -> None:
     """Real weights, held-out sentences: the plan's mapping, applied to the smoothed model as a user
     would, reaches 0.995 with >= 90% of the Linear weights int8.
@@ -561,9 +561,8 @@ def test_minilm_pt2e_plan_keeps_nine_tenths_of_the_linear_weights_int8() -> None
     assert cosine(outputs(model, held_out), outputs(quantized, held_out)) == pytest.approx(plan.verified_score, abs=1e-5)
 
 
-@pytest.mark.skipif(
-    os.environ.get("QINSIGHT_SLOW_TESTS") != "1", reason="7 minutes on 2 cores: set QINSIGHT_SLOW_TESTS=1 to run it"
-)
+@pytest.mark.slow
+@pytest.mark.extended(7)
 def test_mobilenet_v2_fx_plan_keeps_nine_tenths_of_the_conv_weights_int8() -> None:
     """Real ImageNet weights, crops of a real photo never calibrated on: top-1 agreement with fp32 >=
     15/16 with >= 90% of the conv weights int8 in FX, on the report's activation observing (8 bits,
@@ -601,6 +600,7 @@ def _top1_agreement(
 
 
 @pytest.mark.slow
+@pytest.mark.extended(9)
 def test_mobilenet_v2_pt2e_plan_keeps_three_quarters_of_the_conv_weights_int8() -> None:
     """Real ImageNet weights, crops of a real photo never calibrated on: top-1 agreement with fp32
     >= 30/32 with >= 75% of the conv weights int8, and the report carrying the plan gives its

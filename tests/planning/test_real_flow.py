@@ -4,7 +4,6 @@ ends the plan, in one error. And its figures are read from the converted model."
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -110,9 +109,8 @@ def test_a_plan_does_not_claim_a_target_its_held_out_data_misses() -> None:
     assert "on held-out data" in qinsight.to_text(steady).splitlines()[0]
 
 
-@pytest.mark.skipif(
-    os.environ.get("QINSIGHT_SLOW_TESTS") != "1", reason="10 minutes on 2 cores: set QINSIGHT_SLOW_TESTS=1 to run it"
-)
+@pytest.mark.slow
+@pytest.mark.extended(10)
 def test_a_pt2e_plan_on_an_exported_llm_finishes_and_applies_as_planned() -> None:
     """SmolLM2-135M through torch.export and X86InductorQuantizer, 241 sites (issue: exported LLM graphs).
     Measured (626 s): perplexity 1.017 for real against the default config's 2.114, 92.2% of the layers'
