@@ -81,6 +81,23 @@ def flows_serving(backend: str, *, lowered: bool = False) -> tuple[FlowName, ...
     return tuple(name for name, spec in FLOW_SPECS.items() if spec.serves(backend) and (spec.lowers or not lowered))
 
 
+def reads_as_is(frontend: str) -> bool:
+    """Whether a flow prepares the graph ``frontend`` reads (a traced or an exported model); the eager
+    frontend's models are those FX cannot trace."""
+    return any(spec.frontend == frontend for spec in FLOW_SPECS.values())
+
+
+def report_flow(frontend: str, backend: str) -> FlowName:
+    """The flow a report's user quantizes with: its frontend's own (FX for a traced model, PT2E for an
+    exported one) where that serves ``backend``, else the first flow serving ``backend``; for a model
+    only the eager frontend reads, the flow that exports it (PT2E: ``torch.export`` takes models FX
+    cannot trace)."""
+    own = [spec for spec in FLOW_SPECS.values() if spec.frontend == frontend]
+    if own:
+        return own[0].name if own[0].serves(backend) else flows_serving(backend)[0]
+    return next(spec.name for spec in FLOW_SPECS.values() if spec.frontend == "export")
+
+
 def check_flow_backend(owner: str, flow: FlowName, backend: str) -> None:
     """One :class:`InvalidParameterError` unless ``flow`` quantizes for ``backend``, naming the backends it does."""
     if not FLOW_SPECS[flow].serves(backend):
@@ -100,4 +117,6 @@ def fx_engine(backend: str) -> str:
     return _FX_STAND_INS.get(backend, backend)
 
 
-__all__ = ["FLOW_SPECS", "FlowSpec", "check_flow_backend", "flow_spec", "flows_serving", "fx_engine"]
+__all__ = [
+    "FLOW_SPECS", "FlowSpec", "check_flow_backend", "flow_spec", "flows_serving", "fx_engine", "reads_as_is", "report_flow",
+]

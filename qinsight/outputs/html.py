@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable
 
 from qinsight.core.advice import advice_of
-from qinsight.core.flows import flow_spec, flows_serving
+from qinsight.core.flows import flow_spec, reads_as_is, report_flow
 from qinsight.core.report import Report
 from qinsight.outputs.files import write_atomically
 from qinsight.outputs.formats import format_summary, format_tables
@@ -52,12 +52,14 @@ def _png(figure: object) -> str:
 
 
 def _suggested_config(report: Report) -> str:
-    """FX's pasteable config where FX serves the report's backend; else the call that builds it."""
-    backend = report.metadata.backend
-    if not flow_spec("fx").serves(backend):
-        spec = flow_spec((*flows_serving(backend), "pt2e")[0])
+    """FX's pasteable config where FX serves the report's backend and reads its model; else the call that
+    builds the config of the flow that does."""
+    backend, frontend = report.metadata.backend, report.metadata.frontend
+    if not flow_spec("fx").serves(backend) or not reads_as_is(frontend):
+        spec = flow_spec(report_flow(frontend, backend))
         call = _e(spec.call("report"))
-        return f"<p>{_e(backend)} quantizes through {spec.title}: <code>{call}</code> gives the config.</p>"
+        why = f"{_e(backend)} quantizes" if reads_as_is(frontend) else "FX cannot trace this model; it quantizes"
+        return f"<p>{why} through {spec.title}: <code>{call}</code> gives the config.</p>"
     source = " It is the attached plan's config, verified below." if advice_of(report, "fx").source == "plan" else ""
     return f"""<p>Paste to quantize with <code>prepare_fx(model, mapping, example_inputs)</code>, or use
 <code>qinsight.qconfig_mapping(report)</code> / <code>qinsight.pt2e_quantizer(report)</code>.{source}</p>

@@ -4,7 +4,7 @@ with its numbers; or that the config was not verified."""
 
 from __future__ import annotations
 
-from qinsight.core.flows import flow_spec
+from qinsight.core.flows import flow_spec, reads_as_is, report_flow
 from qinsight.core.report import Report
 
 UNVERIFIED = (
@@ -18,6 +18,13 @@ def verification_lines(report: Report) -> list[str]:
     attached plan verified its own; or :data:`UNVERIFIED`."""
     if not report.verification and report.plan is not None:
         return [f"Verified by the plan in {report.plan.flow}: its config, quantized for real against {report.plan.target} (below)"]
+    if not report.verification and not reads_as_is(report.metadata.frontend):
+        flow = report_flow(report.metadata.frontend, report.metadata.backend)
+        return [
+            f"Not verified: FX cannot trace this model (the eager frontend read it); {flow_spec(flow).title} "
+            f"exports it: diagnose(..., verify={flow!r}) or qinsight.verify_report(model, report, data, "
+            f"flows={flow!r}) verifies {flow_spec(flow).call('report')}"
+        ]
     if not report.verification:
         return [UNVERIFIED]
     calls = " / ".join(flow_spec(verdict.flow).call("report") for verdict in report.verification)

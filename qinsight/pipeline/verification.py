@@ -39,7 +39,7 @@ from qinsight.core.advice import Advice, advice_of
 from qinsight.core.errors import InvalidParameterError, describe
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
-from qinsight.core.flows import FLOW_SPECS, flow_spec, flows_serving
+from qinsight.core.flows import flow_spec, reads_as_is, report_flow
 from qinsight.core.sites import FLOWS, FlowName
 from qinsight.core.verification import (
     ConfigParts,
@@ -57,15 +57,13 @@ ENV_VERIFY: Final = "QINSIGHT_VERIFY"
 VERIFY_BATCHES = 8  # the most calibration batches a verification keeps: its cost grows with them
 def default_flows(frontend: str, backend: str, quantizer: object | None = None) -> tuple[FlowName, ...]:
     """The flows a report is verified in unless told: the flow of the user's ``quantizer`` (PT2E), else
-    its frontend's (FX for a traced model, PT2E for an exported one), or where that flow does not serve
-    the backend the one that does (PT2E for XNNPACK); none for the eager frontend's models, which FX
-    cannot trace."""
+    the report's own (:func:`~qinsight.core.flows.report_flow`: FX for a traced model, PT2E for an
+    exported one or for XNNPACK); none for the eager frontend's models unless asked, though PT2E
+    takes them (``verify="pt2e"``)."""
     if quantizer is not None:
         return (flow_of(quantizer, "diagnose", "quantizer").name,)
-    own = [name for name, spec in FLOW_SPECS.items() if spec.frontend == frontend]
-    if not own:
-        return ()
-    return (own[0],) if flow_spec(own[0]).serves(backend) else flows_serving(backend)[:1]
+    # the eager frontend's models (LLMs) verify when asked (verify="pt2e"): exporting one costs minutes
+    return (report_flow(frontend, backend),) if reads_as_is(frontend) else ()
 
 
 def chosen_flows(

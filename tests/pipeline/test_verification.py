@@ -210,3 +210,34 @@ def test_the_defaults_verify_every_built_in_example_in_its_own_flow(name: str) -
         assert verdict.verified, verdict.error
         assert math.isfinite(verdict.score) and not verdict.error
         assert "Not verified" not in qinsight.to_text(report)
+
+
+class ShapeBranching(nn.Module):
+    """A branch on the batch's shape: FX's symbolic trace cannot take it, torch.export specializes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.relu(self.fc1(x))
+        return self.fc2(hidden if x.shape[0] > 1 else hidden * 2)
+
+
+def test_a_model_fx_cannot_trace_is_verified_in_pt2e_when_asked_and_its_config_speaks_pt2e() -> None:
+    pytest.importorskip("torchao")
+    torch.manual_seed(0)
+    model, data = ShapeBranching().eval(), [torch.randn(8, 16) for _ in range(4)]
+    unverified = qinsight.diagnose(model, data)
+    assert unverified.metadata.frontend == "eager" and unverified.verification == ()
+    assert (
+        "Not verified: FX cannot trace this model (the eager frontend read it); PT2E exports it: "
+        "diagnose(..., verify='pt2e') or qinsight.verify_report(model, report, data, flows='pt2e') verifies "
+        "qinsight.pt2e_quantizer(report)"
+    ) in qinsight.to_text(unverified)
+    assert "FX cannot trace this model; it quantizes through PT2E: <code>qinsight.pt2e_quantizer(report)</code>" in (
+        render_html(unverified)
+    )
+    verdict = qinsight.diagnose(model, data, verify="pt2e").verification_for("pt2e")
+    assert verdict is not None and verdict.verified and math.isfinite(verdict.score) and verdict.score > 20.0
+    assert not verdict.left_float  # both Linears quantized, read from the converted model
