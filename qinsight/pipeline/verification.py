@@ -28,6 +28,7 @@ import attrs
 import torch
 from torch import nn
 
+from qinsight.apply.pt2e import planned_backend
 from qinsight.apply.recipe import quantize_with
 from qinsight.compare.configs import release_fx_graphs, trial
 from qinsight.compare.flows import QUANT_FLOWS, flow_of
@@ -55,13 +56,10 @@ from qinsight.pipeline.saturation import kernels_checked
 
 ENV_VERIFY: Final = "QINSIGHT_VERIFY"
 VERIFY_BATCHES = 8  # the most calibration batches a verification keeps: its cost grows with them
-def default_flows(frontend: str, backend: str, quantizer: object | None = None) -> tuple[FlowName, ...]:
-    """The flows a report is verified in unless told: the flow of the user's ``quantizer`` (PT2E), else
-    the report's own (:func:`~qinsight.core.flows.report_flow`: FX for a traced model, PT2E for an
-    exported one or for XNNPACK); none for the eager frontend's models unless asked, though PT2E
-    takes them (``verify="pt2e"``)."""
-    if quantizer is not None:
-        return (flow_of(quantizer, "diagnose", "quantizer").name,)
+def default_flows(frontend: str, backend: str) -> tuple[FlowName, ...]:
+    """The flows a report is verified in unless told: its own (:func:`~qinsight.core.flows.report_flow`:
+    FX for a traced model, PT2E for an exported one or for XNNPACK); none for the eager frontend's
+    models unless asked, though PT2E takes them (``verify="pt2e"``)."""
     # the eager frontend's models (LLMs) verify when asked (verify="pt2e"): exporting one costs minutes
     return (report_flow(frontend, backend),) if reads_as_is(frontend) else ()
 
@@ -73,14 +71,17 @@ def chosen_flows(
     backend: str,
     quantizer: object | None = None,
 ) -> tuple[FlowName, ...]:
-    """``verify`` as flows: ``True`` the report's own (:func:`default_flows`), ``False`` none, a
+    """``verify`` as flows: ``True`` the user's ``quantizer``'s flow where given, else the report's own
+    (:func:`default_flows`), ``False`` none, a
     flow's name or several, ``None`` what ``QINSIGHT_VERIFY`` says (:func:`verify_setting`), else
     ``True``; anything else, a flow that cannot quantize for ``backend`` or cannot take the user's
     ``quantizer``, one :class:`InvalidParameterError`."""
     if verify is None:
         verify = verify_setting()
     if verify is True:
-        return default_flows(frontend, backend, quantizer)
+        if quantizer is not None:
+            return (flow_of(quantizer, owner, "quantizer").name,)
+        return default_flows(frontend, backend)
     if verify is False:
         return ()
     names = [verify] if isinstance(verify, str) else list(verify)
@@ -139,6 +140,7 @@ def verify_report(
     default, and where it beats the report's config the verdict says to keep it."""
     if isinstance(model, torch.export.ExportedProgram):
         model = model.module()
+    planned_backend("verify_report", report.metadata.backend, quantizer)  # one error if q is another backend's
     chosen = chosen_flows("verify_report", flows, report.metadata.frontend, report.metadata.backend, quantizer)
     lowering = lowering_of("verify_report", chosen, report.metadata.backend) if lowered else None
     batches = [batch for _, batch in zip(range(VERIFY_BATCHES), data)]

@@ -121,3 +121,6 @@ def test_verification_starts_from_the_users_quantizer(tmp_path: Path) -> None:
     beaten = noting_yours(attrs.evolve(verdict, yours=verdict.score + 1.0))
     assert beaten.notes[-1] == f"your XNNPACKQuantizer scored {verdict.score + 1.0:.2f} dB, above the report's " \
         f"config ({verdict.score:.2f} dB): keep yours"
+    x86_report = qinsight.diagnose(model, batches, verify=False)
+    with pytest.raises(qinsight.InvalidParameterError, match="^verify_report: backend='x86' is invalid"):
+        qinsight.verify_report(model, x86_report, batches, quantizer=yours)
