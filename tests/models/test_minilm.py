@@ -101,7 +101,7 @@ def test_the_layers_that_make_the_most_error_are_the_ffn_outputs(minilm: Quantiz
 
 
 def test_the_outlier_detector_flags_the_layers_the_comparison_finds_worst(minilm: Quantized) -> None:
-    report = qinsight.diagnose(minilm.model, minilm.calibration, model_name="minilm")
+    report = qinsight.diagnose(minilm.model, minilm.calibration, model_name="minilm", verify=False)  # the flags: speed
     flagged = {f.fqn for f in report.result("qinsight.outliers").findings if f.verdict == "outlier channels"}
     worst = [layer.fqn for layer in minilm.full_cmp.worst(count=4, ops=False)]
     assert set(worst) <= flagged, (worst, sorted(flagged))
