@@ -69,12 +69,13 @@ def plan_request(
     if quantizer is not None and flow is None:
         flow = flow_of(quantizer, "plan", "quantizer").name
     name = checked_flow(flow if flow is not None else _serving(backend, lowered), "plan")
-    check_flow_backend("plan", name, backend)
+    # the quantizer first: the backend it implies is not what the user got wrong
     if quantizer is not None and not (
         QUANT_FLOWS[name].takes(quantizer) and callable(getattr(quantizer, "annotate", None))
     ):
         expected = "a torchao Quantizer, for flow='pt2e' (a plan starts from a PT2E quantizer)"
         raise InvalidParameterError("plan", "quantizer", type(quantizer).__name__, expected)
+    check_flow_backend("plan", name, backend)
     if lowered and not flow_spec(name).lowers:
         raise InvalidParameterError("plan", "lowered", True, f"flow='pt2e' (the {name} flow's model is not lowered)")
     lowering = lowering_for("plan", backend) if lowered else None
