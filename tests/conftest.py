@@ -51,11 +51,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # The whole suite's longest tests outside the extended tier, longest first (seconds on 2 cores of an
-# AVX2 CPU, two workers: about 170, 115, 110, 100). Each worker starts one of them at once (``--dist
+# AVX2 CPU, two workers: about 150, 50, 90, 80; torchrun's runs spawn processes that wait on each other). Each worker starts one of them at once (``--dist
 # worksteal`` gives each worker a half of the collection, in order) instead of both being left to the end.
 LONGEST = (
     "test_every_documented_command_runs_as_written[cli.md]",
-    "test_the_reports_config_scores_at_least_the_default_on_unseen_inputs[minilm]",
+    "test_torchrun_diagnose_and_merge_on_the_command_line",
     "test_the_fx_simulation_calibrates_observers_fx_shares_otherwise_under_a_config",
     "test_mobilenet_v2_fx_with_the_reports_mapping_beats_fxs_default_and_nears_pt2es",
 )

@@ -224,6 +224,7 @@ def test_hf_mistakes_end_in_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended(1)
 def test_diagnose_a_hugging_face_gguf_with_its_own_tokenizer(tmp_path: Path) -> None:
     from _support import smollm2_hf_or_skip
 

@@ -103,7 +103,7 @@ def _get(data: Any, path: tuple[Any, ...]) -> Any:
     return data
 
 
-@settings(max_examples=examples(1000), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(text=mutated())
 def test_mutated_report_files_give_one_clear_error_or_a_valid_report(text: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     path = tmp_path_factory.mktemp("fuzz") / "r.json"

@@ -216,6 +216,7 @@ def _floated_as_simulated_and_for_real(
 
 
 @pytest.mark.slow
+@pytest.mark.extended(1)
 @pytest.mark.parametrize("flow", ["fx", "pt2e"])
 def test_leave_one_float_simulated_is_the_real_flow_bit_for_bit(flow: str) -> None:
     """MobileNetV2, real weights. PT2E: keeping a conv in float changes which edges
