@@ -50,9 +50,10 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // workers))
 
 
-# The whole suite's longest tests outside the extended tier, longest first (seconds on 2 cores of an
-# AVX2 CPU, two workers: about 150, 50, 90, 80; torchrun's runs spawn processes that wait on each other). Each worker starts one of them at once (``--dist
-# worksteal`` gives each worker a half of the collection, in order) instead of both being left to the end.
+# The whole suite's longest tests outside the extended tier (seconds on 2 cores of an AVX2 CPU, two
+# workers: about 150, 50, 90, 80; torchrun's processes wait on each other, so it goes early). Each
+# worker starts one of them at once (``--dist worksteal`` gives each worker a half of the collection,
+# in order) instead of both being left to the end.
 LONGEST = (
     "test_every_documented_command_runs_as_written[cli.md]",
     "test_torchrun_diagnose_and_merge_on_the_command_line",

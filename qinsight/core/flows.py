@@ -118,5 +118,6 @@ def fx_engine(backend: str) -> str:
 
 
 __all__ = [
-    "FLOW_SPECS", "FlowSpec", "check_flow_backend", "flow_spec", "flows_serving", "fx_engine", "reads_as_is", "report_flow",
+    "FLOW_SPECS", "FlowSpec", "check_flow_backend", "flow_spec", "flows_serving", "fx_engine", "reads_as_is",
+    "report_flow",
 ]

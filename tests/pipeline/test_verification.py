@@ -160,7 +160,8 @@ EXTENDED = {"mobilenet_v2": 4, "resnet18": 2, "minilm": 2}
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=[pytest.mark.extended(EXTENDED[name])] if name in EXTENDED else []) for name in sorted(MODELS)]
+    "name",
+    [pytest.param(name, marks=[pytest.mark.extended(EXTENDED[name])] if name in EXTENDED else []) for name in sorted(MODELS)],
 )
 def test_the_reports_config_scores_at_least_the_default_on_unseen_inputs(name: str) -> None:
     model, calibration, unseen = MODELS[name]()
