@@ -41,9 +41,10 @@ def planned_config(args: argparse.Namespace) -> tuple[QConfigMapping | None, obj
     quantizer, without ``--backend``, says the backend)."""
     from torch.ao.quantization import QConfigMapping
 
+    from qinsight.apply.pt2e import planned_backend
     from qinsight.apply.recipe import default_config
 
-    backend = args.backend or "x86"  # diagnose's own default, where no quantizer says otherwise
+    backend = planned_backend("diagnose", args.backend, None)  # diagnose's own default where none is given
     check_backend("diagnose", backend)
     if args.qconfig == "none":
         return None, None
