@@ -155,25 +155,54 @@ def sentence_batches(size: int = 8) -> list[dict[str, torch.Tensor]]:
     return [tokenize(sentences[i : i + size]) for i in range(0, len(sentences), size)]
 
 
-def photo_crops(count: int, seed: int, batch: int = 8) -> list[torch.Tensor]:
-    """ImageNet-normalized 224x224 crops (random size, place and flip) of a real photo that ships with
-    matplotlib (Grace Hopper in uniform, 600x512): real image statistics for MobileNetV2, offline."""
+# Real photos in reach offline, by the package that ships each (MODELS.md). The ImageNet classes they
+# show vary from one confident answer (coffee: espresso 0.99) to near ties (china: 0.23 against 0.21).
+PHOTOS = {
+    "grace_hopper": ("matplotlib", "mpl-data/sample_data/grace_hopper.jpg"),
+    "china": ("sklearn.datasets", "images/china.jpg"),
+    "flower": ("sklearn.datasets", "images/flower.jpg"),
+    **{
+        name: ("skimage.data", file)
+        for name, file in [
+            ("astronaut", "astronaut.png"), ("chelsea", "chelsea.png"), ("coffee", "coffee.png"),
+            ("rocket", "rocket.jpg"), ("motorcycle", "motorcycle_left.png"), ("retina", "retina.jpg"),
+            ("hubble", "hubble_deep_field.jpg"),
+        ]
+    },
+}
+
+
+def photo(name: str) -> torch.Tensor:
+    """One of :data:`PHOTOS` as a 3xHxW float tensor in [0, 1]; skips the test where its package is
+    missing (``pip install scikit-learn scikit-image``)."""
     import os
 
-    import matplotlib
     import matplotlib.image
+    import pytest
 
-    path = os.path.join(os.path.dirname(matplotlib.__file__), "mpl-data", "sample_data", "grace_hopper.jpg")
-    photo = torch.from_numpy(matplotlib.image.imread(path).copy()).permute(2, 0, 1).float() / 255
+    package, file = PHOTOS[name]
+    module = pytest.importorskip(package)
+    pixels = torch.from_numpy(matplotlib.image.imread(os.path.join(os.path.dirname(module.__file__), file)).copy())
+    pixels = pixels.float() / 255 if pixels.dtype == torch.uint8 else pixels.float()
+    return pixels[..., :3].permute(2, 0, 1).contiguous()
+
+
+def photo_crops(count: int, seed: int, batch: int = 8, photos: Sequence[str] = ("grace_hopper",)) -> list[torch.Tensor]:
+    """ImageNet-normalized 224x224 crops (random photo among ``photos``, random size, place and flip)
+    of real photos (:data:`PHOTOS`; by default Grace Hopper in uniform, 600x512, which ships with
+    matplotlib): real image statistics for MobileNetV2, offline."""
+    pictures = [photo(name) for name in photos]
     mean, std = torch.tensor([0.485, 0.456, 0.406])[:, None, None], torch.tensor([0.229, 0.224, 0.225])[:, None, None]
     g = torch.Generator().manual_seed(seed)
     crops = []
     for _ in range(count):
-        size = int(torch.randint(224, 500, (1,), generator=g))
-        top = int(torch.randint(0, photo.shape[1] - size + 1, (1,), generator=g))
-        left = int(torch.randint(0, photo.shape[2] - size + 1, (1,), generator=g))
+        picture = pictures[int(torch.randint(0, len(pictures), (1,), generator=g))] if len(pictures) > 1 else pictures[0]
+        side = min(picture.shape[1:])
+        size = int(torch.randint(224, max(225, min(500, side + 1)), (1,), generator=g))
+        top = int(torch.randint(0, picture.shape[1] - size + 1, (1,), generator=g))
+        left = int(torch.randint(0, picture.shape[2] - size + 1, (1,), generator=g))
         crop = torch.nn.functional.interpolate(
-            photo[None, :, top : top + size, left : left + size], size=(224, 224), mode="bilinear", antialias=True
+            picture[None, :, top : top + size, left : left + size], size=(224, 224), mode="bilinear", antialias=True
         )[0]
         crop = crop.flip(-1) if bool(torch.rand(1, generator=g) < 0.5) else crop
         crops.append((crop - mean) / std)

@@ -4,7 +4,11 @@
 ``qinsight.plan(..., target="top1>=0.93", backend="xnnpack", lowered=True)``: every real score of the
 plan is of the program lowered through ExecuTorch and run by its runtime. The plan's config is then
 applied as a user would (``qinsight.quantize(model, plan, calibration)``), lowered and run on crops
-that neither calibration nor the plan saw (``compare_lowered``).
+of photos that neither calibration nor the plan saw (``compare_lowered``).
+
+The crops to calibrate and plan on are of scikit-image's seven natural photos, the held-out crops of
+three others (matplotlib's Grace Hopper, scikit-learn's China and flower): ``pip install scikit-learn
+scikit-image`` first (``--plan-photos grace_hopper --held-out-photos grace_hopper`` needs neither).
 
     python tests/benchmarks/bench_xnnpack_plan.py
     python tests/benchmarks/bench_xnnpack_plan.py --target "top1>=0.9" --held-out 64
@@ -31,14 +35,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="top1>=0.93")
     parser.add_argument("--calibration", type=int, default=16, help="crops to calibrate on")
-    parser.add_argument("--evaluation", type=int, default=16, help="crops the plan scores on")
-    parser.add_argument("--held-out", type=int, default=32, help="crops of other places the plan never saw")
+    parser.add_argument("--evaluation", type=int, default=32, help="crops the plan scores on")
+    parser.add_argument("--held-out", type=int, default=64, help="crops of photos the plan never saw")
+    parser.add_argument("--plan-photos", default="astronaut,chelsea,coffee,rocket,motorcycle,retina,hubble")
+    parser.add_argument("--held-out-photos", default="grace_hopper,china,flower")
     args = parser.parse_args()
     torch.set_num_threads(2)
     warnings.simplefilter("ignore")
     model = mobilenet_v2_or_skip().eval()
-    calibration, evaluation = photo_crops(args.calibration, seed=1), photo_crops(args.evaluation, seed=2)
-    held_out = photo_crops(args.held_out, seed=3)
+    seen, unseen = tuple(args.plan_photos.split(",")), tuple(args.held_out_photos.split(","))
+    calibration = photo_crops(args.calibration, seed=1, photos=seen)
+    evaluation = photo_crops(args.evaluation, seed=2, photos=seen)
+    held_out = photo_crops(args.held_out, seed=3, photos=unseen)
 
     began = time.perf_counter()
     report = qinsight.diagnose(model, calibration, backend="xnnpack")
