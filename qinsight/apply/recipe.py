@@ -107,10 +107,16 @@ def prepared(
 
 
 def quantize_with(
-    model: nn.Module, advice: Advice, calibration: Sequence[object], quantizer: object | None = None
+    model: nn.Module,
+    advice: Advice,
+    calibration: Sequence[object],
+    quantizer: object | None = None,
+    runs_on: Sequence[object] = (),
 ) -> nn.Module:
     """``model`` quantized with ``advice`` through its flow (on top of the user's ``quantizer``, where
-    given): smoothed first where the advice smooths, prepared, calibrated on ``calibration`` and converted."""
+    given): smoothed first where the advice smooths, prepared, calibrated on ``calibration`` and converted.
+    An exported model takes every input shape among ``calibration`` and ``runs_on`` (the batches it is
+    run on after)."""
     if not calibration:
         raise InvalidParameterError("quantize", "calibration_data", "no batches", "at least one batch")
     for note in advice.notes:
@@ -119,7 +125,7 @@ def quantize_with(
     smoothed = apply_smoothing(model, advice.smoothing)
     spec = flow_spec(advice.flow)
     equalization = equalization_qconfig_mapping(advice.equalization) if spec.equalizes else None
-    shapes = varying_shapes(calibration) if spec.frontend == "export" else None
+    shapes = varying_shapes([*calibration, *runs_on]) if spec.frontend == "export" else None
     ready, flow = prepared(
         advice.flow, smoothed, torch_config(advice, quantizer), example_inputs(calibration[0]), shapes, equalization
     )

@@ -43,7 +43,11 @@ def _prepare_pt2e(
 ) -> nn.Module:
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
-    exported = torch.export.export(copy.deepcopy(model).eval(), example, dynamic_shapes=shapes).module()
+    copied = copy.deepcopy(model).eval()
+    settings = getattr(copied, "config", None)  # a Hugging Face model's
+    if getattr(settings, "use_cache", False):  # its DynamicCache is no pytree torch.export returns; one forward
+        settings.use_cache = False  # over a whole batch needs no cache, and gives the same logits
+    exported = torch.export.export(copied, example, dynamic_shapes=shapes).module()
     prepared: nn.Module = prepare_pt2e(separate_shared_calls(exported), config)
     return prepared
 

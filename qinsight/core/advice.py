@@ -22,7 +22,7 @@ import attrs
 
 from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
-from qinsight.core.flows import flow_spec, flows_serving
+from qinsight.core.flows import flow_spec, report_flow
 from qinsight.core.plan import QuantPlan
 from qinsight.core.sites import FlowName, OpSite, checked_flow
 from qinsight.core.smoothing import SmoothingMapping
@@ -57,8 +57,9 @@ class Advice:
 
 
 def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None, *, owner: str = "advice_of") -> Advice:
-    """The advice ``source`` gives for ``flow`` (default: a plan's own flow; for a report, the first
-    flow serving its backend: FX, PT2E for XNNPACK), for the backend the flow serves
+    """The advice ``source`` gives for ``flow`` (default: a plan's own flow; for a report, the flow its
+    user quantizes with, :func:`~qinsight.core.flows.report_flow`: FX for a traced model, PT2E for an
+    exported one, for XNNPACK and for a model FX cannot trace), for the backend the flow serves
     (:meth:`~qinsight.core.flows.FlowSpec.backend_for`; ``owner``: the function named in its error).
 
     A report carrying a plan made for ``flow`` gives the plan's verified config;
@@ -77,7 +78,7 @@ def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None,
         wanted = checked_flow(flow if flow is not None else source.flow, owner)
         return _of_plan(source, wanted, owner)
     backend = source.metadata.backend
-    wanted = checked_flow(flow if flow is not None else (*flows_serving(backend), "fx")[0], owner)
+    wanted = checked_flow(flow if flow is not None else report_flow(source.metadata.frontend, backend), owner)
     plan = source.plan
     if plan is not None and plan.flow == wanted:
         return _of_plan(plan, wanted, owner)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from qinsight.core.comparison import Comparison
 from qinsight.core.findings import Finding
-from qinsight.core.flows import flow_spec
+from qinsight.core.flows import flow_spec, reads_as_is, report_flow
 from qinsight.core.formats import FormatPlan
 from qinsight.core.plan import QuantPlan
 from qinsight.core.report import DetectorResult, Report
@@ -143,13 +143,7 @@ def render_text(report: Report, *, everything: bool = False) -> str:
             f"Equalize: {', '.join(report.equalization_mapping.fqns)} "
             "(prepare_fx's _equalization_config; PT2E has no equalization)"
         )
-    # an FX plan's config is the report's: its observing, checked by the plan, is what the mapping uses
-    plan = report.plan
-    observing = (
-        plan.fx_activations if plan is not None and flow_spec(plan.flow).observes_activations else report.fx_activations
-    )
-    if observing is not None:
-        lines.append(f"qinsight.qconfig_mapping(report): {observing.describe()}")
+    lines.extend(_config_call_lines(report))
     lines.extend(verification_lines(report))
     refused = report.equalization_mapping.refused
     if refused:
@@ -237,6 +231,24 @@ def _config_lines(report: Report, everything: bool) -> list[str]:
     quantized = [(fqn, text) for fqn, text in entries if text != "keep in float"]
     rows = _rows(by_role(quantized, everything=False, same_text=True), "  ") if quantized else []
     return [*rows, f"  keep in float ({len(floats)}): {role_counts(floats)}"]
+
+
+def _config_call_lines(report: Report) -> list[str]:
+    """The call that gives the user the config, where it is not FX's mapping (the report's backend or
+    model is another flow's), and how FX's mapping observes activations where it is."""
+    plan, meta = report.plan, report.metadata
+    flow = plan.flow if plan is not None else report_flow(meta.frontend, meta.backend)
+    if not flow_spec(flow).observes_activations:
+        if plan is not None:
+            return []  # the plan's line above names its call
+        title = flow_spec(flow).title
+        why = f"FX cannot trace this model; {title} quantizes what torch.export exports" if not reads_as_is(meta.frontend) else (
+            f"{meta.backend} quantizes through {title}"
+        )
+        return [f"{flow_spec(flow).call('report')} gives this config: {why}"]
+    # an FX plan's config is the report's: its observing, checked by the plan, is what the mapping uses
+    observing = plan.fx_activations if plan is not None else report.fx_activations
+    return [f"qinsight.qconfig_mapping(report): {observing.describe()}"] if observing is not None else []
 
 
 def _conflict_lines(report: Report, everything: bool) -> list[str]:

@@ -9,7 +9,7 @@ from qinsight.core.report import Report
 
 UNVERIFIED = (
     "Not verified: this config was not quantized and scored for real (diagnose(verify=False) or QINSIGHT_VERIFY=0, "
-    "a distributed run, or the eager frontend); qinsight.verify_report(model, report, data, flows=...) verifies it"
+    "or a distributed run); qinsight.verify_report(model, report, data) verifies it"
 )
 
 
@@ -21,9 +21,9 @@ def verification_lines(report: Report) -> list[str]:
     if not report.verification and not reads_as_is(report.metadata.frontend):
         flow = report_flow(report.metadata.frontend, report.metadata.backend)
         return [
-            f"Not verified: FX cannot trace this model (the eager frontend read it); {flow_spec(flow).title} "
-            f"exports it: diagnose(..., verify={flow!r}) or qinsight.verify_report(model, report, data, "
-            f"flows={flow!r}) verifies {flow_spec(flow).call('report')}"
+            f"Not verified (verify=False or QINSIGHT_VERIFY=0): FX cannot trace this model (the eager frontend "
+            f"read it), so {flow_spec(flow).title} verifies it: qinsight.verify_report(model, report, data) "
+            f"quantizes {flow_spec(flow).call('report')} for real"
         ]
     if not report.verification:
         return [UNVERIFIED]

@@ -40,7 +40,7 @@ from qinsight.core.advice import Advice, advice_of
 from qinsight.core.errors import InvalidParameterError, describe
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
-from qinsight.core.flows import flow_spec, reads_as_is, report_flow
+from qinsight.core.flows import flow_spec, report_flow
 from qinsight.core.sites import FLOWS, FlowName
 from qinsight.core.verification import (
     ConfigParts,
@@ -58,10 +58,10 @@ ENV_VERIFY: Final = "QINSIGHT_VERIFY"
 VERIFY_BATCHES = 8  # the most calibration batches a verification keeps: its cost grows with them
 def default_flows(frontend: str, backend: str) -> tuple[FlowName, ...]:
     """The flows a report is verified in unless told: its own (:func:`~qinsight.core.flows.report_flow`:
-    FX for a traced model, PT2E for an exported one or for XNNPACK); none for the eager frontend's
-    models unless asked, though PT2E takes them (``verify="pt2e"``)."""
-    # the eager frontend's models (LLMs) verify when asked (verify="pt2e"): exporting one costs minutes
-    return (report_flow(frontend, backend),) if reads_as_is(frontend) else ()
+    FX for a traced model, PT2E for an exported one, for XNNPACK, and for a model only the eager
+    frontend reads: ``torch.export`` takes many that FX cannot trace; one it cannot export is a
+    verdict saying so, not an error)."""
+    return (report_flow(frontend, backend),)
 
 
 def chosen_flows(
@@ -188,7 +188,7 @@ class _Scorer:
     def __call__(self, advice: Advice, quantizer: object | None = None) -> float:
         try:
             with trial():
-                quantized = quantize_with(self.model, advice, self.calibrating, quantizer)
+                quantized = quantize_with(self.model, advice, self.calibrating, quantizer, runs_on=self.scored)
                 program = shipped(quantized, self.lowering)
                 with eval_mode(program), torch.no_grad():
                     rows = torch.cat([output_rows(run_batch(program, b), owner="verify_report") for b in self.scored])

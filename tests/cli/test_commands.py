@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 
@@ -224,8 +225,8 @@ def test_hf_mistakes_end_in_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.extended(1)
-def test_diagnose_a_hugging_face_gguf_with_its_own_tokenizer(tmp_path: Path) -> None:
+@pytest.mark.extended(3)
+def test_diagnose_a_hugging_face_gguf_with_its_own_tokenizer_verified_in_pt2e(tmp_path: Path) -> None:
     from _support import smollm2_hf_or_skip
 
     smollm2_hf_or_skip()  # skips without transformers or the packaged weights
@@ -241,6 +242,11 @@ def test_diagnose_a_hugging_face_gguf_with_its_own_tokenizer(tmp_path: Path) -> 
     report = api.load_report(out)
     assert any(site.fqn == "model.layers.11.mlp.down_proj" for site in report.sites)  # transformers' own names
     assert len(result.stdout.splitlines()) <= 60
+    # FX cannot trace transformers' Llama: its config is verified for real in PT2E (exported without its cache)
+    verdict = report.verification_for("pt2e")
+    assert [v.flow for v in report.verification] == ["pt2e"] and verdict is not None and verdict.verified
+    assert math.isfinite(verdict.score) and math.isfinite(verdict.default) and verdict.score >= verdict.default
+    assert "qinsight.pt2e_quantizer(report) gives this config: FX cannot trace this model" in result.stdout
 
 
 def test_diagnose_and_plan_judge_one_model_against_the_same_default_plan(tmp_path: Path) -> None:

@@ -83,7 +83,8 @@ def test_the_default_verifies_the_frontends_flow_and_qinsight_verify_chooses(mon
     model, data = cnn.model(), cnn.data(2)
     monkeypatch.delenv("QINSIGHT_VERIFY", raising=False)
     assert [v.flow for v in qinsight.diagnose(model, data).verification] == ["fx"]
-    assert qinsight.diagnose(model, data, frontend="eager").verification == ()  # FX cannot quantize what it cannot trace
+    # FX cannot quantize what it cannot trace: a model only the eager frontend reads is verified in PT2E
+    assert [v.flow for v in qinsight.diagnose(model, data, frontend="eager").verification] == ["pt2e"]
     monkeypatch.setenv("QINSIGHT_VERIFY", "0")
     assert qinsight.diagnose(model, data).verification == ()
     assert [v.flow for v in qinsight.diagnose(model, data, verify="fx").verification] == ["fx"]  # a call's own word wins
@@ -225,20 +226,50 @@ class ShapeBranching(nn.Module):
         return self.fc2(hidden if x.shape[0] > 1 else hidden * 2)
 
 
-def test_a_model_fx_cannot_trace_is_verified_in_pt2e_when_asked_and_its_config_speaks_pt2e() -> None:
+def test_a_model_fx_cannot_trace_is_verified_in_pt2e_by_default_and_its_config_speaks_pt2e() -> None:
     pytest.importorskip("torchao")
     torch.manual_seed(0)
     model, data = ShapeBranching().eval(), [torch.randn(8, 16) for _ in range(4)]
-    unverified = qinsight.diagnose(model, data)
-    assert unverified.metadata.frontend == "eager" and unverified.verification == ()
-    assert (
-        "Not verified: FX cannot trace this model (the eager frontend read it); PT2E exports it: "
-        "diagnose(..., verify='pt2e') or qinsight.verify_report(model, report, data, flows='pt2e') verifies "
-        "qinsight.pt2e_quantizer(report)"
-    ) in qinsight.to_text(unverified)
-    assert "FX cannot trace this model; it quantizes through PT2E: <code>qinsight.pt2e_quantizer(report)</code>" in (
-        render_html(unverified)
-    )
-    verdict = qinsight.diagnose(model, data, verify="pt2e").verification_for("pt2e")
+    report = qinsight.diagnose(model, data)
+    assert report.metadata.frontend == "eager"
+    verdict = report.verification_for("pt2e")
+    assert [v.flow for v in report.verification] == ["pt2e"]
     assert verdict is not None and verdict.verified and math.isfinite(verdict.score) and verdict.score > 20.0
     assert not verdict.left_float  # both Linears quantized, read from the converted model
+    # applied as its user would, the verified config quantizes both Linears through torch.export
+    quantized = qinsight.quantize(model, report, data)
+    layers = qinsight.compare_activations(model, quantized, data[:1]).layers
+    assert {row.fqn for row in layers if row.quantized} == {"fc1", "fc2"}
+    text = qinsight.to_text(report)
+    assert "qinsight.pt2e_quantizer(report) gives this config: FX cannot trace this model" in text
+    assert "qinsight.qconfig_mapping(report)" not in text  # no FX mapping its user cannot apply
+    assert "FX cannot trace this model; it quantizes through PT2E: <code>qinsight.pt2e_quantizer(report)</code>" in (
+        render_html(report)
+    )
+    unverified = qinsight.diagnose(model, data, verify=False)
+    assert unverified.verification == ()
+    assert "FX cannot trace this model (the eager frontend read it), so PT2E verifies it: " in qinsight.to_text(unverified)
+
+
+class DataBranching(nn.Module):
+    """A branch on a tensor's values: neither FX's symbolic trace nor torch.export takes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.fc1(x)
+        return self.fc2(hidden.relu() if hidden.sum() > 0 else hidden)
+
+
+def test_a_model_torch_export_cannot_take_is_a_verdict_saying_so_not_an_error() -> None:
+    pytest.importorskip("torchao")
+    torch.manual_seed(0)
+    model, data = DataBranching().eval(), [torch.randn(8, 16) for _ in range(4)]
+    report = qinsight.diagnose(model, data)
+    verdict = report.verification_for("pt2e")
+    assert report.metadata.frontend == "eager" and verdict is not None and not verdict.verified
+    assert "cannot prepare DataBranching" in verdict.describe() and "data-dependent" in verdict.describe()
+    assert report.suggestions  # the findings and the config stand, unverified
+    assert "pt2e: not verified: " in qinsight.to_text(report)
