@@ -209,6 +209,18 @@ def photo_crops(count: int, seed: int, batch: int = 8, photos: Sequence[str] = (
     return list(torch.stack(crops).split(batch))
 
 
+class ShapeBranching(nn.Module):
+    """A branch on the batch's shape: FX's symbolic trace cannot take it, torch.export specializes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.relu(self.fc1(x))
+        return self.fc2(hidden if x.shape[0] > 1 else hidden * 2)
+
+
 def torch_model_report(
     prepared: nn.Module, data: Iterable[torch.Tensor], detectors: set[Any]
 ) -> dict[str, tuple[str, dict[str, Any]]]:

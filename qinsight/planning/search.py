@@ -13,10 +13,11 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import attrs
 from torch import nn
 
 from qinsight.core.activations import FxActivations
-from qinsight.core.flows import flow_spec
+from qinsight.core.flows import flow_spec, reads_as_is, report_flow
 from qinsight.core.plan import QuantPlan, Target
 from qinsight.core.report import Report
 from qinsight.core.sites import FlowName, OpSite
@@ -53,7 +54,8 @@ def plan(
     ``evaluation_data``, starting from the report's verified suggestions (:class:`QuantPlan`).
 
     ``flow`` (default: the first serving ``backend``: FX for x86 and FX's engines, PT2E for
-    ``"xnnpack"``, where it quantizes with XNNPACKQuantizer) quantizes for ``backend`` (default: the
+    ``"xnnpack"``, where it quantizes with XNNPACKQuantizer; PT2E for a model FX cannot trace) quantizes
+    for ``backend`` (default: the
     one your ``quantizer`` is for, else x86). With
     ``lowered=True`` (PT2E) every real score is of the program lowered from the config as the user
     ships it (XNNPACK run by the ExecuTorch runtime, x86 compiled by inductor; ``plan.lowered``
@@ -90,6 +92,8 @@ def plan(
 
     if report is None:
         report = diagnose(model, list(request.calibration), backend=request.backend, verify=False)  # the plan verifies
+    if flow is None and not reads_as_is(report.metadata.frontend):  # FX cannot trace it: the flow that exports it
+        request = attrs.evolve(request, flow=report_flow(report.metadata.frontend, request.backend))
     if flow_spec(request.flow).observes_activations:  # the FX config's kernels, checked as a verification checks them
         report = kernels_checked(model, report, request.calibration[0])
     scorer = Scorer(float_outputs(model, request.evaluation), request.metric, request.metric_name, request.evaluation)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from _support import Stream, minilm_or_skip, mobilenet_v2_or_skip, photo_crops, sentence_batches, sqnr
+from _support import DataDependent, ShapeBranching, Stream, minilm_or_skip, mobilenet_v2_or_skip, photo_crops, sentence_batches, sqnr
 from torch import nn
 
 import qinsight
@@ -115,11 +115,11 @@ def test_a_config_the_flow_cannot_run_drops_the_kind_that_breaks_it(monkeypatch:
     real = recipe.quantize_with
 
     def breaks_on_float_sites(
-        model: nn.Module, advice: qinsight.Advice, calibration: Any, quantizer: object = None
+        model: nn.Module, advice: qinsight.Advice, calibration: Any, quantizer: object = None, runs_on: Any = ()
     ) -> nn.Module:
         if any(s.keep_float for s in advice.suggestions):
             raise RuntimeError("promoteTypes with quantized numbers is not handled yet")  # what convert_fx gave MiniLM
-        return real(model, advice, calibration, quantizer)
+        return real(model, advice, calibration, quantizer, runs_on)
 
     monkeypatch.setattr("qinsight.pipeline.verification.quantize_with", breaks_on_float_sites)
     verdict = qinsight.verify_report(model, unverified, data, flows="fx").verification[0]
@@ -214,18 +214,6 @@ def test_the_defaults_verify_every_built_in_example_in_its_own_flow(name: str) -
         assert "Not verified" not in qinsight.to_text(report)
 
 
-class ShapeBranching(nn.Module):
-    """A branch on the batch's shape: FX's symbolic trace cannot take it, torch.export specializes it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = torch.relu(self.fc1(x))
-        return self.fc2(hidden if x.shape[0] > 1 else hidden * 2)
-
-
 def test_a_model_fx_cannot_trace_is_verified_in_pt2e_by_default_and_its_config_speaks_pt2e() -> None:
     pytest.importorskip("torchao")
     torch.manual_seed(0)
@@ -251,25 +239,13 @@ def test_a_model_fx_cannot_trace_is_verified_in_pt2e_by_default_and_its_config_s
     assert "FX cannot trace this model (the eager frontend read it), so PT2E verifies it: " in qinsight.to_text(unverified)
 
 
-class DataBranching(nn.Module):
-    """A branch on a tensor's values: neither FX's symbolic trace nor torch.export takes it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(16, 16), nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = self.fc1(x)
-        return self.fc2(hidden.relu() if hidden.sum() > 0 else hidden)
-
-
 def test_a_model_torch_export_cannot_take_is_a_verdict_saying_so_not_an_error() -> None:
     pytest.importorskip("torchao")
     torch.manual_seed(0)
-    model, data = DataBranching().eval(), [torch.randn(8, 16) for _ in range(4)]
+    model, data = DataDependent().eval(), [torch.randn(8, 4) for _ in range(4)]
     report = qinsight.diagnose(model, data)
     verdict = report.verification_for("pt2e")
     assert report.metadata.frontend == "eager" and verdict is not None and not verdict.verified
-    assert "cannot prepare DataBranching" in verdict.describe() and "data-dependent" in verdict.describe()
+    assert "cannot prepare DataDependent" in verdict.describe() and "data-dependent" in verdict.describe()
     assert report.suggestions  # the findings and the config stand, unverified
     assert "pt2e: not verified: " in qinsight.to_text(report)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from _support import MLP, ConvBnReluCNN, DataDependent, gaussian_batches, seeded
+from _support import MLP, ConvBnReluCNN, DataDependent, ShapeBranching, gaussian_batches, seeded
 from hypothesis import given
 from hypothesis import strategies as st
 from _support import ResidualBlock, cosine, outputs, quantize, residual_stream, sqnr
@@ -487,6 +487,17 @@ def test_a_flow_that_cannot_prepare_the_model_says_so_in_one_error() -> None:
     data = [torch.randn(2, 4), torch.randn(2, 4)]
     with pytest.raises(qinsight.FrontendError, match="the pt2e flow cannot prepare DataDependent: GuardOnDataDependent"):
         qinsight.plan(DataDependent(), data[:1], data[1:], flow="pt2e")
+
+
+def test_a_model_fx_cannot_trace_is_planned_in_pt2e_unless_told() -> None:
+    pytest.importorskip("torchao")
+    torch.manual_seed(0)
+    model, data = ShapeBranching().eval(), [torch.randn(8, 16) for _ in range(4)]
+    plan = qinsight.plan(model, data[:2], data[2:], target="sqnr>=25")
+    assert plan.flow == "pt2e" and plan.reached and plan.verified_score >= 25.0
+    assert sqnr(outputs(model, data[2:]), outputs(qinsight.quantize(model, plan, data[:2]), data[2:])) >= 25.0
+    with pytest.raises(qinsight.FrontendError, match="the fx flow cannot prepare ShapeBranching"):
+        qinsight.plan(model, data[:2], data[2:], flow="fx")  # asked for: FX, which cannot trace it
 
 
 def test_wrong_inputs_are_refused_before_any_work(residual: tuple[nn.Module, list[Any], list[Any], qinsight.Report]) -> None:
