@@ -11,7 +11,8 @@ and picks the advice for its flow with :func:`~qinsight.core.advice.advice_of`
 - :func:`config_code`: the Python that builds the FX config, as the page shows it;
 - :func:`quantize`: all of it applied, the model prepared, calibrated and converted;
 - :func:`fqn_to_config`: torchao's ``FqnToConfig`` of a mixed-format plan (:mod:`.torchao`), or of the
-  plan a report carries, which :func:`quantize` applies with ``quantize_`` (``flow="torchao"``).
+  plan a report carries, which :func:`quantize` applies with ``quantize_`` (``flow="torchao"``; a report
+  without one: its int8 advice, calibrated, :func:`~qinsight.apply.torchao.int8_recipe`).
 
 The advice's notes (a plan for the other flow, a config for the smoothed
 model, PT2E without equalization) are warned of as the objects are built.
@@ -21,16 +22,16 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from qinsight.apply import code, equalization, fx, pt2e, smoothing, torchao
 from qinsight.core.advice import Advice, advice_of
 from qinsight.core.errors import InvalidParameterError
-from qinsight.core.flows import check_flow_backend
+from qinsight.core.flows import check_flow_backend, flow_spec
 from qinsight.core.formats import FormatPlan
 from qinsight.core.plan import QuantPlan
 from qinsight.core.report import Report
-from qinsight.core.sites import FlowName
+from qinsight.core.sites import FlowName, checked_flow
 
 if TYPE_CHECKING:
     from torch import nn
@@ -91,7 +92,7 @@ def quantize(
     source: Report | QuantPlan | Advice | FormatPlan,
     calibration_data: Iterable[Any] | None = None,
     *,
-    flow: FlowName | Literal["torchao"] | None = None,
+    flow: FlowName | None = None,
     quantizer: Any = None,
 ) -> nn.Module:
     """``model`` quantized as ``source`` advises, in ``flow`` (``"fx"`` or ``"pt2e"``; default: a plan's
@@ -100,10 +101,14 @@ def quantize(
     the equalization in FX),
     calibrated on every batch of ``calibration_data`` and converted. A :class:`FormatPlan`, or with
     ``flow="torchao"`` the format plan a report carries, is applied by torchao's ``quantize_`` with
-    :func:`fqn_to_config` (no calibration). ``quantizer``: yours, which a plan made with ``quantizer=``
+    :func:`fqn_to_config` (no calibration); a report without one, with ``flow="torchao"``, is its int8
+    advice applied by ``quantize_``, each static Linear's scale calibrated. ``quantizer``: yours, which a plan made with ``quantizer=``
     starts from (its float sites are stripped from it). ``model`` itself is not changed."""
-    if isinstance(source, FormatPlan) or flow == "torchao":
-        return torchao.quantize_formats(model, _format_plan(source))
+    if isinstance(source, FormatPlan):
+        return torchao.quantize_formats(model, source)
+    chosen = checked_flow(flow, "quantize") if flow is not None else None
+    if isinstance(source, Report) and source.formats is not None and chosen and flow_spec(chosen).plans_formats:
+        return torchao.quantize_formats(model, source.formats)  # the flow's measured formats, not its int8 advice
     if calibration_data is None:
         raise InvalidParameterError("quantize", "calibration_data", None, "the batches to calibrate the static flow's observers on")
     from qinsight.apply import recipe  # the flows' prepare and convert: only when a model is quantized

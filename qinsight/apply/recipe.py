@@ -20,6 +20,7 @@ from qinsight.apply.equalization import equalization_qconfig_mapping
 from qinsight.apply.fx import qconfig_mapping
 from qinsight.apply.pt2e import DEFAULT_QUANTIZERS, on_top_of, pt2e_quantizer
 from qinsight.apply.smoothing import apply_smoothing
+from qinsight.apply.torchao import int8_dynamic, int8_recipe
 from qinsight.compare.flows import QUANT_FLOWS, QuantFlow, prepare_config
 from qinsight.core.advice import Advice
 from qinsight.core.errors import FrontendError, InvalidParameterError
@@ -29,7 +30,9 @@ from qinsight.frontends import eval_mode, example_inputs, run_batch
 
 
 # Each flow's config built from advice: its prepare and convert are qinsight.compare.flows'.
-CONFIG_BUILDERS: dict[FlowName, Callable[[Advice], object]] = {"fx": qconfig_mapping, "pt2e": pt2e_quantizer}
+CONFIG_BUILDERS: dict[FlowName, Callable[[Advice], object]] = {
+    "fx": qconfig_mapping, "pt2e": pt2e_quantizer, "torchao": int8_recipe,
+}
 
 
 def _fx_default(backend: str) -> tuple[object, str]:
@@ -43,7 +46,13 @@ def _pt2e_default(backend: str) -> tuple[object, str]:
     return build(), name
 
 
-DEFAULT_CONFIGS: dict[FlowName, Callable[[str], tuple[object, str]]] = {"fx": _fx_default, "pt2e": _pt2e_default}
+def _torchao_default(_backend: str) -> tuple[object, str]:
+    return int8_dynamic(), "torchao Int8DynamicActivationInt8WeightConfig"
+
+
+DEFAULT_CONFIGS: dict[FlowName, Callable[[str], tuple[object, str]]] = {
+    "fx": _fx_default, "pt2e": _pt2e_default, "torchao": _torchao_default,
+}
 
 
 def default_config(flow: FlowName, backend: str, owner: str = "compare") -> tuple[object, str]:

@@ -5,7 +5,9 @@ the model quantized with it.
 The plan measures assignments in place (:func:`applied`): ``quantize_`` swaps a Linear's weight for
 a tensor subclass and nothing else, so putting the float ``Parameter`` back restores the model
 exactly, far cheaper than a copy of an LLM per measurement. :func:`quantize_formats` quantizes a
-copy, as a user would. torchao is an optional extra: without it, one error says what to install.
+copy, as a user would. :func:`int8_recipe` is the torchao flow's config of a report's advice (int8
+Linears, static or dynamic: :mod:`qinsight.compare.torchao_flow` calibrates and applies it). torchao
+is an optional extra: without it, one error says what to install.
 """
 
 from __future__ import annotations
@@ -13,23 +15,26 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from qinsight.core.errors import InvalidParameterError, MissingExtraError
+from qinsight.core.advice import Advice
+from qinsight.core.errors import InvalidParameterError
 from qinsight.core.formats import FormatPlan, WeightFormat
+from qinsight.core.sites import OpKind, WeightScheme
+from qinsight.core.suggestions import ActivationMode
 
-INSTALL_HINT = "the torchao flow needs torchao: pip install 'qinsight[pt2e]'"
+if TYPE_CHECKING:  # the flow's torch side, imported when a model is quantized: a report's mapping needs none of it
+    from qinsight.compare.torchao_flow import Int8Recipe
 
 
-def _quantization() -> Any:
-    try:
-        import torchao.quantization as quantization
-    except ImportError as exc:
-        raise MissingExtraError(f"{INSTALL_HINT} ({exc})") from exc
-    return quantization
+def torchao_quantization() -> Any:
+    """``torchao.quantization``, or one error naming the extra (:mod:`qinsight.compare.torchao_flow`)."""
+    from qinsight.compare.torchao_flow import torchao_quantization as imported
+
+    return imported()
 
 
 def torchao_config(name: str | WeightFormat) -> Any:
@@ -37,7 +42,7 @@ def torchao_config(name: str | WeightFormat) -> Any:
     fmt = name if isinstance(name, WeightFormat) else WeightFormat.parse(name)
     if fmt.is_float:
         return None
-    q = _quantization()
+    q = torchao_quantization()
     from torchao.quantization.granularity import PerGroup
 
     int4 = getattr(torch, "int4")  # torch's stubs lack the sub-byte dtypes
@@ -52,6 +57,35 @@ def torchao_config(name: str | WeightFormat) -> Any:
     return q.IntxWeightOnlyConfig(weight_dtype=int4, granularity=PerGroup(fmt.group))
 
 
+def int8_recipe(advice: Advice) -> Int8Recipe:
+    """The torchao flow's config of ``advice``: every Linear site int8 as its suggestion says
+    (activations dynamic or static, weights per channel or per tensor; without an opinion, static and
+    per channel: the baseline the report's suggestions change, as in FX and PT2E, so that a verdict's
+    dropped kinds are the config it scored), those it keeps in float left out.
+    ``quantize_`` has no int8 config for other layers: they stay float, which a verification reads
+    from the converted model."""
+    from qinsight.compare.torchao_flow import Int8Layer, Int8Recipe
+
+    suggestions = {s.fqn: s for s in advice.suggestions}
+    layers = []
+    for site in advice.sites:
+        if site.kind is not OpKind.LINEAR:
+            continue
+        said = suggestions.get(site.fqn)
+        if said is not None and said.keep_float:
+            continue
+        activation = said.activation if said is not None else None
+        weight = said.weight if said is not None else None
+        layers.append(Int8Layer(site.fqn, activation is ActivationMode.DYNAMIC, weight is not WeightScheme.PER_TENSOR))
+    return Int8Recipe(tuple(layers))
+
+
+def int8_dynamic() -> Any:
+    """torchao's own int8 config (what ``qinsight.compare`` quantizes with for the flow): every Linear's
+    activations per token, weights per row."""
+    return torchao_quantization().Int8DynamicActivationInt8WeightConfig()
+
+
 def fqn_to_config(source: FormatPlan | Mapping[str, str]) -> Any:
     """torchao's ``FqnToConfig`` giving every planned Linear its format (a plan, or fqn → format name):
     ``quantize_(model, fqn_to_config(plan))`` is the plan applied."""
@@ -61,7 +95,7 @@ def fqn_to_config(source: FormatPlan | Mapping[str, str]) -> Any:
     for fqn, name in assignment.items():
         if by_format[name] is not None:
             configs[fqn] = by_format[name]
-    return _quantization().FqnToConfig(fqn_to_config=configs)
+    return torchao_quantization().FqnToConfig(fqn_to_config=configs)
 
 
 def quantize_formats(model: nn.Module, source: FormatPlan | Mapping[str, str]) -> nn.Module:
@@ -69,7 +103,7 @@ def quantize_formats(model: nn.Module, source: FormatPlan | Mapping[str, str]) -
     itself is not changed."""
     quantized = copy.deepcopy(model)
     _checked_layers(quantized, _assignment(source))
-    _quantization().quantize_(quantized, fqn_to_config(source), filter_fn=None)
+    torchao_quantization().quantize_(quantized, fqn_to_config(source), filter_fn=None)
     return quantized
 
 
@@ -81,7 +115,7 @@ def applied(model: nn.Module, assignment: Mapping[str, str]) -> Iterator[nn.Modu
     saved = {fqn: (layer.weight, dict(vars(layer))) for fqn, layer in layers.items()}
     try:
         if any(name != "float" for name in assignment.values()):
-            _quantization().quantize_(model, fqn_to_config(assignment), filter_fn=None)
+            torchao_quantization().quantize_(model, fqn_to_config(assignment), filter_fn=None)
         yield model
     finally:
         for fqn, (weight, attributes) in saved.items():
@@ -132,4 +166,7 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return int(tensor.numel() * tensor.element_size())
 
 
-__all__ = ["INSTALL_HINT", "applied", "fqn_to_config", "quantize_formats", "state_bytes", "torchao_config"]
+__all__ = [
+    "applied", "fqn_to_config", "int8_dynamic", "int8_recipe", "quantize_formats", "state_bytes",
+    "torchao_config",
+]

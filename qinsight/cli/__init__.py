@@ -17,7 +17,7 @@ from qinsight._version import __version__
 from qinsight.cli.gates import ACTIONABLE, UNVERIFIED
 from qinsight.cli.output import error_line
 from qinsight.core.errors import QinsightError
-from qinsight.core.sites import BACKENDS
+from qinsight.core.sites import BACKENDS, FLOWS
 
 EXAMPLE_NAMES = ("cnn", "encoder", "resnet18")  # qinsight.examples.EXAMPLES, named here so --help needs no torch
 
@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--detectors", help="comma-separated detector ids (default: QINSIGHT_DETECTORS or the built-ins)")
     run.add_argument("--quiet", action="store_true", help="no progress line")
     run.add_argument(
-        "--verify", metavar="fx|pt2e|fx,pt2e",
+        "--verify", metavar="fx|pt2e|torchao|fx,pt2e",
         help="verify the report's config for real in these flows (default: QINSIGHT_VERIFY, else the model's own flow)",
     )
     run.add_argument("--no-verify", action="store_true", help="do not quantize the config for real: the report says it is unverified")
@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     planned.add_argument("--eval-text", metavar="FILE", help="with --hf: evaluation text, one paragraph per line (default: qinsight's held-out paragraphs)")
     planned.add_argument("--target", default="sqnr>=30", help="sqnr>=DB, cosine>=X, top1>=X, kl<=NATS, token_agreement>=X, perplexity<=RATIO (logits) or float<=N (default sqnr>=30)")
     planned.add_argument(
-        "--flow", choices=("fx", "pt2e", "torchao"),
+        "--flow", choices=FLOWS,
         help="prepare_fx/convert_fx (default), PT2E (the default with --backend xnnpack or --lowered), "
         "or torchao's quantize_ with a format per Linear (--formats)",
     )

@@ -15,6 +15,7 @@ from qinsight.cli.configs import compared_flow, load_factory, planned_config
 from qinsight.cli.gates import check_verdict_gates, parse_diff_gates, tripped_diff, tripped_findings, unverified
 from qinsight.cli.output import Progress, check_targets, note, write, wrote
 from qinsight.core.errors import InvalidParameterError, PluginLoadError, UsageError
+from qinsight.core.flows import flow_spec
 from qinsight.core.report import Report
 from qinsight.core.shards import Shard
 from qinsight.core.sites import FLOWS
@@ -179,14 +180,15 @@ def _plan(args: argparse.Namespace) -> int:
     check_targets([args.out, args.html], [])
     # a torchao plan's report says what each format loses on each Linear too (the formats detector)
     requested = requested_ids(None)
-    detectors = [*requested, *(d for d in OPT_IN_IDS if d not in requested)] if args.flow == "torchao" else None
+    formats = args.flow is not None and flow_spec(args.flow).plans_formats  # a format per Linear: plan_formats
+    detectors = [*requested, *(d for d in OPT_IN_IDS if d not in requested)] if formats else None
     for line in check_verdict_gates(args.fail_on, detectors or requested):
         note(line)
     try:
         target = Target.parse(args.target)
     except InvalidParameterError as exc:  # before anything loads or runs
         raise UsageError(f"--target {args.target!r}: expected {exc.expected}") from exc
-    if args.flow == "torchao":
+    if formats:
         goal = format_goal(args.formats, target, args.budget, None, args.confidence)  # mistakes before any load
         if args.lowered:
             raise UsageError("--lowered is for PT2E plans: torchao's quantize_ model is not lowered")
@@ -204,15 +206,15 @@ def _plan(args: argparse.Namespace) -> int:
             mapping, quantizer = planned_config(args)
             report = diagnose(
                 model, calibration, model_name=name, detectors=detectors, qconfig_mapping=mapping, quantizer=quantizer,
-                verify=None if args.flow == "torchao" else False, backend=args.backend,
+                verify=None if formats else False, backend=args.backend,
             )
-            if args.flow == "torchao":
-                formats = plan_formats(
+            if formats:
+                planned = plan_formats(
                     model, evaluation, formats=[f.name for f in goal.formats], target=target, budget=args.budget,
                     confidence=args.confidence, progress=progress,
                 )
-                report, reached = report.with_formats(formats), formats.reached
-                missed = f"the plan: {verdict(formats)}"  # the target and the budget, each as it held
+                report, reached = report.with_formats(planned), planned.reached
+                missed = f"the plan: {verdict(planned)}"  # the target and the budget, each as it held
             else:
                 found = plan(
                     model, calibration, evaluation, target=target, flow=args.flow, backend=args.backend, report=report,

@@ -3,7 +3,8 @@
 Registered under the names of :data:`qinsight.core.flows.FLOW_SPECS` (what each flow can express).
 A config picks its flow by what it is: a ``QConfigMapping`` is FX's
 (``prepare_fx``/``convert_fx``), a torchao ``Quantizer``, composed or not, PT2E's (``torch.export``,
-then ``prepare_pt2e``/``convert_pt2e``). The advice's configs are built in :mod:`qinsight.apply`;
+then ``prepare_pt2e``/``convert_pt2e``), a torchao ``quantize_`` config or qinsight's
+:class:`~qinsight.compare.torchao_flow.Int8Recipe` torchao's (:mod:`.torchao_flow`). The advice's configs are built in :mod:`qinsight.apply`;
 the programs a backend lowers to, in :mod:`.lowering`.
 """
 
@@ -20,6 +21,7 @@ from torch.ao.quantization import QConfigMapping
 
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.sites import FlowName
+from qinsight.compare.torchao_flow import convert_torchao, is_torchao_config, prepare_torchao
 from qinsight.frontends import separate_shared_calls
 
 
@@ -44,7 +46,7 @@ def _prepare_pt2e(
     from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
     copied = copy.deepcopy(model).eval()
-    settings = getattr(copied, "config", None)  # a Hugging Face model's
+    settings: Any = getattr(copied, "config", None)  # a Hugging Face model's
     if getattr(settings, "use_cache", False):  # its DynamicCache is no pytree torch.export returns; one forward
         settings.use_cache = False  # over a whole batch needs no cache, and gives the same logits
     exported = torch.export.export(copied, example, dynamic_shapes=shapes).module()
@@ -77,6 +79,7 @@ class QuantFlow:
 QUANT_FLOWS: dict[FlowName, QuantFlow] = {
     "fx": QuantFlow("fx", lambda config: isinstance(config, QConfigMapping), _prepare_fx, _convert_fx),
     "pt2e": QuantFlow("pt2e", _is_quantizer, _prepare_pt2e, _convert_pt2e),
+    "torchao": QuantFlow("torchao", is_torchao_config, prepare_torchao, convert_torchao),
 }
 
 
@@ -85,7 +88,8 @@ def flow_of(config: object, owner: str = "compare_configs", argument: str = "con
     for flow in QUANT_FLOWS.values():
         if flow.takes(config):
             return flow
-    raise InvalidParameterError(owner, argument, type(config).__name__, "a QConfigMapping or a torchao Quantizer")
+    expected = "a QConfigMapping, a torchao Quantizer or a torchao quantize_ config"
+    raise InvalidParameterError(owner, argument, type(config).__name__, expected)
 
 
 def prepare_config(

@@ -19,7 +19,7 @@ def is_torchao_weight(weight: object) -> TypeGuard[torch.Tensor]:
     """Whether ``weight`` is one of torchao's quantized tensor subclasses (``quantize_``'s weights)."""
     return (
         isinstance(weight, torch.Tensor)
-        and type(weight).__module__.split(".")[0] == "torchao"
+        and f"{type(weight).__module__}.".startswith("torchao.")
         and callable(getattr(weight, "dequantize", None))
     )
 
@@ -33,15 +33,18 @@ def dequantized(weight: torch.Tensor) -> torch.Tensor:
 
 def format_of(weight: torch.Tensor) -> str:
     """What a torchao quantized weight is, in words: ``int8 weight-only, per row``, ``int4 weight-only,
-    groups of 32``, ``int8 dynamic activations, int8 weights, per row``; else its class's name."""
+    groups of 32``, ``int8 dynamic activations, int8 weights, per row``, ``int8 static activations, ...``;
+    else its class's name."""
     name = type(weight).__name__
     bits = _bits(weight)
     if bits is None:
         return f"torchao {name}"
     grouping = _grouping(weight)
-    dynamic = getattr(weight, "act_quant_kwargs", None) is not None or getattr(weight, "activation_quantization", None) is not None
-    weights = f"{bits} weights" if dynamic else f"{bits} weight-only"
-    return f"{'int8 dynamic activations, ' if dynamic else ''}{weights}{', ' + grouping if grouping else ''} (torchao {name})"
+    quantizes_inputs = any(getattr(weight, a, None) is not None for a in ("act_quant_kwargs", "activation_quantization"))
+    static = getattr(weight, "act_quant_scale", None) is not None  # one scale, calibrated before the model ran
+    inputs = ("int8 static activations, " if static else "int8 dynamic activations, ") if quantizes_inputs else ""
+    weights = f"{bits} weights" if quantizes_inputs else f"{bits} weight-only"
+    return f"{inputs}{weights}{', ' + grouping if grouping else ''} (torchao {name})"
 
 
 def _bits(weight: Any) -> str | None:

@@ -6,7 +6,9 @@ graph it prepares, which call gives a user its config. A flow's torch side (its 
 prepare and convert) is registered under the same name in :mod:`qinsight.apply.flows`; how a
 backend's program is lowered, in :mod:`qinsight.compare.lowering`. PT2E is one flow with a
 quantizer per backend, as torchao has it: X86InductorQuantizer (x86) and ExecuTorch's
-XNNPACKQuantizer (xnnpack).
+XNNPACKQuantizer (xnnpack). torchao's ``quantize_`` is the third: it takes the model as it is (no
+graph), so it quantizes models neither FX nor ``torch.export`` take; its int8 Linears run on x86, and
+its per-layer formats are planned by ``qinsight.plan_formats``.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ class FlowSpec:
     name: FlowName
     title: str
     backends: tuple[str, ...]
-    frontend: str  # the frontend whose graph the flow prepares: a traced module (fx), an exported one
+    frontend: str  # the frontend whose graph the flow prepares: a traced module (fx), an exported one, none
     equalizes: bool  # input-weight equalization (prepare_fx's _equalization_config)
     observes_activations: bool  # the report's own activation observing (FxActivations) applies
     lowers: bool  # its converted model is what a backend's Lowering takes (qinsight.compare_lowered)
     config_call: str
     stand_in: str | None = None  # the backend it quantizes for when asked for one it does not serve
+    plans_formats: bool = False  # qinsight.plan_formats plans it (a format per Linear), not qinsight.plan
 
     def serves(self, backend: str) -> bool:
         return backend in self.backends
@@ -62,6 +65,11 @@ FLOW_SPECS: Final[dict[FlowName, FlowSpec]] = {
         equalizes=False, observes_activations=False, lowers=True, config_call="qinsight.pt2e_quantizer({source})",
         stand_in="x86",
     ),
+    "torchao": FlowSpec(
+        name="torchao", title="torchao quantize_", backends=("x86",), frontend="module",
+        equalizes=False, observes_activations=False, lowers=False,
+        config_call="qinsight.quantize(model, {source}, data, flow='torchao')", plans_formats=True,
+    ),
 }
 
 _BY_NAME: Final[dict[str, FlowSpec]] = {name: spec for name, spec in FLOW_SPECS.items()}
@@ -77,7 +85,7 @@ def flow_spec(name: str) -> FlowSpec:
 
 
 def flows_serving(backend: str, *, lowered: bool = False) -> tuple[FlowName, ...]:
-    """The flows that quantize for ``backend``, FX first (``lowered``: those whose model is lowered)."""
+    """The flows that quantize for ``backend``, FX first, torchao last (``lowered``: those whose model is lowered)."""
     return tuple(name for name, spec in FLOW_SPECS.items() if spec.serves(backend) and (spec.lowers or not lowered))
 
 
@@ -96,6 +104,16 @@ def report_flow(frontend: str, backend: str) -> FlowName:
     if own:
         return own[0].name if own[0].serves(backend) else flows_serving(backend)[0]
     return next(spec.name for spec in FLOW_SPECS.values() if spec.frontend == "export")
+
+
+def verifying_flows(frontend: str, backend: str) -> tuple[FlowName, ...]:
+    """The flows a report is verified in unless told: its :func:`report_flow`; for a model only the
+    eager frontend reads, every flow that takes it without FX's trace too (``quantize_``, which needs
+    no graph, verifies it where ``torch.export`` cannot take it either)."""
+    own = report_flow(frontend, backend)
+    if reads_as_is(frontend):
+        return (own,)
+    return (own, *(spec.name for spec in FLOW_SPECS.values() if spec.frontend == "module" and spec.serves(backend)))
 
 
 def check_flow_backend(owner: str, flow: FlowName, backend: str) -> None:
@@ -119,5 +137,5 @@ def fx_engine(backend: str) -> str:
 
 __all__ = [
     "FLOW_SPECS", "FlowSpec", "check_flow_backend", "flow_spec", "flows_serving", "fx_engine", "reads_as_is",
-    "report_flow",
+    "report_flow", "verifying_flows",
 ]

@@ -15,11 +15,11 @@ import attrs
 from qinsight.core.errors import InvalidParameterError, InvalidValueError
 
 # The backends qinsight quantizes for: FX's four engines and XNNPACK (through PT2E); which flow
-# serves which is qinsight.core.flows.
+# serves which is qinsight.core.flows (torchao's quantize_ runs its int8 Linears on x86).
 BACKENDS: Final = ("fbgemm", "qnnpack", "onednn", "x86", "xnnpack")
 # The flows qinsight quantizes through, and the frontends it reads models with: typed alike, each
 # checked where a user passes it (a type checker sees the Literal, a program gets the error).
-FlowName = Literal["fx", "pt2e"]
+FlowName = Literal["fx", "pt2e", "torchao"]
 Frontend = Literal["auto", "fx", "export", "eager"]
 FLOWS: Final[tuple[FlowName, ...]] = get_args(FlowName)
 FRONTENDS: Final[tuple[Frontend, ...]] = get_args(Frontend)

@@ -55,7 +55,8 @@ def compatibility(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], 
 
     Breaking, needing a major bump: a class, field or enum value removed, a
     field's type changed, a field that became required or a new required field.
-    Compatible, needing a minor bump: a new optional field, class or enum value.
+    Compatible, needing a minor bump: a new optional field, class or enum value, or
+    a ``Literal`` field taking a new value (every old file still loads).
     """
     breaking: list[str] = []
     compatible: list[str] = []
@@ -73,7 +74,11 @@ def compatibility(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], 
             if field not in new_fields:
                 breaking.append(f"{name}.{field} removed")
             elif new_fields[field]["type"] != spec["type"]:
-                breaking.append(f"{name}.{field} retyped {spec['type']} -> {new_fields[field]['type']}")
+                widened = _literal_values(new_fields[field]["type"]) - _literal_values(spec["type"])
+                if _literal_values(spec["type"]) and _literal_values(spec["type"]) <= _literal_values(new_fields[field]["type"]):
+                    compatible.extend(f"{name}.{field} value {value!r} added" for value in sorted(widened))
+                else:
+                    breaking.append(f"{name}.{field} retyped {spec['type']} -> {new_fields[field]['type']}")
             elif new_fields[field]["required"] and not spec["required"]:
                 breaking.append(f"{name}.{field} became required")
         for field, spec in new_fields.items():
@@ -83,3 +88,9 @@ def compatibility(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], 
                 )
     compatible.extend(f"{name} added" for name in new if name not in old)
     return breaking, compatible
+
+
+def _literal_values(described: str) -> set[str]:
+    """The values of a ``Literal['a', 'b']`` type as the schema spells it; empty for any other type."""
+    found = re.fullmatch(r"Literal\[(.*)\]", described)
+    return set(re.findall(r"'([^']*)'", found.group(1))) if found else set()

@@ -235,12 +235,13 @@ def _config_lines(report: Report, everything: bool) -> list[str]:
 
 def _config_call_lines(report: Report) -> list[str]:
     """The call that gives the user the config, where it is not FX's mapping (the report's backend or
-    model is another flow's), and how FX's mapping observes activations where it is."""
+    model is another flow's) and no verdict below names it, and how FX's mapping observes activations
+    where it is."""
     plan, meta = report.plan, report.metadata
     flow = plan.flow if plan is not None else report_flow(meta.frontend, meta.backend)
     if not flow_spec(flow).observes_activations:
-        if plan is not None:
-            return []  # the plan's line above names its call
+        if plan is not None or report.verification:
+            return []  # the plan's line above names its call, as the verification's below does
         title = flow_spec(flow).title
         why = f"FX cannot trace this model; {title} quantizes what torch.export exports" if not reads_as_is(meta.frontend) else (
             f"{meta.backend} quantizes through {title}"

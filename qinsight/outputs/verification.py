@@ -4,7 +4,7 @@ with its numbers; or that the config was not verified."""
 
 from __future__ import annotations
 
-from qinsight.core.flows import flow_spec, reads_as_is, report_flow
+from qinsight.core.flows import flow_spec, reads_as_is, verifying_flows
 from qinsight.core.report import Report
 
 UNVERIFIED = (
@@ -19,11 +19,11 @@ def verification_lines(report: Report) -> list[str]:
     if not report.verification and report.plan is not None:
         return [f"Verified by the plan in {report.plan.flow}: its config, quantized for real against {report.plan.target} (below)"]
     if not report.verification and not reads_as_is(report.metadata.frontend):
-        flow = report_flow(report.metadata.frontend, report.metadata.backend)
+        flows = verifying_flows(report.metadata.frontend, report.metadata.backend)
         return [
             f"Not verified (verify=False or QINSIGHT_VERIFY=0): FX cannot trace this model (the eager frontend "
-            f"read it), so {flow_spec(flow).title} verifies it: qinsight.verify_report(model, report, data) "
-            f"quantizes {flow_spec(flow).call('report')} for real"
+            f"read it), so {' and '.join(flow_spec(f).title for f in flows)} verify it: "
+            f"qinsight.verify_report(model, report, data) quantizes {flow_spec(flows[0]).call('report')} for real"
         ]
     if not report.verification:
         return [UNVERIFIED]

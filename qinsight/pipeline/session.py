@@ -353,7 +353,8 @@ def diagnose(
     are numbered as in the whole data), for reports that
     :func:`~qinsight.pipeline.merge.merge_reports` combines later.
     ``verify``: the report's config is quantized for real and scored in the frontend's flow (FX for a
-    traced model, PT2E for an exported one; ``"fx"``, ``"pt2e"`` or both to choose), and each kind of
+    traced model, PT2E for an exported one, PT2E and torchao for one FX cannot trace; flows among ``"fx"``,
+    ``"pt2e"``, ``"torchao"`` to choose), and each kind of
     suggestion that lowers the score is dropped (:mod:`qinsight.pipeline.verification`, on the first
     :data:`VERIFY_BATCHES` batches); ``False`` for speed, the report then says its config is unverified;
     ``None``: as the ``QINSIGHT_VERIFY`` environment variable says, else ``True``.

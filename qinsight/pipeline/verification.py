@@ -40,7 +40,7 @@ from qinsight.core.advice import Advice, advice_of
 from qinsight.core.errors import InvalidParameterError, describe
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
-from qinsight.core.flows import flow_spec, report_flow
+from qinsight.core.flows import flow_spec, verifying_flows
 from qinsight.core.sites import FLOWS, FlowName
 from qinsight.core.verification import (
     ConfigParts,
@@ -57,11 +57,11 @@ from qinsight.pipeline.saturation import kernels_checked
 ENV_VERIFY: Final = "QINSIGHT_VERIFY"
 VERIFY_BATCHES = 8  # the most calibration batches a verification keeps: its cost grows with them
 def default_flows(frontend: str, backend: str) -> tuple[FlowName, ...]:
-    """The flows a report is verified in unless told: its own (:func:`~qinsight.core.flows.report_flow`:
-    FX for a traced model, PT2E for an exported one, for XNNPACK, and for a model only the eager
-    frontend reads: ``torch.export`` takes many that FX cannot trace; one it cannot export is a
-    verdict saying so, not an error)."""
-    return (report_flow(frontend, backend),)
+    """The flows a report is verified in unless told (:func:`~qinsight.core.flows.verifying_flows`):
+    FX for a traced model, PT2E for an exported one and for XNNPACK; for a model only the eager frontend
+    reads, PT2E (``torch.export`` takes many that FX cannot trace) and torchao's ``quantize_`` (no graph
+    at all). A flow that cannot take the model is a verdict saying so, not an error."""
+    return verifying_flows(frontend, backend)
 
 
 def chosen_flows(
@@ -87,7 +87,7 @@ def chosen_flows(
     names = [verify] if isinstance(verify, str) else list(verify)
     flows = [name for name in names if name in FLOWS]
     if len(flows) < len(names):
-        raise InvalidParameterError(owner, "verify", verify, "True, False, 'fx', 'pt2e' or both")
+        raise InvalidParameterError(owner, "verify", verify, f"True, False, or flows among {', '.join(map(repr, FLOWS))}")
     for flow in flows:
         flow_spec(flow).backend_for(owner, backend)
         if quantizer is not None and not QUANT_FLOWS[flow].takes(quantizer):
@@ -133,7 +133,7 @@ def verify_report(
     """``report`` carrying each flow's verdict on its config (:class:`ConfigVerification`): quantized
     for real with ``model`` on ``data`` (its first :data:`VERIFY_BATCHES` batches), the kinds of
     suggestion that lower the score dropped. ``flows``: ``True`` the report's own
-    (:func:`default_flows`), or ``"fx"``, ``"pt2e"`` or both. With ``lowered=True`` (PT2E) each config
+    (:func:`default_flows`), or flows among ``"fx"``, ``"pt2e"``, ``"torchao"``. With ``lowered=True`` (PT2E) each config
     is scored as the program lowered from it for the report's backend, as it ships (XNNPACK run by
     the ExecuTorch runtime, x86 compiled by inductor). With the user's ``quantizer`` (PT2E, what the
     report was diagnosed against) verification starts from it: it is scored beside the flow's

@@ -243,10 +243,13 @@ def test_diagnose_a_hugging_face_gguf_with_its_own_tokenizer_verified_in_pt2e(tm
     assert any(site.fqn == "model.layers.11.mlp.down_proj" for site in report.sites)  # transformers' own names
     assert len(result.stdout.splitlines()) <= 60
     # FX cannot trace transformers' Llama: its config is verified for real in PT2E (exported without its cache)
-    verdict = report.verification_for("pt2e")
-    assert [v.flow for v in report.verification] == ["pt2e"] and verdict is not None and verdict.verified
-    assert math.isfinite(verdict.score) and math.isfinite(verdict.default) and verdict.score >= verdict.default
-    assert "qinsight.pt2e_quantizer(report) gives this config: FX cannot trace this model" in result.stdout
+    # and in torchao's quantize_
+    assert [v.flow for v in report.verification] == ["pt2e", "torchao"]
+    for verdict in report.verification:
+        assert verdict.verified and math.isfinite(verdict.score) and verdict.score >= verdict.default
+    assert "Verified for real (qinsight.pt2e_quantizer(report) / qinsight.quantize(model, report, data, flow='torchao')" in (
+        result.stdout
+    )
 
 
 def test_diagnose_and_plan_judge_one_model_against_the_same_default_plan(tmp_path: Path) -> None:

@@ -117,7 +117,7 @@ def test_bad_arguments_are_named() -> None:
         qinsight.compare_configs(model, configs, data, rank_by="psnr")
     with pytest.raises(InvalidParameterError, match="iterator"):
         qinsight.compare_configs(model, configs, iter(data))
-    with pytest.raises(InvalidParameterError, match="QConfigMapping or a torchao Quantizer"):
+    with pytest.raises(InvalidParameterError, match="a QConfigMapping, a torchao Quantizer or a torchao quantize_ config"):
         qinsight.compare_configs(model, {"a": "x86"}, data)
     with pytest.raises(InvalidParameterError, match="at least one config"):
         qinsight.compare_configs(model, {}, data)

@@ -74,3 +74,40 @@ def test_minilm_quantize_d_to_int8_dynamic_is_read_layer_by_layer() -> None:
     linears = [row for row in comparison.layers if row.kind == "linear"]
     assert len(linears) == 36 and all(row.quantized and "int8 dynamic activations" in row.quantized_type for row in linears)
     assert min(row.metric("sqnr") for row in linears) > 10.0
+
+
+def test_torchao_configs_are_candidates_of_compare_configs_in_torchaos_flow() -> None:
+    """quantize_'s configs are the torchao flow's: compare_configs quantizes a copy with each and names
+    each Linear's format, read from the quantized weights."""
+    from qinsight.examples import example
+
+    encoder = example("encoder")
+    model, data = encoder.model(), encoder.data(3)
+    configs = {"dynamic": torchao_quantization.Int8DynamicActivationInt8WeightConfig(),
+               "weight-only": torchao_quantization.Int8WeightOnlyConfig()}
+    rows = qinsight.compare_configs(model, configs, data).rows
+    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    assert [row.fqn for row in rows] == linears
+    for row in rows:
+        described = {score.config: score.quantized_type for score in row.scores}
+        assert "int8 dynamic activations, int8 weights, per row" in described["dynamic"]
+        assert "int8 weight-only, per row" in described["weight-only"]
+
+
+def test_an_int8_recipe_quantizes_what_it_names_and_a_static_linear_never_run_stays_float() -> None:
+    from qinsight.compare.torchao_flow import Int8Layer, Int8Recipe, convert_torchao, prepare_torchao
+
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"used": nn.Linear(8, 8), "unused": nn.Linear(8, 8), "dynamic": nn.Linear(8, 4)})
+    recipe = Int8Recipe((Int8Layer("used", dynamic=False), Int8Layer("unused", dynamic=False),
+                         Int8Layer("dynamic", dynamic=True, per_channel=False)))
+    prepared = prepare_torchao(model, recipe)
+    with torch.no_grad():
+        prepared["dynamic"](prepared["used"](torch.randn(4, 8)))
+    converted = convert_torchao(prepared)
+    assert type(model["used"].weight) is nn.Parameter  # the user's model is not changed
+    assert "int8 static activations" in qinsight.compare_weights(model, converted).layer("used").quantized_type
+    assert type(converted["unused"].weight) is nn.Parameter  # no range to scale it with: float
+    assert not converted["used"]._forward_pre_hooks  # the calibration's hooks are gone
+    dynamic = converted["dynamic"].weight
+    assert dynamic.scale.numel() == 1  # per-tensor weights, as the recipe says

@@ -52,5 +52,5 @@ def test_a_plan_is_its_own_flows_advice_and_unverified_in_the_other() -> None:
 
 
 def test_a_flow_qinsight_does_not_know_is_one_error_naming_the_choices() -> None:
-    with pytest.raises(qinsight.InvalidParameterError, match="flow='torchao' is invalid; expected 'fx' or 'pt2e'"):
-        advice_of(report(), "torchao")  # type: ignore[arg-type]
+    with pytest.raises(qinsight.InvalidParameterError, match="flow='tflite' is invalid; expected 'fx' or 'pt2e' or 'torchao'"):
+        advice_of(report(), "tflite")  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ from qinsight.apply.pt2e import BACKEND_QUANTIZERS, DEFAULT_QUANTIZERS, QUANTIZE
 from qinsight.apply.recipe import CONFIG_BUILDERS, DEFAULT_CONFIGS
 from qinsight.compare.flows import QUANT_FLOWS
 from qinsight.compare.lowering import LOWERINGS
-from qinsight.core.flows import FLOW_SPECS, check_flow_backend, flow_spec, flows_serving
+from qinsight.core.flows import FLOW_SPECS, check_flow_backend, flow_spec, flows_serving, verifying_flows
 from qinsight.core.sites import BACKENDS, FLOWS
 from qinsight.planning.flows import FLOW_CLASSES
 
@@ -23,9 +23,12 @@ REGISTRIES = {"core/flows.py", "compare/flows.py"}  # where a flow's name may be
 
 
 def test_every_flow_has_its_config_builder_prepare_convert_and_simulation() -> None:
-    for table in (FLOW_SPECS, QUANT_FLOWS, CONFIG_BUILDERS, DEFAULT_CONFIGS, FLOW_CLASSES):
+    for table in (FLOW_SPECS, QUANT_FLOWS, CONFIG_BUILDERS, DEFAULT_CONFIGS):
         assert set(table) == set(FLOWS), table
-    assert all(QUANT_FLOWS[name].name == name and FLOW_CLASSES[name].name == name for name in FLOWS)
+    assert all(QUANT_FLOWS[name].name == name for name in FLOWS)
+    # qinsight.plan searches the float sites of every flow but those plan_formats plans (a format per Linear)
+    assert set(FLOW_CLASSES) == {name for name in FLOWS if not FLOW_SPECS[name].plans_formats} == {"fx", "pt2e"}
+    assert all(FLOW_CLASSES[name].name == name for name in FLOW_CLASSES)
 
 
 def test_every_backend_is_served_and_every_pt2e_backend_has_its_quantizers_and_a_lowering() -> None:
@@ -37,7 +40,10 @@ def test_every_backend_is_served_and_every_pt2e_backend_has_its_quantizers_and_a
 
 
 def test_xnnpack_is_served_by_pt2e_alone_and_pt2e_stands_in_x86_for_fxs_other_engines() -> None:
-    assert flows_serving("xnnpack") == ("pt2e",) and flows_serving("x86") == ("fx", "pt2e")
+    assert flows_serving("xnnpack") == ("pt2e",) and flows_serving("x86") == ("fx", "pt2e", "torchao")
+    # verified unless told: the model's own flow; without FX's trace, every flow that takes it
+    assert verifying_flows("fx", "x86") == ("fx",) and verifying_flows("export", "x86") == ("pt2e",)
+    assert verifying_flows("eager", "x86") == ("pt2e", "torchao") and verifying_flows("eager", "xnnpack") == ("pt2e",)
     assert flow_spec("pt2e").backend_for("plan", "fbgemm") == "x86"
     with pytest.raises(qinsight.InvalidParameterError) as raised:
         flow_spec("fx").backend_for("qconfig_mapping", "xnnpack")

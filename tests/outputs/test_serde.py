@@ -445,6 +445,11 @@ def test_compatibility_classifies_changes() -> None:
         "B": {"fields": {}},
     }
     assert compatibility(old, new) == ([], ["A.z added", "E value 'c' added", "B added"])
+    # a Literal taking one more value reads every old file: compatible; one losing a value is not
+    literal = {"A": {"fields": {"f": {"type": "Literal['fx', 'pt2e']", "required": True}}}}
+    wider = {"A": {"fields": {"f": {"type": "Literal['fx', 'pt2e', 'torchao']", "required": True}}}}
+    assert compatibility(literal, wider) == ([], ["A.f value 'torchao' added"])
+    assert compatibility(wider, literal) == (["A.f retyped Literal['fx', 'pt2e', 'torchao'] -> Literal['fx', 'pt2e']"], [])
     broken = {
         "A": {"fields": {"x": {"type": "str", "required": True}, "w": {"type": "int", "required": True}}},
         "E": {"values": ["a"]},

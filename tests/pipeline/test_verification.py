@@ -14,6 +14,8 @@ from torch import nn
 
 import qinsight
 from qinsight.compare.outputs import output_rows
+from qinsight.core.sites import OpKind
+from qinsight.core.suggestions import ActivationMode
 from qinsight.core.verification import SuggestionKind
 from qinsight.examples.builtin import example
 from qinsight.frontends import run_batch
@@ -83,8 +85,9 @@ def test_the_default_verifies_the_frontends_flow_and_qinsight_verify_chooses(mon
     model, data = cnn.model(), cnn.data(2)
     monkeypatch.delenv("QINSIGHT_VERIFY", raising=False)
     assert [v.flow for v in qinsight.diagnose(model, data).verification] == ["fx"]
-    # FX cannot quantize what it cannot trace: a model only the eager frontend reads is verified in PT2E
-    assert [v.flow for v in qinsight.diagnose(model, data, frontend="eager").verification] == ["pt2e"]
+    # FX cannot quantize what it cannot trace: a model only the eager frontend reads is verified in the flows
+    # that take it without FX's trace, PT2E (torch.export) and torchao (quantize_)
+    assert [v.flow for v in qinsight.diagnose(model, data, frontend="eager").verification] == ["pt2e", "torchao"]
     monkeypatch.setenv("QINSIGHT_VERIFY", "0")
     assert qinsight.diagnose(model, data).verification == ()
     assert [v.flow for v in qinsight.diagnose(model, data, verify="fx").verification] == ["fx"]  # a call's own word wins
@@ -221,7 +224,7 @@ def test_a_model_fx_cannot_trace_is_verified_in_pt2e_by_default_and_its_config_s
     report = qinsight.diagnose(model, data)
     assert report.metadata.frontend == "eager"
     verdict = report.verification_for("pt2e")
-    assert [v.flow for v in report.verification] == ["pt2e"]
+    assert [v.flow for v in report.verification] == ["pt2e", "torchao"]
     assert verdict is not None and verdict.verified and math.isfinite(verdict.score) and verdict.score > 20.0
     assert not verdict.left_float  # both Linears quantized, read from the converted model
     # applied as its user would, the verified config quantizes both Linears through torch.export
@@ -229,23 +232,58 @@ def test_a_model_fx_cannot_trace_is_verified_in_pt2e_by_default_and_its_config_s
     layers = qinsight.compare_activations(model, quantized, data[:1]).layers
     assert {row.fqn for row in layers if row.quantized} == {"fc1", "fc2"}
     text = qinsight.to_text(report)
-    assert "qinsight.pt2e_quantizer(report) gives this config: FX cannot trace this model" in text
+    assert "Verified for real (qinsight.pt2e_quantizer(report) / qinsight.quantize(model, report, data, flow='torchao')" in text
     assert "qinsight.qconfig_mapping(report)" not in text  # no FX mapping its user cannot apply
     assert "FX cannot trace this model; it quantizes through PT2E: <code>qinsight.pt2e_quantizer(report)</code>" in (
         render_html(report)
     )
     unverified = qinsight.diagnose(model, data, verify=False)
     assert unverified.verification == ()
-    assert "FX cannot trace this model (the eager frontend read it), so PT2E verifies it: " in qinsight.to_text(unverified)
+    text = qinsight.to_text(unverified)
+    assert "FX cannot trace this model (the eager frontend read it), so PT2E and torchao quantize_ verify it: " in text
+    assert "qinsight.pt2e_quantizer(report) gives this config: FX cannot trace this model" in text
 
 
-def test_a_model_torch_export_cannot_take_is_a_verdict_saying_so_not_an_error() -> None:
+def test_a_model_torch_export_cannot_take_is_verified_by_quantize_and_pt2e_says_why_not() -> None:
     pytest.importorskip("torchao")
     torch.manual_seed(0)
     model, data = DataDependent().eval(), [torch.randn(8, 4) for _ in range(4)]
     report = qinsight.diagnose(model, data)
-    verdict = report.verification_for("pt2e")
-    assert report.metadata.frontend == "eager" and verdict is not None and not verdict.verified
-    assert "cannot prepare DataDependent" in verdict.describe() and "data-dependent" in verdict.describe()
-    assert report.suggestions  # the findings and the config stand, unverified
+    refused, verdict = report.verification_for("pt2e"), report.verification_for("torchao")
+    assert report.metadata.frontend == "eager" and refused is not None and not refused.verified
+    assert "cannot prepare DataDependent" in refused.describe() and "data-dependent" in refused.describe()
     assert "pt2e: not verified: " in qinsight.to_text(report)
+    # quantize_ needs no graph: the config is verified there, its one Linear int8, read from the converted model
+    assert verdict is not None and verdict.verified and verdict.score > 30.0 and not verdict.left_float
+
+
+def test_the_torchao_verdict_is_the_score_of_the_config_its_user_applies() -> None:
+    """verify_report(flows="torchao") against the user's own steps: quantize(flow="torchao") on the first
+    three quarters, scored on the held-out quarter; each static Linear's activation scale is the largest
+    |input| calibration saw over 127, read from the converted model."""
+    pytest.importorskip("torchao")
+    encoder = example("encoder")
+    model, data = encoder.model(), encoder.data(4)
+    report = qinsight.verify_report(model, qinsight.diagnose(model, data, verify=False), data, flows="torchao")
+    verdict = report.verification_for("torchao")
+    assert verdict is not None and verdict.verified and (verdict.calibrated, verdict.scored) == (3, 1)
+    quantized = qinsight.quantize(model, report, data[:3], flow="torchao")
+    with torch.no_grad():
+        assert verdict.score == pytest.approx(sqnr(model(data[3]), quantized(data[3])), abs=1e-4)
+    linears = [site.fqn for site in report.sites if site.kind is OpKind.LINEAR]
+    dynamic = {s.fqn for s in qinsight.advice_of(report, "torchao").suggestions if s.activation is ActivationMode.DYNAMIC}
+    static = [fqn for fqn in linears if fqn not in dynamic]
+    assert static and dynamic  # both kinds of Linear in this config
+    largest = {fqn: torch.tensor(0.0) for fqn in static}
+    hooks = [model.get_submodule(fqn).register_forward_pre_hook(
+        lambda _m, args, fqn=fqn: largest.__setitem__(fqn, torch.maximum(largest[fqn], args[0].abs().amax()))
+    ) for fqn in static]
+    with torch.no_grad():
+        for batch in data[:3]:
+            model(batch)
+    for hook in hooks:
+        hook.remove()
+    for fqn in static:
+        weight = quantized.get_submodule(fqn).weight
+        assert "int8 static activations" in qinsight.compare_weights(model, quantized).layer(fqn).quantized_type
+        assert float(weight.act_quant_scale.flatten()[0]) == pytest.approx(float(largest[fqn]) / 127, rel=1e-6)

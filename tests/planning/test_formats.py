@@ -231,8 +231,11 @@ def test_a_report_carrying_a_format_plan_round_trips_and_leads_with_its_verdict(
     torchao_quantization.quantize_(theirs, qinsight.fqn_to_config(loaded), filter_fn=None)
     with torch.no_grad():
         assert all(torch.equal(from_file(b), theirs(b)) and torch.equal(from_file(b), qinsight.quantize(model, plan)(b)) for b in data)
-    with pytest.raises(InvalidParameterError, match="carrying one, for torchao's formats: qinsight.plan_formats"):
+    # a report without a format plan: its int8 advice in torchao's flow, which calibrates its static Linears
+    with pytest.raises(InvalidParameterError, match="calibration_data=None is invalid"):
         qinsight.quantize(model, qinsight.diagnose(model, data[:1]), flow="torchao")
+    int8 = qinsight.quantize(model, qinsight.diagnose(model, data[:1]), data[:1], flow="torchao")
+    assert all("int8" in row.quantized_type for row in qinsight.compare_activations(model, int8, data[:1]).layers)
 
 
 @pytest.mark.slow

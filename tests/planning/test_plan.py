@@ -654,6 +654,7 @@ class CountingMLP(MLP):
     ("arguments", "named"),
     [
         ({"flow": "eager"}, "flow='eager'"),
+        ({"flow": "torchao"}, "flow='torchao' is invalid; expected 'fx' or 'pt2e' (qinsight.plan_formats plans"),
         ({"flow": "pt2e", "backend": "onednn"}, "backend='onednn'"),
         ({"backend": "arm"}, "backend='arm'"),
         ({"metric": "mse"}, "metric='mse'"),
