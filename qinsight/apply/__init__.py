@@ -102,7 +102,8 @@ def quantize(
     calibrated on every batch of ``calibration_data`` and converted. A :class:`FormatPlan`, or with
     ``flow="torchao"`` the format plan a report carries, is applied by torchao's ``quantize_`` with
     :func:`fqn_to_config` (no calibration); a report without one, with ``flow="torchao"``, is its int8
-    advice applied by ``quantize_``, each static Linear's scale calibrated. ``quantizer``: yours, which a plan made with ``quantizer=``
+    advice applied by ``quantize_``, each static Linear's scale calibrated. ``quantizer``: yours, which
+    a plan made with ``quantizer=``
     starts from (its float sites are stripped from it). ``model`` itself is not changed."""
     if isinstance(source, FormatPlan):
         return torchao.quantize_formats(model, source)

@@ -4,7 +4,8 @@ Registered under the names of :data:`qinsight.core.flows.FLOW_SPECS` (what each 
 A config picks its flow by what it is: a ``QConfigMapping`` is FX's
 (``prepare_fx``/``convert_fx``), a torchao ``Quantizer``, composed or not, PT2E's (``torch.export``,
 then ``prepare_pt2e``/``convert_pt2e``), a torchao ``quantize_`` config or qinsight's
-:class:`~qinsight.compare.torchao_flow.Int8Recipe` torchao's (:mod:`.torchao_flow`). The advice's configs are built in :mod:`qinsight.apply`;
+:class:`~qinsight.compare.torchao_flow.Int8Recipe` torchao's (:mod:`.torchao_flow`). The advice's
+configs are built in :mod:`qinsight.apply`;
 the programs a backend lowers to, in :mod:`.lowering`.
 """
 

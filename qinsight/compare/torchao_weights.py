@@ -40,7 +40,8 @@ def format_of(weight: torch.Tensor) -> str:
     if bits is None:
         return f"torchao {name}"
     grouping = _grouping(weight)
-    quantizes_inputs = any(getattr(weight, a, None) is not None for a in ("act_quant_kwargs", "activation_quantization"))
+    markers = ("act_quant_kwargs", "activation_quantization")  # the two ways torchao's subclasses hold it
+    quantizes_inputs = any(getattr(weight, name, None) is not None for name in markers)
     static = getattr(weight, "act_quant_scale", None) is not None  # one scale, calibrated before the model ran
     inputs = ("int8 static activations, " if static else "int8 dynamic activations, ") if quantizes_inputs else ""
     weights = f"{bits} weights" if quantizes_inputs else f"{bits} weight-only"

@@ -74,9 +74,10 @@ def compatibility(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], 
             if field not in new_fields:
                 breaking.append(f"{name}.{field} removed")
             elif new_fields[field]["type"] != spec["type"]:
-                widened = _literal_values(new_fields[field]["type"]) - _literal_values(spec["type"])
-                if _literal_values(spec["type"]) and _literal_values(spec["type"]) <= _literal_values(new_fields[field]["type"]):
-                    compatible.extend(f"{name}.{field} value {value!r} added" for value in sorted(widened))
+                was_values, now_values = _literal_values(spec["type"]), _literal_values(new_fields[field]["type"])
+                if was_values and was_values <= now_values:
+                    added = sorted(now_values - was_values)
+                    compatible.extend(f"{name}.{field} value {value!r} added" for value in added)
                 else:
                     breaking.append(f"{name}.{field} retyped {spec['type']} -> {new_fields[field]['type']}")
             elif new_fields[field]["required"] and not spec["required"]:

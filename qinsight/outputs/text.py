@@ -243,8 +243,9 @@ def _config_call_lines(report: Report) -> list[str]:
         if plan is not None or report.verification:
             return []  # the plan's line above names its call, as the verification's below does
         title = flow_spec(flow).title
-        why = f"FX cannot trace this model; {title} quantizes what torch.export exports" if not reads_as_is(meta.frontend) else (
-            f"{meta.backend} quantizes through {title}"
+        traced = reads_as_is(meta.frontend)
+        why = f"{meta.backend} quantizes through {title}" if traced else (
+            f"FX cannot trace this model; {title} quantizes what torch.export exports"
         )
         return [f"{flow_spec(flow).call('report')} gives this config: {why}"]
     # an FX plan's config is the report's: its observing, checked by the plan, is what the mapping uses

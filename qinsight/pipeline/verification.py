@@ -87,7 +87,8 @@ def chosen_flows(
     names = [verify] if isinstance(verify, str) else list(verify)
     flows = [name for name in names if name in FLOWS]
     if len(flows) < len(names):
-        raise InvalidParameterError(owner, "verify", verify, f"True, False, or flows among {', '.join(map(repr, FLOWS))}")
+        expected = f"True, False, or flows among {', '.join(map(repr, FLOWS))}"
+        raise InvalidParameterError(owner, "verify", verify, expected)
     for flow in flows:
         flow_spec(flow).backend_for(owner, backend)
         if quantizer is not None and not QUANT_FLOWS[flow].takes(quantizer):
@@ -133,8 +134,8 @@ def verify_report(
     """``report`` carrying each flow's verdict on its config (:class:`ConfigVerification`): quantized
     for real with ``model`` on ``data`` (its first :data:`VERIFY_BATCHES` batches), the kinds of
     suggestion that lower the score dropped. ``flows``: ``True`` the report's own
-    (:func:`default_flows`), or flows among ``"fx"``, ``"pt2e"``, ``"torchao"``. With ``lowered=True`` (PT2E) each config
-    is scored as the program lowered from it for the report's backend, as it ships (XNNPACK run by
+    (:func:`default_flows`), or flows among ``"fx"``, ``"pt2e"``, ``"torchao"``. With ``lowered=True``
+    (PT2E) each config is scored as the program lowered from it for the report's backend, as it ships (XNNPACK run by
     the ExecuTorch runtime, x86 compiled by inductor). With the user's ``quantizer`` (PT2E, what the
     report was diagnosed against) verification starts from it: it is scored beside the flow's
     default, and where it beats the report's config the verdict says to keep it."""

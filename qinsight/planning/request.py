@@ -71,7 +71,8 @@ def plan_request(
     name = checked_flow(flow if flow is not None else _serving(backend, lowered), "plan")
     if flow_spec(name).plans_formats:
         raise InvalidParameterError(
-            "plan", "flow", name, "'fx' or 'pt2e' (qinsight.plan_formats plans torchao's quantize_, a format per Linear)"
+            "plan", "flow", name,
+            "'fx' or 'pt2e' (qinsight.plan_formats plans torchao's quantize_, a format per Linear)",
         )
     # the quantizer first: the backend it implies is not what the user got wrong
     if quantizer is not None and not (
