@@ -97,7 +97,8 @@ def quantize(
 ) -> nn.Module:
     """``model`` quantized as ``source`` advises, in ``flow`` (``"fx"`` or ``"pt2e"``; default: a plan's
     own flow; for a report, the flow its user quantizes with: FX for a traced model, PT2E for an exported
-    one, for XNNPACK and for a model FX cannot trace): smoothed where the advice smooths, prepared (with
+    one, for XNNPACK and for a model FX cannot trace; one its verification found could quantize the
+    model where that one could not): smoothed where the advice smooths, prepared (with
     the equalization in FX),
     calibrated on every batch of ``calibration_data`` and converted. A :class:`FormatPlan`, or with
     ``flow="torchao"`` the format plan a report carries, is applied by torchao's ``quantize_`` with

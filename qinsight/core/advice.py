@@ -56,10 +56,22 @@ class Advice:
     starts_from: str = ""  # the user's quantizer a plan's float sites go on top of (its class name)
 
 
+def _report_default(report: Report) -> str:
+    """The flow a report's advice is for unless one is named: the report's own
+    (:func:`~qinsight.core.flows.report_flow`), unless its verification found that flow cannot quantize
+    the model and another could (a model ``torch.export`` cannot take, which ``quantize_`` can)."""
+    own = report_flow(report.metadata.frontend, report.metadata.backend)
+    verdict = report.verification_for(own)
+    if verdict is not None and not verdict.verified:
+        return next((other.flow for other in report.verification if other.verified), own)
+    return own
+
+
 def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None, *, owner: str = "advice_of") -> Advice:
     """The advice ``source`` gives for ``flow`` (default: a plan's own flow; for a report, the flow its
     user quantizes with, :func:`~qinsight.core.flows.report_flow`: FX for a traced model, PT2E for an
-    exported one, for XNNPACK and for a model FX cannot trace), for the backend the flow serves
+    exported one, for XNNPACK and for a model FX cannot trace, or the flow its verification found
+    could quantize the model where that one could not), for the backend the flow serves
     (:meth:`~qinsight.core.flows.FlowSpec.backend_for`; ``owner``: the function named in its error).
 
     A report carrying a plan made for ``flow`` gives the plan's verified config;
@@ -78,7 +90,7 @@ def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None,
         wanted = checked_flow(flow if flow is not None else source.flow, owner)
         return _of_plan(source, wanted, owner)
     backend = source.metadata.backend
-    wanted = checked_flow(flow if flow is not None else report_flow(source.metadata.frontend, backend), owner)
+    wanted = checked_flow(flow if flow is not None else _report_default(source), owner)
     plan = source.plan
     if plan is not None and plan.flow == wanted:
         return _of_plan(plan, wanted, owner)

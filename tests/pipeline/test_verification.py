@@ -255,6 +255,9 @@ def test_a_model_torch_export_cannot_take_is_verified_by_quantize_and_pt2e_says_
     assert "pt2e: not verified: " in qinsight.to_text(report)
     # quantize_ needs no graph: the config is verified there, its one Linear int8, read from the converted model
     assert verdict is not None and verdict.verified and verdict.score > 30.0 and not verdict.left_float
+    # so the report's config, applied as its user would without naming a flow, is quantize_'s
+    quantized = qinsight.quantize(model, report, data)
+    assert "(torchao Int8Tensor)" in qinsight.compare_weights(model, quantized).layer("fc").quantized_type
 
 
 def test_the_torchao_verdict_is_the_score_of_the_config_its_user_applies() -> None:
