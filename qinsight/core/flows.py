@@ -29,7 +29,7 @@ class FlowSpec:
     name: FlowName
     title: str
     backends: tuple[str, ...]
-    frontend: str  # the frontend whose graph the flow prepares: a traced module (fx), an exported one, none
+    frontend: str  # the frontend whose graph the flow prepares: a traced module (fx), an exported one, or NO_GRAPH
     equalizes: bool  # input-weight equalization (prepare_fx's _equalization_config)
     observes_activations: bool  # the report's own activation observing (FxActivations) applies
     lowers: bool  # its converted model is what a backend's Lowering takes (qinsight.compare_lowered)
@@ -55,6 +55,8 @@ class FlowSpec:
         return self.config_call.format(source=source)
 
 
+NO_GRAPH: Final = "module"  # a FlowSpec's frontend where the flow takes the model as it is (quantize_)
+
 FLOW_SPECS: Final[dict[FlowName, FlowSpec]] = {
     "fx": FlowSpec(
         name="fx", title="FX", backends=("x86", "fbgemm", "qnnpack", "onednn"), frontend="fx",
@@ -66,7 +68,7 @@ FLOW_SPECS: Final[dict[FlowName, FlowSpec]] = {
         stand_in="x86",
     ),
     "torchao": FlowSpec(
-        name="torchao", title="torchao quantize_", backends=("x86",), frontend="module",
+        name="torchao", title="torchao quantize_", backends=("x86",), frontend=NO_GRAPH,
         equalizes=False, observes_activations=False, lowers=False,
         config_call="qinsight.quantize(model, {source}, data, flow='torchao')", plans_formats=True,
     ),
@@ -113,7 +115,7 @@ def verifying_flows(frontend: str, backend: str) -> tuple[FlowName, ...]:
     own = report_flow(frontend, backend)
     if reads_as_is(frontend):
         return (own,)
-    return (own, *(spec.name for spec in FLOW_SPECS.values() if spec.frontend == "module" and spec.serves(backend)))
+    return (own, *(spec.name for spec in FLOW_SPECS.values() if spec.frontend == NO_GRAPH and spec.serves(backend)))
 
 
 def check_flow_backend(owner: str, flow: FlowName, backend: str) -> None:
@@ -136,6 +138,6 @@ def fx_engine(backend: str) -> str:
 
 
 __all__ = [
-    "FLOW_SPECS", "FlowSpec", "check_flow_backend", "flow_spec", "flows_serving", "fx_engine", "reads_as_is",
-    "report_flow", "verifying_flows",
+    "FLOW_SPECS", "NO_GRAPH", "FlowSpec", "check_flow_backend", "flow_spec", "flows_serving", "fx_engine",
+    "reads_as_is", "report_flow", "verifying_flows",
 ]

@@ -56,12 +56,6 @@ from qinsight.pipeline.saturation import kernels_checked
 
 ENV_VERIFY: Final = "QINSIGHT_VERIFY"
 VERIFY_BATCHES = 8  # the most calibration batches a verification keeps: its cost grows with them
-def default_flows(frontend: str, backend: str) -> tuple[FlowName, ...]:
-    """The flows a report is verified in unless told (:func:`~qinsight.core.flows.verifying_flows`):
-    FX for a traced model, PT2E for an exported one and for XNNPACK; for a model only the eager frontend
-    reads, PT2E (``torch.export`` takes many that FX cannot trace) and torchao's ``quantize_`` (no graph
-    at all). A flow that cannot take the model is a verdict saying so, not an error."""
-    return verifying_flows(frontend, backend)
 
 
 def chosen_flows(
@@ -72,7 +66,7 @@ def chosen_flows(
     quantizer: object | None = None,
 ) -> tuple[FlowName, ...]:
     """``verify`` as flows: ``True`` the user's ``quantizer``'s flow where given, else the report's own
-    (:func:`default_flows`), ``False`` none, a
+    (:func:`~qinsight.core.flows.verifying_flows`), ``False`` none, a
     flow's name or several, ``None`` what ``QINSIGHT_VERIFY`` says (:func:`verify_setting`), else
     ``True``; anything else, a flow that cannot quantize for ``backend`` or cannot take the user's
     ``quantizer``, one :class:`InvalidParameterError`."""
@@ -81,7 +75,7 @@ def chosen_flows(
     if verify is True:
         if quantizer is not None:
             return (flow_of(quantizer, owner, "quantizer").name,)
-        return default_flows(frontend, backend)
+        return verifying_flows(frontend, backend)
     if verify is False:
         return ()
     names = [verify] if isinstance(verify, str) else list(verify)
@@ -134,11 +128,12 @@ def verify_report(
     """``report`` carrying each flow's verdict on its config (:class:`ConfigVerification`): quantized
     for real with ``model`` on ``data`` (its first :data:`VERIFY_BATCHES` batches), the kinds of
     suggestion that lower the score dropped. ``flows``: ``True`` the report's own
-    (:func:`default_flows`), or flows among ``"fx"``, ``"pt2e"``, ``"torchao"``. With ``lowered=True``
-    (PT2E) each config is scored as the program lowered from it for the report's backend, as it ships (XNNPACK run by
-    the ExecuTorch runtime, x86 compiled by inductor). With the user's ``quantizer`` (PT2E, what the
-    report was diagnosed against) verification starts from it: it is scored beside the flow's
-    default, and where it beats the report's config the verdict says to keep it."""
+    (:func:`~qinsight.core.flows.verifying_flows`), or flows among ``"fx"``, ``"pt2e"``, ``"torchao"``.
+    With ``lowered=True`` (PT2E) each config is scored as the program lowered from it for the report's
+    backend, as it ships (XNNPACK run by the ExecuTorch runtime, x86 compiled by inductor). With the
+    user's ``quantizer`` (PT2E, what the report was diagnosed against) verification starts from it: it
+    is scored beside the flow's default, and where it beats the report's config the verdict says to
+    keep it."""
     if isinstance(model, torch.export.ExportedProgram):
         model = model.module()
     planned_backend("verify_report", report.metadata.backend, quantizer)  # one error if q is another backend's
@@ -337,6 +332,6 @@ def _modules(parts: ConfigParts, kind: SuggestionKind) -> int:
 
 
 __all__ = [
-    "ENV_VERIFY", "VERIFY_BATCHES", "chosen_flows", "default_flows", "lowering_of", "noting_yours", "split",
+    "ENV_VERIFY", "VERIFY_BATCHES", "chosen_flows", "lowering_of", "noting_yours", "split",
     "verify_flow", "verify_report", "verify_setting",
 ]

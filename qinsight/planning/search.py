@@ -17,7 +17,7 @@ import attrs
 from torch import nn
 
 from qinsight.core.activations import FxActivations
-from qinsight.core.flows import flow_spec, reads_as_is, report_flow
+from qinsight.core.flows import check_flow_backend, flow_spec, reads_as_is, report_flow
 from qinsight.core.plan import QuantPlan, Target
 from qinsight.core.report import Report
 from qinsight.core.sites import FlowName, OpSite
@@ -94,6 +94,7 @@ def plan(
         report = diagnose(model, list(request.calibration), backend=request.backend, verify=False)  # the plan verifies
     if flow is None and not reads_as_is(report.metadata.frontend):  # FX cannot trace it: the flow that exports it
         request = attrs.evolve(request, flow=report_flow(report.metadata.frontend, request.backend))
+        check_flow_backend("plan", request.flow, request.backend)  # as plan_request checks a flow given
     if flow_spec(request.flow).observes_activations:  # the FX config's kernels, checked as a verification checks them
         report = kernels_checked(model, report, request.calibration[0])
     scorer = Scorer(float_outputs(model, request.evaluation), request.metric, request.metric_name, request.evaluation)
