@@ -103,6 +103,8 @@ class Simulation:
         }
         self._decided: dict[frozenset[tuple[str, Mode]], dict[fx.Node, tuple[Mode, QParams | None]]] = {}
         self._downstream: dict[frozenset[fx.Node], set[fx.Node]] = {}
+        self._kept = self._read_later()
+        self._recompute: dict[frozenset[fx.Node], set[fx.Node]] = {}
         self.evaluations = 0.0  # in whole forwards over the data: a partial run counts its share of nodes
 
     def _states(self, modes: Mapping[str, Mode]) -> dict[fx.Node, tuple[Mode, QParams | None]]:
@@ -148,7 +150,7 @@ class Simulation:
         return self._downstream[key]
 
     def run(self, modes: Mapping[str, Mode], batches: Sequence[object]) -> Run:
-        """Every batch under ``modes``, keeping every node's value (to start later runs from)."""
+        """Every batch under ``modes``, keeping the values later runs may start from."""
         self.configure(modes)
         self.evaluations += 1
         return Run(dict(modes), [self._interpret(batch, None, None) for batch in batches])
@@ -156,15 +158,17 @@ class Simulation:
     def run_changed(self, modes: Mapping[str, Mode], before: Run) -> Run:
         """The batches of ``before`` under ``modes``, recomputing only what the sites whose mode
         changed reach (the rest is ``before``'s values)."""
+        starts = self._starts(modes, before)
+        self.configure(modes)
+        recompute = self._recomputed(starts)
+        self.evaluations += len(recompute) / max(len(self.nodes), 1)
+        return Run(dict(modes), [self._interpret(None, recompute, values) for values in before.values])
+
+    def _starts(self, modes: Mapping[str, Mode], before: Run) -> list[fx.Node]:
+        """The nodes a run under ``modes`` recomputes from ``before`` at the least: those whose value changes."""
         was, now = self._states(before.modes), self._states(modes)
         starts = [node for node in self.switches if was[node][0] is not now[node][0]]
-        # new qparams also change what the layer before writes (its kernel's output qparams); a model
-        # input has no kernel and keeps its value: the switch itself starts there
-        starts += [
-            node if node.args[0].op == "placeholder" else node.args[0]  # type: ignore[misc, union-attr]
-            for node in self.switches
-            if was[node][1] != now[node][1]
-        ]
+        starts += [self._requantized(node) for node in self.switches if was[node][1] != now[node][1]]
         starts += [
             node for site, node in self._weight_users.items()
             if (modes.get(site, Mode.STATIC) is Mode.FLOAT) != (before.modes.get(site, Mode.STATIC) is Mode.FLOAT)
@@ -172,10 +176,50 @@ class Simulation:
         if self.ops is not None:
             changed = {site for site in {*modes, *before.modes} if modes.get(site) is not before.modes.get(site)}
             starts += self.ops.nodes_of(changed)
-        self.configure(modes)
-        recompute = self.downstream(starts)
-        self.evaluations += len(recompute) / max(len(self.nodes), 1)
-        return Run(dict(modes), [self._interpret(None, recompute, values) for values in before.values])
+        return starts
+
+    def _read_later(self) -> set[fx.Node]:
+        """The values a run keeps for later runs to start from: the model's inputs and constants, and
+        of what some possible start reaches, the values it reads from outside, except a switch's input
+        (recomputed from what comes before it, :meth:`_recomputed`). A run keeps about one value
+        a layer: MobileNetV2's every value is 110 MB a crop, and a plan on 48 crops outgrew 24 GB."""
+        possible = [*self.switches, *self._weight_users.values()]
+        if self.regroup is not None:
+            possible += [self._requantized(node) for node in self.switches]
+        if self.ops is not None:
+            possible += self.ops.nodes_of(self.sites)
+        read = {node for node in self.nodes if node.op in ("placeholder", "get_attr")}
+        for start in set(possible):
+            reached = self.downstream([start])
+            read.update(arg for node in reached for arg in node.all_input_nodes if arg not in reached)
+        self._downstream.clear()  # single starts: a search asks for other sets
+        switched = {node.args[0] for node in self.switches}
+        return {node for node in read if node not in switched or node.op in ("placeholder", "get_attr")}
+
+    def _recomputed(self, starts: Iterable[fx.Node]) -> set[fx.Node]:
+        """The nodes a run from ``starts`` recomputes: what they reach, and what computes a value it
+        reads that no run keeps (from the values runs keep)."""
+        key = frozenset(starts)
+        if key not in self._recompute:
+            found = set(self.downstream(key))
+            missing = self._unkept_inputs(found, found)
+            while missing:
+                found |= missing
+                missing = self._unkept_inputs(missing, found)
+            self._recompute[key] = found
+        return self._recompute[key]
+
+    def _unkept_inputs(self, nodes: Iterable[fx.Node], recomputed: set[fx.Node]) -> set[fx.Node]:
+        return {arg for node in nodes for arg in node.all_input_nodes if arg not in recomputed and arg not in self._kept}
+
+    def _requantized(self, switch: fx.Node) -> fx.Node:
+        """Where new qparams of ``switch`` start changing values: at the kernel writing its input where
+        ops run on quantized tensors (the kernel writes with its output's qparams), else at the switch
+        itself; a model input has no kernel."""
+        source = switch.args[0]
+        if self.ops is None or not isinstance(source, fx.Node) or source.op == "placeholder":
+            return switch
+        return source
 
     def _interpret(
         self, batch: object, recompute: set[fx.Node] | None, cached: dict[Any, Any] | None
@@ -205,7 +249,7 @@ class Simulation:
                 values[node] = node.target(*args, **kwargs)
             else:  # call_method
                 values[node] = getattr(args[0], str(node.target))(*args[1:], **kwargs)
-        return values
+        return {node: value for node, value in values.items() if node is _OUTPUT or node in self._kept}
 
 
 _OUTPUT = "__output__"

@@ -114,6 +114,11 @@ def test_a_run_started_from_a_cached_one_is_the_full_run(flow: str) -> None:
         run = sim.run_changed(modes, run)
     full = sim.run(modes, batches[1:])
     assert torch.equal(run.outputs[0], full.outputs[0])
+    # a run keeps what later runs start from, not every value: a switch's input is recomputed from before it
+    computed = {node for node in sim.nodes if node.op.startswith("call_")}
+    kept = {node for node in full.values[0] if node in computed}
+    assert kept and len(kept) < len(computed)
+    assert not kept & {switch.args[0] for switch in sim.switches}
     assert not torch.equal(run.outputs[0], start.outputs[0])
     # and back: from every site quantized, sites floated one by one (FX: an op between quantized
     # neighbours runs on quantized tensors until it is floated, though no switch around it changes)
