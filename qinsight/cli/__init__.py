@@ -98,9 +98,10 @@ def _parser() -> argparse.ArgumentParser:
     planned.add_argument("--formats", default="int8,int4_g32", help="with --flow torchao: the formats to choose from (default int8,int4_g32)")
     planned.add_argument("--budget", metavar="bits<=N", help="with --flow torchao: the mean bits per weight at most (scales included)")
     planned.add_argument(
-        "--confidence", type=float, default=0.95,
+        "--confidence", type=float,
         help="with --flow torchao and kl, token_agreement or perplexity: hold the target at the score's one-sided bound "
-        "at this confidence over the search tokens (default 0.95; 0.5: at the score itself)",
+        "at this confidence over the search tokens (default 0.95; 0.5: at the score itself); with a top1 target: "
+        "at Wilson's bound over the evaluation rows (default: at the score itself)",
     )
     planned.add_argument(
         "--smooth", action="store_true", help="smooth the Linears' inputs first (SmoothQuant factors, chosen by measured error)"

@@ -189,11 +189,14 @@ def _plan(args: argparse.Namespace) -> int:
     except InvalidParameterError as exc:  # before anything loads or runs
         raise UsageError(f"--target {args.target!r}: expected {exc.expected}") from exc
     if formats:
-        goal = format_goal(args.formats, target, args.budget, None, args.confidence)  # mistakes before any load
+        confidence = 0.95 if args.confidence is None else args.confidence
+        goal = format_goal(args.formats, target, args.budget, None, confidence)  # mistakes before any load
         if args.lowered:
             raise UsageError("--lowered is for PT2E plans: torchao's quantize_ model is not lowered")
     elif args.budget is not None:
         raise UsageError("--budget is for --flow torchao (a plan for fx or pt2e takes float<=N as its --target)")
+    elif args.confidence is not None and target.metric != "top1":
+        raise UsageError("--confidence holds a top1 target at its bound (with --flow torchao: a language-model target)")
     model, data, name = _model_and_data(args, None, whole=True)
     calibration, evaluation = list(data), _evaluation_data(args)
     if not calibration:
@@ -211,14 +214,14 @@ def _plan(args: argparse.Namespace) -> int:
             if formats:
                 planned = plan_formats(
                     model, evaluation, formats=[f.name for f in goal.formats], target=target, budget=args.budget,
-                    confidence=args.confidence, progress=progress,
+                    confidence=confidence, progress=progress,
                 )
                 report, reached = report.with_formats(planned), planned.reached
                 missed = f"the plan: {verdict(planned)}"  # the target and the budget, each as it held
             else:
                 found = plan(
                     model, calibration, evaluation, target=target, flow=args.flow, backend=args.backend, report=report,
-                    progress=progress, smoothing=args.smooth, lowered=args.lowered,
+                    progress=progress, smoothing=args.smooth, lowered=args.lowered, confidence=args.confidence,
                 )
                 report, reached = report.with_plan(found), found.reached
                 missed = f"the plan does not reach {target}"

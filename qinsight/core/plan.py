@@ -205,7 +205,9 @@ class QuantPlan:
     (``plan(..., lowered=True)``: ``"ExecuTorch 1.5.1 runtime, XNNPACK delegate"``); empty: the
     reference model. ``starts_from`` names the user's quantizer a plan made with ``quantizer=`` starts
     from: its config is that quantizer with the plan's float sites stripped
-    (``qinsight.pt2e_quantizer(plan, quantizer=q)``).
+    (``qinsight.pt2e_quantizer(plan, quantizer=q)``). ``confidence``: a top1 target was held at the
+    lower end of this one-sided Wilson interval over the evaluation rows (``plan(..., confidence=)``),
+    so ``verified_score`` meets a stricter threshold than ``target``'s; ``None``: at the score itself.
     """
 
     flow: str
@@ -229,6 +231,7 @@ class QuantPlan:
     fx_activations: FxActivations | None = None
     lowered: str = ""  # what ran the real scores: the lowered program's runtime; empty: the reference model
     starts_from: str = ""  # the user's quantizer the plan keeps sites float on top of (its class); empty: qinsight's
+    confidence: float | None = None  # the top1 target held at this one-sided bound over the evaluation rows; None: the score
 
     @property
     def kept_float(self) -> tuple[str, ...]:

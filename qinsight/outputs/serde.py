@@ -53,7 +53,7 @@ from qinsight.outputs.files import Compression, compressed, compression_of, deco
 from qinsight.plugin.discovery import finding_type
 
 FORMAT: Final = "qinsight.report"
-SCHEMA_VERSION: Final = (3, 6)
+SCHEMA_VERSION: Final = (3, 7)
 # 2.0 writes long arrays as typed binary (a list-or-object field is a retyping: a 1.x reader refuses
 # 2.0 files with one clear error); every 1.x file is a valid 2.0 file and reads unchanged.
 READABLE_MAJORS: Final = (1, 2, 3)

@@ -17,7 +17,7 @@ from qinsight.core.flows import check_flow_backend, flow_spec, flows_serving
 from qinsight.core import metrics
 from qinsight.core.plan import Target
 from qinsight.core.sites import FlowName, checked_flow
-from qinsight.planning.scores import SCORES, MetricFunction
+from qinsight.planning.scores import SCORES, MetricFunction, agreeing_needed, rows_needed
 
 
 @attrs.frozen(kw_only=True)
@@ -36,6 +36,23 @@ class PlanRequest:
     held_out: tuple[Any, ...] = ()  # scored once, the plan's config converted: data the search never chose on
     lowering: Lowering | None = None  # configs scored as the program it lowers them to (lowered=True)
     quantizer: Any = None  # the user's quantizer every config starts from (quantizer=): float sites stripped from it
+    confidence: float | None = None  # a top1 target held at this one-sided bound over the evaluation rows
+
+    def held_goal(self, rows: int) -> Target:
+        """The goal the search and its verification hold on ``rows`` evaluation rows: the target, or with
+        ``confidence`` the agreement whose Wilson bound meets it (half a row under: a score is a mean of
+        rows); too few rows for that is one :class:`InvalidParameterError`."""
+        if self.confidence is None:
+            return self.goal
+        needed = agreeing_needed(self.goal.threshold, rows, self.confidence)
+        if needed is None:
+            least = rows_needed(self.goal.threshold, self.confidence)
+            more = f"at least {least} rows" if least is not None else "a threshold under 1"
+            raise InvalidParameterError(
+                "plan", "confidence", self.confidence,
+                f"evaluation data that can bound {self.goal} (all {rows} rows agreeing do not): {more}, or confidence=None",
+            )
+        return attrs.evolve(self.goal, threshold=(needed - 0.5) / rows)
 
     @property
     def higher_is_better(self) -> bool:
@@ -61,6 +78,7 @@ def plan_request(
     held_out_data: Iterable[Any] | None = None,
     lowered: bool = False,
     quantizer: Any = None,
+    confidence: float | None = None,
 ) -> PlanRequest:
     """The arguments of :func:`qinsight.plan`, checked; the batches read once into tuples. No ``flow``:
     the first serving ``backend`` (FX for x86, PT2E for XNNPACK), one that lowers where ``lowered``. No
@@ -86,6 +104,11 @@ def plan_request(
     lowering = lowering_for("plan", backend) if lowered else None
     goal = Target.parse(target) if isinstance(target, str) else target
     chosen, metric_name = _metric(goal, metric)
+    if confidence is not None and not (
+        metric_name == "top1" and not goal.is_budget and isinstance(confidence, (int, float)) and 0.5 <= confidence < 1
+    ):
+        expected = "a one-sided confidence in [0.5, 1) (0.95) for a top1 target, or None"
+        raise InvalidParameterError("plan", "confidence", confidence, expected)
     batches = {}
     for argument, data in (("calibration_data", calibration_data), ("evaluation_data", evaluation_data)):
         batches[argument] = tuple(data)
@@ -97,7 +120,7 @@ def plan_request(
     return PlanRequest(
         goal=goal, flow=name, backend=backend, metric=chosen, metric_name=metric_name,
         calibration=batches["calibration_data"], evaluation=batches["evaluation_data"], smoothing=smoothing, held_out=held_out,
-        lowering=lowering, quantizer=quantizer,
+        lowering=lowering, quantizer=quantizer, confidence=float(confidence) if confidence is not None else None,
     )
 
 

@@ -186,6 +186,33 @@ def pessimistic_bound(values: torch.Tensor, confidence: float, *, higher_is_bett
     return mean - z * error if higher_is_better else mean + z * error
 
 
+def wilson_lower(agreeing: int, rows: int, confidence: float) -> float:
+    """The lower end of Wilson's one-sided ``confidence`` interval for the proportion ``agreeing / rows``.
+
+    Unlike the normal interval it stays below 1 where every row agrees: a top-1 agreement of 32 of 32
+    bounds rows like them at 0.922 (95%), so a target of 0.93 needs at least 36 rows.
+    """
+    z = statistics.NormalDist().inv_cdf(confidence)
+    share, spread = agreeing / rows, z * z / rows
+    half_width = z * math.sqrt(share * (1.0 - share) / rows + spread / (4.0 * rows))
+    return (share + spread / 2.0 - half_width) / (1.0 + spread)
+
+
+def agreeing_needed(threshold: float, rows: int, confidence: float) -> int | None:
+    """The fewest of ``rows`` rows whose top-1 agreement bounds it at ``threshold`` or more
+    (:func:`wilson_lower`), or ``None`` where all of them do not."""
+    return next((k for k in range(rows + 1) if wilson_lower(k, rows, confidence) >= threshold), None)
+
+
+def rows_needed(threshold: float, confidence: float) -> int | None:
+    """The fewest rows that, all agreeing, bound top-1 at ``threshold`` (n / (n + z²) >= threshold);
+    ``None`` for a threshold of 1, which no sample bounds."""
+    if threshold >= 1.0:
+        return None
+    z = statistics.NormalDist().inv_cdf(confidence)
+    return max(1, math.ceil(z * z * threshold / (1.0 - threshold) - 1e-9))
+
+
 class TopMargins:
     """The reference's top class per row and its margin over the best other class, taken once: each
     candidate's :meth:`noise` reads them (a search scores hundreds of runs against one reference)."""
@@ -216,4 +243,4 @@ def margin_noise(reference: torch.Tensor, candidate: torch.Tensor) -> float:
     return TopMargins(reference).noise(candidate)
 
 
-__all__ = ["MARGIN_NOISE", "PER_POSITION", "pessimistic_bound", "SCORES", "logits_of", "OUTPUT_NOISE", "MetricFunction", "Scorer", "TopMargins", "margin_noise"]
+__all__ = ["MARGIN_NOISE", "PER_POSITION", "agreeing_needed", "pessimistic_bound", "rows_needed", "wilson_lower", "SCORES", "logits_of", "OUTPUT_NOISE", "MetricFunction", "Scorer", "TopMargins", "margin_noise"]

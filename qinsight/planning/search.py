@@ -49,6 +49,7 @@ def plan(
     held_out_data: Iterable[Any] | None = None,
     lowered: bool = False,
     quantizer: Any = None,
+    confidence: float | None = None,
 ) -> QuantPlan:
     """The sites to keep in float so that ``model``, quantized with ``flow``, reaches ``target`` on
     ``evaluation_data``, starting from the report's verified suggestions (:class:`QuantPlan`).
@@ -78,13 +79,16 @@ def plan(
     is what its config quantizes, while its ``default_score`` stays that of
     the model as given. With ``held_out_data``, the plan's config as converted is scored again on
     batches the search never chose on (``held_out_score``), and the plan claims ``reached`` only where
-    those meet the target too. Every argument is checked before the model runs
+    those meet the target too. With ``confidence`` (a ``top1`` target), the search and its verification
+    hold the target at the lower end of Wilson's one-sided interval over the evaluation rows: enough
+    rows must agree for rows like them to reach it (``plan.confidence``; too few rows is one error
+    naming how many). Every argument is checked before the model runs
     (:class:`~qinsight.core.errors.InvalidParameterError`); the model itself is not changed.
     """
     request = plan_request(
         target=target, flow=flow, backend=backend, metric=metric, calibration_data=calibration_data,
         evaluation_data=evaluation_data, smoothing=smoothing, held_out_data=held_out_data, lowered=lowered,
-        quantizer=quantizer,
+        quantizer=quantizer, confidence=confidence,
     )
     progress = progress or _quiet
     from qinsight.pipeline import diagnose
@@ -98,6 +102,7 @@ def plan(
     if flow_spec(request.flow).observes_activations:  # the FX config's kernels, checked as a verification checks them
         report = kernels_checked(model, report, request.calibration[0])
     scorer = Scorer(float_outputs(model, request.evaluation), request.metric, request.metric_name, request.evaluation)
+    asked, request = request, attrs.evolve(request, goal=request.held_goal(len(scorer.rows)))  # the search holds the bound
     failed = stages.FailedConfigs()
     base = stages.baseline(request, model, report, scorer, failed)
     chosen = stages.subject(request, model, report, base, failed, progress)
@@ -111,11 +116,12 @@ def plan(
     final = base.flow if real.default else chosen.flow
     held = Scorer(float_outputs(model, request.held_out), request.metric, request.metric_name, request.held_out) if request.held_out else None
     applied = stages.converted(request, final, real.suggestions, chosen.report, held)
-    return _assembled(request, base, chosen, found, measured, search, real, applied)
+    return _assembled(asked, len(scorer.rows), base, chosen, found, measured, search, real, applied)
 
 
 def _assembled(
     request: PlanRequest,
+    rows: int,
     base: stages.Baseline,
     chosen: stages.Subject,
     found: stages.Checked,
@@ -124,15 +130,17 @@ def _assembled(
     real: verify.Verified,
     applied: stages.Converted,
 ) -> QuantPlan:
-    """The stages' records as one :class:`QuantPlan` (the default config's flow where it replaced the plan's)."""
+    """The stages' records as one :class:`QuantPlan` (the default config's flow where it replaced the plan's),
+    for the plan as asked; the search held its goal on the ``rows`` evaluation rows (:meth:`PlanRequest.held_goal`)."""
     flow = base.flow if real.default else chosen.flow
+    held = request.held_goal(rows)
     sensitivities = measured.sites
     return QuantPlan(
         flow=flow.name,
         backend=request.backend,
         metric=request.metric_name,
         target=request.goal,
-        reached=request.goal.is_budget or (request.goal.met(real.score) and (not request.held_out or request.goal.met(applied.held_out))),
+        reached=request.goal.is_budget or (held.met(real.score) and (not request.held_out or request.goal.met(applied.held_out))),
         default_score=base.score,
         verified_score=real.score,
         held_out_score=applied.held_out,
@@ -144,11 +152,13 @@ def _assembled(
         suggestions=real.suggestions,
         sites=_named_sites(chosen.report.sites, real.suggestions, flow.activations),
         evaluations=math.ceil(found.search.sim.evaluations),
-        notes=search.notes + real.notes + chosen.failed.notes(flow.name) + applied.notes(flow.name) + _held_out_note(request, real.score, applied.held_out),
+        notes=search.notes + real.notes + chosen.failed.notes(flow.name) + applied.notes(flow.name) + _held_out_note(request, real.score, applied.held_out)
+        + _bound_note(request, held, rows),
         smoothing=SmoothingMapping() if real.default else chosen.smoothing,
         fx_activations=flow.activations,
         lowered=request.lowering.runtime() if request.lowering is not None else "",
         starts_from=type(request.quantizer).__name__ if request.quantizer is not None else "",
+        confidence=request.confidence,
     )
 
 
@@ -157,6 +167,16 @@ def _held_out_note(request: PlanRequest, verified: float, held_out: float) -> tu
     if request.held_out and not goal.is_budget and goal.met(verified) and not goal.met(held_out):
         return (f"the config meets {goal} on the evaluation data ({verified:.4g}) but not on the held-out data ({held_out:.4g})",)
     return ()
+
+
+def _bound_note(request: PlanRequest, held: Target, rows: int) -> tuple[str, ...]:
+    if request.confidence is None:
+        return ()
+    needed = round(held.threshold * rows + 0.5)
+    return (
+        f"{request.goal} held at its {request.confidence:.0%} lower bound over the {rows} evaluation rows (Wilson's): "
+        f"the config had to agree on {needed} of them",
+    )
 
 
 def _named_sites(

@@ -180,6 +180,14 @@ def test_plan_reaches_a_target_writes_the_plan_and_exits_one_when_it_cannot(tmp_
     for text, expected in (("top1>=1.5", "between 0 and 1"), ("float<=-3", "whole number of sites, 0 or more")):
         bad = qinsight("plan", "--example", "cnn", "--target", text)
         assert bad.returncode == 2 and expected in bad.stderr and bad.stdout == "", bad.stderr
+    bad = qinsight("plan", "--example", "cnn", "--target", "sqnr>=30", "--confidence", "0.95")
+    assert bad.returncode == 2 and "--confidence holds a top1 target" in bad.stderr and bad.stdout == ""
+    # a top1 target held at its bound over the 40 evaluation rows: the plan file says at which confidence
+    held = qinsight("plan", "--example", "cnn", "--batches", "3", "--eval-batches", "5", "--target", "top1>=0.9",
+                    "--confidence", "0.95", "--quiet", "--out", str(out))
+    assert held.returncode == 0, held.stderr
+    plan = api.load_report(out).plan
+    assert plan is not None and plan.confidence == 0.95 and "95% lower bound over the 40 evaluation rows" in held.stdout
 
 
 def test_plan_with_the_torchao_flow_gives_a_format_per_linear_under_a_budget(tmp_path: Path) -> None:
