@@ -59,8 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="quantize a model and compare it with the float one, layer by layer")
     _model_source(compare)
     compare.add_argument(
-        "--flow", choices=("fx", "pt2e"),
-        help="prepare_fx/convert_fx (the default) or PT2E (the default with --backend xnnpack or --lowered)",
+        "--flow", choices=FLOWS,
+        help="prepare_fx/convert_fx (the default), PT2E (the default with --backend xnnpack or --lowered) "
+        "or torchao's quantize_ (int8 dynamic activations and weights)",
     )
     compare.add_argument(
         "--backend", default="x86",

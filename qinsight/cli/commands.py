@@ -144,7 +144,7 @@ def _compare(args: argparse.Namespace) -> int:
             quantized = quantize_candidates(model, {flow: config}, batches)[flow]
             structure = model_structure(model)  # one trace for both comparisons
             comparison = Comparison(
-                quantized=f"convert_{flow} ({described})",
+                quantized=f"{flow_spec(flow).converter} ({described})",
                 weights=compare_weights(model, quantized, structure=structure),
                 activations=compare_activations(model, quantized, mine, structure=structure, distributed=launch is not None),
                 lowered=compare_lowered(model, quantized, mine, backend=args.backend) if args.lowered else None,

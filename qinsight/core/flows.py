@@ -36,6 +36,11 @@ class FlowSpec:
     config_call: str
     stand_in: str | None = None  # the backend it quantizes for when asked for one it does not serve
     plans_formats: bool = False  # qinsight.plan_formats plans it (a format per Linear), not qinsight.plan
+    converts_with: str = ""  # the call that gives the quantized model (a comparison's label); default convert_<name>
+
+    @property
+    def converter(self) -> str:
+        return self.converts_with or f"convert_{self.name}"
 
     def serves(self, backend: str) -> bool:
         return backend in self.backends
@@ -71,6 +76,7 @@ FLOW_SPECS: Final[dict[FlowName, FlowSpec]] = {
         name="torchao", title="torchao quantize_", backends=("x86",), frontend=NO_GRAPH,
         equalizes=False, observes_activations=False, lowers=False,
         config_call="qinsight.quantize(model, {source}, data, flow='torchao')", plans_formats=True,
+        converts_with="quantize_",
     ),
 }
 

@@ -12,6 +12,7 @@ scikit-image`` first (``--plan-photos grace_hopper --held-out-photos grace_hoppe
 
     python tests/benchmarks/bench_xnnpack_plan.py
     python tests/benchmarks/bench_xnnpack_plan.py --target "top1>=0.9" --held-out 64
+    python tests/benchmarks/bench_xnnpack_plan.py --evaluation 48 --confidence 0.95
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="top1>=0.93")
+    parser.add_argument("--confidence", type=float, help="hold the top1 target at Wilson's bound (plan(confidence=))")
     parser.add_argument("--calibration", type=int, default=16, help="crops to calibrate on")
     parser.add_argument("--evaluation", type=int, default=32, help="crops the plan scores on")
     parser.add_argument("--held-out", type=int, default=64, help="crops of photos the plan never saw")
@@ -58,7 +60,7 @@ def main() -> None:
     began = time.perf_counter()
     plan = qinsight.plan(
         model, calibration, evaluation, target=args.target, backend="xnnpack", lowered=True, report=report,
-        held_out_data=held_out,
+        held_out_data=held_out, confidence=args.confidence,
     )
     planned = time.perf_counter() - began
     print(f"planned in {planned:.0f} s ({plan.evaluations} evaluations), scored on {plan.lowered or 'the reference'}")

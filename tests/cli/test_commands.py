@@ -103,6 +103,16 @@ def test_compare_in_the_pt2e_flow() -> None:
     assert "block.0" in result.stdout and "conv1" in result.stdout
 
 
+@pytest.mark.slow
+def test_compare_in_the_torchao_flow() -> None:
+    pytest.importorskip("torchao")
+    result = qinsight("compare", "--example", "encoder", "--batches", "2", "--flow", "torchao")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Float vs quantized (quantize_ (torchao Int8DynamicActivationInt8WeightConfig)): encoder")
+    weights = result.stdout.split("Weights, worst first")[1]
+    assert all(f"layers.{i}.{name}" in weights for i in (0, 1) for name in ("qkv", "proj", "fc1", "fc2"))
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
