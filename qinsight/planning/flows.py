@@ -50,6 +50,7 @@ from qinsight.frontends import (
     layer_name,
 )
 from qinsight.frontends.edges import site_nodes
+from qinsight.planning.annotation import patterns_exported_once
 from qinsight.planning.kernels import QuantizedOps
 from qinsight.planning.observed import FxObserved, no_stack_traces
 from qinsight.planning.simulate import EdgeRule, Owners, RealOps, Regroup, Simulation, WeightSwap, observed_input, observer_nodes
@@ -303,7 +304,7 @@ class Pt2eFlow(Flow):
         def quantized_edges(modes: Mapping[str, Mode]) -> dict[tuple[str, str], Mode]:
             for node in bare.graph.nodes:
                 node.meta.pop(_ANNOTATION, None)
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), patterns_exported_once():  # hundreds of configs: export patterns once
                 warnings.simplefilter("ignore")  # sites the quantizer cannot honour were said with the report
                 self.config(mode_suggestions(modes)).annotate(bare)  # type: ignore[attr-defined]
             edges: dict[tuple[str, str], Mode] = {}
