@@ -195,6 +195,8 @@ def wilson_lower(agreeing: int, rows: int, confidence: float) -> float:
     z = statistics.NormalDist().inv_cdf(confidence)
     share, spread = agreeing / rows, z * z / rows
     half_width = z * math.sqrt(share * (1.0 - share) / rows + spread / (4.0 * rows))
+    if agreeing == 0:  # exactly 0: the formula's two terms cancel, to a rounding above it
+        return 0.0
     return (share + spread / 2.0 - half_width) / (1.0 + spread)
 
 
