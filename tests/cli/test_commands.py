@@ -95,22 +95,21 @@ def test_compare_quantizes_compares_and_writes_what_show_prints(tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_compare_in_the_pt2e_flow() -> None:
+@pytest.mark.parametrize(
+    ("name", "flow", "title", "layers"),
+    [
+        ("cnn", "pt2e", "convert_pt2e (x86 default)", ("block.0", "conv1")),
+        ("encoder", "torchao", "quantize_ (torchao Int8DynamicActivationInt8WeightConfig)",
+         tuple(f"layers.{i}.{linear}" for i in (0, 1) for linear in ("qkv", "proj", "fc1", "fc2"))),
+    ],
+)
+def test_compare_in_the_pt2e_and_torchao_flows(name: str, flow: str, title: str, layers: tuple[str, ...]) -> None:
     pytest.importorskip("torchao")
-    result = qinsight("compare", "--example", "cnn", "--batches", "2", "--flow", "pt2e")
+    result = qinsight("compare", "--example", name, "--batches", "2", "--flow", flow)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("Float vs quantized (convert_pt2e (x86 default)): cnn")
-    assert "block.0" in result.stdout and "conv1" in result.stdout
-
-
-@pytest.mark.slow
-def test_compare_in_the_torchao_flow() -> None:
-    pytest.importorskip("torchao")
-    result = qinsight("compare", "--example", "encoder", "--batches", "2", "--flow", "torchao")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("Float vs quantized (quantize_ (torchao Int8DynamicActivationInt8WeightConfig)): encoder")
+    assert result.stdout.startswith(f"Float vs quantized ({title}): {name}")
     weights = result.stdout.split("Weights, worst first")[1]
-    assert all(f"layers.{i}.{name}" in weights for i in (0, 1) for name in ("qkv", "proj", "fc1", "fc2"))
+    assert all(layer in weights for layer in layers)
 
 
 @pytest.mark.parametrize(
