@@ -188,11 +188,13 @@ class Simulation:
             possible += [self._requantized(node) for node in self.switches]
         if self.ops is not None:
             possible += self.ops.nodes_of(self.sites)
-        read = {node for node in self.nodes if node.op in ("placeholder", "get_attr")}
-        for start in set(possible):
-            reached = self.downstream([start])
-            read.update(arg for node in reached for arg in node.all_input_nodes if arg not in reached)
-        self._downstream.clear()  # single starts: a search asks for other sets
+        bits = {node: 1 << index for index, node in enumerate(dict.fromkeys(possible))}
+        reached_by: dict[fx.Node, int] = {}  # the starts that reach each node, as bits: linear in the graph
+        for node in self.nodes:  # graph order: a node's inputs come first
+            reached_by[node] = functools.reduce(operator.or_, (reached_by[a] for a in node.all_input_nodes), bits.get(node, 0))
+        # a value is read where a start reaches one of its users and not it
+        read = {node for node in self.nodes if any(reached_by[user] != reached_by[node] for user in node.users)}
+        read.update(node for node in self.nodes if node.op in ("placeholder", "get_attr"))
         switched = {node.args[0] for node in self.switches}
         return {node for node in read if node not in switched or node.op in ("placeholder", "get_attr")}
 
