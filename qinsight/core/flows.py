@@ -34,13 +34,9 @@ class FlowSpec:
     observes_activations: bool  # the report's own activation observing (FxActivations) applies
     lowers: bool  # its converted model is what a backend's Lowering takes (qinsight.compare_lowered)
     config_call: str
+    converter: str  # the call that gives the quantized model, as a comparison labels it
     stand_in: str | None = None  # the backend it quantizes for when asked for one it does not serve
     plans_formats: bool = False  # qinsight.plan_formats plans it (a format per Linear), not qinsight.plan
-    converts_with: str = ""  # the call that gives the quantized model (a comparison's label); default convert_<name>
-
-    @property
-    def converter(self) -> str:
-        return self.converts_with or f"convert_{self.name}"
 
     def serves(self, backend: str) -> bool:
         return backend in self.backends
@@ -64,11 +60,11 @@ NO_GRAPH: Final = "module"  # a FlowSpec's frontend where the flow takes the mod
 
 FLOW_SPECS: Final[dict[FlowName, FlowSpec]] = {
     "fx": FlowSpec(
-        name="fx", title="FX", backends=("x86", "fbgemm", "qnnpack", "onednn"), frontend="fx",
+        name="fx", title="FX", backends=("x86", "fbgemm", "qnnpack", "onednn"), frontend="fx", converter="convert_fx",
         equalizes=True, observes_activations=True, lowers=False, config_call="qinsight.qconfig_mapping({source})",
     ),
     "pt2e": FlowSpec(
-        name="pt2e", title="PT2E", backends=("x86", "xnnpack"), frontend="export",
+        name="pt2e", title="PT2E", backends=("x86", "xnnpack"), frontend="export", converter="convert_pt2e",
         equalizes=False, observes_activations=False, lowers=True, config_call="qinsight.pt2e_quantizer({source})",
         stand_in="x86",
     ),
@@ -76,7 +72,7 @@ FLOW_SPECS: Final[dict[FlowName, FlowSpec]] = {
         name="torchao", title="torchao quantize_", backends=("x86",), frontend=NO_GRAPH,
         equalizes=False, observes_activations=False, lowers=False,
         config_call="qinsight.quantize(model, {source}, data, flow='torchao')", plans_formats=True,
-        converts_with="quantize_",
+        converter="quantize_",
     ),
 }
 
