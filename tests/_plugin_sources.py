@@ -3,7 +3,7 @@
 WIDTHS = '''
 from typing import ClassVar
 import attrs
-from qinsight import Finding
+from qinsight.types import Finding
 from qinsight.plugin.detector import result_of
 
 @attrs.frozen(kw_only=True)

@@ -32,10 +32,14 @@ def modules() -> dict[str, Path]:
     return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
 
 
+# What users import, not the layers: the top level's stub-backed names, its records and its errors.
+FACADES = ("types", "errors")
+
+
 def layer(module: str) -> int | None:
-    """The layer index of a qinsight module; None for the top-level facade and _version/__main__."""
+    """The layer index of a qinsight module; None for the facades and _version/__main__."""
     parts = module.split(".")
-    if len(parts) < 2 or parts[1] in ("_version", "__main__"):
+    if len(parts) < 2 or parts[1] in ("_version", "__main__", *FACADES):
         return None
     return LAYERS.index(parts[1])
 
@@ -71,7 +75,13 @@ def edges() -> list[tuple[str, str, list[str], bool]]:
 
 def test_every_module_is_in_a_layer() -> None:
     for module in modules():
-        assert module == "qinsight" or layer(module) is not None or module.split(".")[1] in ("_version", "__main__"), module
+        assert module == "qinsight" or layer(module) is not None or module.split(".")[1] in ("_version", "__main__", *FACADES), module
+
+
+def test_no_layer_imports_a_facade() -> None:
+    """The facades are for users; inside the package each name comes from its layer."""
+    through = [(source, target) for source, target, _names, _eager in edges() if target.split(".")[1:2] in (["types"], ["errors"])]
+    assert through == []
 
 
 def test_no_module_imports_from_a_higher_layer() -> None:
@@ -149,9 +159,10 @@ HEAVY = ("torch", "numpy", "cattrs", "matplotlib")
         "import qinsight",
         "import qinsight.core.report, qinsight.core.comparison, qinsight.core.stats, qinsight.core.errors",
         "import qinsight.core.advice, qinsight.core.metrics, qinsight.core.progress, qinsight.core.equalization",
-        "from qinsight import Advice, advice_of, MetricSpec, Progress, FlowName, NotFoundError",
+        "from qinsight import Advice, advice_of; from qinsight.types import MetricSpec, Progress, FlowName",
+        "import qinsight.types, qinsight.errors",
         "import qinsight.plugin",
-        "from qinsight import Report, Finding, OpSite, QuantSuggestion, Comparison, EqualizationMapping, QinsightError",
+        "from qinsight import Report, Comparison, EqualizationMapping, QinsightError; from qinsight.errors import NotFoundError",
     ],
 )
 def test_the_core_loads_nothing_heavy(statement: str) -> None:
@@ -182,26 +193,37 @@ def test_instrument_is_the_function_and_the_instrumenter_is_reachable() -> None:
     assert Instrumenter.__module__ == "qinsight.observe.instrumenter"
 
 
-def test_the_public_names_are_one_list() -> None:
-    """``__all__``, the lazy lookups and the names type checkers see are all ``_EXPORTS``; every
-    public name of the layers' own ``__all__`` that a user needs is in it."""
+def test_the_public_names_are_one_list_a_user_can_hold_in_mind() -> None:
+    """The stub type checkers see (``__init__.pyi``) is the one list: ``__all__`` and the lazy lookups are
+    its names, each the object of the module the stub names; it holds at most 40."""
     import qinsight
 
-    tree = ast.parse((PACKAGE / "__init__.py").read_text())
-    checked = {
-        (node.module, alias.name)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
-        for node in block.body
+    tree = ast.parse((PACKAGE / "__init__.pyi").read_text())
+    stub = {
+        (node.module, alias.asname or alias.name)
+        for node in tree.body
         if isinstance(node, ast.ImportFrom)
         for alias in node.names
     }
-    exported = {(home, name) for home, names in qinsight._EXPORTS.items() for name in names}
-    assert checked == exported
-    assert sorted(qinsight.__all__) == sorted(["__version__", *(name for _home, name in exported)])
-    assert len({name for _home, name in exported}) == len(exported)  # no name from two homes
-    for home, name in sorted(exported):
+    assert sorted(qinsight.__all__) == sorted(name for _home, name in stub)
+    assert len(qinsight.__all__) <= 40
+    for home, name in sorted(stub):
         assert getattr(qinsight, name) is getattr(__import__(home, fromlist=[name]), name), name
+
+
+def test_the_names_the_top_level_gave_up_still_resolve_with_a_warning_naming_their_place() -> None:
+    import qinsight
+
+    for module, names in qinsight._MOVED.items():
+        home = __import__(module, fromlist=["_"])
+        assert set(names) <= set(getattr(home, "__all__", dir(home))), module
+        for name in names:
+            with pytest.warns(DeprecationWarning, match=rf"qinsight\.{name} is now {module}\.{name};"):
+                value = getattr(qinsight, name)
+            assert value is getattr(home, name)
+    assert not set(qinsight._MOVED_TO) & set(qinsight.__all__)
+    with pytest.warns(DeprecationWarning, match="qinsight.errors.InvalidParameterError"):
+        from qinsight import InvalidParameterError  # noqa: F401
 
 
 def test_a_mapping_from_a_report_file_loads_neither_the_observers_nor_the_pipeline(tmp_path: Path) -> None:

@@ -348,7 +348,7 @@ def diagnose(
     With ``distributed=True`` (inside an initialized process group) this is
     called on every rank with that rank's batches, ``qinsight.shard(data)``:
     every rank returns the report of all ranks' batches (docs/scale.md).
-    Without a process group, ``shard=qinsight.Shard(rank=i, world_size=n)``
+    Without a process group, ``shard=qinsight.types.Shard(rank=i, world_size=n)``
     says this run calibrates batches ``i, i + n, ...`` of the data (batches
     are numbered as in the whole data), for reports that
     :func:`~qinsight.pipeline.merge.merge_reports` combines later.

@@ -147,7 +147,7 @@ def validate_detector_class(obj: object, detector_id: str, source: str) -> type:
             raise fail(f"it has no {method}() method")
     finding_type = getattr(obj, "finding_type", None)
     if not (isinstance(finding_type, type) and issubclass(finding_type, Finding)):
-        raise fail("its finding_type is not a subclass of qinsight.Finding")
+        raise fail("its finding_type is not a subclass of qinsight.types.Finding")
     return obj
 
 

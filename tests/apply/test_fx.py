@@ -15,7 +15,7 @@ from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 import qinsight
 from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, shifting_batches
-from qinsight import ActivationMode, QuantSuggestion, WeightScheme
+from qinsight.types import ActivationMode, QuantSuggestion, WeightScheme
 from qinsight.apply.fx import qconfig_for
 
 

@@ -132,7 +132,7 @@ def _after_the_layer(nodes: list[str]) -> bool:
 
 def entries_code_for(sites: tuple[Any, ...], suggestions: tuple[QuantSuggestion, ...], activations: FxActivations) -> list[str]:
     report = qinsight.Report(
-        metadata=qinsight.ReportMetadata(model="m", frontend="fx", backend="x86", batches=1, qinsight_version="", torch_version=""),
+        metadata=qinsight.types.ReportMetadata(model="m", frontend="fx", backend="x86", batches=1, qinsight_version="", torch_version=""),
         sites=sites, observations=(), results=(), suggestions=suggestions, fx_activations=activations,
     )
     return qinsight.config_code(report)
@@ -192,7 +192,7 @@ def test_the_report_checks_its_activations_and_a_user_base_keeps_its_own() -> No
     assert unverified.fx_activations == FxActivations(checked=False)
     assert "clip-aware (the backend's kernels not checked for saturation" in qinsight.to_text(unverified)
     report = saturation.kernels_checked(model, unverified, batches[0])  # the check alone, the config unverified
-    dynamic = {s.fqn for s in report.suggestions if s.activation is qinsight.ActivationMode.DYNAMIC}
+    dynamic = {s.fqn for s in report.suggestions if s.activation is qinsight.types.ActivationMode.DYNAMIC}
     assert dynamic == {"fc"} and _checked_kernels(report.fx_activations) == 4
     assert "qinsight.qconfig_mapping(report): FX activations at 8 bits, clip-aware (4 quantized kernels" in qinsight.to_text(report)
     assert qinsight.qconfig_mapping(report).global_qconfig.activation.p.keywords == {"reduce_range": False}  # type: ignore[union-attr]

@@ -14,7 +14,7 @@ from torch import nn
 
 import qinsight
 from _support import gaussian_batches
-from qinsight import ActivationMode, QuantSuggestion, WeightScheme
+from qinsight.types import ActivationMode, QuantSuggestion, WeightScheme
 
 pytest.importorskip("torchao")
 with warnings.catch_warnings():
@@ -127,7 +127,7 @@ def test_without_torchao_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> Non
     for name in [m for m in sys.modules if m == "torchao" or m.startswith("torchao.")]:
         monkeypatch.setitem(sys.modules, name, None)  # type: ignore[arg-type]
     report = qinsight.diagnose(torch.export.export(model, (data[0],)).module(), data)  # the rest works
-    with pytest.raises(qinsight.MissingExtraError, match=r"needs torchao: pip install 'qinsight\[pt2e\]'"):
+    with pytest.raises(qinsight.errors.MissingExtraError, match=r"needs torchao: pip install 'qinsight\[pt2e\]'"):
         qinsight.pt2e_quantizer(report)
 
 
@@ -275,5 +275,5 @@ def test_the_advice_comes_back_as_an_xnnpack_quantizer_that_honours_every_overri
     # and it lowers: the program runs the two quantized Linears in XNNPACK, fc3 in float
     lowered = qinsight.compare_lowered(model, converted, data[:2], layers=False, float_program=False)
     assert lowered.metric("lowered_vs_float") > 20.0
-    with pytest.raises(qinsight.InvalidParameterError, match="one of x86, xnnpack for flow='pt2e'"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="one of x86, xnnpack for flow='pt2e'"):
         qinsight.pt2e_quantizer(report, backend="qnnpack")

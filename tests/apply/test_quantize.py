@@ -68,7 +68,7 @@ def test_quantize_gives_the_model_of_the_three_step_recipe(name: str, flow: str)
 def test_quantize_refuses_a_flow_it_does_not_know_in_one_line() -> None:
     model = seeded(MLP())
     report = qinsight.diagnose(model, gaussian_batches((8, 16), 2))
-    with pytest.raises(qinsight.InvalidParameterError, match="flow='eager' is invalid; expected 'fx' or 'pt2e'"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="flow='eager' is invalid; expected 'fx' or 'pt2e'"):
         qinsight.quantize(model, report, gaussian_batches((8, 16), 2), flow="eager")
-    with pytest.raises(qinsight.InvalidParameterError, match="calibration_data"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="calibration_data"):
         qinsight.quantize(model, report, [])

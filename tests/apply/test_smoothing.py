@@ -12,7 +12,9 @@ from _support import outputs, sqnr
 from torch import nn
 
 import qinsight
-from qinsight import InvalidParameterError, SmoothingEntry, SmoothingMapping
+from qinsight import SmoothingMapping
+from qinsight.errors import InvalidParameterError
+from qinsight.types import SmoothingEntry
 from qinsight.core.sites import OpKind
 from qinsight.apply.smoothing import SmoothedLinear, apply_smoothing
 from qinsight.planning.smoothing import ALPHAS, choose_smoothing

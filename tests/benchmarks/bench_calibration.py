@@ -68,7 +68,7 @@ def bench(name: str, model: nn.Module, batch: torch.Tensor, torch_equalization: 
     }
     if torch_equalization:
         torch_set.add(torch_detectors.InputWeightEqualizationDetector(0.5))
-    ours = list(qinsight.default_detectors())
+    ours = list(qinsight.pipeline.default_detectors())
     # qinsight observes the prepared model (against torch) and the float model (against the float forward).
     # On the float model the example batch also finds the ops around the layers (adds, norms, softmax...),
     # which the precision and range-conflict detectors observe; a prepare_fx graph has no such sites.
@@ -94,7 +94,7 @@ def bench(name: str, model: nn.Module, batch: torch.Tensor, torch_equalization: 
                     if round_ >= 2:
                         times[key].append(time.perf_counter() - start)
     # weight observations are read once, at freeze: one "batch" whatever ran
-    observed = {o.stats.batches for session in sessions for o in session.stats().observations if o.side is not qinsight.Side.WEIGHT}
+    observed = {o.stats.batches for session in sessions for o in session.stats().observations if o.side is not qinsight.types.Side.WEIGHT}
     if observed != {ROUNDS + 2}:
         raise RuntimeError(f"qinsight's observers saw {observed} batches, expected {ROUNDS + 2}")
     median = {k: statistics.median(v) for k, v in times.items()}

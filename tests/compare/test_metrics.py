@@ -124,14 +124,14 @@ def test_a_plugin_metric_says_higher_is_better_and_ranking_follows(
 
 def test_plugin_metric_load_errors_name_the_metric(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     install_metrics(monkeypatch, tmp_path, "acme_misnamed", AGREEMENT, "misnamed = acme_misnamed:misnamed\n")
-    with pytest.raises(qinsight.PluginLoadError, match="failed to load metric misnamed .*registered as 'misnamed'") as info:
+    with pytest.raises(qinsight.errors.PluginLoadError, match="failed to load metric misnamed .*registered as 'misnamed'") as info:
         metrics.load_metric("misnamed")
     assert info.value.kind == "metric" and info.value.name == "misnamed"
 
 
 def test_files_before_directions_were_stored_read_the_old_rule() -> None:
     layers = tuple(
-        qinsight.LayerActivationComparison(
+        qinsight.types.LayerActivationComparison(
             fqn=f"fc{i}", kind="linear", quantized_type="q", quantized=True, compared_at=f"fc{i}", batches=1,
             propagated=(MetricValue(name="sqnr", value=30.0 + i, higher_is_better=True), MetricValue(name="peak", value=0.1 * i, higher_is_better=False)),
             local=(MetricValue(name="sqnr", value=30.0 + i, higher_is_better=True), MetricValue(name="peak", value=0.1 * i, higher_is_better=False)),

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 import qinsight
-from qinsight import Advice, QuantPlan, QuantSuggestion, Report, ReportMetadata, Target, advice_of
+from qinsight import Advice, QuantPlan, Report, advice_of
+from qinsight.types import QuantSuggestion, ReportMetadata, Target
 from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
 from qinsight.core.smoothing import SmoothingEntry, SmoothingMapping
 
@@ -52,5 +53,5 @@ def test_a_plan_is_its_own_flows_advice_and_unverified_in_the_other() -> None:
 
 
 def test_a_flow_qinsight_does_not_know_is_one_error_naming_the_choices() -> None:
-    with pytest.raises(qinsight.InvalidParameterError, match="flow='tflite' is invalid; expected 'fx' or 'pt2e' or 'torchao'"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="flow='tflite' is invalid; expected 'fx' or 'pt2e' or 'torchao'"):
         advice_of(report(), "tflite")  # type: ignore[arg-type]

@@ -45,13 +45,13 @@ def test_xnnpack_is_served_by_pt2e_alone_and_pt2e_stands_in_x86_for_fxs_other_en
     assert verifying_flows("fx", "x86") == ("fx",) and verifying_flows("export", "x86") == ("pt2e",)
     assert verifying_flows("eager", "x86") == ("pt2e", "torchao") and verifying_flows("eager", "xnnpack") == ("pt2e",)
     assert flow_spec("pt2e").backend_for("plan", "fbgemm") == "x86"
-    with pytest.raises(qinsight.InvalidParameterError) as raised:
+    with pytest.raises(qinsight.errors.InvalidParameterError) as raised:
         flow_spec("fx").backend_for("qconfig_mapping", "xnnpack")
     assert str(raised.value) == (
         "qconfig_mapping: backend='xnnpack' is invalid; expected one of x86, fbgemm, qnnpack, onednn for flow='fx' "
         "(xnnpack is served by flow='pt2e')"
     )
-    with pytest.raises(qinsight.InvalidParameterError, match="expected one of x86, xnnpack for flow='pt2e'"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="expected one of x86, xnnpack for flow='pt2e'"):
         check_flow_backend("plan", "pt2e", "onednn")
 
 

@@ -19,7 +19,7 @@ def test_every_lookup_finds_or_names_what_there_is() -> None:
     result = report.result("qinsight.per_channel")
     found = [
         report.result("qinsight.per_channel"),
-        report.observation("fc1", qinsight.Side.PRE),
+        report.observation("fc1", qinsight.types.Side.PRE),
         result.finding("fc1"),
         plan.sensitivity(plan.sensitivities[0].fqn),
         activations.layer("fc1"),
@@ -28,7 +28,7 @@ def test_every_lookup_finds_or_names_what_there_is() -> None:
     missing = [
         lambda: report.result("acme.nothing"),
         lambda: report.suggestion("fc9"),
-        lambda: report.observation("fc9", qinsight.Side.PRE),
+        lambda: report.observation("fc9", qinsight.types.Side.PRE),
         lambda: result.finding("fc9"),
         lambda: result.parameter("nothing"),
         lambda: plan.sensitivity("fc9"),
@@ -36,6 +36,6 @@ def test_every_lookup_finds_or_names_what_there_is() -> None:
         lambda: qinsight.examples.example("nothing"),
     ]
     for lookup in missing:
-        with pytest.raises(qinsight.NotFoundError, match=r"^no .*; there are: ") as caught:
+        with pytest.raises(qinsight.errors.NotFoundError, match=r"^no .*; there are: ") as caught:
             lookup()
         assert isinstance(caught.value, KeyError) and isinstance(caught.value, qinsight.QinsightError)

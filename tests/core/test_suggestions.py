@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from qinsight import ActivationMode, QuantSuggestion, WeightScheme
+from qinsight.types import ActivationMode, QuantSuggestion, WeightScheme
 from qinsight.core.suggestions import Opinion, SuggestionConflict, merge_suggestions
 
 

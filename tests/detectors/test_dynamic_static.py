@@ -21,7 +21,9 @@ from _support import (
     torch_model_report,
     torch_name,
 )
-from qinsight import DataCondition, DynamicStaticDetector, DynamicStaticFinding, InvalidParameterError, Stationarity
+from qinsight.detectors import DynamicStaticDetector, DynamicStaticFinding, Stationarity
+from qinsight.errors import InvalidParameterError
+from qinsight.types import DataCondition
 
 
 def dynamic_static(report: qinsight.Report) -> dict[str, DynamicStaticFinding]:
@@ -86,8 +88,8 @@ def test_nested_detection_case() -> None:
     fc = dynamic_static(report)["fc"]
     assert fc.input.stationary(fc.tolerance) is False
     assert fc.dynamic_recommended is True and fc.actionable
-    assert report.suggestion("fc") == qinsight.QuantSuggestion(
-        fqn="fc", activation=qinsight.ActivationMode.DYNAMIC, sources=("qinsight.dynamic_static",)
+    assert report.suggestion("fc") == qinsight.types.QuantSuggestion(
+        fqn="fc", activation=qinsight.types.ActivationMode.DYNAMIC, sources=("qinsight.dynamic_static",)
     )
     assert "dynamic recommended" in qinsight.to_text(report)
 
@@ -96,7 +98,7 @@ def test_stationary_data_recommends_static(mlp: nn.Module) -> None:
     report = qinsight.diagnose(mlp, gaussian_batches((64, 16), 10), detectors=[DynamicStaticDetector()])
     findings = dynamic_static(report)
     assert all(f.dynamic_recommended is False and not f.actionable for f in findings.values())
-    assert {s.activation for s in report.suggestions} == {qinsight.ActivationMode.STATIC}
+    assert {s.activation for s in report.suggestions} == {qinsight.types.ActivationMode.STATIC}
 
 
 def test_conv_non_stationary_is_reported_but_kept_static() -> None:
@@ -108,7 +110,7 @@ def test_conv_non_stationary_is_reported_but_kept_static() -> None:
     assert finding.dynamic_recommended is True and not finding.dynamic_supported
     assert finding.verdict == "non-stationary, dynamic unsupported" and not finding.actionable
     suggestion = report.suggestion("0")
-    assert suggestion is not None and suggestion.activation is qinsight.ActivationMode.STATIC
+    assert suggestion is not None and suggestion.activation is qinsight.types.ActivationMode.STATIC
 
 
 def test_variance_statistic_ignores_a_spike_torch_flags() -> None:

@@ -20,7 +20,9 @@ import qinsight
 from qinsight.apply.equalization import equalization_qconfig_mapping
 from qinsight.observe.instrumenter import weight_rows
 from _support import MLP, ConvBnReluCNN, gaussian_batches, outlier_batches, prepared_fx, seeded, torch_model_report, torch_name
-from qinsight import DataCondition, EqualizationFinding, InputWeightEqualizationDetector, InvalidParameterError
+from qinsight.detectors import EqualizationFinding, InputWeightEqualizationDetector
+from qinsight.errors import InvalidParameterError
+from qinsight.types import DataCondition
 
 
 class OutlierMLP(nn.Module):
@@ -135,7 +137,7 @@ def test_determine_points_and_report_values() -> None:
     ]
     report = qinsight.diagnose(model, data, detectors=[detector])
     finding = equalization(report)["block1.3"]
-    observation = report.observation("block1.3", qinsight.Side.PRE)
+    observation = report.observation("block1.3", qinsight.types.Side.PRE)
     assert observation is not None and observation.stats.channel_min is not None and observation.stats.channel_max is not None
     stats = observation.stats
     weight = model.block1[3].weight.detach().double()
@@ -232,7 +234,7 @@ def test_an_equalization_torch_cannot_apply_is_refused_with_the_reason(tmp_path:
     # What the refusal spares the user, measured: torch's equalization of conv2, applied as asked.
     plain = quantized_sqnr(model, calibration, held_out)
     asked = quantized_sqnr(model, calibration, held_out, _equalization_config=equalization_qconfig_mapping(qinsight.EqualizationMapping(
-        entries=(qinsight.EqualizationEntry(fqn="conv2"),))))
+        entries=(qinsight.types.EqualizationEntry(fqn="conv2"),))))
     assert plain > 25.0 and asked < plain - 30.0  # measured: 29.1 dB -> -18.3 dB
     path = f"{tmp_path}/report.json"
     qinsight.save_report(report, path)

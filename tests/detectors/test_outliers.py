@@ -29,7 +29,9 @@ from _support import (
     torch_model_report,
     torch_name,
 )
-from qinsight import ChannelStatus, DataCondition, InvalidParameterError, OutlierDetector, OutlierFinding
+from qinsight.detectors import ChannelStatus, OutlierDetector, OutlierFinding
+from qinsight.errors import InvalidParameterError
+from qinsight.types import DataCondition
 from qinsight.examples import example
 from qinsight.observe import selection
 from qinsight.observe.observers import ActivationObserver

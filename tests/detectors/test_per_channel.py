@@ -21,7 +21,8 @@ from torch.ao.quantization.fx._model_report.detector import PerChannelDetector a
 import qinsight
 from qinsight.outputs.serde import report_from_json, report_to_dict
 from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, torch_model_report, torch_name
-from qinsight import InvalidParameterError, PerChannelDetector, PerChannelFinding
+from qinsight.detectors import PerChannelDetector, PerChannelFinding
+from qinsight.errors import InvalidParameterError
 
 
 def per_channel(report: qinsight.Report) -> dict[str, PerChannelFinding]:

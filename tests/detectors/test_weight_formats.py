@@ -102,7 +102,7 @@ def test_it_is_opt_in_and_its_statistics_survive_a_file_and_a_merge(tmp_path: ob
     path = Path(str(tmp_path)) / "r.json"
     qinsight.save_report(report, path)
     assert qinsight.load_report(path) == report
-    halves = [qinsight.diagnose(model, data, detectors=["qinsight.formats"], verify=False, shard=qinsight.Shard(rank=i, world_size=2)) for i in (0, 1)]
+    halves = [qinsight.diagnose(model, data, detectors=["qinsight.formats"], verify=False, shard=qinsight.types.Shard(rank=i, world_size=2)) for i in (0, 1)]
     merged = qinsight.merge_reports(halves)
     assert {f.fqn: f.errors for f in merged.result("qinsight.formats").findings} == {  # type: ignore[attr-defined]
         f.fqn: f.errors for f in report.result("qinsight.formats").findings  # type: ignore[attr-defined]

@@ -44,7 +44,7 @@ def test_a_layer_the_quantizer_leaves_float_is_not_quantized_in_the_report() -> 
     quantizer = XNNPACKQuantizer().set_module_name("fc", config).set_module_name("conv1", config)
     report = qinsight.diagnose(chosen.model(), chosen.data(4), backend="xnnpack", quantizer=quantizer, verify=False)
     layers = {site.fqn: site for site in report.sites if site.kind.is_layer}
-    assert layers["fc"].quantized and layers["fc"].weight_scheme is qinsight.WeightScheme.PER_CHANNEL
+    assert layers["fc"].quantized and layers["fc"].weight_scheme is qinsight.types.WeightScheme.PER_CHANNEL
     assert not layers["conv1"].quantized and layers["conv1"].weight_scheme is None
 
 
@@ -53,11 +53,11 @@ def test_a_quantizer_beside_a_mapping_or_not_a_quantizer_is_one_error() -> None:
 
     chosen = example("cnn")
     model, batches = chosen.model(), chosen.data(2)
-    with pytest.raises(qinsight.InvalidParameterError, match="None beside qconfig_mapping="):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="None beside qconfig_mapping="):
         qinsight.diagnose(
             model, batches, qconfig_mapping=get_default_qconfig_mapping("x86"), quantizer=XNNPACKQuantizer()
         )
-    with pytest.raises(qinsight.FrontendError, match="quantizer=str is not a torchao PT2E Quantizer"):
+    with pytest.raises(qinsight.errors.FrontendError, match="quantizer=str is not a torchao PT2E Quantizer"):
         qinsight.diagnose(model, batches, quantizer="xnnpack", verify=False)
 
 
@@ -80,7 +80,7 @@ def test_the_backend_is_the_one_the_quantizer_is_for_unless_given() -> None:
         quantizer=XNNPACKQuantizer(),
     )
     assert (request.backend, request.flow) == ("xnnpack", "pt2e")
-    with pytest.raises(qinsight.InvalidParameterError, match="'xnnpack', the backend your XNNPACKQuantizer quantizes"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="'xnnpack', the backend your XNNPACKQuantizer quantizes"):
         qinsight.diagnose(model, batches, backend="x86", quantizer=XNNPACKQuantizer())
-    with pytest.raises(qinsight.InvalidParameterError, match="a flow your X86InductorQuantizer quantizes in"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="a flow your X86InductorQuantizer quantizes in"):
         qinsight.diagnose(model, batches, quantizer=X86InductorQuantizer(), verify="fx")

@@ -19,7 +19,7 @@ from _support import (
 from torch import nn
 
 import qinsight
-from qinsight import FrontendError
+from qinsight.errors import FrontendError
 from qinsight.examples import example
 
 
@@ -55,7 +55,7 @@ def test_untraceable_model_is_diagnosed_eagerly() -> None:
     }
     assert not report.failures and hooks_left(model) == 0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    neg = report.observation("neg", qinsight.Side.PRE)
+    neg = report.observation("neg", qinsight.types.Side.PRE)
     assert neg is not None and neg.stats.batches == 3  # observed on every batch that took the branch
 
 
@@ -114,7 +114,7 @@ def test_failing_example_batch_is_a_frontend_error() -> None:
 
 
 def test_unknown_frontend_is_refused() -> None:
-    with pytest.raises(qinsight.InvalidParameterError, match="frontend='onnx'"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="frontend='onnx'"):
         qinsight.diagnose(seeded(MLP()), [torch.randn(2, 16)], frontend="onnx")  # type: ignore[arg-type]
 
 

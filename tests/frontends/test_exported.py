@@ -22,7 +22,9 @@ from _support import (
 from torch import nn
 
 import qinsight
-from qinsight import FrontendError, OpKind, PerChannelFinding, Side, WeightScheme
+from qinsight.detectors import PerChannelFinding
+from qinsight.errors import FrontendError
+from qinsight.types import OpKind, Side, WeightScheme
 from qinsight.examples import example
 
 

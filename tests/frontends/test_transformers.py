@@ -13,7 +13,7 @@ from torch.ao.quantization.fx._model_report.detector import OutlierDetector as T
 
 import qinsight
 from _support import gaussian_batches, prepared_fx, torch_model_report
-from qinsight import EqualizationFinding, OutlierFinding
+from qinsight.detectors import EqualizationFinding, OutlierFinding
 from qinsight.examples import example
 
 

@@ -8,7 +8,7 @@ from torch import nn
 
 import qinsight
 from _support import smollm2_or_skip
-from qinsight import ActivationMode
+from qinsight.types import ActivationMode
 from qinsight.detectors import OutlierFinding, PrecisionFinding
 from qinsight.outputs.html import render_html
 
@@ -18,6 +18,14 @@ pytestmark = pytest.mark.slow  # real weights, or processes of their own: the wh
 @pytest.fixture(scope="module")
 def smollm2() -> nn.Module:
     return smollm2_or_skip()
+
+
+@pytest.fixture(scope="module")
+def report(smollm2: nn.Module) -> qinsight.Report:
+    """Diagnosed once for the tests that read it (a minute on 2 cores, verification included)."""
+    from qinsight.examples.smollm import token_batches
+
+    return qinsight.diagnose(smollm2, token_batches(tokens=64)[:3], model_name="SmolLM2-135M")
 
 
 def test_the_weights_and_tokenizer_load_right(smollm2: nn.Module) -> None:
@@ -32,10 +40,7 @@ def test_the_weights_and_tokenizer_load_right(smollm2: nn.Module) -> None:
     assert bpe.decode(ids[0].tolist()) == "The capital of France is Paris."
 
 
-def test_its_massive_activations_are_found(smollm2: nn.Module) -> None:
-    from qinsight.examples.smollm import token_batches
-
-    report = qinsight.diagnose(smollm2, token_batches(tokens=64)[:3], model_name="SmolLM2-135M")
+def test_its_massive_activations_are_found(report: qinsight.Report) -> None:
     assert report.metadata.frontend == "fx" and sum(s.kind.is_layer for s in report.sites) == 30 * 7 + 1
     outliers = {f.fqn: f for f in report.result("qinsight.outliers").findings if isinstance(f, OutlierFinding)}
     # layer 11's down_proj writes residual channel 507 (~23,000 from there on), layer 28's cancels it:
@@ -61,10 +66,7 @@ def test_its_massive_activations_are_found(smollm2: nn.Module) -> None:
     assert "  keep in float (" in text and "channel 507" in text  # the ops kept float, by role; their findings say why
 
 
-def test_its_massive_activations_lead_to_suggestions(smollm2: nn.Module) -> None:
-    from qinsight.examples.smollm import token_batches
-
-    report = qinsight.diagnose(smollm2, token_batches(tokens=64)[:3], model_name="SmolLM2-135M")
+def test_its_massive_activations_lead_to_suggestions(report: qinsight.Report) -> None:
     precision = {f.fqn: f for f in report.result("qinsight.precision").findings if isinstance(f, PrecisionFinding)}
     # the two outlier down_proj inputs: thousands wide, their median channel under one: dynamic activations
     for fqn in ("layers.11.mlp.down_proj", "layers.28.mlp.down_proj"):

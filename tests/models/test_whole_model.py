@@ -11,6 +11,7 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import pytest
 import torch
 from _support import (
@@ -34,7 +35,8 @@ from torch.ao.quantization import get_default_qconfig_mapping
 from torch.ao.quantization.quantize_fx import prepare_fx
 
 import qinsight
-from qinsight import OpKind, RangeConflictFinding
+from qinsight.detectors import RangeConflictFinding
+from qinsight.types import OpKind
 from qinsight.examples import example
 from qinsight.frontends import resolve_target
 from qinsight.outputs.html import config_code
@@ -72,7 +74,7 @@ def test_minilm_ops_are_sites_with_what_fx_does_with_them() -> None:
     sites = {site.fqn: site for site in qinsight.diagnose(model, [batch], verify=False).sites}  # sites alone: speed
     attention = "bert.encoder.layer.0.attention.self"
     assert sites[f"{attention}.add#0"].kind is OpKind.ADD and sites[f"{attention}.add#0"].quantized
-    assert sites[f"{attention}.add#0"].call == qinsight.OpCall(owner=attention, target="operator.add", index=0)
+    assert sites[f"{attention}.add#0"].call == qinsight.types.OpCall(owner=attention, target="operator.add", index=0)
     # FX's native backend config has no pattern for `q @ k` (operator.matmul) nor torch.softmax: marked, not dropped
     assert not sites[f"{attention}.matmul#0"].quantized and not sites[f"{attention}.softmax#0"].quantized
     assert sites["bert.encoder.layer.0.output.LayerNorm"].kind is OpKind.LAYER_NORM
@@ -121,12 +123,26 @@ def test_residual_adds_are_kept_float_and_it_pays() -> None:
     assert namespace["mapping"].module_name_object_type_order_qconfigs == {("", operator.add, 0): None, ("", operator.add, 1): None}
 
 
-@pytest.mark.slow
-def test_minilm_with_the_reports_mapping_keeps_its_embeddings() -> None:
+@attrs.frozen
+class Diagnosed:
+    model: nn.Module
+    calibration: list[Any]
+    held_out: list[Any]
+    report: qinsight.Report
+
+
+@pytest.fixture(scope="module")
+def minilm() -> Diagnosed:
+    """MiniLM diagnosed once on 4 batches of sentences, for the tests that quantize it in FX and PT2E."""
     model = minilm_or_skip()
     batches = sentence_batches()
     calibration, held_out = batches[:4], batches[4:]
-    report = qinsight.diagnose(model, calibration)
+    return Diagnosed(model, calibration, held_out, qinsight.diagnose(model, calibration))
+
+
+@pytest.mark.slow
+def test_minilm_with_the_reports_mapping_keeps_its_embeddings(minilm: Diagnosed) -> None:
+    model, calibration, held_out, report = minilm.model, minilm.calibration, minilm.held_out, minilm.report
     quantized = quantize(model, qinsight.qconfig_mapping(report), calibration)
     # the whole report applies: equalization is not suggested where FX cannot do it (3-D Linear inputs)
     assert len(report.equalization_mapping) == 0
@@ -140,7 +156,7 @@ def test_minilm_with_the_reports_mapping_keeps_its_embeddings() -> None:
     reference = outputs(model, held_out)
     default_mapping = get_default_qconfig_mapping("x86").set_object_type(nn.Embedding, None)
     default = cosine(reference, outputs(quantize(model, default_mapping, calibration), held_out))
-    advised = cosine(reference, outputs(quantize(model, qinsight.qconfig_mapping(report), calibration), held_out))
+    advised = cosine(reference, outputs(quantized, held_out))
     assert default < 0.4 and advised >= 0.95  # measured 0.21 -> 0.972
     # the report names what it kept out, and why: the -1e4 mask mul and the scores + mask add among them
     text = qinsight.to_text(report)
@@ -148,6 +164,36 @@ def test_minilm_with_the_reports_mapping_keeps_its_embeddings() -> None:
     assert "bert.mul#0" in kept and "bert.encoder.layer.*.attention.self.add#0 (6)" in kept
     assert re.search(r"^    bert\.mul#0 +mul: input range 1 and output range 1e\+04 share one scale", text, re.MULTILINE)
     assert re.search(r"^    bert\.encoder\.layer\.0\.attention\.self\.add#0 +add: operand ranges", text, re.MULTILINE)
+
+
+@pytest.mark.slow
+def test_minilm_under_pt2e_the_reports_quantizer_is_no_worse(minilm: Diagnosed) -> None:
+    pytest.importorskip("torchao")
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from qinsight.apply.pt2e import default_x86_quantizer
+
+    model, calibration, held_out, report = minilm.model, minilm.calibration, minilm.held_out, minilm.report
+
+    def quantized(quantizer: Any) -> nn.Module:
+        dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("tokens", max=512)}
+        first = calibration[0]
+        exported = torch.export.export(
+            copy.deepcopy(model), (first["input_ids"], first["attention_mask"]), dynamic_shapes=(dims, dims)
+        ).module()
+        prepared = prepare_pt2e(exported, quantizer)
+        with torch.no_grad():
+            for batch in calibration:
+                prepared(batch["input_ids"], batch["attention_mask"])
+        result: nn.Module = convert_pt2e(prepared)
+        return result
+
+    reference = outputs(model, held_out)
+    default = cosine(reference, outputs(quantized(default_x86_quantizer()), held_out))
+    quantizer = qinsight.pt2e_quantizer(report)
+    advised = cosine(reference, outputs(quantized(quantizer), held_out))
+    assert quantizer.unhonoured == ()
+    assert advised >= default - 0.001  # measured 0.9937 (default) and 0.9939
 
 
 def _split(data: list[Any], calibration: int) -> tuple[list[Any], list[Any]]:
@@ -238,39 +284,6 @@ def test_mobilenet_v2_fx_on_onednn_observes_after_the_clips_and_gains_2_db() -> 
     assert agreeing[0] >= agreeing[1] + 2  # 29/32 against 26/32; without VNNI 26 (23 on one thread) against 1
 
 
-@pytest.mark.slow
-def test_minilm_under_pt2e_the_reports_quantizer_is_no_worse() -> None:
-    pytest.importorskip("torchao")
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
-    from qinsight.apply.pt2e import default_x86_quantizer
-
-    model = minilm_or_skip()
-    batches = sentence_batches()
-    calibration, held_out = batches[:4], batches[4:]
-    report = qinsight.diagnose(model, calibration)
-
-    def quantized(quantizer: Any) -> nn.Module:
-        dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("tokens", max=512)}
-        first = calibration[0]
-        exported = torch.export.export(
-            copy.deepcopy(model), (first["input_ids"], first["attention_mask"]), dynamic_shapes=(dims, dims)
-        ).module()
-        prepared = prepare_pt2e(exported, quantizer)
-        with torch.no_grad():
-            for batch in calibration:
-                prepared(batch["input_ids"], batch["attention_mask"])
-        result: nn.Module = convert_pt2e(prepared)
-        return result
-
-    reference = outputs(model, held_out)
-    default = cosine(reference, outputs(quantized(default_x86_quantizer()), held_out))
-    quantizer = qinsight.pt2e_quantizer(report)
-    advised = cosine(reference, outputs(quantized(quantizer), held_out))
-    assert quantizer.unhonoured == ()
-    assert advised >= default - 0.001  # measured 0.9937 (default) and 0.9939
-
-
 def test_an_exported_graph_has_the_same_op_sites_with_pt2es_plan() -> None:
     pytest.importorskip("torchao")
     torch.manual_seed(0)
@@ -303,7 +316,7 @@ def test_a_batch_that_raises_leaves_no_tap_behind() -> None:
     torch.manual_seed(0)
     model = FailsOnNegative().eval()
     data = [torch.randn(4, 8), torch.full((4, 8), -100.0)]
-    with pytest.raises(qinsight.CalibrationError, match="batch 1 failed: ValueError: a batch it cannot take"):
+    with pytest.raises(qinsight.errors.CalibrationError, match="batch 1 failed: ValueError: a batch it cannot take"):
         qinsight.diagnose(model, data)
     assert not torch.overrides._get_current_function_mode_stack()  # the mode left with the failing forward
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
@@ -326,7 +339,7 @@ def test_a_report_with_op_sites_round_trips_and_merges(tmp_path: Any) -> None:
 
     # (a merge runs no model, so it verifies nothing: it equals the unverified run)
     single = qinsight.diagnose(model, data, verify=False)
-    parts = [qinsight.diagnose(model, data[i::2], shard=qinsight.Shard(rank=i, world_size=2), verify=False) for i in range(2)]
+    parts = [qinsight.diagnose(model, data[i::2], shard=qinsight.types.Shard(rank=i, world_size=2), verify=False) for i in range(2)]
     merged = qinsight.merge_reports(parts)
     assert merged.suggestions == single.suggestions
     assert_same_report(merged, single, tmp_path)
@@ -356,7 +369,7 @@ from qinsight.plugin import ObserverSpec, Side, activation_bits, bits_kept, side
 def test_the_median_channel_keeps_what_its_share_of_the_scale_gives(bits: int, ranges: list[float], shift: float) -> None:
     # channels [shift, shift + r]; the observer's range includes zero
     lows, highs = tuple(shift for _ in ranges), tuple(shift + r for r in ranges)
-    stats = qinsight.ActivationStats(
+    stats = qinsight.types.ActivationStats(
         spec=ObserverSpec(channel_axis=-1, per_channel=True), batches=1,
         min=min(lows), max=max(highs), channel_min=lows, channel_max=highs,
     )

@@ -31,7 +31,7 @@ def _top_level_ops(profile: torch.profiler.profile) -> list[str]:
 
 
 @contextmanager
-def _calibrating(device: str) -> Iterator[tuple[qinsight.Session, torch.nn.Module, list[torch.Tensor]]]:
+def _calibrating(device: str) -> Iterator[tuple[qinsight.pipeline.Session, torch.nn.Module, list[torch.Tensor]]]:
     """The width-512 stack instrumented with the default detectors, its first batch already seen."""
     model = llama_stack().to(device)
     batches = [b.to(device) for b in stack_batches(count=3)]

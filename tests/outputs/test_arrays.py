@@ -80,7 +80,7 @@ def test_a_real_report_round_trips_packed_plain_and_compressed(tmp_path: Path) -
     assert (tmp_path / "packed.json.gz").read_bytes()[:2] == b"\x1f\x8b"
     assert (tmp_path / "named.json").read_bytes() == (tmp_path / "packed.json.xz").read_bytes()
     assert (tmp_path / "plain.json.gz").read_bytes() == (tmp_path / "packed.json").read_bytes()
-    with pytest.raises(qinsight.InvalidParameterError, match="compress='zip'"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="compress='zip'"):
         qinsight.save_report(report, tmp_path / "r.zip", compress="zip")  # type: ignore[arg-type]
     qinsight.save_report(report, tmp_path / "again.json.gz")  # no time stamp: the same bytes again
     assert (tmp_path / "again.json.gz").read_bytes() == (tmp_path / "packed.json.gz").read_bytes()
@@ -117,7 +117,7 @@ def _with_first_array(report: qinsight.Report, change: dict[str, Any]) -> str:
 )
 def test_a_broken_typed_array_is_one_error_naming_where(change: dict[str, Any], problem: str) -> None:
     report = qinsight.diagnose(seeded(MLP((64, 128, 128, 16))), gaussian_batches((8, 64), 2))
-    with pytest.raises(qinsight.ReportFileError, match=problem) as info:
+    with pytest.raises(qinsight.errors.ReportFileError, match=problem) as info:
         report_from_json(_with_first_array(report, change), source="r.json")
     assert info.value.location is not None and info.value.location.startswith("$.")
 
@@ -129,13 +129,13 @@ def test_a_broken_or_explosive_stream_is_one_error_in_bounded_memory(suffix: str
     qinsight.save_report(report, good)
     cut = tmp_path / f"cut.json{suffix}"
     cut.write_bytes(good.read_bytes()[:-20])
-    with pytest.raises(qinsight.ReportFileError, match="cut short|does not decompress"):
+    with pytest.raises(qinsight.errors.ReportFileError, match="cut short|does not decompress"):
         qinsight.load_report(cut)
     bomb = tmp_path / f"bomb.json{suffix}"
     bomb.write_bytes(squeeze(b" " * (64 * 2**20)))  # 64 MiB of spaces in a few KiB
     tracemalloc.start()
     try:
-        with pytest.raises(qinsight.ReportFileError, match="decompresses to more than the 1048576-byte limit"):
+        with pytest.raises(qinsight.errors.ReportFileError, match="decompresses to more than the 1048576-byte limit"):
             qinsight.load_report(bomb, max_bytes=2**20)
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -143,7 +143,7 @@ def test_a_broken_or_explosive_stream_is_one_error_in_bounded_memory(suffix: str
     assert peak < 24 * 2**20, peak  # the limit, and xz's dictionary (8 MiB at the default preset)
     garbage = tmp_path / f"garbage.json{suffix}"
     garbage.write_bytes(good.read_bytes()[:6] + os.urandom(200))
-    with pytest.raises(qinsight.ReportFileError, match="gzip|xz"):
+    with pytest.raises(qinsight.errors.ReportFileError, match="gzip|xz"):
         qinsight.load_report(garbage)
 
 
@@ -247,7 +247,7 @@ def _first(forms: list[dict[str, Any]], form: str) -> dict[str, Any]:
 )
 def test_a_broken_reference_or_deflated_array_is_one_error_naming_where(change: Any, problem: str) -> None:
     report = qinsight.diagnose(seeded(MLP((64, 128, 128, 16))), gaussian_batches((8, 64), 2))
-    with pytest.raises(qinsight.ReportFileError, match=problem) as info:
+    with pytest.raises(qinsight.errors.ReportFileError, match=problem) as info:
         report_from_json(_compact_file(report, change), source="r.json")
     assert info.value.location is not None and info.value.location.startswith("$.")
 
@@ -264,7 +264,7 @@ def test_deflated_arrays_inflate_within_the_limit_and_references_cost_nothing(tm
     path.write_text(_compact_file(report, change))
     tracemalloc.start()
     try:
-        with pytest.raises(qinsight.ReportFileError, match="decode to more than the 4194304-byte limit"):
+        with pytest.raises(qinsight.errors.ReportFileError, match="decode to more than the 4194304-byte limit"):
             qinsight.load_report(path, max_bytes=4 * 2**20)
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -336,6 +336,6 @@ def _with_first_enum(report: qinsight.Report, change: Any) -> str:
 )
 def test_a_broken_enum_array_is_one_error_naming_where(change: Any, problem: str) -> None:
     report = qinsight.diagnose(seeded(MLP((64, 128, 128, 16))), gaussian_batches((8, 64), 2))
-    with pytest.raises(qinsight.ReportFileError, match=problem) as info:
+    with pytest.raises(qinsight.errors.ReportFileError, match=problem) as info:
         report_from_json(_with_first_enum(report, change), source="r.json")
     assert info.value.location is not None and "statuses" in info.value.location

@@ -108,7 +108,7 @@ def test_files_without_comparisons_from_schema_1_0_still_load(cnn_comparison: tu
 
 def test_tables_stay_short_on_long_models() -> None:
     layers = tuple(
-        qinsight.LayerActivationComparison(
+        qinsight.types.LayerActivationComparison(
             fqn=f"layer{i}", kind="linear", quantized_type="q", quantized=True, compared_at=f"layer{i}", batches=1,
             propagated=(MetricValue(name="sqnr", value=40.0 - i), MetricValue(name="relative_l2", value=0.01)),
             local=(MetricValue(name="sqnr", value=float(100 - i)), MetricValue(name="relative_l2", value=0.01)),

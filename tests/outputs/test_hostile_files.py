@@ -111,7 +111,7 @@ def test_mutated_report_files_give_one_clear_error_or_a_valid_report(text: str, 
     tracemalloc.start()
     try:
         report = load_report(path)
-    except qinsight.ReportFileError as exc:
+    except qinsight.errors.ReportFileError as exc:
         assert exc.source == str(path) and str(exc).startswith(f"{path}: ") and "\n" not in exc.problem
         report = None
     finally:
@@ -147,7 +147,7 @@ def test_invalid_values_are_one_error_with_the_path(kind: str, tmp_path: Path) -
     make, problem, location = BAD_VALUES[kind]
     path = tmp_path / "r.json"
     path.write_text(make(real_report()))
-    with pytest.raises(qinsight.ReportFileError) as info:
+    with pytest.raises(qinsight.errors.ReportFileError) as info:
         load_report(path)
     assert problem in info.value.problem and info.value.source == str(path)
     assert info.value.location == location
@@ -177,7 +177,7 @@ def test_a_small_file_of_many_bad_elements_reads_in_bounded_memory(tmp_path: Pat
 
 
 def test_reads_are_capped_for_devices_and_pipes() -> None:
-    with pytest.raises(qinsight.ReportFileError, match="/dev/zero: larger than the 1000-byte limit"):
+    with pytest.raises(qinsight.errors.ReportFileError, match="/dev/zero: larger than the 1000-byte limit"):
         load_report("/dev/zero", max_bytes=1000)
     piped = subprocess.run(
         f"yes | {sys.executable} -c 'from qinsight.outputs.serde import load_report; load_report(\"/dev/stdin\", max_bytes=10**6)'",

@@ -34,7 +34,7 @@ def test_view_is_module_major_and_filterable(report: qinsight.Report) -> None:
     row = view.row("blocks.4.conv1")
     # every detector that judges convs; precision and range conflict judge Linears and the ops between
     assert {d for d, _ in row.verdicts} == {r.detector for r in report.results} - {"qinsight.precision", "qinsight.range_conflict"}
-    add = view.row(next(s.fqn for s in report.sites if s.kind is qinsight.OpKind.ADD))
+    add = view.row(next(s.fqn for s in report.sites if s.kind is qinsight.types.OpKind.ADD))
     assert {d for d, _ in add.verdicts} == {"qinsight.precision", "qinsight.range_conflict"}
     ratios = row.feature("outliers.ratios")
     assert ratios is not None and ratios.per_channel and len(ratios.channels or ()) == 128

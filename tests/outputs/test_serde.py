@@ -73,7 +73,7 @@ def _activation_stats(channels: int) -> st.SearchStrategy[ActivationStats]:
     per_channel = st.tuples(*[FLOATS] * channels)
     return st.builds(
         ActivationStats,
-        spec=st.from_type(qinsight.ObserverSpec),
+        spec=st.from_type(qinsight.types.ObserverSpec),
         batches=COUNTS,
         nonfinite_batches=COUNTS,
         constant_batches=COUNTS,
@@ -95,7 +95,7 @@ st.register_type_strategy(BatchMoments, st.builds(BatchMoments, count=COUNTS))
 st.register_type_strategy(PercentileStats, st.integers(0, 4).flatmap(_percentiles))
 st.register_type_strategy(TailStats, st.integers(0, 4).flatmap(_tails))
 st.register_type_strategy(ActivationStats, st.integers(0, 4).flatmap(_activation_stats))
-st.register_type_strategy(qinsight.OpCall, st.builds(qinsight.OpCall, owner=st.text(), target=st.text(), index=COUNTS))
+st.register_type_strategy(qinsight.types.OpCall, st.builds(qinsight.types.OpCall, owner=st.text(), target=st.text(), index=COUNTS))
 st.register_type_strategy(OpSite, st.builds(OpSite, calls=COUNTS, groups=st.integers(1, 2**20)))
 st.register_type_strategy(ReportMetadata, st.builds(ReportMetadata, batches=COUNTS))
 METRIC_VALUES = st.lists(st.builds(MetricValue, value=FLOATS, higher_is_better=st.booleans()), max_size=3).map(tuple)
@@ -123,27 +123,27 @@ st.register_type_strategy(
 SCORES = st.floats(-1e6, 1e6)
 FRACTIONS = st.floats(0.0, 1.0)
 for _cls in (
-    qinsight.PlanStep, qinsight.SuggestionCheck, qinsight.SiteSensitivity, qinsight.Target, qinsight.QuantPlan,
-    qinsight.SmoothingEntry, qinsight.SmoothingMapping,
+    qinsight.types.PlanStep, qinsight.types.SuggestionCheck, qinsight.types.SiteSensitivity, qinsight.types.Target, qinsight.QuantPlan,
+    qinsight.types.SmoothingEntry, qinsight.SmoothingMapping,
 ):
     attrs.resolve_types(_cls)
 st.register_type_strategy(
-    qinsight.PlanStep,
-    st.builds(qinsight.PlanStep, score=SCORES, quantized_fraction=FRACTIONS, stage=st.sampled_from(STAGES)),
+    qinsight.types.PlanStep,
+    st.builds(qinsight.types.PlanStep, score=SCORES, quantized_fraction=FRACTIONS, stage=st.sampled_from(STAGES)),
 )
 st.register_type_strategy(
-    qinsight.SuggestionCheck,
-    st.builds(qinsight.SuggestionCheck, before=SCORES, alone=SCORES, together=SCORES, without=SCORES),
+    qinsight.types.SuggestionCheck,
+    st.builds(qinsight.types.SuggestionCheck, before=SCORES, alone=SCORES, together=SCORES, without=SCORES),
 )
 st.register_type_strategy(
-    qinsight.SiteSensitivity,
-    st.builds(qinsight.SiteSensitivity, parameters=COUNTS, float_only=SCORES, quantized_only=SCORES, gain=SCORES),
+    qinsight.types.SiteSensitivity,
+    st.builds(qinsight.types.SiteSensitivity, parameters=COUNTS, float_only=SCORES, quantized_only=SCORES, gain=SCORES),
 )
-st.register_type_strategy(qinsight.Target, st.builds(qinsight.Target, threshold=st.floats(-1e6, 1e6)))
+st.register_type_strategy(qinsight.types.Target, st.builds(qinsight.types.Target, threshold=st.floats(-1e6, 1e6)))
 st.register_type_strategy(
-    qinsight.SmoothingEntry,
+    qinsight.types.SmoothingEntry,
     st.builds(
-        qinsight.SmoothingEntry,
+        qinsight.types.SmoothingEntry,
         alpha=FRACTIONS,
         factors=st.lists(st.floats(1e-6, 1e6), min_size=1, max_size=4).map(tuple),
         sqnr_before=SCORES,
@@ -152,7 +152,7 @@ st.register_type_strategy(
 )
 st.register_type_strategy(
     qinsight.SmoothingMapping,
-    st.lists(st.from_type(qinsight.SmoothingEntry), max_size=2, unique_by=lambda e: e.fqn).map(
+    st.lists(st.from_type(qinsight.types.SmoothingEntry), max_size=2, unique_by=lambda e: e.fqn).map(
         lambda entries: qinsight.SmoothingMapping(entries=tuple(entries))
     ),
 )
@@ -166,49 +166,49 @@ st.register_type_strategy(
         quantized_fraction=FRACTIONS,
         agreement=SCORES,
         evaluations=COUNTS,
-        steps=st.lists(st.from_type(qinsight.PlanStep), max_size=3).map(tuple),
-        checks=st.lists(st.from_type(qinsight.SuggestionCheck), max_size=2).map(tuple),
-        sensitivities=st.lists(st.from_type(qinsight.SiteSensitivity), max_size=2).map(tuple),
+        steps=st.lists(st.from_type(qinsight.types.PlanStep), max_size=3).map(tuple),
+        checks=st.lists(st.from_type(qinsight.types.SuggestionCheck), max_size=2).map(tuple),
+        sensitivities=st.lists(st.from_type(qinsight.types.SiteSensitivity), max_size=2).map(tuple),
         sites=st.lists(st.from_type(OpSite), max_size=2).map(tuple),
         smoothing=st.from_type(qinsight.SmoothingMapping),
     ),
 )
 
 # a format plan's points and layers: counts never negative, held-out scores drawn (their default is NaN)
-for _cls in (qinsight.CurvePoint, qinsight.LayerFormat, qinsight.FormatPlan, qinsight.OrderCheck, qinsight.FormatCost, qinsight.Budget):
+for _cls in (qinsight.types.CurvePoint, qinsight.types.LayerFormat, qinsight.FormatPlan, qinsight.types.OrderCheck, qinsight.types.FormatCost, qinsight.types.Budget):
     attrs.resolve_types(_cls)
-st.register_type_strategy(qinsight.CurvePoint, st.builds(qinsight.CurvePoint, mean_bits=SCORES, state_bytes=COUNTS, score=SCORES, held_out=SCORES, bound=SCORES))
-st.register_type_strategy(qinsight.LayerFormat, st.builds(qinsight.LayerFormat, parameters=COUNTS, bits=SCORES))
-st.register_type_strategy(qinsight.FormatCost, st.builds(qinsight.FormatCost, damage=SCORES, score=SCORES))
-st.register_type_strategy(qinsight.Budget, st.builds(qinsight.Budget, bits=SCORES))
+st.register_type_strategy(qinsight.types.CurvePoint, st.builds(qinsight.types.CurvePoint, mean_bits=SCORES, state_bytes=COUNTS, score=SCORES, held_out=SCORES, bound=SCORES))
+st.register_type_strategy(qinsight.types.LayerFormat, st.builds(qinsight.types.LayerFormat, parameters=COUNTS, bits=SCORES))
+st.register_type_strategy(qinsight.types.FormatCost, st.builds(qinsight.types.FormatCost, damage=SCORES, score=SCORES))
+st.register_type_strategy(qinsight.types.Budget, st.builds(qinsight.types.Budget, bits=SCORES))
 st.register_type_strategy(
     qinsight.FormatPlan,
     st.builds(
         qinsight.FormatPlan,
         evaluations=COUNTS,
         float_score=SCORES,
-        uniform=st.lists(st.from_type(qinsight.CurvePoint), max_size=2).map(tuple),
-        curve=st.lists(st.from_type(qinsight.CurvePoint), max_size=2).map(tuple),
-        costs=st.lists(st.from_type(qinsight.FormatCost), max_size=2).map(tuple),
-        orders=st.lists(st.from_type(qinsight.OrderCheck), max_size=2).map(tuple),
+        uniform=st.lists(st.from_type(qinsight.types.CurvePoint), max_size=2).map(tuple),
+        curve=st.lists(st.from_type(qinsight.types.CurvePoint), max_size=2).map(tuple),
+        costs=st.lists(st.from_type(qinsight.types.FormatCost), max_size=2).map(tuple),
+        orders=st.lists(st.from_type(qinsight.types.OrderCheck), max_size=2).map(tuple),
     ),
 )
 
 # a verification's scores: -inf is a config the flow cannot run, so infinities are drawn; NaN (its default) never equals itself
 VERIFIED_SCORES = st.floats(allow_nan=False)
-for _cls in (qinsight.KindCheck, qinsight.ConfigVerification):
+for _cls in (qinsight.types.KindCheck, qinsight.types.ConfigVerification):
     attrs.resolve_types(_cls)
-st.register_type_strategy(qinsight.KindCheck, st.builds(qinsight.KindCheck, modules=COUNTS, without=VERIFIED_SCORES))
+st.register_type_strategy(qinsight.types.KindCheck, st.builds(qinsight.types.KindCheck, modules=COUNTS, without=VERIFIED_SCORES))
 st.register_type_strategy(
-    qinsight.ConfigVerification,
+    qinsight.types.ConfigVerification,
     st.builds(
-        qinsight.ConfigVerification,
+        qinsight.types.ConfigVerification,
         default=VERIFIED_SCORES,
         suggested=VERIFIED_SCORES,
         score=VERIFIED_SCORES,
         calibrated=COUNTS,
         scored=COUNTS,
-        checks=st.lists(st.from_type(qinsight.KindCheck), max_size=3).map(tuple),
+        checks=st.lists(st.from_type(qinsight.types.KindCheck), max_size=3).map(tuple),
     ),
 )
 
@@ -220,13 +220,13 @@ SNAPSHOT = Path(__file__).parent.parent / "data" / "report_schema.json"
 # and test_nan_inside_tuples_round_trips covers the tuples.
 st.register_type_strategy(float, st.floats(allow_nan=False))
 st.register_type_strategy(
-    qinsight.ObserverSpec,  # its invariants: sorted percentiles in (0, 1), which imply per_channel
+    qinsight.types.ObserverSpec,  # its invariants: sorted percentiles in (0, 1), which imply per_channel
     st.builds(
-        qinsight.ObserverSpec, channel_axis=st.integers(-4, 4), per_channel=st.booleans(), moments=st.booleans(),
+        qinsight.types.ObserverSpec, channel_axis=st.integers(-4, 4), per_channel=st.booleans(), moments=st.booleans(),
         formats=st.lists(st.sampled_from(("int8", "float8", "int4_g32", "int4_g128")), unique=True).map(lambda fs: tuple(sorted(fs))),
     )
     | st.builds(
-        qinsight.ObserverSpec,
+        qinsight.types.ObserverSpec,
         channel_axis=st.integers(-4, 4),
         per_channel=st.just(True),
         moments=st.booleans(),
@@ -235,21 +235,21 @@ st.register_type_strategy(
     ),
 )
 st.register_type_strategy(
-    qinsight.NarrowedInput, st.builds(qinsight.NarrowedInput, fqn=st.text(), excess=st.floats(0.0, 1e9))
+    qinsight.types.NarrowedInput, st.builds(qinsight.types.NarrowedInput, fqn=st.text(), excess=st.floats(0.0, 1e9))
 )
 st.register_type_strategy(
-    qinsight.FxActivations,
+    qinsight.types.FxActivations,
     st.builds(
-        qinsight.FxActivations,
+        qinsight.types.FxActivations,
         bits=st.sampled_from((7, 8)),
-        narrowed=st.lists(st.from_type(qinsight.NarrowedInput), max_size=2).map(tuple),
+        narrowed=st.lists(st.from_type(qinsight.types.NarrowedInput), max_size=2).map(tuple),
         kernels=st.integers(0, 1000),
     ),
 )
 st.register_type_strategy(
-    qinsight.Parameter,
+    qinsight.types.Parameter,
     st.builds(
-        qinsight.Parameter,
+        qinsight.types.Parameter,
         name=st.text(),
         value=st.one_of(st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.text()),
     ),
@@ -259,13 +259,13 @@ st.register_type_strategy(
 def all_classes() -> list[type]:
     names = set(schema()["classes"])
     found: dict[str, type] = {}
-    for module in ("qinsight", "qinsight.core.plan", "qinsight.core.activations", "qinsight.detectors.dynamic_static", "qinsight.core.precision", "qinsight.core.stats", "qinsight.core.suggestions", "qinsight.core.report", "qinsight.core.equalization", "qinsight.core.comparison"):
+    for module in ("qinsight.types", "qinsight.detectors", "qinsight.core.plan", "qinsight.core.activations", "qinsight.detectors.dynamic_static", "qinsight.core.precision", "qinsight.core.stats", "qinsight.core.suggestions", "qinsight.core.report", "qinsight.core.equalization", "qinsight.core.comparison"):
         mod = importlib.import_module(module)
         for name in sorted(names):  # the same order in every run: parametrized ids do not follow set order
             if hasattr(mod, name):
                 found[name] = getattr(mod, name)
     assert set(found) == names
-    return [cls for cls in found.values() if attrs.has(cls) and cls not in (qinsight.Report, qinsight.DetectorResult, qinsight.Finding)]
+    return [cls for cls in found.values() if attrs.has(cls) and cls not in (qinsight.Report, qinsight.types.DetectorResult, qinsight.types.Finding)]
 
 
 @pytest.mark.slow
@@ -279,19 +279,19 @@ def test_every_class_round_trips(cls: type, data: st.DataObject) -> None:
 
 
 def test_nan_inside_tuples_round_trips() -> None:
-    finding = qinsight.EqualizationFinding(
-        fqn="fc", kind=qinsight.OpKind.LINEAR, ratio_threshold=0.5, channel_fraction=0.4,
-        condition=qinsight.DataCondition.OK, input_ranges=(0.0, 1.0), weight_ranges=(1.0, math.inf),
+    finding = qinsight.detectors.EqualizationFinding(
+        fqn="fc", kind=qinsight.types.OpKind.LINEAR, ratio_threshold=0.5, channel_fraction=0.4,
+        condition=qinsight.types.DataCondition.OK, input_ranges=(0.0, 1.0), weight_ranges=(1.0, math.inf),
         scores=(math.nan, 2.5), recommended_channels=(1,),
     )
     text = json.dumps(STRICT.unstructure(finding), allow_nan=False)
     assert '"nan"' in text and '"inf"' in text
-    assert STRICT.structure(json.loads(text), qinsight.EqualizationFinding) == finding
+    assert STRICT.structure(json.loads(text), qinsight.detectors.EqualizationFinding) == finding
 
 
 def test_non_finite_parameters_are_refused() -> None:
     with pytest.raises(ValueError, match="must be finite"):
-        qinsight.Parameter(name="t", value=math.inf)
+        qinsight.types.Parameter(name="t", value=math.inf)
 
 
 @pytest.fixture(scope="module")

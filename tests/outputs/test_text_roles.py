@@ -42,7 +42,7 @@ def test_a_16_block_report_reads_by_role_and_all_lists_every_module(report: qins
 
 def test_a_roles_row_names_its_worst_modules_first(report: qinsight.Report) -> None:
     outliers = [f for f in report.result("qinsight.outliers").findings if f.verdict == "outlier channels"]
-    by_role: dict[str, list[qinsight.Finding]] = {}
+    by_role: dict[str, list[qinsight.types.Finding]] = {}
     for finding in outliers:
         by_role.setdefault(role_of(finding.fqn), []).append(finding)
     role, members = max(by_role.items(), key=lambda item: len(item[1]))

@@ -60,10 +60,10 @@ def test_any_calibration_data_gives_a_report_or_a_calibration_error(kinds: list[
 
     try:
         report = qinsight.diagnose(model, data())
-    except qinsight.CalibrationError as exc:
+    except qinsight.errors.CalibrationError as exc:
         assert exc.batch is None or 0 <= exc.batch <= len(kinds)
         assert "\n" not in str(exc)
-    except qinsight.FrontendError as exc:  # nothing to find the sites with (no batches and not traceable): not the case here
+    except qinsight.errors.FrontendError as exc:  # nothing to find the sites with (no batches and not traceable): not the case here
         raise AssertionError(exc) from exc
     else:
         assert report.metadata.batches >= 1
@@ -76,7 +76,7 @@ def test_any_calibration_data_gives_a_report_or_a_calibration_error(kinds: list[
 def test_an_unbatched_input_is_observed_per_feature() -> None:
     model = nn.Sequential(nn.Linear(16, 8))
     report = qinsight.diagnose(model, [torch.randn(16, generator=torch.Generator().manual_seed(i)) for i in range(4)])
-    stats = report.observation("0", qinsight.Side.PRE)
+    stats = report.observation("0", qinsight.types.Side.PRE)
     assert stats is not None and stats.stats.channel_min is not None and len(stats.stats.channel_min) == 16
 
 
@@ -88,7 +88,7 @@ def test_an_unbatched_input_is_observed_per_feature() -> None:
     ],
 )
 def test_bad_batches_name_their_index_and_the_models_message(data: list[object], batch: int, message: str) -> None:
-    with pytest.raises(qinsight.CalibrationError, match=message) as info:
+    with pytest.raises(qinsight.errors.CalibrationError, match=message) as info:
         qinsight.diagnose(seeded(MLP()), data)
     assert info.value.batch == batch
 
@@ -96,10 +96,10 @@ def test_bad_batches_name_their_index_and_the_models_message(data: list[object],
 @pytest.mark.parametrize(
     "data,error,message",
     [
-        (None, qinsight.InvalidParameterError, "diagnose: calibration_data='NoneType' is invalid; expected an iterable of batches"),
-        ("batches.pt", qinsight.InvalidParameterError, "calibration_data='str' is invalid"),
-        ([torch.randn(0, 16)] * 2, qinsight.CalibrationError, r"calibration batch 0 is empty \(shape \(0, 16\)\): drop batches with zero rows"),
-        ([torch.randn(2, 16), torch.randn(0, 16)], qinsight.CalibrationError, "calibration batch 1 is empty"),
+        (None, qinsight.errors.InvalidParameterError, "diagnose: calibration_data='NoneType' is invalid; expected an iterable of batches"),
+        ("batches.pt", qinsight.errors.InvalidParameterError, "calibration_data='str' is invalid"),
+        ([torch.randn(0, 16)] * 2, qinsight.errors.CalibrationError, r"calibration batch 0 is empty \(shape \(0, 16\)\): drop batches with zero rows"),
+        ([torch.randn(2, 16), torch.randn(0, 16)], qinsight.errors.CalibrationError, "calibration batch 1 is empty"),
     ],
 )
 def test_data_that_is_no_batches_is_one_error_naming_what_to_change(data: object, error: type[Exception], message: str) -> None:
@@ -148,10 +148,10 @@ class BrokenReasonDetector(DictDetector):
 
 
 def test_plugin_results_are_checked_where_they_enter_the_report(tmp_path: Path) -> None:
-    detectors = [DictDetector(), BrokenReasonDetector(), qinsight.OutlierDetector()]
+    detectors = [DictDetector(), BrokenReasonDetector(), qinsight.detectors.OutlierDetector()]
     report = qinsight.diagnose(seeded(MLP()), gaussian_batches((4, 16), 2), detectors=detectors)  # type: ignore[list-item]
     failures = {f.detector: (f.stage, f.error) for f in report.failures}
-    assert failures["acme.dict"] == (qinsight.FailureStage.ANALYZE, "TypeError: analyze() returned dict, not a DetectorResult")
+    assert failures["acme.dict"] == (qinsight.types.FailureStage.ANALYZE, "TypeError: analyze() returned dict, not a DetectorResult")
     assert "cannot say its verdict or reason: ZeroDivisionError: no reason" in failures["acme.broken"][1]
     assert [r.detector for r in report.results] == ["qinsight.outliers"]
     qinsight.save_report(report, tmp_path / "r.json")  # nothing left that cannot be written or shown
@@ -196,7 +196,7 @@ def test_any_two_different_reports_differ_and_equal_ones_do_not(base_report: qin
     _set(mutated, path, new)
     try:
         other = report_from_json(json.dumps(mutated))
-    except qinsight.ReportFileError:
+    except qinsight.errors.ReportFileError:
         return  # not a valid report: nothing to diff
     if json.dumps(report_to_dict(other)) == json.dumps(report_to_dict(base_report)):
         return  # the same report after all (e.g. 1 read as 1.0)

@@ -63,7 +63,7 @@ def test_ranks_give_the_one_process_report_and_comparison(world_size: int, one_p
 def test_merged_shard_reports_equal_the_one_process_report(one_process: dict[str, Any], tmp_path: Path) -> None:
     batches = _distributed.data()
     shards = [
-        qinsight.diagnose(_distributed.model(), batches[rank::2], shard=qinsight.Shard(rank=rank, world_size=2), verify=False)
+        qinsight.diagnose(_distributed.model(), batches[rank::2], shard=qinsight.types.Shard(rank=rank, world_size=2), verify=False)
         for rank in range(2)
     ]
     assert [s.metadata.batches for s in shards] == [4, 3]
@@ -85,24 +85,24 @@ def test_merge_refuses_reports_that_are_not_one_model_diagnosed_one_way() -> Non
     cases = {
         "weight of 0 differs": qinsight.diagnose(other_weights, batches),
         "detectors or their parameters": qinsight.diagnose(
-            _distributed.model(), batches, detectors=["qinsight.per_channel", qinsight.OutlierDetector(ratio_threshold=9.0)]
+            _distributed.model(), batches, detectors=["qinsight.per_channel", qinsight.detectors.OutlierDetector(ratio_threshold=9.0)]
         ),
         "backend": qinsight.diagnose(_distributed.model(), batches, backend="onednn"),
     }
     for message, other in cases.items():
-        with pytest.raises(qinsight.MergeError, match=message):
+        with pytest.raises(qinsight.errors.MergeError, match=message):
             qinsight.merge_reports([base, other])
     comparison = qinsight.Comparison(activations=ActivationComparison(layers=()))
-    with pytest.raises(qinsight.MergeError, match="holds a comparison"):
+    with pytest.raises(qinsight.errors.MergeError, match="holds a comparison"):
         qinsight.merge_reports([base, base.with_comparison(comparison)])
-    with pytest.raises(qinsight.MergeError, match="no reports"):
+    with pytest.raises(qinsight.errors.MergeError, match="no reports"):
         qinsight.merge_reports([])
 
 
 def test_distributed_needs_a_process_group_and_shard_excludes_it() -> None:
-    with pytest.raises(qinsight.InvalidParameterError, match="initialized process group"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="initialized process group"):
         qinsight.diagnose(_distributed.model(), _distributed.data()[:1], distributed=True)
-    with pytest.raises(qinsight.InvalidParameterError, match="initialized process group"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="initialized process group"):
         list(qinsight.shard([1, 2]))
 
 

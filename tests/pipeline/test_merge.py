@@ -22,7 +22,7 @@ def test_the_merge_of_a_runs_shards_equals_the_run_field_for_field(tmp_path: Pat
     batches = [torch.randn(8, 16, generator=generator) for _ in range(4)]
     one = qinsight.diagnose(seeded(MLP()), batches, verify=False)
     shards = [
-        qinsight.diagnose(seeded(MLP()), batches[rank::2], shard=qinsight.Shard(rank=rank, world_size=2), verify=False)
+        qinsight.diagnose(seeded(MLP()), batches[rank::2], shard=qinsight.types.Shard(rank=rank, world_size=2), verify=False)
         for rank in range(2)
     ]
     merged = qinsight.merge_reports(shards)

@@ -13,16 +13,9 @@ from torch import nn
 
 import qinsight
 from _support import TwiceLinear, gaussian_batches, hooks_left, prepared_fx, seeded
-from qinsight import (
-    CalibrationError,
-    DataCondition,
-    DynamicStaticDetector,
-    DynamicStaticFinding,
-    FailureStage,
-    FrontendError,
-    PerChannelDetector,
-    Side,
-)
+from qinsight.detectors import DynamicStaticDetector, DynamicStaticFinding, PerChannelDetector
+from qinsight.errors import CalibrationError, FrontendError
+from qinsight.types import DataCondition, FailureStage, Side
 from qinsight.core.report import DetectorResult
 from qinsight.core.sites import InsertPoint, ObserverSpec
 from qinsight.core.stats import ObservedStats

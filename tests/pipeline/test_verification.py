@@ -94,9 +94,9 @@ def test_the_default_verifies_the_frontends_flow_and_qinsight_verify_chooses(mon
     monkeypatch.setenv("QINSIGHT_VERIFY", "pt2e,fx")
     assert [v.flow for v in qinsight.diagnose(model, data).verification] == ["pt2e", "fx"]
     monkeypatch.setenv("QINSIGHT_VERIFY", "tflite")
-    with pytest.raises(qinsight.InvalidParameterError, match="QINSIGHT_VERIFY"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="QINSIGHT_VERIFY"):
         qinsight.diagnose(model, data)
-    with pytest.raises(qinsight.InvalidParameterError, match="verify"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="verify"):
         qinsight.diagnose(model, data, verify="onnx")
 
 

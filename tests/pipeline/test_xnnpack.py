@@ -29,10 +29,10 @@ def test_an_xnnpack_report_is_verified_in_pt2e_and_speaks_that_flow() -> None:
     assert "Verified for real (qinsight.pt2e_quantizer(report) leaves out what was dropped):" in text
     assert "qinsight.qconfig_mapping(report)" not in text
     assert "xnnpack quantizes through PT2E: <code>qinsight.pt2e_quantizer(report)</code>" in render_html(report)
-    with pytest.raises(qinsight.InvalidParameterError, match=r"for flow='fx' \(xnnpack is served by flow='pt2e'\)"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match=r"for flow='fx' \(xnnpack is served by flow='pt2e'\)"):
         qinsight.qconfig_mapping(report)
     with pytest.raises(
-        qinsight.InvalidParameterError, match="backend='xnnpack' is invalid; expected one of x86, fbgemm"
+        qinsight.errors.InvalidParameterError, match="backend='xnnpack' is invalid; expected one of x86, fbgemm"
     ):
         qinsight.diagnose(model, batches, backend="xnnpack", verify="fx")
 
@@ -75,13 +75,13 @@ def test_verify_report_lowered_scores_the_program_executorch_runs() -> None:
     shipped = qinsight.compare_lowered(model, converted, batches[6:], layers=False, float_program=False)
     assert verdict.score == pytest.approx(shipped.metric("lowered_vs_float"), abs=1e-6)
     with pytest.raises(
-        qinsight.InvalidParameterError,
+        qinsight.errors.InvalidParameterError,
         match=r"lowered=True is invalid; expected flows whose model is lowered \(pt2e\), not fx",
     ):
         qinsight.verify_report(
             model, qinsight.diagnose(model, batches, verify=False), batches, flows="fx", lowered=True
         )
-    with pytest.raises(qinsight.InvalidParameterError, match=r"^diagnose: lowered=True is invalid; .* not fx$"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match=r"^diagnose: lowered=True is invalid; .* not fx$"):
         qinsight.diagnose(model, batches, lowered=True)  # x86 verifies in FX: refused before calibration
     lowered = qinsight.diagnose(model, batches, backend="xnnpack", lowered=True).verification_for("pt2e")
     assert lowered is not None and lowered.lowered == verdict.lowered and lowered.score == verdict.score
@@ -122,5 +122,5 @@ def test_verification_starts_from_the_users_quantizer(tmp_path: Path) -> None:
     assert beaten.notes[-1] == f"your XNNPACKQuantizer scored {verdict.score + 1.0:.2f} dB, above the report's " \
         f"config ({verdict.score:.2f} dB): keep yours"
     x86_report = qinsight.diagnose(model, batches, verify=False)
-    with pytest.raises(qinsight.InvalidParameterError, match="^verify_report: backend='x86' is invalid"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="^verify_report: backend='x86' is invalid"):
         qinsight.verify_report(model, x86_report, batches, quantizer=yours)

@@ -73,13 +73,13 @@ def model() -> nn.Module:
 
 
 @pytest.fixture(scope="module")
-def uniform(model: nn.Module) -> dict[str, qinsight.CurvePoint]:
+def uniform(model: nn.Module) -> dict[str, qinsight.types.CurvePoint]:
     """The uniform formats' real scores, from a budget-only plan (no target)."""
     found = qinsight.plan_formats(model, _tokens(4, seed=1), budget="bits<=32", target=None, metric="perplexity", compare_orders=False)
     return {point.label: point for point in found.uniform}
 
 
-def test_a_plan_between_the_uniform_formats_reaches_its_target_for_real(model: nn.Module, uniform: dict[str, qinsight.CurvePoint]) -> None:
+def test_a_plan_between_the_uniform_formats_reaches_its_target_for_real(model: nn.Module, uniform: dict[str, qinsight.types.CurvePoint]) -> None:
     int8, int4 = uniform["uniform int8"], uniform["uniform int4_g32"]
     assert int8.score < int4.score  # int4 costs this model more than int8
     threshold = math.sqrt(int8.score * int4.score)
@@ -113,7 +113,7 @@ def _alone(model: nn.Module, fqn: str, name: str) -> nn.Module:
     return quantized
 
 
-def test_each_layer_converted_carries_its_planned_format(model: nn.Module, uniform: dict[str, qinsight.CurvePoint]) -> None:
+def test_each_layer_converted_carries_its_planned_format(model: nn.Module, uniform: dict[str, qinsight.types.CurvePoint]) -> None:
     threshold = math.sqrt(uniform["uniform int8"].score * uniform["uniform int4_g32"].score)
     plan = qinsight.plan_formats(model, _tokens(4, seed=1), target=f"perplexity<={threshold:.6f}", compare_orders=False)
     weights = qinsight.compare_weights(model, qinsight.quantize(model, plan))
@@ -280,7 +280,7 @@ def _perplexity_ratio_of_texts(model: nn.Module, quantized: nn.Module, texts: li
     return math.exp(loss(quantized) - loss(model))
 
 
-def test_the_search_holds_its_target_at_the_scores_confidence_bound(model: nn.Module, uniform: dict[str, qinsight.CurvePoint]) -> None:
+def test_the_search_holds_its_target_at_the_scores_confidence_bound(model: nn.Module, uniform: dict[str, qinsight.types.CurvePoint]) -> None:
     """With a confidence, the bound over the search tokens meets the target, not only the score; the
     bound is the batch-means one computed by hand from each token's loss."""
     threshold = math.sqrt(uniform["uniform int8"].score * uniform["uniform int4_g32"].score)

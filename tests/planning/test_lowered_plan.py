@@ -30,7 +30,7 @@ def test_a_plan_that_cannot_be_lowered_is_one_error_before_any_forward(
     arguments: dict[str, object], message: str
 ) -> None:
     model, batches = _cnn()
-    with pytest.raises(qinsight.InvalidParameterError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match=message.replace("(", r"\(").replace(")", r"\)")):
         qinsight.plan(model, batches[:2], batches[2:4], **arguments)  # type: ignore[arg-type]
 
 

@@ -20,7 +20,8 @@ from _support import ResidualBlock, cosine, outputs, quantize, residual_stream, 
 from torch import nn
 
 import qinsight
-from qinsight import QuantPlan, SuggestionCheck, Target
+from qinsight import QuantPlan
+from qinsight.types import SuggestionCheck, Target
 from qinsight.core.sites import WeightScheme
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.examples import example
@@ -61,7 +62,7 @@ def test_targets_read_as_the_cli_writes_them(text: str, metric: str, threshold: 
      "float<=2.5", "mse>=0.1", "max_abs_error<=-1"],
 )
 def test_a_target_that_does_not_read_is_refused_with_the_forms_that_do(text: str) -> None:
-    with pytest.raises(qinsight.InvalidParameterError, match="target=.* is invalid; expected .*(sqnr>=30|bounded with|finite|between|at least|whole)"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="target=.* is invalid; expected .*(sqnr>=30|bounded with|finite|between|at least|whole)"):
         Target.parse(text)
 
 
@@ -490,7 +491,7 @@ def test_an_equalization_an_fx_plan_measured_and_dropped_leaves_the_reports_mapp
 def test_a_flow_that_cannot_prepare_the_model_says_so_in_one_error() -> None:
     pytest.importorskip("torchao")
     data = [torch.randn(2, 4), torch.randn(2, 4)]
-    with pytest.raises(qinsight.FrontendError, match="the pt2e flow cannot prepare DataDependent: GuardOnDataDependent"):
+    with pytest.raises(qinsight.errors.FrontendError, match="the pt2e flow cannot prepare DataDependent: GuardOnDataDependent"):
         qinsight.plan(DataDependent(), data[:1], data[1:], flow="pt2e")
 
 
@@ -501,19 +502,19 @@ def test_a_model_fx_cannot_trace_is_planned_in_pt2e_unless_told() -> None:
     plan = qinsight.plan(model, data[:2], data[2:], target="sqnr>=25")
     assert plan.flow == "pt2e" and plan.reached and plan.verified_score >= 25.0
     assert sqnr(outputs(model, data[2:]), outputs(qinsight.quantize(model, plan, data[:2]), data[2:])) >= 25.0
-    with pytest.raises(qinsight.FrontendError, match="the fx flow cannot prepare ShapeBranching"):
+    with pytest.raises(qinsight.errors.FrontendError, match="the fx flow cannot prepare ShapeBranching"):
         qinsight.plan(model, data[:2], data[2:], flow="fx")  # asked for: FX, which cannot trace it
 
 
 def test_wrong_inputs_are_refused_before_any_work(residual: tuple[nn.Module, list[Any], list[Any], qinsight.Report]) -> None:
     model, calibration, held_out, report = residual
-    with pytest.raises(qinsight.InvalidParameterError, match="evaluation_data"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="evaluation_data"):
         qinsight.plan(model, calibration, [], report=report)
-    with pytest.raises(qinsight.InvalidParameterError, match="flow"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="flow"):
         qinsight.plan(model, calibration, held_out, flow="eager", report=report)
     with pytest.raises(ValueError, match="sqnr>=30"):
         qinsight.plan(model, calibration, held_out, target="better", report=report)
-    with pytest.raises(qinsight.InvalidParameterError, match="metric"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="metric"):
         qinsight.plan(model, calibration, held_out, target="psnr>=3", report=report)
 
 
@@ -675,7 +676,7 @@ def test_plan_refuses_a_wrong_argument_before_any_forward(arguments: dict[str, A
     data = gaussian_batches((8, 16), 2)
     given: dict[str, Any] = {"target": "sqnr>=30", "evaluation_data": data, **arguments}
     evaluation = given.pop("evaluation_data")
-    with pytest.raises(qinsight.InvalidParameterError, match=re.escape(named)):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match=re.escape(named)):
         qinsight.plan(model, data, evaluation, **given)
     assert model.forwards == 0
 

@@ -25,10 +25,10 @@ def test_a_quantizer_a_plan_cannot_start_from_is_one_error_before_any_forward() 
     chosen = example("cnn")
     model, batches = chosen.model(), chosen.data(4)
     with pytest.raises(
-        qinsight.InvalidParameterError, match="plan: quantizer='QConfigMapping' is invalid; expected a torchao"
+        qinsight.errors.InvalidParameterError, match="plan: quantizer='QConfigMapping' is invalid; expected a torchao"
     ):
         qinsight.plan(model, batches[:2], batches[2:], quantizer=get_default_qconfig_mapping("x86"))
-    with pytest.raises(qinsight.InvalidParameterError, match="plan: quantizer='XNNPACKQuantizer' is invalid"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="plan: quantizer='XNNPACKQuantizer' is invalid"):
         qinsight.plan(model, batches[:2], batches[2:], flow="fx", quantizer=XNNPACKQuantizer())
 
 
@@ -56,5 +56,5 @@ def test_a_plan_on_top_of_the_users_quantizer_keeps_float_only_what_it_must() ->
     assert sqnr(reference, quantized) == pytest.approx(plan.held_out_score, abs=1e-6)
     report = qinsight.diagnose(model, calibration, verify=False).with_plan(plan)
     assert "on top of your XNNPACKQuantizer" in qinsight.to_text(report)
-    with pytest.raises(qinsight.InvalidParameterError, match="expected the XNNPACKQuantizer the plan started from"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="expected the XNNPACKQuantizer the plan started from"):
         qinsight.quantize(model, plan, calibration)

@@ -11,7 +11,7 @@ import torch
 import qinsight
 from _plugin_sources import WIDTHS
 from _support import MLP, gaussian_batches, seeded
-from qinsight import FailureStage
+from qinsight.types import FailureStage
 from qinsight.core.errors import PluginLoadError
 from qinsight.plugin.discovery import DEFAULT_IDS, installed_detectors, resolve_detectors
 from qinsight.plugin.testing import write_distribution
@@ -107,6 +107,6 @@ def test_environment_allowlist(plugins: Path, monkeypatch: pytest.MonkeyPatch) -
 
 def test_backend_reaches_detectors_that_take_one() -> None:
     detectors, _ = resolve_detectors(["qinsight.per_channel"], backend="qnnpack")
-    assert detectors[0] == qinsight.PerChannelDetector(backend="qnnpack")
-    with pytest.raises(qinsight.InvalidParameterError, match="backend='tpu'"):
+    assert detectors[0] == qinsight.detectors.PerChannelDetector(backend="qnnpack")
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="backend='tpu'"):
         qinsight.diagnose(seeded(MLP()), [torch.randn(2, 16)], backend="tpu")

@@ -38,7 +38,7 @@ def test_depthwise_conv_starves_under_per_tensor_weights() -> None:
     assert depthwise.range_spread > 5  # widest / median channel (widest / narrowest is ~300 here)
     assert pointwise.dead_channels == (3,) and pointwise.verdict == "unhealthy weights"
     suggestion = report.suggestion("0")
-    assert suggestion is not None and suggestion.weight is qinsight.WeightScheme.PER_CHANNEL
+    assert suggestion is not None and suggestion.weight is qinsight.types.WeightScheme.PER_CHANNEL
     assert "health.weights" in suggestion.sources and "qinsight.per_channel" in suggestion.sources
 
 

@@ -1,0 +1,110 @@
+"""The records qinsight's functions take and return, by the names a typed program imports.
+
+Each is an immutable attrs class or an enum of the torch-free core (:mod:`qinsight.core`), so
+``from qinsight.types import OpSite`` loads no torch. The top level (:mod:`qinsight`) keeps the few a
+user names most (``Report``, ``QuantPlan``, ``FormatPlan``, the comparisons).
+"""
+
+from __future__ import annotations
+
+from qinsight.core.activations import FxActivations, NarrowedInput
+from qinsight.core.advice import Advice
+from qinsight.core.comparison import (
+    ActivationComparison,
+    Comparison,
+    ConfigComparison,
+    ConfigScore,
+    LayerActivationComparison,
+    LayerConfigRow,
+    LayerWeightComparison,
+    LoweredComparison,
+    MetricValue,
+    WeightComparison,
+)
+from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
+from qinsight.core.findings import Finding
+from qinsight.core.formats import Budget, CurvePoint, FormatCost, FormatPlan, LayerFormat, OrderCheck, WeightFormat
+from qinsight.core.metrics import MetricSpec
+from qinsight.core.plan import PlanStep, QuantPlan, SiteSensitivity, SuggestionCheck, Target
+from qinsight.core.precision import SideBits
+from qinsight.core.progress import Progress
+from qinsight.core.report import DetectorFailure, DetectorResult, FailureStage, Parameter, Report, ReportMetadata
+from qinsight.core.shards import Shard
+from qinsight.core.sites import (
+    FlowName,
+    Frontend,
+    InsertPoint,
+    ObserverSpec,
+    OpCall,
+    OpKind,
+    OpSite,
+    Side,
+    WeightScheme,
+)
+from qinsight.core.smoothing import SmoothingEntry, SmoothingMapping
+from qinsight.core.stats import ActivationStats, BatchMoments, DataCondition, Observation, ObservedStats
+from qinsight.core.suggestions import ActivationMode, QuantSuggestion, SuggestionConflict
+from qinsight.core.verification import ConfigVerification, KindCheck, SuggestionKind
+
+__all__ = [
+    "ActivationComparison",
+    "ActivationMode",
+    "ActivationStats",
+    "Advice",
+    "BatchMoments",
+    "Budget",
+    "Comparison",
+    "ConfigComparison",
+    "ConfigScore",
+    "ConfigVerification",
+    "CurvePoint",
+    "DataCondition",
+    "DetectorFailure",
+    "DetectorResult",
+    "EqualizationEntry",
+    "EqualizationMapping",
+    "FailureStage",
+    "Finding",
+    "FlowName",
+    "FormatCost",
+    "FormatPlan",
+    "Frontend",
+    "FxActivations",
+    "InsertPoint",
+    "KindCheck",
+    "LayerActivationComparison",
+    "LayerConfigRow",
+    "LayerFormat",
+    "LayerWeightComparison",
+    "LoweredComparison",
+    "MetricSpec",
+    "MetricValue",
+    "NarrowedInput",
+    "Observation",
+    "ObservedStats",
+    "ObserverSpec",
+    "OpCall",
+    "OpKind",
+    "OpSite",
+    "OrderCheck",
+    "Parameter",
+    "PlanStep",
+    "Progress",
+    "QuantPlan",
+    "QuantSuggestion",
+    "Report",
+    "ReportMetadata",
+    "Shard",
+    "Side",
+    "SideBits",
+    "SiteSensitivity",
+    "SmoothingEntry",
+    "SmoothingMapping",
+    "SuggestionCheck",
+    "SuggestionConflict",
+    "SuggestionKind",
+    "Target",
+    "WeightComparison",
+    "WeightFormat",
+    "WeightScheme",
+]
