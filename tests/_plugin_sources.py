@@ -1,6 +1,6 @@
 """Source text of detector plugins that tests install as fake distributions."""
 
-WIDTHS = '''
+WIDTHS = """
 from typing import ClassVar
 import attrs
 from qinsight.types import Finding
@@ -31,4 +31,4 @@ class WidthDetector:
 
     def analyze(self, view, stats):
         return result_of(self, [WidthFinding(fqn=s.fqn, width=view.weight(s.fqn).shape[1]) for s in view.sites], ())
-'''
+"""

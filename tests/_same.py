@@ -55,4 +55,8 @@ def assert_same_comparison(a: ActivationComparison, b: ActivationComparison) -> 
     for x, y in zip(a.layers, b.layers):
         for mine, theirs in zip(x.propagated + x.local, y.propagated + y.local):
             # float32 chunk dot products: their rounding depends on the threads each process runs
-            assert mine.name == theirs.name and math.isclose(mine.value, theirs.value, rel_tol=1e-6), (x.fqn, mine, theirs)
+            assert mine.name == theirs.name and math.isclose(mine.value, theirs.value, rel_tol=1e-6), (
+                x.fqn,
+                mine,
+                theirs,
+            )

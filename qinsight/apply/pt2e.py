@@ -41,9 +41,9 @@ from torch import fx
 
 from qinsight.core.advice import Advice
 from qinsight.core.errors import InvalidParameterError, MissingExtraError
-from qinsight.frontends import exported_op_names, exported_sites, layer_name, separate_shared_calls
 from qinsight.core.sites import OpSite, WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
+from qinsight.frontends import exported_op_names, exported_sites, layer_name, separate_shared_calls
 
 INSTALL_HINT = "PT2E quantization needs torchao: pip install 'qinsight[pt2e]'"
 
@@ -194,7 +194,8 @@ def xnnpack_advice_quantizer(sites: tuple[OpSite, ...], suggestions: tuple[Quant
     xnnpack = _xnnpack()
     configs = {
         (channels, dynamic): xnnpack.get_symmetric_quantization_config(is_per_channel=channels, is_dynamic=dynamic)
-        for channels in (True, False) for dynamic in (False, True)
+        for channels in (True, False)
+        for dynamic in (False, True)
     }
     inner = xnnpack.XNNPACKQuantizer().set_global(configs[True, False])
     layers = {site.fqn for site in sites if site.kind.is_layer}
@@ -268,7 +269,9 @@ def advice_quantizer(sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggesti
         if suggestion.keep_float:
             static.set_module_name_qconfig(suggestion.fqn, None)
         elif suggestion.activation is ActivationMode.DYNAMIC:
-            dynamic.set_module_name_qconfig(suggestion.fqn, per_tensor[dynamic_config] if tensor_wise else dynamic_config)
+            dynamic.set_module_name_qconfig(
+                suggestion.fqn, per_tensor[dynamic_config] if tensor_wise else dynamic_config
+            )
             static.set_module_name_qconfig(suggestion.fqn, None)
             dynamic_modules.append(suggestion.fqn)
         elif tensor_wise:

@@ -28,10 +28,11 @@ from qinsight.core.flows import check_flow_backend, flow_spec
 from qinsight.core.sites import FlowName
 from qinsight.frontends import eval_mode, example_inputs, run_batch
 
-
 # Each flow's config built from advice: its prepare and convert are qinsight.compare.flows'.
 CONFIG_BUILDERS: dict[FlowName, Callable[[Advice], object]] = {
-    "fx": qconfig_mapping, "pt2e": pt2e_quantizer, "torchao": int8_recipe,
+    "fx": qconfig_mapping,
+    "pt2e": pt2e_quantizer,
+    "torchao": int8_recipe,
 }
 
 
@@ -51,7 +52,9 @@ def _torchao_default(_backend: str) -> tuple[object, str]:
 
 
 DEFAULT_CONFIGS: dict[FlowName, Callable[[str], tuple[object, str]]] = {
-    "fx": _fx_default, "pt2e": _pt2e_default, "torchao": _torchao_default,
+    "fx": _fx_default,
+    "pt2e": _pt2e_default,
+    "torchao": _torchao_default,
 }
 
 
@@ -89,7 +92,9 @@ def varying_shapes(batches: Sequence[object]) -> tuple[dict[int, Any] | None, ..
         dims = {
             dim: torch.export.Dim.AUTO
             for dim in range(value.dim())
-            if any(isinstance(e[position], torch.Tensor) and e[position].shape[dim] != value.shape[dim] for e in examples)
+            if any(
+                isinstance(e[position], torch.Tensor) and e[position].shape[dim] != value.shape[dim] for e in examples
+            )
         }
         return dims or None
 
@@ -112,7 +117,9 @@ def prepared(
     try:
         return prepare_config(model, config, example, shapes, equalization)
     except Exception as exc:
-        raise FrontendError(f"the {flow} flow cannot prepare {type(model).__name__}: {type(exc).__name__}: {exc}") from exc
+        raise FrontendError(
+            f"the {flow} flow cannot prepare {type(model).__name__}: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def quantize_with(

@@ -49,10 +49,15 @@ def apply_smoothing(model: nn.Module, mapping: SmoothingMapping) -> nn.Module:
         found = modules.get(entry.fqn)
         if type(found) is not nn.Linear or not entry.fqn:  # the model itself cannot be replaced in place
             what = "no module" if found is None else type(found).__name__
-            raise InvalidParameterError("smoothing", "fqn", f"{entry.fqn} ({what})", "the name of an nn.Linear of the model")
+            raise InvalidParameterError(
+                "smoothing", "fqn", f"{entry.fqn} ({what})", "the name of an nn.Linear of the model"
+            )
         if found.in_features != len(entry.factors):
             raise InvalidParameterError(
-                "smoothing", f"factors of {entry.fqn}", f"{len(entry.factors)} factors", f"{found.in_features}, its input channels"
+                "smoothing",
+                f"factors of {entry.fqn}",
+                f"{len(entry.factors)} factors",
+                f"{found.in_features}, its input channels",
             )
     smoothed = copy.deepcopy(model)  # the one copy: each SmoothedLinear takes over its Linear from it
     for entry in mapping.entries:

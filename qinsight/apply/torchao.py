@@ -139,9 +139,13 @@ def _checked_layers(model: nn.Module, assignment: Mapping[str, str]) -> dict[str
         layer = modules.get(fqn)
         if not isinstance(layer, nn.Linear):
             what = "no module" if layer is None else type(layer).__name__
-            raise InvalidParameterError("quantize_formats", "plan", fqn, f"the name of a Linear of this model ({what} there)")
+            raise InvalidParameterError(
+                "quantize_formats", "plan", fqn, f"the name of a Linear of this model ({what} there)"
+            )
         if not WeightFormat.parse(name).fits(layer.in_features):
-            raise InvalidParameterError("quantize_formats", fqn, name, f"a format whose groups divide its {layer.in_features} inputs")
+            raise InvalidParameterError(
+                "quantize_formats", fqn, name, f"a format whose groups divide its {layer.in_features} inputs"
+            )
         found[fqn] = layer
     return found
 
@@ -167,6 +171,11 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 
 __all__ = [
-    "applied", "fqn_to_config", "int8_dynamic", "int8_recipe", "quantize_formats", "state_bytes",
+    "applied",
+    "fqn_to_config",
+    "int8_dynamic",
+    "int8_recipe",
+    "quantize_formats",
+    "state_bytes",
     "torchao_config",
 ]

@@ -45,13 +45,19 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--detectors", help="comma-separated detector ids (default: QINSIGHT_DETECTORS or the built-ins)")
     run.add_argument("--quiet", action="store_true", help="no progress line")
     run.add_argument(
-        "--verify", metavar="fx|pt2e|torchao|fx,pt2e",
+        "--verify",
+        metavar="fx|pt2e|torchao|fx,pt2e",
         help="verify the report's config for real in these flows (default: QINSIGHT_VERIFY, else the model's own flow)",
     )
-    run.add_argument("--no-verify", action="store_true", help="do not quantize the config for real: the report says it is unverified")
-    run.add_argument("--lowered", action="store_true", help="PT2E: verify each config as the program lowered for the backend")
     run.add_argument(
-        "--shard", metavar="I/N",
+        "--no-verify", action="store_true", help="do not quantize the config for real: the report says it is unverified"
+    )
+    run.add_argument(
+        "--lowered", action="store_true", help="PT2E: verify each config as the program lowered for the backend"
+    )
+    run.add_argument(
+        "--shard",
+        metavar="I/N",
         help="calibrate only shard I of N (batches I, I+N, ...), numbered as in all the data, for 'qinsight merge'",
     )
     _outputs(run)
@@ -59,35 +65,55 @@ def _parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="quantize a model and compare it with the float one, layer by layer")
     _model_source(compare)
     compare.add_argument(
-        "--flow", choices=FLOWS,
+        "--flow",
+        choices=FLOWS,
         help="prepare_fx/convert_fx (the default), PT2E (the default with --backend xnnpack or --lowered) "
         "or torchao's quantize_ (int8 dynamic activations and weights)",
     )
     compare.add_argument(
-        "--backend", default="x86",
+        "--backend",
+        default="x86",
         help="FX: the qconfig backend; PT2E: x86 (X86InductorQuantizer) or xnnpack (XNNPACKQuantizer) (default x86)",
     )
     compare.add_argument(
-        "--lowered", action="store_true",
+        "--lowered",
+        action="store_true",
         help="PT2E: also lower the quantized model for the backend (xnnpack: ExecuTorch; x86: inductor) and measure "
         "what the program computes against the reference, per layer, and its latency and size",
     )
     compare.add_argument("--out", metavar="FILE.json", help="write the comparison as a report file")
     compare.add_argument("--html", metavar="FILE.html", help="write it as a self-contained page")
 
-    planned = commands.add_parser("plan", help="find what to keep in float so that the quantized model reaches a target")
+    planned = commands.add_parser(
+        "plan", help="find what to keep in float so that the quantized model reaches a target"
+    )
     _model_source(planned)
-    planned.add_argument("--eval-data", metavar="PKG.MOD:FACTORY", help="with --model: a function returning the evaluation batches")
-    planned.add_argument("--eval-batches", type=int, default=4, help="evaluation batches of an example or --hf text (default 4)")
-    planned.add_argument("--eval-text", metavar="FILE", help="with --hf: evaluation text, one paragraph per line (default: qinsight's held-out paragraphs)")
-    planned.add_argument("--target", default="sqnr>=30", help="sqnr>=DB, cosine>=X, top1>=X, kl<=NATS, token_agreement>=X, perplexity<=RATIO (logits) or float<=N (default sqnr>=30)")
     planned.add_argument(
-        "--flow", choices=FLOWS,
+        "--eval-data", metavar="PKG.MOD:FACTORY", help="with --model: a function returning the evaluation batches"
+    )
+    planned.add_argument(
+        "--eval-batches", type=int, default=4, help="evaluation batches of an example or --hf text (default 4)"
+    )
+    planned.add_argument(
+        "--eval-text",
+        metavar="FILE",
+        help="with --hf: evaluation text, one paragraph per line (default: qinsight's held-out paragraphs)",
+    )
+    planned.add_argument(
+        "--target",
+        default="sqnr>=30",
+        help="sqnr>=DB, cosine>=X, top1>=X, kl<=NATS, token_agreement>=X, perplexity<=RATIO (logits) "
+        "or float<=N (default sqnr>=30)",
+    )
+    planned.add_argument(
+        "--flow",
+        choices=FLOWS,
         help="prepare_fx/convert_fx (default), PT2E (the default with --backend xnnpack or --lowered), "
         "or torchao's quantize_ with a format per Linear (--formats)",
     )
     planned.add_argument(
-        "--backend", default="x86",
+        "--backend",
+        default="x86",
         help="FX: the qconfig backend; PT2E: x86 (X86InductorQuantizer) or xnnpack (XNNPACKQuantizer) (default x86)",
     )
     planned.add_argument(
@@ -96,16 +122,26 @@ def _parser() -> argparse.ArgumentParser:
         help="PT2E: score each config for real as the program lowered for the backend "
         "(xnnpack: ExecuTorch; x86: inductor)",
     )
-    planned.add_argument("--formats", default="int8,int4_g32", help="with --flow torchao: the formats to choose from (default int8,int4_g32)")
-    planned.add_argument("--budget", metavar="bits<=N", help="with --flow torchao: the mean bits per weight at most (scales included)")
     planned.add_argument(
-        "--confidence", type=float,
-        help="with --flow torchao and kl, token_agreement or perplexity: hold the target at the score's one-sided bound "
+        "--formats",
+        default="int8,int4_g32",
+        help="with --flow torchao: the formats to choose from (default int8,int4_g32)",
+    )
+    planned.add_argument(
+        "--budget", metavar="bits<=N", help="with --flow torchao: the mean bits per weight at most (scales included)"
+    )
+    planned.add_argument(
+        "--confidence",
+        type=float,
+        help="with --flow torchao and kl, token_agreement or perplexity: hold the target at the score's one-sided "
+        "bound "
         "at this confidence over the search tokens (default 0.95; 0.5: at the score itself); with a top1 target: "
         "at Wilson's bound over the evaluation rows (default: at the score itself)",
     )
     planned.add_argument(
-        "--smooth", action="store_true", help="smooth the Linears' inputs first (SmoothQuant factors, chosen by measured error)"
+        "--smooth",
+        action="store_true",
+        help="smooth the Linears' inputs first (SmoothQuant factors, chosen by measured error)",
     )
     _judged_against(planned)
     planned.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -124,7 +160,10 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("after")
     diff.add_argument("--rel-tol", type=float, default=0.05, help="relative change that counts (default 0.05)")
     diff.add_argument(
-        "--fail-on", action="append", default=[], metavar="GATE",
+        "--fail-on",
+        action="append",
+        default=[],
+        metavar="GATE",
         help="exit 1 on: 'any' difference, a 'verdict' change, a finding becoming 'actionable', "
         "or 'sqnr-drop=DB' (a layer's SQNR falling by more than DB); repeatable",
     )
@@ -144,18 +183,32 @@ def _parser() -> argparse.ArgumentParser:
 def _model_source(command: argparse.ArgumentParser) -> None:
     source = command.add_mutually_exclusive_group(required=True)
     source.add_argument("--example", choices=EXAMPLE_NAMES, help="a built-in example model")
-    source.add_argument("--model", metavar="PKG.MOD:FACTORY", help="a function returning the model (modules in the current folder are found)")
-    source.add_argument("--hf", metavar="FOLDER|FILE.gguf", help="a Hugging Face causal LM, loaded offline with transformers (the hf extra)")
+    source.add_argument(
+        "--model",
+        metavar="PKG.MOD:FACTORY",
+        help="a function returning the model (modules in the current folder are found)",
+    )
+    source.add_argument(
+        "--hf",
+        metavar="FOLDER|FILE.gguf",
+        help="a Hugging Face causal LM, loaded offline with transformers (the hf extra)",
+    )
     command.add_argument("--data", metavar="PKG.MOD:FACTORY", help="with --model: a function returning the batches")
-    command.add_argument("--batches", type=int, default=8, help="calibration batches of an example or --hf text (default 8)")
-    command.add_argument("--text", metavar="FILE", help="with --hf: calibration text, one paragraph per line (default: qinsight's own)")
+    command.add_argument(
+        "--batches", type=int, default=8, help="calibration batches of an example or --hf text (default 8)"
+    )
+    command.add_argument(
+        "--text", metavar="FILE", help="with --hf: calibration text, one paragraph per line (default: qinsight's own)"
+    )
     command.add_argument("--tokens", type=int, default=64, help="with --hf: tokens per paragraph at most (default 64)")
 
 
 def _judged_against(command: argparse.ArgumentParser) -> None:
     """``--qconfig``: one default for every command that diagnoses, so one model gets one verdict."""
     command.add_argument(
-        "--qconfig", default="default", metavar="default|none|PKG.MOD:FACTORY",
+        "--qconfig",
+        default="default",
+        metavar="default|none|PKG.MOD:FACTORY",
         help="the plan the findings are judged against: the backend's default config (default: FX's QConfigMapping; "
         "XNNPACKQuantizer for xnnpack), none, or a function returning your QConfigMapping or PT2E Quantizer",
     )
@@ -167,8 +220,12 @@ def _outputs(command: argparse.ArgumentParser, save: bool = True) -> None:
     command.add_argument("--html", metavar="FILE.html", help="write the report as a self-contained page")
     command.add_argument("--all", action="store_true", help="name every module (not the first few per verdict)")
     command.add_argument(
-        "--fail-on", action="append", default=[], metavar="VERDICT",
-        help=f"exit 1 if a finding has this verdict ('{ACTIONABLE}': any finding to act on; '{UNVERIFIED}': the config not verified for real); repeatable",
+        "--fail-on",
+        action="append",
+        default=[],
+        metavar="VERDICT",
+        help=f"exit 1 if a finding has this verdict ('{ACTIONABLE}': any finding to act on; "
+        f"'{UNVERIFIED}': the config not verified for real); repeatable",
     )
 
 

@@ -30,7 +30,9 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-def _model_and_data(args: argparse.Namespace, part: Shard | None, *, whole: bool = False) -> tuple[nn.Module, Iterable[object], str]:
+def _model_and_data(
+    args: argparse.Namespace, part: Shard | None, *, whole: bool = False
+) -> tuple[nn.Module, Iterable[object], str]:
     """The model, the batches of this ``part`` (``whole``: all batches) and the model's name."""
     from torch import nn
 
@@ -44,7 +46,11 @@ def _model_and_data(args: argparse.Namespace, part: Shard | None, *, whole: bool
         if args.batches < 1:
             raise UsageError("--batches must be at least 1")
         chosen = example(args.example)
-        model, data, name = chosen.model(), ranks.batches(lambda: chosen.data(args.batches), part, whole=whole), chosen.name
+        model, data, name = (
+            chosen.model(),
+            ranks.batches(lambda: chosen.data(args.batches), part, whole=whole),
+            chosen.name,
+        )
     elif args.hf:
         if args.batches < 1:
             raise UsageError("--batches must be at least 1")
@@ -54,7 +60,10 @@ def _model_and_data(args: argparse.Namespace, part: Shard | None, *, whole: bool
     else:
         if not args.data:
             raise UsageError("--model needs --data (a function returning the calibration batches)")
-        model, data = load_factory(args.model, "--model")(), ranks.batches(load_factory(args.data, "--data"), part, whole=whole)
+        model, data = (
+            load_factory(args.model, "--model")(),
+            ranks.batches(load_factory(args.data, "--data"), part, whole=whole),
+        )
         name = args.model.rpartition(":")[2]
     if not isinstance(model, nn.Module):
         raise UsageError(f"--model gave {type(model).__name__}, not a torch.nn.Module")
@@ -92,9 +101,18 @@ def _diagnose(args: argparse.Namespace) -> int:
         progress = None if args.quiet else Progress()
         try:
             report = diagnose(
-                model, data, backend=args.backend, model_name=name, detectors=detectors, progress=progress,
-                qconfig_mapping=mapping, quantizer=quantizer, distributed=launch is not None, lowered=args.lowered,
-                shard=part, verify=_verify(args),
+                model,
+                data,
+                backend=args.backend,
+                model_name=name,
+                detectors=detectors,
+                progress=progress,
+                qconfig_mapping=mapping,
+                quantizer=quantizer,
+                distributed=launch is not None,
+                lowered=args.lowered,
+                shard=part,
+                verify=_verify(args),
             )
         finally:
             if progress is not None:
@@ -103,7 +121,8 @@ def _diagnose(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> bool | tuple[str, ...] | None:
-    """``--no-verify``/``--verify FLOWS`` as ``diagnose``'s ``verify`` (neither: QINSIGHT_VERIFY, else the frontend's flow)."""
+    """``--no-verify``/``--verify FLOWS`` as ``diagnose``'s ``verify`` (neither: QINSIGHT_VERIFY, else the
+    frontend's flow)."""
     if args.no_verify:
         if args.verify:
             raise UsageError("--verify and --no-verify: choose one")
@@ -146,7 +165,9 @@ def _compare(args: argparse.Namespace) -> int:
             comparison = Comparison(
                 quantized=f"{flow_spec(flow).converter} ({described})",
                 weights=compare_weights(model, quantized, structure=structure),
-                activations=compare_activations(model, quantized, mine, structure=structure, distributed=launch is not None),
+                activations=compare_activations(
+                    model, quantized, mine, structure=structure, distributed=launch is not None
+                ),
                 lowered=compare_lowered(model, quantized, mine, backend=args.backend) if args.lowered else None,
             )
         return _finish(comparison_report(comparison, model_name=name), args, writes=launch is None or launch.rank == 0)
@@ -208,20 +229,40 @@ def _plan(args: argparse.Namespace) -> int:
             # a plan in fx or pt2e verifies its own config, against the target
             mapping, quantizer = planned_config(args)
             report = diagnose(
-                model, calibration, model_name=name, detectors=detectors, qconfig_mapping=mapping, quantizer=quantizer,
-                verify=None if formats else False, backend=args.backend,
+                model,
+                calibration,
+                model_name=name,
+                detectors=detectors,
+                qconfig_mapping=mapping,
+                quantizer=quantizer,
+                verify=None if formats else False,
+                backend=args.backend,
             )
             if formats:
                 planned = plan_formats(
-                    model, evaluation, formats=[f.name for f in goal.formats], target=target, budget=args.budget,
-                    confidence=confidence, progress=progress,
+                    model,
+                    evaluation,
+                    formats=[f.name for f in goal.formats],
+                    target=target,
+                    budget=args.budget,
+                    confidence=confidence,
+                    progress=progress,
                 )
                 report, reached = report.with_formats(planned), planned.reached
                 missed = f"the plan: {verdict(planned)}"  # the target and the budget, each as it held
             else:
                 found = plan(
-                    model, calibration, evaluation, target=target, flow=args.flow, backend=args.backend, report=report,
-                    progress=progress, smoothing=args.smooth, lowered=args.lowered, confidence=args.confidence,
+                    model,
+                    calibration,
+                    evaluation,
+                    target=target,
+                    flow=args.flow,
+                    backend=args.backend,
+                    report=report,
+                    progress=progress,
+                    smoothing=args.smooth,
+                    lowered=args.lowered,
+                    confidence=args.confidence,
                 )
                 report, reached = report.with_plan(found), found.reached
                 missed = f"the plan does not reach {target}"
@@ -344,5 +385,3 @@ def run(args: argparse.Namespace) -> int:
         "schema": _schema,
     }
     return commands[args.command]()
-
-

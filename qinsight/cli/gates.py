@@ -103,7 +103,11 @@ def tripped_diff(diff: ReportDiff, gates: DiffGates) -> list[str]:
     if gates.verdict:
         lines.extend(f"{v.detector} {v.fqn}: {v.before} -> {v.after}" for v in diff.verdicts)
     if gates.actionable:
-        lines.extend(f"{v.detector} {v.fqn} became actionable: {v.after}" for v in diff.verdicts if v.actionable_after and not v.actionable_before)
+        lines.extend(
+            f"{v.detector} {v.fqn} became actionable: {v.after}"
+            for v in diff.verdicts
+            if v.actionable_after and not v.actionable_before
+        )
     if gates.sqnr_drop is not None:
         lines.extend(
             f"{m.section} {m.fqn}: SQNR fell {drop:.1f} dB ({m.before:.1f} -> {m.after:.1f})"

@@ -34,7 +34,9 @@ def load(path: str, *, quiet: bool = False) -> tuple[Any, Any]:
     muted = contextlib.redirect_stderr(io.StringIO()) if quiet else contextlib.nullcontext()
     try:
         with muted:
-            model: Any = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True, **gguf)
+            model: Any = transformers.AutoModelForCausalLM.from_pretrained(
+                folder, dtype=torch.float32, local_files_only=True, **gguf
+            )
             tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True, **gguf)
     except (OSError, ValueError) as exc:  # not a model transformers knows, or files missing
         raise UsageError(f"--hf {path}: transformers cannot load a causal language model from it: {exc}") from exc

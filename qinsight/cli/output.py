@@ -62,7 +62,11 @@ class Progress:
         of = f"/{self.total}" if self.total else ""
         # a rate and an ETA only once a step is done: a stage's first call (0 done) has neither
         rate = f", {self.done / elapsed:.1f}/s" if self.done and elapsed > 0 else ""
-        eta = f", ETA {elapsed / self.done * (self.total - self.done):.0f}s" if self.done and self.total > self.done else ""
+        eta = (
+            f", ETA {elapsed / self.done * (self.total - self.done):.0f}s"
+            if self.done and self.total > self.done
+            else ""
+        )
         return f"{self.stage}: {self.done}{of}{rate}{eta}"
 
     def _worth_a_line(self) -> bool:

@@ -4,7 +4,8 @@
 command with ``RANK`` and ``WORLD_SIZE`` set. Each joins a gloo process group
 (the command runs models where their factory puts them; the exchange carries
 only statistics), calibrates its shard, and the report of all shards is made
-once. Only rank 0 prints and writes files; the other ranks' output goes nowhere, so an error on any rank is one line, rank 0's: every
+once. Only rank 0 prints and writes files; the other ranks' output goes nowhere, so an error on any
+rank is one line, rank 0's: every
 error after joining reaches rank 0 through an exchange (loading the model and
 the data is checked by all ranks together before calibration starts).
 """
@@ -29,7 +30,9 @@ def parse_shard(text: str | None) -> Shard | None:
     try:
         return Shard(rank=int(rank), world_size=int(size))
     except ValueError:
-        raise UsageError(f"--shard must look like I/N with 0 <= I < N (0/4 is the first of four), not {text!r}") from None
+        raise UsageError(
+            f"--shard must look like I/N with 0 <= I < N (0/4 is the first of four), not {text!r}"
+        ) from None
 
 
 def launched() -> Shard | None:

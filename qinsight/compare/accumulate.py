@@ -49,7 +49,9 @@ def split_output(output: object) -> SplitOutput:
     integer = _INTEGERS.get(output.dtype)
     if integer is None or output.qscheme() not in (torch.per_tensor_affine, torch.per_tensor_symmetric):
         return SplitOutput(output)
-    values = torch.empty(0, dtype=integer).set_(output.untyped_storage(), output.storage_offset(), output.shape, output.stride())
+    values = torch.empty(0, dtype=integer).set_(
+        output.untyped_storage(), output.storage_offset(), output.shape, output.stride()
+    )
     return SplitOutput(values, output.q_scale(), output.q_zero_point())
 
 
@@ -247,7 +249,9 @@ class ErrorSums:
         """Adds one batch's output, compared with the float reference (on the device: nothing read here)."""
         values = actual.values if actual.scale is not None else actual.tensor()
         if values.shape != reference.tensor.shape:
-            raise ValueError(f"cannot compare outputs of shapes {tuple(reference.tensor.shape)} and {tuple(values.shape)}")
+            raise ValueError(
+                f"cannot compare outputs of shapes {tuple(reference.tensor.shape)} and {tuple(values.shape)}"
+            )
         sums = chunk_sums(reference, actual._replace(values=values), scratch)
         if self._sums is None:
             self._sums = sums  # chunk_sums' own tensor: added to in place from here on
@@ -269,7 +273,12 @@ class ErrorSums:
         """Adds the sums of another process's batches (:meth:`state`)."""
         totals, per_batch_sums = state
         ref_sq, act_sq, err_sq, max_abs = self._absorbed
-        self._absorbed = (ref_sq + totals.ref_sq, act_sq + totals.act_sq, err_sq + totals.err_sq, max(max_abs, totals.max_abs))
+        self._absorbed = (
+            ref_sq + totals.ref_sq,
+            act_sq + totals.act_sq,
+            err_sq + totals.err_sq,
+            max(max_abs, totals.max_abs),
+        )
         self.count += totals.count
         self.batches += totals.batches
         for name, value in per_batch_sums.items():
@@ -280,8 +289,12 @@ class ErrorSums:
         own = self._sums.tolist() if self._sums is not None else [0.0, 0.0, 0.0, 0.0]
         sums = [a + b for a, b in zip(own[:3], self._absorbed[:3])]
         return ErrorTotals(
-            ref_sq=sums[0], act_sq=sums[1], err_sq=sums[2], max_abs=max(own[3], self._absorbed[3]),
-            count=self.count, batches=self.batches,
+            ref_sq=sums[0],
+            act_sq=sums[1],
+            err_sq=sums[2],
+            max_abs=max(own[3], self._absorbed[3]),
+            count=self.count,
+            batches=self.batches,
         )
 
     def values(self) -> tuple[MetricValue, ...]:
@@ -289,7 +302,9 @@ class ErrorSums:
         return tuple(
             MetricValue(
                 name=name,
-                value=metric.from_totals(totals) if metric.from_totals is not None else self.per_batch_sums[name] / max(self.batches, 1),
+                value=metric.from_totals(totals)
+                if metric.from_totals is not None
+                else self.per_batch_sums[name] / max(self.batches, 1),
                 higher_is_better=metric.higher_is_better,
             )
             for name, metric in self.metrics.items()

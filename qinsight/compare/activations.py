@@ -30,8 +30,8 @@ from qinsight.frontends import (
     ModelStructure,
     TailChain,
     eval_mode,
-    model_structure,
     hidden_calls,
+    model_structure,
     run_batch,
     tap_each,
 )
@@ -129,9 +129,13 @@ class _Streamer:
         self.removers: list[Callable[[], None]] = []
         try:  # all attached, or none left behind
             for fqn in self._versions:
-                self.removers.append(float_model.get_submodule(fqn).register_forward_pre_hook(self._run_local(fqn)).remove)
+                self.removers.append(
+                    float_model.get_submodule(fqn).register_forward_pre_hook(self._run_local(fqn)).remove
+                )
             for module in self._at:
-                self.removers.append(float_model.get_submodule(module).register_forward_hook(self._compare_at(module)).remove)
+                self.removers.append(
+                    float_model.get_submodule(module).register_forward_hook(self._compare_at(module)).remove
+                )
             for key, found in layers.items():
                 for fqn, layer in found.items():
                     self.removers.append(layer.attach(self.keeper(key, fqn)))
@@ -278,7 +282,10 @@ def _measure(
     for key, found in layers.items():
         if not found:
             raise InvalidParameterError(
-                "compare_activations", "quantized", key, "a quantized version of the float model: no Linear/Conv of the float model has a counterpart in it"
+                "compare_activations",
+                "quantized",
+                key,
+                "a quantized version of the float model: no Linear/Conv of the float model has a counterpart in it",
             )
     points = {
         key: {fqn: _compared_at(layer, structure.chains.get(fqn, ())) for fqn, layer in found.items()}
@@ -289,7 +296,10 @@ def _measure(
     if first is not None:
         batches = itertools.chain((first,), batches)
     float_ops, ops = _ops(float_model, quantized_models, first) if with_ops and first is not None else (None, {})
-    sums = {key: {fqn: (ErrorSums(chosen), ErrorSums(chosen)) for fqn in (*found, *ops.get(key, {}))} for key, found in layers.items()}
+    sums = {
+        key: {fqn: (ErrorSums(chosen), ErrorSums(chosen)) for fqn in (*found, *ops.get(key, {}))}
+        for key, found in layers.items()
+    }
     streamer = _Streamer(float_model, layers, points, sums)
     op_streamer = None
     try:
@@ -372,7 +382,9 @@ def _op_rows(
 
 def _add_up(sums: dict[str, dict[str, tuple[ErrorSums, ErrorSums]]], exchange: Exchange) -> None:
     """Every rank's sums, in rank order, in place of this rank's own."""
-    states = exchange.gather({key: {fqn: (p.state(), q.state()) for fqn, (p, q) in found.items()} for key, found in sums.items()})
+    states = exchange.gather(
+        {key: {fqn: (p.state(), q.state()) for fqn, (p, q) in found.items()} for key, found in sums.items()}
+    )
     for key, found in sums.items():
         for fqn, pair in found.items():
             fresh = (ErrorSums(pair[0].metrics), ErrorSums(pair[1].metrics))

@@ -37,7 +37,9 @@ from qinsight.frontends import batch_arguments, eval_mode, model_structure, run_
 def _example_inputs(batch: object) -> tuple[Any, ...]:
     args, kwargs = batch_arguments(batch)
     if kwargs:
-        raise InvalidParameterError("compare_configs", "example_inputs", None, "example inputs as a tuple for keyword-argument batches")
+        raise InvalidParameterError(
+            "compare_configs", "example_inputs", None, "example inputs as a tuple for keyword-argument batches"
+        )
     return args
 
 
@@ -116,11 +118,16 @@ def compare_configs(
         raise InvalidParameterError("compare_configs", "configs", {}, "at least one config")
     names = tuple(DEFAULT if metrics is None else metrics)
     if rank_by not in names:
-        raise InvalidParameterError("compare_configs", "rank_by", rank_by, f"one of the measured metrics: {', '.join(names)}")
+        raise InvalidParameterError(
+            "compare_configs", "rank_by", rank_by, f"one of the measured metrics: {', '.join(names)}"
+        )
     if data is None:
         if iter(calibration) is calibration:
             raise InvalidParameterError(
-                "compare_configs", "data", None, "evaluation batches, or calibration as a sequence (an iterator is used up)"
+                "compare_configs",
+                "data",
+                None,
+                "evaluation batches, or calibration as a sequence (an iterator is used up)",
             )
         data = calibration
         if distributed:
@@ -144,7 +151,9 @@ def compare_configs(
             if fqn in layers and layers[fqn].quantized and layers[fqn].batches
         )
         if scores:
-            rows.append(LayerConfigRow(fqn=fqn, kind=found.kind.value, scores=scores, best=best_config(scores, rank_by)))
+            rows.append(
+                LayerConfigRow(fqn=fqn, kind=found.kind.value, scores=scores, best=best_config(scores, rank_by))
+            )
     return ConfigComparison(configs=tuple(configs), rank_by=rank_by, rows=tuple(rows))
 
 

@@ -20,9 +20,9 @@ import torch
 from torch import nn
 from torch.ao.quantization import QConfigMapping
 
+from qinsight.compare.torchao_flow import convert_torchao, is_torchao_config, prepare_torchao
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.sites import FlowName
-from qinsight.compare.torchao_flow import convert_torchao, is_torchao_config, prepare_torchao
 from qinsight.frontends import separate_shared_calls
 
 

@@ -129,7 +129,10 @@ class Arrival(NamedTuple):
     def of(cls, value: torch.Tensor) -> Arrival:
         per_tensor = value.is_quantized and value.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric)
         qparams = (value.q_scale(), value.q_zero_point(), value.dtype) if per_tensor else None
-        return cls(qparams, value.dim() == 4 and not value.is_contiguous() and value.is_contiguous(memory_format=torch.channels_last))
+        return cls(
+            qparams,
+            value.dim() == 4 and not value.is_contiguous() and value.is_contiguous(memory_format=torch.channels_last),
+        )
 
     def like(self, operand: torch.Tensor) -> torch.Tensor:
         """The float ``operand`` as the op's own arrived: quantized with its qparams, in its layout
@@ -230,7 +233,9 @@ class GraphProgram:
     anything else (a placeholder, another input).
     """
 
-    def __init__(self, model: fx.GraphModule, starts: list[fx.Node], output: fx.Node, constant: set[fx.Node], name: str) -> None:
+    def __init__(
+        self, model: fx.GraphModule, starts: list[fx.Node], output: fx.Node, constant: set[fx.Node], name: str
+    ) -> None:
         self.model, self.output = model, output
         self.steps: list[fx.Node] = []
         self.constants: dict[fx.Node, object] = {}
@@ -307,7 +312,9 @@ class GraphLayer:
             raise FrontendError(f"{self.fqn}: the weight is not a constant of the graph")
         value = self._program.constants[self._weight]
         if not isinstance(value, torch.Tensor):
-            raise FrontendError(f"{self.fqn}: the weight node {self._weight.name!r} holds {type(value).__name__}, not a tensor")
+            raise FrontendError(
+                f"{self.fqn}: the weight node {self._weight.name!r} holds {type(value).__name__}, not a tensor"
+            )
         return value
 
     def attach(self, on_output: OnOutput) -> Detach:
@@ -378,4 +385,10 @@ __all__ = [
     "evaluate_constant",
     "single_user",
     "walk_tail",
-    "GraphLayer", "ModuleLayer", "QuantizedLayer", "dequantize", "dequantized_weight", "quantized_layers"]
+    "GraphLayer",
+    "ModuleLayer",
+    "QuantizedLayer",
+    "dequantize",
+    "dequantized_weight",
+    "quantized_layers",
+]

@@ -48,7 +48,11 @@ class FloatLayout:
 def as_channels_last(batch: object) -> object:
     """``batch`` with its 4-D floating tensors in channels-last memory order (the others as they are)."""
     if isinstance(batch, torch.Tensor):
-        return batch.contiguous(memory_format=torch.channels_last) if batch.dim() == 4 and batch.is_floating_point() else batch
+        return (
+            batch.contiguous(memory_format=torch.channels_last)
+            if batch.dim() == 4 and batch.is_floating_point()
+            else batch
+        )
     if isinstance(batch, Mapping):
         return {name: as_channels_last(value) for name, value in batch.items()}
     if isinstance(batch, (tuple, list)):

@@ -47,7 +47,9 @@ def _batches(data: Iterable[object]) -> list[tuple[Any, ...]]:
     for index, inputs in enumerate(batches[1:], start=1):
         if shapes(inputs) != first:
             raise InvalidParameterError(
-                OWNER, "data", f"batch {index} shaped {shapes(inputs)}",
+                OWNER,
+                "data",
+                f"batch {index} shaped {shapes(inputs)}",
                 f"batches of one shape, {first} like the first: a program is lowered for one shape",
             )
     return batches
@@ -56,7 +58,9 @@ def _batches(data: Iterable[object]) -> list[tuple[Any, ...]]:
 def _checked_reference(quantized: nn.Module) -> fx.GraphModule:
     if not isinstance(quantized, fx.GraphModule) or not exported_sites(quantized):
         raise InvalidParameterError(
-            OWNER, "quantized", type(quantized).__name__,
+            OWNER,
+            "quantized",
+            type(quantized).__name__,
             "a model converted by convert_pt2e (the reference a backend lowers); "
             "FX and quantize_ models are not lowered",
         )

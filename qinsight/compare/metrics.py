@@ -5,21 +5,21 @@ divides by zero: identical tensors are a perfect match (SQNR +inf, relative
 L2 0, cosine 1), and a zero reference with any error has SQNR -inf and
 relative L2 +inf. Each is a :class:`~qinsight.plugin.Metric` with its direction
 and its form over batch totals: adding a built-in metric is one entry in
-:data:`qinsight.core.metrics.METRICS` (its direction and range) and one here (its computation). Third-party metrics register under the entry-point group
+:data:`qinsight.core.metrics.METRICS` (its direction and range) and one here (its computation).
+Third-party metrics register under the entry-point group
 ``qinsight.metrics`` (entry name = metric name).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import torch
 
-from qinsight.core.errors import PluginLoadError
 from qinsight.core import metrics as table
+from qinsight.core.errors import PluginLoadError
 from qinsight.core.metrics import sqnr_of_sums
 from qinsight.plugin.discovery import METRICS, find_entry, installed, load_entry
 from qinsight.plugin.metric import ErrorTotals, Metric
@@ -143,7 +143,9 @@ _COMPUTED: Final[dict[str, tuple[TensorMetric, TotalsMetric | None]]] = {
 }
 # Each metric of the one table (qinsight.core.metrics), computed: its direction and range come from there.
 BUILTIN: Final[dict[str, Metric]] = {
-    name: Metric(name=name, higher_is_better=spec.higher_is_better, on_tensors=_COMPUTED[name][0], from_totals=_COMPUTED[name][1])
+    name: Metric(
+        name=name, higher_is_better=spec.higher_is_better, on_tensors=_COMPUTED[name][0], from_totals=_COMPUTED[name][1]
+    )
     for name, spec in table.METRICS.items()
 }
 DEFAULT: Final = table.COMPARISON_DEFAULT
@@ -158,11 +160,15 @@ def _as_metric(loaded: object, name: str, source: str) -> Metric:
     """
     if isinstance(loaded, Metric):
         if loaded.name != name:
-            raise PluginLoadError(name, source, f"its name is {loaded.name!r}, but it is registered as {name!r}", kind="metric")
+            raise PluginLoadError(
+                name, source, f"its name is {loaded.name!r}, but it is registered as {name!r}", kind="metric"
+            )
         return loaded
     if callable(loaded):
         return Metric(name=name, higher_is_better=False, on_tensors=loaded)
-    raise PluginLoadError(name, source, f"the entry point gives {type(loaded).__name__}, not a Metric or a callable", kind="metric")
+    raise PluginLoadError(
+        name, source, f"the entry point gives {type(loaded).__name__}, not a Metric or a callable", kind="metric"
+    )
 
 
 def load_metric(name: str) -> Metric:

@@ -101,7 +101,9 @@ def _flat_nodes(node: fx.Node) -> list[fx.Node]:
 class GraphOp:
     """One op of a quantized graph, one call of float op site ``name``."""
 
-    def __init__(self, model: fx.GraphModule, node: fx.Node, name: str, constant: set[fx.Node], *, fused_relu: bool) -> None:
+    def __init__(
+        self, model: fx.GraphModule, node: fx.Node, name: str, constant: set[fx.Node], *, fused_relu: bool
+    ) -> None:
         self.model, self.node, self.name = model, node, name
         if node.op == "call_module":
             module = model.get_submodule(str(node.target))
@@ -109,7 +111,9 @@ class GraphOp:
         else:
             self.quantized_type = str(node.target)
         tail = walk_tail(node)
-        self.then: tuple[nn.Module, ...] = tuple(_as_module(step) for step in tail) + ((nn.ReLU(),) if fused_relu else ())
+        self.then: tuple[nn.Module, ...] = tuple(_as_module(step) for step in tail) + (
+            (nn.ReLU(),) if fused_relu else ()
+        )
         end = tail[-1] if tail else node
         self.output = self._leaving(end)
         self.quantized = self.output is not end  # and where FX's output is a quantized tensor: seen on the first run
@@ -264,7 +268,9 @@ def _by_order(model: fx.GraphModule, float_ops: FloatOps) -> dict[str, list[tupl
         for call, node in zip(calls, nodes):
             matched[call.name] = [node]
     if unmatched:
-        warnings.warn(f"ops not compared, the FX graph does not match the float forward: {'; '.join(unmatched)}", stacklevel=4)
+        warnings.warn(
+            f"ops not compared, the FX graph does not match the float forward: {'; '.join(unmatched)}", stacklevel=4
+        )
     return matched
 
 

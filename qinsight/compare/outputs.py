@@ -13,7 +13,9 @@ from qinsight.core.errors import InvalidParameterError
 def floating_leaves(output: Any, owner: str = "plan") -> list[torch.Tensor]:
     """Every floating tensor of a model output, in pytree order; at least one (else one
     :class:`InvalidParameterError` of ``owner``)."""
-    tensors = [t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    tensors = [
+        t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
     if not tensors:
         raise InvalidParameterError(owner, "model output", type(output).__name__, "at least one floating tensor")
     return tensors

@@ -122,6 +122,11 @@ def torchao_quantization() -> Any:
 
 
 __all__ = [
-    "INSTALL_HINT", "Int8Layer", "Int8Recipe", "convert_torchao", "is_torchao_config", "prepare_torchao",
+    "INSTALL_HINT",
+    "Int8Layer",
+    "Int8Recipe",
+    "convert_torchao",
+    "is_torchao_config",
+    "prepare_torchao",
     "torchao_quantization",
 ]

@@ -14,13 +14,13 @@ from torch import nn
 
 from qinsight.compare.layers import quantized_layers
 from qinsight.compare.metrics import load_metrics
-from qinsight.core.errors import InvalidParameterError
 from qinsight.core.comparison import (
     ChannelMetric,
     LayerWeightComparison,
     MetricValue,
     WeightComparison,
 )
+from qinsight.core.errors import InvalidParameterError
 from qinsight.frontends import ModelStructure, model_structure
 from qinsight.plugin.metric import Metric
 
@@ -28,7 +28,12 @@ from qinsight.plugin.metric import Metric
 def fold_batchnorm(weight: torch.Tensor, bn: nn.modules.batchnorm._BatchNorm) -> torch.Tensor:
     """The conv weight with BatchNorm's per-channel scale folded in, as quantization folds it."""
     if bn.running_var is None:
-        raise InvalidParameterError("compare_weights", "float_model", "a BatchNorm without running statistics", "BatchNorms with running statistics to fold")
+        raise InvalidParameterError(
+            "compare_weights",
+            "float_model",
+            "a BatchNorm without running statistics",
+            "BatchNorms with running statistics to fold",
+        )
     scale = torch.rsqrt(bn.running_var + bn.eps)
     if bn.weight is not None:
         scale = scale * bn.weight
@@ -87,11 +92,13 @@ def compare_weights(
         )
     if not layers:
         raise InvalidParameterError(
-            "compare_weights", "quantized", type(quantized_model).__name__, "a quantized version of the float model: no Linear/Conv of the float model has a quantized counterpart with a weight in it"
+            "compare_weights",
+            "quantized",
+            type(quantized_model).__name__,
+            "a quantized version of the float model: no Linear/Conv of the float model has a quantized counterpart "
+            "with a weight in it",
         )
     return WeightComparison(layers=tuple(layers))
-
-
 
 
 __all__ = ["compare_weights", "fold_batchnorm"]

@@ -69,7 +69,8 @@ class FxActivations:
         if not self.narrowed:
             return f"FX activations at {self.bits} bits, clip-aware ({checked}: none saturates)"
         names = ", ".join(n.fqn for n in self.narrowed[:5]) + (", ..." if len(self.narrowed) > 5 else "")
-        return f"FX activations at {self.bits} bits, clip-aware ({checked}; inputs of {names} at 7: their kernels saturate)"
+        saturating = f"inputs of {names} at 7: their kernels saturate"
+        return f"FX activations at {self.bits} bits, clip-aware ({checked}; {saturating})"
 
 
 __all__ = ["FxActivations", "NarrowedInput"]

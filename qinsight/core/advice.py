@@ -32,6 +32,7 @@ from qinsight.core.verification import ConfigParts, ConfigVerification, without_
 if TYPE_CHECKING:
     from qinsight.core.report import Report
 
+
 @attrs.frozen(kw_only=True)
 class Advice:
     """Everything a torch config for ``flow`` is built from.
@@ -103,9 +104,13 @@ def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None,
         fx_activations=source.fx_activations if spec.observes_activations else None,
         equalization=source.equalization_mapping,
     )
-    notes = () if plan is None else (
-        f"the attached plan was made for {plan.flow}, not {wanted}: this config applies the report's "
-        f"suggestions, not verified in {wanted}",
+    notes = (
+        ()
+        if plan is None
+        else (
+            f"the attached plan was made for {plan.flow}, not {wanted}: this config applies the report's "
+            f"suggestions, not verified in {wanted}",
+        )
     )
     advice = _verified(advice, source.verification_for(wanted))
     return attrs.evolve(advice, notes=notes + _unequalized(advice))

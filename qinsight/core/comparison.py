@@ -257,7 +257,8 @@ class LoweredComparison:
     The three ``*_vs_*`` fields are output metrics over every batch (the first side is the reference
     of the pair: ``lowered_vs_reference`` scores the lowered program's outputs against the reference
     model's). ``layers`` says which layer's (or op's) lowered kernel departs from its reference, worst
-    first; ``unlowered`` names those that could not be lowered alone, each with why; ``program`` and ``float_program`` what the int8 program and the float model lowered the same way
+    first; ``unlowered`` names those that could not be lowered alone, each with why; ``program`` and
+    ``float_program`` what the int8 program and the float model lowered the same way
     cost (``None`` where the float program was not measured).
     """
 
@@ -274,8 +275,11 @@ class LoweredComparison:
 
     def metric(self, pair: str, name: str = "sqnr") -> float:
         """``name`` for ``pair``: ``"lowered_vs_reference"``, ``"lowered_vs_float"`` or ``"reference_vs_float"``."""
-        pairs = {"lowered_vs_reference": self.lowered_vs_reference, "lowered_vs_float": self.lowered_vs_float,
-                 "reference_vs_float": self.reference_vs_float}
+        pairs = {
+            "lowered_vs_reference": self.lowered_vs_reference,
+            "lowered_vs_float": self.lowered_vs_float,
+            "reference_vs_float": self.reference_vs_float,
+        }
         if pair not in pairs:
             raise NotFoundError("output pair", pair, pairs)
         return _value(pairs[pair], name).value

@@ -56,7 +56,9 @@ def check_finding(finding: object) -> None:
     try:
         answers = (finding.verdict, finding.actionable, finding.reason())
     except Exception as exc:
-        raise TypeError(f"its finding for {finding.fqn!r} cannot say its verdict or reason: {type(exc).__name__}: {exc}") from exc
+        raise TypeError(
+            f"its finding for {finding.fqn!r} cannot say its verdict or reason: {type(exc).__name__}: {exc}"
+        ) from exc
     if not (isinstance(answers[0], str) and isinstance(answers[1], bool) and isinstance(answers[2], str)):
         raise TypeError(
             f"its finding for {finding.fqn!r} gives verdict, actionable, reason() of types "

@@ -60,18 +60,38 @@ NO_GRAPH: Final = "module"  # a FlowSpec's frontend where the flow takes the mod
 
 FLOW_SPECS: Final[dict[FlowName, FlowSpec]] = {
     "fx": FlowSpec(
-        name="fx", title="FX", backends=("x86", "fbgemm", "qnnpack", "onednn"), frontend="fx", converter="convert_fx",
-        equalizes=True, observes_activations=True, lowers=False, config_call="qinsight.qconfig_mapping({source})",
+        name="fx",
+        title="FX",
+        backends=("x86", "fbgemm", "qnnpack", "onednn"),
+        frontend="fx",
+        converter="convert_fx",
+        equalizes=True,
+        observes_activations=True,
+        lowers=False,
+        config_call="qinsight.qconfig_mapping({source})",
     ),
     "pt2e": FlowSpec(
-        name="pt2e", title="PT2E", backends=("x86", "xnnpack"), frontend="export", converter="convert_pt2e",
-        equalizes=False, observes_activations=False, lowers=True, config_call="qinsight.pt2e_quantizer({source})",
+        name="pt2e",
+        title="PT2E",
+        backends=("x86", "xnnpack"),
+        frontend="export",
+        converter="convert_pt2e",
+        equalizes=False,
+        observes_activations=False,
+        lowers=True,
+        config_call="qinsight.pt2e_quantizer({source})",
         stand_in="x86",
     ),
     "torchao": FlowSpec(
-        name="torchao", title="torchao quantize_", backends=("x86",), frontend=NO_GRAPH,
-        equalizes=False, observes_activations=False, lowers=False,
-        config_call="qinsight.quantize(model, {source}, data, flow='torchao')", plans_formats=True,
+        name="torchao",
+        title="torchao quantize_",
+        backends=("x86",),
+        frontend=NO_GRAPH,
+        equalizes=False,
+        observes_activations=False,
+        lowers=False,
+        config_call="qinsight.quantize(model, {source}, data, flow='torchao')",
+        plans_formats=True,
         converter="quantize_",
     ),
 }
@@ -140,6 +160,14 @@ def fx_engine(backend: str) -> str:
 
 
 __all__ = [
-    "FLOW_SPECS", "NO_GRAPH", "FlowSpec", "check_flow_backend", "flow_spec", "flows_serving", "fx_engine",
-    "reads_as_is", "report_flow", "verifying_flows",
+    "FLOW_SPECS",
+    "NO_GRAPH",
+    "FlowSpec",
+    "check_flow_backend",
+    "flow_spec",
+    "flows_serving",
+    "fx_engine",
+    "reads_as_is",
+    "report_flow",
+    "verifying_flows",
 ]

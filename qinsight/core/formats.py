@@ -231,5 +231,13 @@ def mean_bits(layers: tuple[LayerFormat, ...] | list[LayerFormat]) -> float:
 
 
 __all__ = [
-    "Budget", "CurvePoint", "FORMAT_NAMES", "FormatCost", "FormatPlan", "LayerFormat", "OrderCheck", "WeightFormat", "mean_bits",
+    "Budget",
+    "CurvePoint",
+    "FORMAT_NAMES",
+    "FormatCost",
+    "FormatPlan",
+    "LayerFormat",
+    "OrderCheck",
+    "WeightFormat",
+    "mean_bits",
 ]

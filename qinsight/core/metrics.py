@@ -45,17 +45,27 @@ METRICS: dict[str, MetricSpec] = {
     for spec in (
         MetricSpec(name="sqnr", higher_is_better=True, meaning="signal-to-quantization-noise ratio, dB"),
         MetricSpec(name="relative_l2", higher_is_better=False, lower=0.0, meaning="||x - y|| / ||x||"),
-        MetricSpec(name="cosine", higher_is_better=True, lower=-1.0, upper=1.0, meaning="cosine of the flattened tensors"),
+        MetricSpec(
+            name="cosine", higher_is_better=True, lower=-1.0, upper=1.0, meaning="cosine of the flattened tensors"
+        ),
         MetricSpec(name="max_abs_error", higher_is_better=False, lower=0.0, meaning="max |x - y|"),
         MetricSpec(name="mse", higher_is_better=False, lower=0.0, meaning="mean (x - y)^2"),
-        MetricSpec(name="top1", higher_is_better=True, lower=0.0, upper=1.0, meaning="share of rows whose argmax agrees"),
+        MetricSpec(
+            name="top1", higher_is_better=True, lower=0.0, upper=1.0, meaning="share of rows whose argmax agrees"
+        ),
         # A language model's logits: the last dimension is the vocabulary, every other one a token position.
         MetricSpec(
-            name="kl", higher_is_better=False, lower=0.0,
-            meaning="mean KL divergence of the quantized from the float next-token distribution (softmax of the last dim), nats",
+            name="kl",
+            higher_is_better=False,
+            lower=0.0,
+            meaning="mean KL divergence of the quantized from the float next-token distribution "
+            "(softmax of the last dim), nats",
         ),
         MetricSpec(
-            name="token_agreement", higher_is_better=True, lower=0.0, upper=1.0,
+            name="token_agreement",
+            higher_is_better=True,
+            lower=0.0,
+            upper=1.0,
             meaning="share of positions whose most likely next token (argmax of the last dim) agrees",
         ),
     )
@@ -63,14 +73,15 @@ METRICS: dict[str, MetricSpec] = {
 # Metrics of a whole model's outputs that need labels as well: a plan scores them, a layer comparison cannot.
 LABELLED: dict[str, MetricSpec] = {
     "perplexity": MetricSpec(
-        name="perplexity", higher_is_better=False, lower=0.0,
-        meaning="the quantized model's perplexity on the evaluation tokens' own next tokens over the float model's (a ratio)",
+        name="perplexity",
+        higher_is_better=False,
+        lower=0.0,
+        meaning="the quantized model's perplexity on the evaluation tokens' own next tokens "
+        "over the float model's (a ratio)",
     ),
 }
 # What comparisons measure unless told otherwise; top1 is for a model's outputs (plans), not a layer's.
 COMPARISON_DEFAULT: tuple[str, ...] = ("sqnr", "relative_l2", "cosine", "max_abs_error", "mse")
-
-
 
 
 def spec_of(name: str) -> MetricSpec | None:
@@ -100,5 +111,12 @@ def sqnr_of_sums(ref_sq: float, err_sq: float) -> float:
 
 
 __all__ = [
-    "COMPARISON_DEFAULT", "LABELLED", "METRICS", "MetricSpec", "higher_is_better", "spec_of", "sqnr_of_sums", "worse",
+    "COMPARISON_DEFAULT",
+    "LABELLED",
+    "METRICS",
+    "MetricSpec",
+    "higher_is_better",
+    "spec_of",
+    "sqnr_of_sums",
+    "worse",
 ]

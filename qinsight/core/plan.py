@@ -231,7 +231,9 @@ class QuantPlan:
     fx_activations: FxActivations | None = None
     lowered: str = ""  # what ran the real scores: the lowered program's runtime; empty: the reference model
     starts_from: str = ""  # the user's quantizer the plan keeps sites float on top of (its class); empty: qinsight's
-    confidence: float | None = None  # the top1 target held at this one-sided bound over the evaluation rows; None: the score
+    confidence: float | None = (
+        None  # the top1 target held at this one-sided bound over the evaluation rows; None: the score
+    )
 
     @property
     def kept_float(self) -> tuple[str, ...]:

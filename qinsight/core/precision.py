@@ -59,7 +59,12 @@ class SideBits:
 
 
 def side_bits(side: Side, stats: ActivationStats | None, bits: int) -> SideBits | None:
-    if stats is None or stats.condition is DataCondition.NO_DATA or stats.channel_min is None or stats.channel_max is None:
+    if (
+        stats is None
+        or stats.condition is DataCondition.NO_DATA
+        or stats.channel_min is None
+        or stats.channel_max is None
+    ):
         return None
     ranges = [hi - lo for lo, hi in zip(stats.channel_min, stats.channel_max)]
     # Constant channels (one token type everywhere) need no levels: the median is over the others.

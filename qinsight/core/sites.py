@@ -275,7 +275,9 @@ class InsertPoint:
         ``formats`` (the weight side) for the weight's error in those torchao formats.
         """
         if formats and side is not Side.WEIGHT:
-            raise InvalidValueError(f"a format's error is a weight's statistic: formats on the {side.value} side of {site.fqn}")
+            raise InvalidValueError(
+                f"a format's error is a weight's statistic: formats on the {side.value} side of {site.fqn}"
+            )
         axis = site.channel_axis if channel_axis is None else channel_axis
         spec = ObserverSpec(
             channel_axis=axis,

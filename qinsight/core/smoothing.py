@@ -58,7 +58,9 @@ class SmoothingMapping:
     def __attrs_post_init__(self) -> None:
         names = [entry.fqn for entry in self.entries]
         if len(set(names)) != len(names):
-            raise InvalidValueError(f"each Linear may be smoothed once; repeated: {sorted({n for n in names if names.count(n) > 1})}")
+            raise InvalidValueError(
+                f"each Linear may be smoothed once; repeated: {sorted({n for n in names if names.count(n) > 1})}"
+            )
 
     @property
     def fqns(self) -> tuple[str, ...]:

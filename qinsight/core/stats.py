@@ -104,7 +104,10 @@ class PercentileStats:
     def __attrs_post_init__(self) -> None:
         lengths = {len(self.ratio_sum), len(self.measured_batches), len(self.constant_batches)}
         if len(lengths) > 1:
-            raise InvalidValueError(f"ratio_sum, measured_batches and constant_batches must have one length per channel, not {sorted(lengths)}")
+            raise InvalidValueError(
+                "ratio_sum, measured_batches and constant_batches must have one length per channel, not "
+                f"{sorted(lengths)}"
+            )
 
     def mean_ratios(self) -> tuple[float | None, ...]:
         """The mean ratio per channel, ``None`` where no batch could measure it."""
@@ -175,7 +178,9 @@ class TailStats:
 
     def merge(self, other: TailStats) -> TailStats:
         if len(other.abs_sum) != len(self.abs_sum):
-            raise InvalidValueError(f"cannot merge tail statistics of {len(self.abs_sum)} and {len(other.abs_sum)} channels")
+            raise InvalidValueError(
+                f"cannot merge tail statistics of {len(self.abs_sum)} and {len(other.abs_sum)} channels"
+            )
         return TailStats(
             values=self.values + other.values,
             abs_sum=tuple(a + b for a, b in zip(self.abs_sum, other.abs_sum)),
@@ -192,9 +197,7 @@ class TailStats:
         )
 
 
-def _merge_percentiles(
-    a: tuple[PercentileStats, ...], b: tuple[PercentileStats, ...]
-) -> tuple[PercentileStats, ...]:
+def _merge_percentiles(a: tuple[PercentileStats, ...], b: tuple[PercentileStats, ...]) -> tuple[PercentileStats, ...]:
     if not a or not b:  # one side saw no finite batch
         return a or b
     return tuple(x.merge(y) for x, y in zip(a, b))
@@ -246,9 +249,13 @@ class ActivationStats:
 
     def __attrs_post_init__(self) -> None:
         if (self.channel_min is None) != (self.channel_max is None) or (
-            self.channel_min is not None and self.channel_max is not None and len(self.channel_min) != len(self.channel_max)
+            self.channel_min is not None
+            and self.channel_max is not None
+            and len(self.channel_min) != len(self.channel_max)
         ):
-            raise InvalidValueError("channel_min and channel_max must both be absent or have one value per channel each")
+            raise InvalidValueError(
+                "channel_min and channel_max must both be absent or have one value per channel each"
+            )
         channels = len(self.channel_min) if self.channel_min is not None else None
         if channels is not None and any(len(p.ratio_sum) != channels for p in self.percentiles):
             raise InvalidValueError(f"percentile statistics must have one value per channel ({channels})")
@@ -358,7 +365,9 @@ class ObservedStats:
 
 def _merge_observation(known: Observation, other: Observation) -> Observation:
     if (known.fqn, known.side) != (other.fqn, other.side) or known.stats.spec != other.stats.spec:
-        raise MergeError(f"observation {known.key}: the shards observed it differently ({known.stats.spec} vs {other.stats.spec})")
+        raise MergeError(
+            f"observation {known.key}: the shards observed it differently ({known.stats.spec} vs {other.stats.spec})"
+        )
     if known.side is Side.WEIGHT:
         if known.stats != other.stats:
             raise MergeError(f"the weight of {known.fqn} differs between shards: they ran different models or weights")

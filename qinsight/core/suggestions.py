@@ -115,8 +115,11 @@ def _merge_one(fqn: str, group: list[QuantSuggestion], conflicts: list[Suggestio
     return QuantSuggestion(
         fqn=fqn,
         activation=_choose(
-            fqn, "activation", [(s, s.activation) for s in group if s.activation is not None],
-            ACTIVATION_RANKING, conflicts,
+            fqn,
+            "activation",
+            [(s, s.activation) for s in group if s.activation is not None],
+            ACTIVATION_RANKING,
+            conflicts,
         ),
         weight=_choose(
             fqn, "weight", [(s, s.weight) for s in group if s.weight is not None], WEIGHT_RANKING, conflicts

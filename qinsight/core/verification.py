@@ -47,7 +47,9 @@ def _strip(suggestion: QuantSuggestion, kinds: Collection[SuggestionKind]) -> Qu
         activation=None
         if SuggestionKind.DYNAMIC in kinds and suggestion.activation is ActivationMode.DYNAMIC
         else suggestion.activation,
-        weight=None if SuggestionKind.PER_TENSOR in kinds and suggestion.weight is WeightScheme.PER_TENSOR else suggestion.weight,
+        weight=None
+        if SuggestionKind.PER_TENSOR in kinds and suggestion.weight is WeightScheme.PER_TENSOR
+        else suggestion.weight,
         equalize=None if SuggestionKind.EQUALIZE in kinds and suggestion.equalize else suggestion.equalize,
     )
 
@@ -159,7 +161,11 @@ class ConfigVerification:
         """One line: the verdict with its numbers."""
         if self.error:
             return f"{self.flow}: not verified: {self.error}"
-        where = f"{self.scored} held-out batch{'es' if self.scored != 1 else ''}" if self.held_out else "the calibration batch"
+        where = (
+            f"{self.scored} held-out batch{'es' if self.scored != 1 else ''}"
+            if self.held_out
+            else "the calibration batch"
+        )
         dropped = "; dropped: " + ", ".join(kind.value for kind in self.dropped) if self.dropped else ""
         program = f" as lowered ({self.lowered})" if self.lowered else ""
         yours = f"your {self.yours_from} {_db(self.yours)}, " if self.yours is not None else ""
@@ -176,5 +182,11 @@ def _db(value: float) -> str:
 
 
 __all__ = [
-    "ConfigParts", "ConfigVerification", "KindCheck", "SuggestionKind", "kinds_of", "suggestion_kinds", "without_kinds",
+    "ConfigParts",
+    "ConfigVerification",
+    "KindCheck",
+    "SuggestionKind",
+    "kinds_of",
+    "suggestion_kinds",
+    "without_kinds",
 ]

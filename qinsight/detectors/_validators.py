@@ -37,7 +37,9 @@ def positive(*, minimum: float) -> Validator:
     def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
         number = _number(value)
         if number is None or number < minimum or number <= 0.0:
-            raise InvalidParameterError(type(instance).__name__, attribute.name, value, f"a finite number >= {minimum} and > 0")
+            raise InvalidParameterError(
+                type(instance).__name__, attribute.name, value, f"a finite number >= {minimum} and > 0"
+            )
 
     return check
 

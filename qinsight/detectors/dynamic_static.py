@@ -70,7 +70,12 @@ class ActivationVerdict:
 
 @attrs.frozen(kw_only=True)
 class DynamicStaticFinding(Finding):
-    verdicts: ClassVar[tuple[str, ...]] = ("no calibration data", "static", "dynamic recommended", "non-stationary, dynamic unsupported")
+    verdicts: ClassVar[tuple[str, ...]] = (
+        "no calibration data",
+        "static",
+        "dynamic recommended",
+        "non-stationary, dynamic unsupported",
+    )
 
     kind: OpKind
     statistic: Stationarity
@@ -108,8 +113,7 @@ class DynamicStaticFinding(Finding):
             return f"no finite activation reached it ({bad} batches with NaN/Inf)" if bad else "never ran"
         t = self.tolerance
         return (
-            f"S_in={self.input.describe(t)} S_out={self.output.describe(t)} "
-            f"[{self.statistic.value}, tolerance {t:g}]"
+            f"S_in={self.input.describe(t)} S_out={self.output.describe(t)} [{self.statistic.value}, tolerance {t:g}]"
         )
 
 

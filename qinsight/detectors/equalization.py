@@ -134,7 +134,9 @@ class InputWeightEqualizationDetector:
     def insert_points(self, view: ModelView) -> tuple[InsertPoint, ...]:
         return tuple(point for site in view.sites for point in (self._point(site), self._weight_point(site)))
 
-    def _finding(self, site: OpSite, stats: ActivationStats | None, weight: ActivationStats | None) -> EqualizationFinding:
+    def _finding(
+        self, site: OpSite, stats: ActivationStats | None, weight: ActivationStats | None
+    ) -> EqualizationFinding:
         input_ranges = _ranges(stats)
         weight_ranges = _ranges(weight)
         weight_global = weight.epoch_range if weight is not None else 0.0
@@ -166,7 +168,8 @@ class InputWeightEqualizationDetector:
 
     def analyze(self, view: ModelView, stats: ObservedStats) -> DetectorResult:
         findings = tuple(
-            self._finding(site, stats.for_point(self._point(site)), stats.for_point(self._weight_point(site))) for site in view.sites
+            self._finding(site, stats.for_point(self._point(site)), stats.for_point(self._weight_point(site)))
+            for site in view.sites
         )
         suggestions = tuple(
             QuantSuggestion(fqn=f.fqn, equalize=f.recommended, sources=(self.id,))

@@ -51,7 +51,12 @@ def _formats(value: tuple[str, ...]) -> tuple[str, ...]:
 
 @attrs.frozen(kw_only=True)
 class FormatFinding(Finding):
-    verdicts: ClassVar[tuple[str, ...]] = ("no statistics", "weight loses most", "input starves per-token int8", "typical")
+    verdicts: ClassVar[tuple[str, ...]] = (
+        "no statistics",
+        "weight loses most",
+        "input starves per-token int8",
+        "typical",
+    )
 
     errors: tuple[FormatError, ...]  # this Linear's weight in each format that fits it
     medians: tuple[FormatError, ...]  # the model's median Linear in each format
@@ -65,7 +70,9 @@ class FormatFinding(Finding):
         """Per format, how many dB this weight lies under the model's median Linear."""
         medians = {m.format: m.sqnr for m in self.medians}
         return {
-            e.format: medians[e.format] - e.sqnr for e in self.errors if e.format in medians and math.isfinite(medians[e.format] - e.sqnr)
+            e.format: medians[e.format] - e.sqnr
+            for e in self.errors
+            if e.format in medians and math.isfinite(medians[e.format] - e.sqnr)
         }
 
     def worst_format(self) -> tuple[str, float] | None:
@@ -101,7 +108,10 @@ class FormatFinding(Finding):
             name, loss = worst
             own = next(e.sqnr for e in self.errors if e.format == name)
             side = "under" if loss >= 0 else "above"
-            parts.append(f"{name} keeps {own:.1f} dB of the weight, {abs(loss):.1f} dB {side} the median Linear's {medians[name]:.1f}")
+            parts.append(
+                f"{name} keeps {own:.1f} dB of the weight, {abs(loss):.1f} dB {side} the median Linear's "
+                f"{medians[name]:.1f}"
+            )
             others = [f"{e.format} {e.sqnr:.1f}" for e in self.errors if e.format != name]
             if others:
                 parts[-1] += f" ({', '.join(others)} dB)"
@@ -148,8 +158,12 @@ class FormatDetector:
         findings = [self._finding(site, errors[site.fqn], medians, stats) for site in self._linears(view)]
         return result_of(self, findings, [])
 
-    def _finding(self, site: OpSite, errors: tuple[FormatError, ...], medians: tuple[FormatError, ...], stats: ObservedStats) -> FormatFinding:
-        found = FormatFinding(fqn=site.fqn, errors=errors, medians=medians, margin_db=self.margin_db, min_bits=self.min_bits)
+    def _finding(
+        self, site: OpSite, errors: tuple[FormatError, ...], medians: tuple[FormatError, ...], stats: ObservedStats
+    ) -> FormatFinding:
+        found = FormatFinding(
+            fqn=site.fqn, errors=errors, medians=medians, margin_db=self.margin_db, min_bits=self.min_bits
+        )
         observed = stats.for_point(self._points(site)[1])
         magnitudes = observed.tails.mean_abs() if observed is not None and observed.tails is not None else ()
         median = statistics.median(magnitudes) if magnitudes else 0.0

@@ -168,7 +168,8 @@ def _tails_text(tails: TailStats) -> str:
         text += f", {above} values above {LLM_INT8_THRESHOLD:g} in {sum(1 for n in tails.above if n)} channels"
     if tails.massive_tokens:
         channels = ", ".join(str(c) for c in tails.massive_channels()[:3])
-        text += f", {tails.massive_tokens}/{tails.tokens} massive tokens (> {MASSIVE_FACTOR:g}x median |x|, channel {channels})"
+        massive = f"{tails.massive_tokens}/{tails.tokens} massive tokens"
+        text += f", {massive} (> {MASSIVE_FACTOR:g}x median |x|, channel {channels})"
     return text
 
 
@@ -182,7 +183,9 @@ class OutlierDetector:
 
     ratio_threshold: float = attrs.field(default=3.5, validator=positive(minimum=1.0))
     reference_percentile: float = attrs.field(default=0.975, validator=in_open_interval(0.0, 1.0))
-    fraction_batches_used_threshold: float = attrs.field(default=0.95, validator=in_open_interval(0.0, 1.0, closed_high=True))
+    fraction_batches_used_threshold: float = attrs.field(
+        default=0.95, validator=in_open_interval(0.0, 1.0, closed_high=True)
+    )
     magnitude_threshold: float = attrs.field(default=6.0, validator=positive(minimum=0.0))
     channel_axis: int | None = None  # None: the kind's channel axis (last for Linear, 1 for Conv)
     # Percentiles from this many samples per channel of a batch holding at least twice as many (None: exact);

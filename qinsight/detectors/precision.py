@@ -37,6 +37,7 @@ from qinsight.plugin.detector import API_VERSION, result_of
 if TYPE_CHECKING:
     from qinsight.plugin.detector import ModelView
 
+
 @attrs.frozen(kw_only=True)
 class PrecisionFinding(Finding):
     verdicts: ClassVar[tuple[str, ...]] = ("left in float", "no calibration data", "too few bits", "enough bits")
@@ -81,7 +82,8 @@ class PrecisionFinding(Finding):
             else ""
         )
         return (
-            f"{self.kind.value}: its {what}'s median channel keeps {worst.bits_kept:.1f} of {self.activation_bits} bits "
+            f"{self.kind.value}: its {what}'s median channel keeps {worst.bits_kept:.1f} of {self.activation_bits} "
+            "bits "
             f"under one scale (tensor range {worst.tensor_range:.3g}, median channel {worst.median_channel_range:.3g}, "
             f"channel {worst.widest_channel} spans {worst.widest_channel_range:.3g}){collapsed}"
         )

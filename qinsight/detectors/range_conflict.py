@@ -46,7 +46,11 @@ def _range(stats: ActivationStats | None) -> float | None:
 @attrs.frozen(kw_only=True)
 class RangeConflictFinding(Finding):
     verdicts: ClassVar[tuple[str, ...]] = (
-        "left in float", "no calibration data", "range conflict", "ranges agree", "separate scales"
+        "left in float",
+        "no calibration data",
+        "range conflict",
+        "ranges agree",
+        "separate scales",
     )
 
     kind: OpKind
@@ -98,7 +102,9 @@ class RangeConflictFinding(Finding):
         if kept is None:
             return "no finite activation reached it"
         if len(self.operand_ranges) == 1:  # a scalar operand: input and output share FX's observer
-            shared = f"input range {self.operand_ranges[0]:.3g} and output range {self.output_range:.3g} share one scale"
+            shared = (
+                f"input range {self.operand_ranges[0]:.3g} and output range {self.output_range:.3g} share one scale"
+            )
             return f"{self.kind.value}: {shared}; the input keeps {kept:.1f} of {self.activation_bits} bits"
         ranges = " and ".join(f"{r:.3g}" for r in self.operand_ranges)
         return (
@@ -144,6 +150,8 @@ class RangeConflictDetector:
     def analyze(self, view: ModelView, stats: ObservedStats) -> DetectorResult:
         findings = [self._finding(site, stats) for site in self._judged(view)]
         suggestions = [
-            QuantSuggestion(fqn=f.fqn, keep_float=True, sources=(self.id,)) for f in findings if f.verdict == "range conflict"
+            QuantSuggestion(fqn=f.fqn, keep_float=True, sources=(self.id,))
+            for f in findings
+            if f.verdict == "range conflict"
         ]
         return result_of(self, findings, suggestions)

@@ -8,8 +8,8 @@ of all the data. :mod:`.shards` finds this rank's :class:`~qinsight.core.shards.
 :mod:`.exchange` is that exchange, failures included.
 """
 
-from qinsight.distributed.exchange import Exchange, sharing_failures
 from qinsight.core.shards import Shard
+from qinsight.distributed.exchange import Exchange, sharing_failures
 from qinsight.distributed.shards import current_shard, shard
 
 __all__ = ["Exchange", "Shard", "current_shard", "shard", "sharing_failures"]

@@ -17,11 +17,15 @@ def current_shard(owner: str) -> Shard:
     """This process's shard of the default process group; ``owner`` is the function that needs it."""
     if not (dist.is_available() and dist.is_initialized()):
         raise InvalidParameterError(
-            owner, "distributed", True, "an initialized process group (torchrun, or torch.distributed.init_process_group)"
+            owner,
+            "distributed",
+            True,
+            "an initialized process group (torchrun, or torch.distributed.init_process_group)",
         )
     return Shard(rank=dist.get_rank(), world_size=dist.get_world_size())
 
 
 def shard(data: Iterable[T]) -> Iterator[T]:
-    """This rank's batches of ``data``, for ``diagnose(..., distributed=True)``: batches ``rank``, ``rank + world_size``, ..."""
+    """This rank's batches of ``data``, for ``diagnose(..., distributed=True)``: batches ``rank``,
+    ``rank + world_size``, ..."""
     return current_shard("shard").of(data)

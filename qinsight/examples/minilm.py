@@ -125,8 +125,15 @@ class Encoder(nn.Module):
 class Bert(nn.Module):
     """Token embeddings (batch, seq, dim) of ``input_ids``, padding masked out of attention."""
 
-    def __init__(self, vocab: int = 30522, positions: int = 512, dim: int = 384, layers: int = 6, heads: int = 12,
-                 hidden: int = 1536) -> None:
+    def __init__(
+        self,
+        vocab: int = 30522,
+        positions: int = 512,
+        dim: int = 384,
+        layers: int = 6,
+        heads: int = 12,
+        hidden: int = 1536,
+    ) -> None:
         super().__init__()
         self.embeddings = Embeddings(vocab, positions, dim)
         self.encoder = Encoder(layers, dim, heads, hidden)

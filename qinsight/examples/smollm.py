@@ -133,9 +133,15 @@ def _unpermute(weight: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 _NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
 
 
@@ -200,7 +206,10 @@ def tokenizer() -> Any:
     merges = [(left, right) for left, _, right in (merge.partition(" ") for merge in strings("tokenizer.ggml.merges"))]
     bpe: Any = Tokenizer(models.BPE(vocab, merges))
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
     )
     bpe.decoder = decoders.ByteLevel()
     return bpe
@@ -226,7 +235,8 @@ TEXTS = (
 # More prose of our own, never used to calibrate or plan in the tests: held-out text for scoring plans.
 HELD_OUT_TEXTS = (
     "On the first warm morning of spring, the harbour filled with small boats. Fishermen repaired their nets on the "
-    "quay while children watched the gulls, and the smell of fresh bread drifted from the bakery on the corner. By noon "
+    "quay while children watched the gulls, and the smell of fresh bread drifted from the bakery on the corner. By "
+    "noon "
     "most of the boats had left, and the town was quiet again until the evening tide brought them home.",
     "The new school timetable gives pupils a longer lunch break and moves sport to the afternoon. Teachers say the "
     "change has made classes calmer, although some parents worry that the school day now ends too late for families "
@@ -261,4 +271,14 @@ def token_windows(batches: int, rows: int = 4, tokens: int = 128) -> list[torch.
     return list(stream.view(batches, rows, tokens))
 
 
-__all__ = ["HELD_OUT_TEXTS", "HF_INSTALL", "SmolLM2", "gguf_path", "load_smollm2", "load_smollm2_hf", "token_batches", "token_windows", "tokenizer"]
+__all__ = [
+    "HELD_OUT_TEXTS",
+    "HF_INSTALL",
+    "SmolLM2",
+    "gguf_path",
+    "load_smollm2",
+    "load_smollm2_hf",
+    "token_batches",
+    "token_windows",
+    "tokenizer",
+]

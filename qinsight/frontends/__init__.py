@@ -41,7 +41,6 @@ from qinsight.frontends.exported import (
     tap_nodes,
     weight_argument,
 )
-from qinsight.frontends.ops import Discovery
 from qinsight.frontends.fx import fx_view
 from qinsight.frontends.modules import (
     LeafTracer,
@@ -56,6 +55,7 @@ from qinsight.frontends.modules import (
     tail_chains,
     weight_scheme,
 )
+from qinsight.frontends.ops import Discovery
 from qinsight.frontends.select import view_of
 
 __all__ = [

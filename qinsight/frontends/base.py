@@ -66,7 +66,10 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
 
 
 _HOOKS = (
-    "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
     "_forward_pre_hooks_with_kwargs",
 )
 

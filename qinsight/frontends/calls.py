@@ -198,7 +198,9 @@ class CallTap:
             mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
         self._owners.clear()
 
-    def call(self, found: tuple[str, OpKind], func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def call(
+        self, found: tuple[str, OpKind], func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         target, kind = found
         owner = self._owners[-1][0]
         index = self._counts[owner, target]
@@ -210,7 +212,9 @@ class CallTap:
         tensors = [a for a in _operands(kind, args) if isinstance(a, torch.Tensor)]
         if key not in self._seen_keys:
             self._seen_keys.add(key)
-            if not tensors or tensors[0].is_floating_point():  # integer arithmetic (positions, masks) is never quantized
+            if (
+                not tensors or tensors[0].is_floating_point()
+            ):  # integer arithmetic (positions, masks) is never quantized
                 self.seen[OpCall(owner=owner, target=target, index=index)] = (kind, tensors[0].dim() if tensors else 0)
         watchers = watchers or {}
         # (this handler runs with the mode off: the observers' own calls are not seen)

@@ -29,7 +29,9 @@ def eager_view(
     discovery = Discovery(model, tuple(candidates)).run(example)
     sites = tuple(  # first-call order
         attrs.evolve(
-            site_for_module(fqn, candidates[fqn].module, candidates[fqn].kind, candidates[fqn].holder, count, qconfig_mapping),
+            site_for_module(
+                fqn, candidates[fqn].module, candidates[fqn].kind, candidates[fqn].holder, count, qconfig_mapping
+            ),
             input_rank=discovery.ranks.get(fqn),
         )
         for fqn, count in discovery.layer_calls.items()

@@ -30,7 +30,11 @@ def site_nodes(graph: fx.Graph, sites: Iterable[OpSite], owner_of: Callable[[fx.
     known = list(sites)
     modules = {site.fqn for site in known if site.call is None}
     calls = {
-        (site.call.owner, site.call.target if site.call.is_method else resolve_target(site.call.target), site.call.index): site.fqn
+        (
+            site.call.owner,
+            site.call.target if site.call.is_method else resolve_target(site.call.target),
+            site.call.index,
+        ): site.fqn
         for site in known
         if site.call is not None
     }

@@ -148,9 +148,7 @@ OP_NAME_KINDS: dict[str, OpKind] = {
 }
 
 
-_OP_MODULE_NAMES = frozenset(
-    cls.__name__ for base, _ in OP_MODULE_KINDS for cls in (base, *_subclasses(base))
-)
+_OP_MODULE_NAMES = frozenset(cls.__name__ for base, _ in OP_MODULE_KINDS for cls in (base, *_subclasses(base)))
 
 
 def exported_op_names(model: fx.GraphModule) -> dict[fx.Node, str]:
@@ -192,6 +190,7 @@ def separate_shared_calls(model: fx.GraphModule) -> fx.GraphModule:
     becomes the node's ``source_fn_stack``, which the partitioning reads first.
     Module names are untouched. Returns ``model``, changed in place.
     """
+
     def innermost(node: fx.Node) -> tuple[str, str, object] | None:
         stack = node.meta.get("nn_module_stack") if node.op == "call_function" else None
         if not stack or node.meta.get("source_fn_stack") is not None:
@@ -315,7 +314,9 @@ class ExportedView(ModelViewBase):
             scheme = WeightScheme.PER_CHANNEL if per_channel else WeightScheme.PER_TENSOR
         elif mapping is not None:
             scheme = weight_scheme(resolve_qconfig(mapping, fqn, _MODULE_TYPES[kind]))
-        groups = node.args[_GROUPS_ARG] if kind.is_conv and len(node.args) > _GROUPS_ARG else node.kwargs.get("groups", 1)
+        groups = (
+            node.args[_GROUPS_ARG] if kind.is_conv and len(node.args) > _GROUPS_ARG else node.kwargs.get("groups", 1)
+        )
         return OpSite(
             input_rank=_rank(node.args[0]) if node.args else None,
             fqn=fqn,
@@ -369,7 +370,8 @@ def _quantized_by_pt2e(model: fx.GraphModule) -> set[fx.Node] | None:
     torchao's default X86InductorQuantizer annotates (``None`` without torchao: not known)."""
     if any(_is_observer(node, model) for node in model.graph.nodes):
         return {
-            node for node in model.graph.nodes
+            node
+            for node in model.graph.nodes
             if any(_is_observer(n, model) for n in (*node.all_input_nodes, *node.users))
         }
     try:

@@ -223,5 +223,3 @@ class ModelStructure:
 def model_structure(model: nn.Module) -> ModelStructure:
     """:func:`quantizable_modules` and :func:`tail_chains` of ``model`` (one trace)."""
     return ModelStructure(modules=quantizable_modules(model), chains=tail_chains(model))
-
-

@@ -117,7 +117,9 @@ class Discovery:
             with tap, eval_mode(self.model), torch.no_grad():
                 run_batch(self.model, example)
         except Exception as exc:
-            raise FrontendError(f"the example batch failed in {type(self.model).__name__}: {type(exc).__name__}: {exc}") from exc
+            raise FrontendError(
+                f"the example batch failed in {type(self.model).__name__}: {type(exc).__name__}: {exc}"
+            ) from exc
         finally:
             for remove in removers:
                 remove()

@@ -12,6 +12,7 @@ from qinsight.frontends.exported import exported_sites, exported_view
 from qinsight.frontends.fx import fx_view
 from qinsight.plugin.detector import ModelView
 
+
 def view_of(
     model: nn.Module, frontend: Frontend, mapping: QConfigMapping | None, example: object | None, backend: str = "x86"
 ) -> ModelView:

@@ -22,7 +22,6 @@ from qinsight.observe.formats import format_errors
 from qinsight.observe.observers import ActivationObserver, BatchClock
 from qinsight.plugin.detector import Detach, ModelView
 
-
 # Observers of one tensor run close together (pre-hooks of the modules reading it, with the
 # post-hooks of the ones before in between): the last few measurements are kept for them.
 _RECENT = 4
@@ -42,7 +41,9 @@ class Instrumenter:
         self._observers: dict[tuple[str, Side, int], ActivationObserver] = {}
         for (fqn, side, axis), spec in specs.items():
             default_axis = 0 if side is Side.WEIGHT else view.site(fqn).channel_axis
-            self._observers[(fqn, side, axis)] = ActivationObserver(spec, observer_key(fqn, side, axis, default_axis), self.clock)
+            self._observers[(fqn, side, axis)] = ActivationObserver(
+                spec, observer_key(fqn, side, axis, default_axis), self.clock
+            )
         self._detach: list[Detach] = []
         self._errors: list[ObserverError] = []
         self._recent: list[tuple[weakref.ref[torch.Tensor], tuple[int, ObserverSpec], torch.Tensor | None]] = []
@@ -114,7 +115,11 @@ class Instrumenter:
         tensor = self._view.weight(fqn)
         weight.observe(weight_rows(tensor, self._view.site(fqn).groups))
         frozen = weight.freeze()
-        return attrs.evolve(frozen, formats=format_errors(tensor, observer.spec.formats)) if observer.spec.formats else frozen
+        return (
+            attrs.evolve(frozen, formats=format_errors(tensor, observer.spec.formats))
+            if observer.spec.formats
+            else frozen
+        )
 
 
 def weight_rows(weight: torch.Tensor, groups: int) -> torch.Tensor:

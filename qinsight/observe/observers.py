@@ -20,7 +20,6 @@ from qinsight.core.stats import ActivationStats, BatchMoments, PercentileStats, 
 from qinsight.observe.batch import Layout, channels_of, measure, summarize
 from qinsight.observe.sampling import BatchClock, ColumnSampler
 
-
 # Measurements an observer keeps before summarizing them: about 16 batches of a tensor observed
 # per channel at width 4,096 (a dozen ops for all of them instead of a dozen each), and one batch
 # at a time of the LLM-sized tails and percentiles, whose measurement alone is larger.
@@ -130,7 +129,11 @@ class ActivationObserver(nn.Module):
         if not self.spec.moments:
             return None
         return BatchMoments(
-            count=batches, mean_sum=sums["mean"], mean_sq_sum=sums["mean_sq"], var_sum=sums["var"], var_sq_sum=sums["var_sq"]
+            count=batches,
+            mean_sum=sums["mean"],
+            mean_sq_sum=sums["mean_sq"],
+            var_sum=sums["var"],
+            var_sq_sum=sums["var_sq"],
         )
 
     def extra_repr(self) -> str:

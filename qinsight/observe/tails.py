@@ -81,7 +81,9 @@ def _expansion(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.
     exponents = torch.arange(5, dtype=torch.float64, device=device)
     order = torch.tensor([[max(k - j, 0) for j in range(5)] for k in range(1, 5)], device=device)
     weights = torch.tensor(
-        [[float(math.comb(k, j)) if j <= k else 0.0 for j in range(5)] for k in range(1, 5)], dtype=torch.float64, device=device
+        [[float(math.comb(k, j)) if j <= k else 0.0 for j in range(5)] for k in range(1, 5)],
+        dtype=torch.float64,
+        device=device,
     )
     return exponents, order, weights
 

@@ -42,9 +42,7 @@ import numpy as np
 
 SHORTEST: Final = 16
 FLOAT_KINDS: Final = {"f4": "<f4", "f8": "<f8"}
-INT_KINDS: Final = {
-    name: f"<{name}" for name in ("u1", "u2", "u4", "u8", "i1", "i2", "i4", "i8")
-}
+INT_KINDS: Final = {name: f"<{name}" for name in ("u1", "u2", "u4", "u8", "i1", "i2", "i4", "i8")}
 # the forms a file may hold an array in: its values (base64), deflated, or a reference to an earlier one
 _FORMS: Final = ("base64", "deflate", "same")
 
@@ -113,17 +111,25 @@ def enums_out(values: tuple[enum.Enum, ...]) -> dict[str, Any] | None:
 def enums_in(value: object, kind: type[_E]) -> tuple[_E, ...]:
     """The members an :func:`enums_out` object stands for, each level a value of ``kind``."""
     if not isinstance(value, dict) or set(value) != _ENUM_KEYS or value["array"] != "enum":
-        raise TypeError(f"an array of {kind.__name__} is a list or an object with the keys {', '.join(sorted(_ENUM_KEYS))} and array 'enum'")
+        raise TypeError(
+            f"an array of {kind.__name__} is a list or an object with the keys {', '.join(sorted(_ENUM_KEYS))} and "
+            "array 'enum'"
+        )
     levels = value["levels"]
     if not isinstance(levels, list) or len(set(map(repr, levels))) != len(levels):
         raise TypeError(f"an array of {kind.__name__} has a list of distinct levels, not {str(levels)[:60]}")
     try:
         members = [kind(level) for level in levels]
     except ValueError:
-        raise TypeError(f"an array of {kind.__name__} has levels among {', '.join(repr(m.value) for m in kind)}, not {str(levels)[:60]}") from None
+        raise TypeError(
+            f"an array of {kind.__name__} has levels among {', '.join(repr(m.value) for m in kind)}, not "
+            f"{str(levels)[:60]}"
+        ) from None
     codes = ints_in(value["codes"]) if is_packed(value["codes"]) else None
     if codes is None or len(codes) != value["n"] or (codes and not 0 <= min(codes) <= max(codes) < len(members)):
-        raise TypeError(f"an array of {kind.__name__} has n codes, a typed array of indices into its {len(members)} levels")
+        raise TypeError(
+            f"an array of {kind.__name__} has n codes, a typed array of indices into its {len(members)} levels"
+        )
     return tuple(members[code] for code in codes)
 
 
@@ -143,7 +149,10 @@ def is_packed(value: object) -> bool:
 
 def _count(value: dict[str, Any], kinds: dict[str, str], form: str) -> tuple[str, int, np.dtype[Any]]:
     if set(value) != {"array", "n", form}:
-        raise TypeError(f"a typed array has exactly the keys array, n and one of {', '.join(_FORMS)}, not {', '.join(sorted(value))}")
+        raise TypeError(
+            f"a typed array has exactly the keys array, n and one of {', '.join(_FORMS)}, not "
+            f"{', '.join(sorted(value))}"
+        )
     kind, count = value["array"], value["n"]
     if kind not in kinds:
         raise TypeError(f"a typed array's type is one of {', '.join(kinds)}, not {kind!r}")
@@ -167,10 +176,15 @@ def _unpacked(value: dict[str, Any], kinds: dict[str, str]) -> np.ndarray[Any, A
     kind, count, dtype = _count(value, kinds, "base64")
     text = value["base64"]
     if isinstance(text, str) and len(text) != 4 * math.ceil(count * dtype.itemsize / 3):
-        raise TypeError(f"a typed array of {count} {kind} values has {4 * math.ceil(count * dtype.itemsize / 3)} base64 characters, not {len(text)}")
+        raise TypeError(
+            f"a typed array of {count} {kind} values has {4 * math.ceil(count * dtype.itemsize / 3)} base64 "
+            f"characters, not {len(text)}"
+        )
     raw = _base64(value, "base64")
     if len(raw) != count * dtype.itemsize:  # the right length of text, but padded otherwise
-        raise TypeError(f"a typed array of {count} {kind} values decodes to {len(raw)} bytes, not {count * dtype.itemsize}")
+        raise TypeError(
+            f"a typed array of {count} {kind} values decodes to {len(raw)} bytes, not {count * dtype.itemsize}"
+        )
     return np.frombuffer(raw, dtype=dtype)
 
 
@@ -291,7 +305,9 @@ def _decoded(value: dict[str, Any], arrays: list[Decoded], budget: list[int]) ->
             raise TypeError(f"a typed array's same names one of the {len(arrays)} arrays before it, not {index!r}")
         target = arrays[index]
         if (target.kind, target.values.size) != (kind, count):
-            raise TypeError(f"a typed array of {count} {kind} values refers to one of {target.values.size} {target.kind} values")
+            raise TypeError(
+                f"a typed array of {count} {kind} values refers to one of {target.values.size} {target.kind} values"
+            )
         return target
     if "deflate" in value:
         decoded = Decoded(value["array"], _inflated(value, _ALL_KINDS, budget))
@@ -302,6 +318,17 @@ def _decoded(value: dict[str, Any], arrays: list[Decoded], budget: list[int]) ->
 
 
 __all__ = [
-    "SHORTEST", "ArrayError", "Decoded", "compacted", "expanded", "floats_in", "floats_out", "ints_in", "ints_out", "is_packed",
-    "enums_in", "enums_out", "standalone",
+    "SHORTEST",
+    "ArrayError",
+    "Decoded",
+    "compacted",
+    "expanded",
+    "floats_in",
+    "floats_out",
+    "ints_in",
+    "ints_out",
+    "is_packed",
+    "enums_in",
+    "enums_out",
+    "standalone",
 ]

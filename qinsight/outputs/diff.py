@@ -92,12 +92,16 @@ class ReportDiff:
     def to_text(self) -> str:
         if self.empty:
             return "no differences\n"
-        lines = [f"{label}: {', '.join(items)}" for label, items in (
-            ("modules added", self.modules_added),
-            ("modules removed", self.modules_removed),
-            ("detectors added", self.detectors_added),
-            ("detectors removed", self.detectors_removed),
-        ) if items]
+        lines = [
+            f"{label}: {', '.join(items)}"
+            for label, items in (
+                ("modules added", self.modules_added),
+                ("modules removed", self.modules_removed),
+                ("detectors added", self.detectors_added),
+                ("detectors removed", self.detectors_removed),
+            )
+            if items
+        ]
         lines += [f"{v.detector} {v.fqn}: {v.before} -> {v.after}" for v in self.verdicts]
         lines += [f"suggestion {s.fqn}: {s.before} -> {s.after}" for s in self.suggestions]
         lines += [f"{n.detector} {n.fqn}.{n.field}: {n.before:.4g} -> {n.after:.4g}" for n in self.numbers]
@@ -127,7 +131,9 @@ def _findings(report: Report) -> dict[tuple[str, str], Finding]:
     return {(r.detector, f.fqn): f for r in report.results for f in r.findings}
 
 
-def _finding_changes(a: Report, b: Report, rel_tol: float, abs_tol: float) -> tuple[list[VerdictChange], list[NumberChange]]:
+def _finding_changes(
+    a: Report, b: Report, rel_tol: float, abs_tol: float
+) -> tuple[list[VerdictChange], list[NumberChange]]:
     findings_b = _findings(b)
     verdicts: list[VerdictChange] = []
     numbers: list[NumberChange] = []
@@ -162,10 +168,24 @@ def _metric_changes(a: Comparison | None, b: Comparison | None, rel_tol: float, 
         return changes
     sections: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
     if a.weights is not None and b.weights is not None:
-        sections.append(("weights", {l.fqn: l.metrics for l in a.weights.layers}, {l.fqn: l.metrics for l in b.weights.layers}))
+        sections.append(
+            ("weights", {r.fqn: r.metrics for r in a.weights.layers}, {r.fqn: r.metrics for r in b.weights.layers})
+        )
     if a.activations is not None and b.activations is not None:
-        sections.append(("activations", {l.fqn: l.propagated for l in a.activations.rows}, {l.fqn: l.propagated for l in b.activations.rows}))
-        sections.append(("activations (local)", {l.fqn: l.local for l in a.activations.rows}, {l.fqn: l.local for l in b.activations.rows}))
+        sections.append(
+            (
+                "activations",
+                {r.fqn: r.propagated for r in a.activations.rows},
+                {r.fqn: r.propagated for r in b.activations.rows},
+            )
+        )
+        sections.append(
+            (
+                "activations (local)",
+                {r.fqn: r.local for r in a.activations.rows},
+                {r.fqn: r.local for r in b.activations.rows},
+            )
+        )
     for section, before, after in sections:
         for fqn, values in before.items():
             now = {v.name: v.value for v in after.get(fqn, ())}

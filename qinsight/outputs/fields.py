@@ -123,9 +123,17 @@ def _covered(a: Report, b: Report, data_a: dict[str, Any], data_b: dict[str, Any
                 prefix = f"$.results[{result['detector']}].findings[{finding.get('fqn')}]"
                 covered.add(f"{prefix}.summary.verdict")
                 covered |= {f"{prefix}.{k}" for k, v in finding.items() if _number(v) is not None}
-                covered |= {f"{prefix}.{k}.{n}" for k, v in finding.items() if isinstance(v, dict) for n, x in v.items() if _number(x) is not None}
+                covered |= {
+                    f"{prefix}.{k}.{n}"
+                    for k, v in finding.items()
+                    if isinstance(v, dict)
+                    for n, x in v.items()
+                    if _number(x) is not None
+                }
     described_b = {s.fqn: s.describe() for s in b.suggestions}
-    covered |= {f"$.suggestions[{s.fqn}]" for s in a.suggestions if s.fqn in described_b and described_b[s.fqn] != s.describe()}
+    covered |= {
+        f"$.suggestions[{s.fqn}]" for s in a.suggestions if s.fqn in described_b and described_b[s.fqn] != s.describe()
+    }
     compared = [("weights", "layers", "metrics")]
     compared += [("activations", rows, field) for rows in ("layers", "ops") for field in ("propagated", "local")]
     for section, rows, field in compared:

@@ -45,7 +45,11 @@ def decompressed(data: bytes, max_bytes: int) -> bytes:
     if kind is None:
         return data
     # xz's dictionary is the stream's to choose (up to 1.5 GiB): a limit refuses a hostile one
-    stream = zlib.decompressobj(16 + zlib.MAX_WBITS) if kind == "gzip" else lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=_XZ_MEMORY)
+    stream = (
+        zlib.decompressobj(16 + zlib.MAX_WBITS)
+        if kind == "gzip"
+        else lzma.LZMADecompressor(lzma.FORMAT_XZ, memlimit=_XZ_MEMORY)
+    )
     try:
         text = stream.decompress(data, max_bytes + 1)
     except (zlib.error, lzma.LZMAError) as exc:

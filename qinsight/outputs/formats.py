@@ -16,7 +16,11 @@ def _score(value: float) -> str:
 
 
 def _point(point: CurvePoint, confidence: float | None = None) -> str:
-    bound = f" (bound {_score(point.bound)} at {confidence:.0%})" if confidence is not None and not math.isnan(point.bound) else ""
+    bound = (
+        f" (bound {_score(point.bound)} at {confidence:.0%})"
+        if confidence is not None and not math.isnan(point.bound)
+        else ""
+    )
     held = f", held out {_score(point.held_out)}" if not math.isnan(point.held_out) else ""
     return f"{_score(point.score)}{bound}{held} at {point.mean_bits:.2f} bits"
 
@@ -47,7 +51,9 @@ def format_summary(plan: FormatPlan) -> list[str]:
         f"  {len(plan.layers)} Linears: {counts}; {plan.chosen.state_bytes / 1e6:.1f} MB of weights as stored; "
         f"{plan.evaluations} runs quantized for real",
     ]
-    lines.extend(f"  uniform {point.label.removeprefix('uniform ')}: {_point(point, plan.confidence)}" for point in plan.uniform)
+    lines.extend(
+        f"  uniform {point.label.removeprefix('uniform ')}: {_point(point, plan.confidence)}" for point in plan.uniform
+    )
     lines.append("  qinsight.quantize(model, plan) or quantize_(model, qinsight.fqn_to_config(plan)) applies it")
     lines.extend(f"  note: {note}" for note in plan.notes)
     return lines
@@ -59,20 +65,38 @@ def roles_table(plan: FormatPlan, limit: int = DEFAULT_LIMIT) -> Table:
     for layer in plan.layers:
         counts = roles.setdefault(role_of(layer.fqn), {})
         counts[layer.format] = counts.get(layer.format, 0) + 1
-    rows = tuple((role, ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))) for role, counts in roles.items())
-    return Table("Formats by role", ("layers", "formats"), rows[: max(limit, 20)], "" if len(rows) <= max(limit, 20) else "more in the file")
+    rows = tuple(
+        (role, ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))) for role, counts in roles.items()
+    )
+    return Table(
+        "Formats by role",
+        ("layers", "formats"),
+        rows[: max(limit, 20)],
+        "" if len(rows) <= max(limit, 20) else "more in the file",
+    )
 
 
 def curve_table(plan: FormatPlan) -> Table:
     """The plan's ranking at several sizes and the uniform formats, all quantized for real, most bits first."""
     points = sorted((*plan.curve, *plan.uniform), key=lambda p: (-p.mean_bits, p.label))
-    bound = (f"search, {plan.confidence:.0%} bound",) if plan.confidence is not None else ()  # the column, where the search held one
+    bound = (
+        (f"search, {plan.confidence:.0%} bound",) if plan.confidence is not None else ()
+    )  # the column, where the search held one
     rows = tuple(
-        (p.label, f"{p.mean_bits:.2f}", f"{p.state_bytes / 1e6:.1f}", _score(p.score), *((_score(p.bound),) if bound else ()), _score(p.held_out))
+        (
+            p.label,
+            f"{p.mean_bits:.2f}",
+            f"{p.state_bytes / 1e6:.1f}",
+            _score(p.score),
+            *((_score(p.bound),) if bound else ()),
+            _score(p.held_out),
+        )
         for p in points
     )
     return Table(
-        f"Size against quality ({plan.metric}, quantized for real)", ("assignment", "bits", "MB", "search", *bound, "held out"), rows
+        f"Size against quality ({plan.metric}, quantized for real)",
+        ("assignment", "bits", "MB", "search", *bound, "held out"),
+        rows,
     )
 
 
@@ -80,13 +104,19 @@ def orders_table(plan: FormatPlan) -> Table:
     """The plan's bits spent by each ranking of the layers, scored for real."""
     rows = tuple(
         (
-            o.order + (" (the plan)" if o.order == plan.order else ""), f"{o.point.mean_bits:.2f}", _score(o.point.score),
+            o.order + (" (the plan)" if o.order == plan.order else ""),
+            f"{o.point.mean_bits:.2f}",
+            _score(o.point.score),
             _score(o.point.held_out),
             f"{o.searched.mean_bits:.2f} bits, {_score(o.searched.score)}" if o.searched is not None else "",
         )
         for o in plan.orders
     )
-    return Table(f"Rankings at the plan's size ({plan.metric}, quantized for real)", ("ranked by", "bits", "search", "held out", "its own search chose"), rows)
+    return Table(
+        f"Rankings at the plan's size ({plan.metric}, quantized for real)",
+        ("ranked by", "bits", "search", "held out", "its own search chose"),
+        rows,
+    )
 
 
 def costs_table(plan: FormatPlan, limit: int = DEFAULT_LIMIT) -> Table:
@@ -115,4 +145,12 @@ def format_text(plan: FormatPlan) -> str:
     return "\n".join([*format_summary(plan), "", *tables_as_text(format_tables(plan))]).rstrip("\n") + "\n"
 
 
-__all__ = ["costs_table", "curve_table", "format_summary", "format_tables", "format_text", "orders_table", "roles_table"]
+__all__ = [
+    "costs_table",
+    "curve_table",
+    "format_summary",
+    "format_tables",
+    "format_text",
+    "orders_table",
+    "roles_table",
+]

@@ -20,8 +20,8 @@ from qinsight.core.report import Report
 from qinsight.outputs.files import write_atomically
 from qinsight.outputs.formats import format_summary, format_tables
 from qinsight.outputs.plans import plan_tables, summary_lines
-from qinsight.outputs.verification import verification_lines
 from qinsight.outputs.tables import Table, comparison_tables
+from qinsight.outputs.verification import verification_lines
 from qinsight.outputs.view import ReportView
 
 KEY_FEATURES = (
@@ -151,7 +151,8 @@ def _comparison(report: Report) -> str:
 
     if report.comparison is None:
         return ""
-    parts = [f"<h2>Float vs quantized{_e(' (' + report.comparison.quantized + ')' if report.comparison.quantized else '')}</h2>"]
+    quantized = report.comparison.quantized
+    parts = [f"<h2>Float vs quantized{_e(' (' + quantized + ')' if quantized else '')}</h2>"]
     if report.comparison.activations is not None:
         parts.append(_png(plot_sqnr(report.comparison.activations)))
     parts.extend(_titled_tables(comparison_tables(report.comparison)))
@@ -161,8 +162,8 @@ def _comparison(report: Report) -> str:
 def _plan(report: Report) -> str:
     """A plan's verdict, first on the page: what it reached for real beside the default, its curve, and
     its config where the suggested config below is not it (a PT2E plan)."""
-    from qinsight.outputs.plots import plot_plan
     from qinsight import apply  # torch, only when the page shows a plan
+    from qinsight.outputs.plots import plot_plan
 
     if report.plan is None:
         return ""
@@ -207,10 +208,21 @@ def render_html(report: Report) -> str:
     actionable = report.actionable()
     summary = _table(
         ["model", "frontend", "backend", "batches", "modules", "to act on", "qinsight", "torch"],
-        [[f"<td>{_e(v)}</td>" for v in (
-            meta.model, meta.frontend, meta.backend, meta.batches, len(report.sites), len(actionable),
-            meta.qinsight_version, meta.torch_version,
-        )]],
+        [
+            [
+                f"<td>{_e(v)}</td>"
+                for v in (
+                    meta.model,
+                    meta.frontend,
+                    meta.backend,
+                    meta.batches,
+                    len(report.sites),
+                    len(actionable),
+                    meta.qinsight_version,
+                    meta.torch_version,
+                )
+            ]
+        ],
     )
     plots = "".join(_png(plot_feature(view, feature)) for feature in KEY_FEATURES if feature in view.feature_names())
     failures = "".join(

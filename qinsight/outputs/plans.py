@@ -32,7 +32,9 @@ def summary_lines(plan: QuantPlan) -> list[str]:
         f"{plan.evaluations} simulated evaluations of the data",
     ]
     if floats:
-        shown = ", ".join(floats[:DEFAULT_LIMIT]) + (f" and {len(floats) - DEFAULT_LIMIT} more" if len(floats) > DEFAULT_LIMIT else "")
+        shown = ", ".join(floats[:DEFAULT_LIMIT]) + (
+            f" and {len(floats) - DEFAULT_LIMIT} more" if len(floats) > DEFAULT_LIMIT else ""
+        )
         lines.append(f"  kept in float: {shown}")
     if plan.smoothing.entries:
         count, alphas = len(plan.smoothing), sorted({entry.alpha for entry in plan.smoothing.entries})
@@ -47,7 +49,8 @@ def summary_lines(plan: QuantPlan) -> list[str]:
         lines.append(f"  equalized: {', '.join(equalized)} (qinsight.equalization_config(plan) for prepare_fx)")
     if math.isfinite(plan.agreement):
         lines.append(
-            f"  Spearman between each site's cost quantized alone and its gain kept alone in float: {plan.agreement:.2f}"
+            "  Spearman between each site's cost quantized alone and its gain kept alone in float: "
+            f"{plan.agreement:.2f}"
         )
     lines.extend(f"  note: {note}" for note in plan.notes)
     return lines
@@ -58,7 +61,15 @@ def check_table(plan: QuantPlan, limit: int = DEFAULT_LIMIT) -> Table:
     checks = sorted(plan.checks, key=lambda c: (c.kept, not c.measured))
     shown = checks[:limit]
     rows = tuple(
-        (c.fqn, c.change, _score(c.before), _score(c.alone), _delta(c.effect) if c.measured else "", "yes" if c.kept else "no", c.reason)
+        (
+            c.fqn,
+            c.change,
+            _score(c.before),
+            _score(c.alone),
+            _delta(c.effect) if c.measured else "",
+            "yes" if c.kept else "no",
+            c.reason,
+        )
         for c in shown
     )
     note = f"{len(checks) - len(shown)} more in the file" if len(checks) > len(shown) else ""
@@ -72,10 +83,13 @@ def check_table(plan: QuantPlan, limit: int = DEFAULT_LIMIT) -> Table:
 
 def sensitivity_table(plan: QuantPlan, limit: int = DEFAULT_LIMIT) -> Table:
     """The sites whose quantization alone costs most: where precision matters."""
-    ranked = sorted(plan.sensitivities, key=lambda s: s.quantized_only if plan.target.higher_is_better else -s.quantized_only)
+    ranked = sorted(
+        plan.sensitivities, key=lambda s: s.quantized_only if plan.target.higher_is_better else -s.quantized_only
+    )
     shown = ranked[:limit]
     rows = tuple(
-        (s.fqn, s.kind, str(s.parameters), _score(s.quantized_only), _score(s.float_only), _delta(s.gain)) for s in shown
+        (s.fqn, s.kind, str(s.parameters), _score(s.quantized_only), _score(s.float_only), _delta(s.gain))
+        for s in shown
     )
     note = f"{len(ranked) - len(shown)} more sites in the file" if len(ranked) > len(shown) else ""
     return Table(

@@ -139,7 +139,9 @@ def _focus(axes: Any, scores: list[float]) -> None:
     top = axes.get_ylim()[1]
     if top > high + 4 * pad:
         axes.set_ylim(low - pad, high + pad)
-        axes.annotate("all float: above the axis", xy=(0.01, 0.97), xycoords="axes fraction", fontsize=7, va="top", color="gray")
+        axes.annotate(
+            "all float: above the axis", xy=(0.01, 0.97), xycoords="axes fraction", fontsize=7, va="top", color="gray"
+        )
 
 
 def plot_plan(plan: QuantPlan) -> Figure:
@@ -165,8 +167,12 @@ def plot_plan(plan: QuantPlan) -> Figure:
         axes.plot(*zip(*missed), "x", color="tab:red", label="tried after the prefix: missed, kept in float")
     if not plan.target.is_budget:
         axes.axhline(plan.target.threshold, color="gray", linestyle="--", label=f"target {plan.target}")
-    _focus(axes, [score for fraction, score in curve if fraction > 0] + [s.score for s in plan.steps if s.stage == "refine"]
-           + ([] if plan.target.is_budget else [plan.target.threshold]))
+    _focus(
+        axes,
+        [score for fraction, score in curve if fraction > 0]
+        + [s.score for s in plan.steps if s.stage == "refine"]
+        + ([] if plan.target.is_budget else [plan.target.threshold]),
+    )
     axes.set_xlabel("fraction of layer parameters quantized")
     axes.set_ylabel(f"{plan.metric} (simulated)")
     axes.legend(fontsize=8)

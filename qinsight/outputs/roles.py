@@ -50,7 +50,9 @@ def by_role(
     return [row for _, row in shown]
 
 
-def _role_row(role: str, members: Sequence[tuple[str, str]], same_text: bool, severity: Mapping[str, float]) -> tuple[str, str]:
+def _role_row(
+    role: str, members: Sequence[tuple[str, str]], same_text: bool, severity: Mapping[str, float]
+) -> tuple[str, str]:
     if len(members) == 1:
         return members[0]
     return (f"{role} ({len(members)})", _most_said(members) if same_text else _worst_first(members, severity))
@@ -63,10 +65,7 @@ def _worst_first(members: Sequence[tuple[str, str]], severity: Mapping[str, floa
     rest = len(members) - 1 - len(named)
     if not severity:
         return f"{worst}: {text}; {len(members) - 1} more like it (--all lists them)"
-    return (
-        f"worst {worst}: {text}; next {', '.join(named)}"
-        + (f"; {rest} more (--all lists them)" if rest else "")
-    )
+    return f"worst {worst}: {text}; next {', '.join(named)}" + (f"; {rest} more (--all lists them)" if rest else "")
 
 
 def _most_said(members: Sequence[tuple[str, str]]) -> str:

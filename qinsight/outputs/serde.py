@@ -121,12 +121,18 @@ def _parameter_in(value: object, _: object) -> ParameterValue:
 
 def _at_index(exc: Exception, index: int, sequence: Any, item: object) -> IterableValidationError:
     """``exc`` as the error of element ``index``: cattrs' error tree, with the index on the path."""
-    exc.__notes__ = [*getattr(exc, "__notes__", []), IterableValidationNote(f"Structuring {sequence} @ index {index}", index, item)]
+    exc.__notes__ = [
+        *getattr(exc, "__notes__", []),
+        IterableValidationNote(f"Structuring {sequence} @ index {index}", index, item),
+    ]
     return IterableValidationError(f"While structuring {sequence}", [exc], sequence)
 
 
 def _at_field(exc: Exception, name: str, owner: type, hint: object) -> ClassValidationError:
-    exc.__notes__ = [*getattr(exc, "__notes__", []), AttributeValidationNote(f"Structuring class {owner.__qualname__} @ attribute {name}", name, hint)]
+    exc.__notes__ = [
+        *getattr(exc, "__notes__", []),
+        AttributeValidationNote(f"Structuring class {owner.__qualname__} @ attribute {name}", name, hint),
+    ]
     return ClassValidationError(f"While structuring {owner.__name__}", [exc], owner)
 
 
@@ -185,8 +191,12 @@ def _packed_arrays(converter: cattrs.Converter) -> None:
     converter.register_unstructure_hook_func(
         lambda hint: hint == tuple[float, ...], lambda values: floats_out(values) or [_float_out(v) for v in values]
     )
-    converter.register_unstructure_hook_func(lambda hint: hint == tuple[int, ...], lambda values: ints_out(values) or list(values))
-    converter.register_unstructure_hook_func(_is_enum_sequence, lambda values: enums_out(values) or [v.value for v in values])
+    converter.register_unstructure_hook_func(
+        lambda hint: hint == tuple[int, ...], lambda values: ints_out(values) or list(values)
+    )
+    converter.register_unstructure_hook_func(
+        _is_enum_sequence, lambda values: enums_out(values) or [v.value for v in values]
+    )
 
 
 def _converter(*, strict: bool, packed: bool = True) -> cattrs.Converter:
@@ -222,7 +232,9 @@ def _finding_in(converter: cattrs.Converter, detector: str, data: object, known:
     if not isinstance(data, dict) or not isinstance(data.get("fqn"), str):
         raise TypeError("a finding must be an object with a string 'fqn'")
     if known is None or data.get("type") != known.__name__:
-        return RawFinding(fqn=data["fqn"], detector=detector, data=json.dumps(data, allow_nan=False, default=standalone))
+        return RawFinding(
+            fqn=data["fqn"], detector=detector, data=json.dumps(data, allow_nan=False, default=standalone)
+        )
     fields = {k: v for k, v in data.items() if k not in _RESERVED}
     finding: Finding = converter.structure(fields, known)
     check_finding(finding)  # values each valid alone may still not make a finding (per-channel tuples of two lengths)
@@ -279,7 +291,11 @@ def report_to_json(report: Report, *, packed: bool = True) -> str:
 
 
 def save_report(
-    report: Report, path: str | os.PathLike[str], *, packed: bool = True, compress: Compression | Literal["none"] | None = None
+    report: Report,
+    path: str | os.PathLike[str],
+    *,
+    packed: bool = True,
+    compress: Compression | Literal["none"] | None = None,
 ) -> None:
     """Write ``report`` to ``path`` as JSON; the file is replaced whole or not at all.
 
@@ -289,7 +305,9 @@ def save_report(
     by default what the name asks for (``.xz``, ``.gz``, else none). :func:`load_report` reads any.
     """
     if compress not in (None, "none", "gzip", "xz"):
-        raise InvalidParameterError("save_report", "compress", compress, "'xz', 'gzip', 'none' or None (by the file's name)")
+        raise InvalidParameterError(
+            "save_report", "compress", compress, "'xz', 'gzip', 'none' or None (by the file's name)"
+        )
     text = report_to_json(report, packed=packed)
     kind = compression_of(path) if compress is None else (None if compress == "none" else compress)
     write_atomically(path, compressed(text, kind) if kind is not None else text)
@@ -357,7 +375,7 @@ def report_from_dict(data: object, *, source: str = "<report>", max_bytes: int =
 
 
 def _no_constant(token: str) -> float:
-    raise ValueError(f"{token} is not JSON (report files write non-finite numbers as \"nan\", \"inf\", \"-inf\")")
+    raise ValueError(f'{token} is not JSON (report files write non-finite numbers as "nan", "inf", "-inf")')
 
 
 def _finite_number(token: str) -> float:

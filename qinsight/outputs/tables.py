@@ -54,7 +54,12 @@ def weight_table(weights: WeightComparison, limit: int = DEFAULT_LIMIT) -> Table
         (layer.fqn, layer.kind, _db(layer.metric("sqnr")), layer.folded_bn or "", "" if layer.quantized else "yes")
         for layer in layers[:limit]
     )
-    return Table("Weights, worst first (SQNR dB)", ("layer", "kind", "sqnr", "bn folded", "left in float"), rows, _more(len(layers), len(rows)))
+    return Table(
+        "Weights, worst first (SQNR dB)",
+        ("layer", "kind", "sqnr", "bn folded", "left in float"),
+        rows,
+        _more(len(layers), len(rows)),
+    )
 
 
 def activation_table(activations: ActivationComparison, limit: int = DEFAULT_LIMIT) -> Table:
@@ -96,7 +101,9 @@ def config_table(configs: ConfigComparison, limit: int = DEFAULT_LIMIT) -> Table
     wins = Counter(row.best for row in configs.rows)
     summary = ", ".join(f"{config} {wins[config]}" for config in configs.configs)
     note = f"best per layer: {summary}" + (f"; {_more(len(scored), len(rows))}" if len(scored) > len(rows) else "")
-    return Table(f"Candidate configs, local {configs.rank_by} per layer", ("layer", *configs.configs, "best"), rows, note)
+    return Table(
+        f"Candidate configs, local {configs.rank_by} per layer", ("layer", *configs.configs, "best"), rows, note
+    )
 
 
 def _shown(metric: MetricValue) -> str:
@@ -145,17 +152,23 @@ def lowered_tables(lowered: LoweredComparison, limit: int = DEFAULT_LIMIT) -> li
         worst = lowered.worst(count=None)
         rows = tuple(
             (
-                layer.fqn, layer.kind, _db(layer.sqnr), _db(layer.propagated),
-                "float" if layer.max_steps is None else f"{layer.max_steps:.0f}", f"{100 * layer.mismatched:.2f}",
+                layer.fqn,
+                layer.kind,
+                _db(layer.sqnr),
+                _db(layer.propagated),
+                "float" if layer.max_steps is None else f"{layer.max_steps:.0f}",
+                f"{100 * layer.mismatched:.2f}",
             )
             for layer in worst[:limit]
         )
-        tables.append(Table(
-            "Lowered kernels vs the reference, worst local first (SQNR dB)",
-            ("layer", "kind", "local", "propagated", "max steps", "% differing"),
-            rows,
-            "; ".join(filter(None, [_more(len(worst), len(rows)), _unlowered(lowered.unlowered)])),
-        ))
+        tables.append(
+            Table(
+                "Lowered kernels vs the reference, worst local first (SQNR dB)",
+                ("layer", "kind", "local", "propagated", "max steps", "% differing"),
+                rows,
+                "; ".join(filter(None, [_more(len(worst), len(rows)), _unlowered(lowered.unlowered)])),
+            )
+        )
     return tables
 
 

@@ -100,10 +100,15 @@ def _actionable_lines(verdict: str, group: Sequence[Finding], everything: bool, 
         reasons_of = [reason[: -len(tail) - 2] for reason in reasons_of]
     head = f"  {verdict} ({len(group)})" + (f", each: {tail}" if tail else "")
     if not suggests and not everything and len(group) > GROUP_ABOVE:
-        return [f"{head}{'' if tail else ', nothing suggested'}: {role_counts([f.fqn for f in group])} (--all gives each)"]
+        return [
+            f"{head}{'' if tail else ', nothing suggested'}: {role_counts([f.fqn for f in group])} (--all gives each)"
+        ]
     severity = {f.fqn: value for f in group if (value := _severity(f)) is not None}
     grouped = by_role(
-        [(f.fqn, r) for f, r in zip(group, reasons_of)], everything=everything, same_text=False, severity=severity,
+        [(f.fqn, r) for f, r in zip(group, reasons_of)],
+        everything=everything,
+        same_text=False,
+        severity=severity,
         worst_first_above=None if everything else MAX_ROLE_ROWS + 1,  # the worst roles are the ones shown
     )
     rows, more = capped(grouped, everything=everything)
@@ -244,8 +249,10 @@ def _config_call_lines(report: Report) -> list[str]:
             return []  # the plan's line above names its call, as the verification's below does
         title = flow_spec(flow).title
         traced = reads_as_is(meta.frontend)
-        why = f"{meta.backend} quantizes through {title}" if traced else (
-            f"FX cannot trace this model; {title} quantizes what torch.export exports"
+        why = (
+            f"{meta.backend} quantizes through {title}"
+            if traced
+            else (f"FX cannot trace this model; {title} quantizes what torch.export exports")
         )
         return [f"{flow_spec(flow).call('report')} gives this config: {why}"]
     # an FX plan's config is the report's: its observing, checked by the plan, is what the mapping uses
@@ -260,7 +267,9 @@ def _conflict_lines(report: Report, everything: bool) -> list[str]:
             (f"{c.fqn}.{c.field}", f"{', '.join(f'{o.detector}={o.value}' for o in c.opinions)}; chose {c.chosen}")
             for c in report.conflicts
         ]
-        return [f"  conflict on {name}: {text}" for name, text in by_role(conflicts, everything=everything, same_text=True)]
+        return [
+            f"  conflict on {name}: {text}" for name, text in by_role(conflicts, everything=everything, same_text=True)
+        ]
     said: dict[tuple[str, str], dict[str, set[str]]] = {}
     counts: collections.Counter[tuple[str, str]] = collections.Counter()
     for conflict in report.conflicts:

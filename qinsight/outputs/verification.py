@@ -17,7 +17,10 @@ def verification_lines(report: Report) -> list[str]:
     """The verdict of each flow the report's config was verified in, and what it dropped; or that the
     attached plan verified its own; or :data:`UNVERIFIED`."""
     if not report.verification and report.plan is not None:
-        return [f"Verified by the plan in {report.plan.flow}: its config, quantized for real against {report.plan.target} (below)"]
+        return [
+            f"Verified by the plan in {report.plan.flow}: its config, quantized for real against {report.plan.target} "
+            "(below)"
+        ]
     if not report.verification and not reads_as_is(report.metadata.frontend):
         flows = verifying_flows(report.metadata.frontend, report.metadata.backend)
         return [

@@ -46,7 +46,11 @@ def _short(detector: str) -> str:
 
 
 def _numeric_series(value: object) -> tuple[float, ...] | None:
-    if isinstance(value, tuple) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+    if (
+        isinstance(value, tuple)
+        and value
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+    ):
         return tuple(float(v) for v in value)
     return None
 
@@ -109,6 +113,7 @@ class ReportView:
 
     def plottable(self) -> tuple[str, ...]:
         """Features with at least one finite value somewhere."""
+
         def finite(feature: Feature) -> bool:
             values = feature.channels if feature.channels is not None else (feature.value,)
             return any(v is not None and math.isfinite(v) for v in values)

@@ -7,4 +7,12 @@ from qinsight.pipeline.merge import merge_reports
 from qinsight.pipeline.session import Session, diagnose, instrument
 from qinsight.pipeline.verification import verify_report
 
-__all__ = ["Session", "comparison_report", "default_detectors", "diagnose", "instrument", "merge_reports", "verify_report"]
+__all__ = [
+    "Session",
+    "comparison_report",
+    "default_detectors",
+    "diagnose",
+    "instrument",
+    "merge_reports",
+    "verify_report",
+]

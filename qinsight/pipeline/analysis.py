@@ -37,7 +37,9 @@ def choose_detectors(
     if detectors is None:
         return resolve_detectors(None, backend=backend, strict=strict)
     if not detectors:
-        raise InvalidParameterError("diagnose", "detectors", [], "at least one detector, or None for the defaults (detectors is empty)")
+        raise InvalidParameterError(
+            "diagnose", "detectors", [], "at least one detector, or None for the defaults (detectors is empty)"
+        )
     chosen: list[Detector] = []
     failures: list[DetectorFailure] = []
     for detector in detectors:
@@ -50,7 +52,12 @@ def choose_detectors(
     ids = [d.id for d in chosen]
     repeated = sorted({i for i in ids if ids.count(i) > 1})
     if repeated:
-        raise InvalidParameterError("diagnose", "detectors", repeated, f"each detector once per diagnosis; given more than once: {', '.join(repeated)}")
+        raise InvalidParameterError(
+            "diagnose",
+            "detectors",
+            repeated,
+            f"each detector once per diagnosis; given more than once: {', '.join(repeated)}",
+        )
     return tuple(chosen), tuple(failures)
 
 

@@ -67,7 +67,6 @@ def refused_equalizations(model: nn.Module, fqns: Sequence[str], example: object
     return refused
 
 
-
 def _changed(prepared: fx.GraphModule, fqn: str, example: object, reference: torch.Tensor) -> str:
     """Why the equalizations ``prepared`` carries (``fqn`` the newest) change the float model's
     output; empty where they do not."""
@@ -104,7 +103,8 @@ def _prepared(model: nn.Module, fqns: Sequence[str], example: object, backend: s
 def _input_equalizers(prepared: fx.GraphModule) -> list[fx.Node]:
     modules = dict(prepared.named_modules())
     return [
-        node for node in prepared.graph.nodes
+        node
+        for node in prepared.graph.nodes
         if node.op == "call_module" and isinstance(modules.get(str(node.target)), _InputEqualizationObserver)
     ]
 
@@ -124,7 +124,9 @@ def _producer(prepared: fx.GraphModule, fqn: str) -> str:
 def _float_leaves(output: object) -> torch.Tensor:
     """Every floating tensor of a model output, flattened into one."""
     leaves = torch.utils._pytree.tree_leaves(output)
-    return torch.cat([t.detach().float().reshape(-1) for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()])
+    return torch.cat(
+        [t.detach().float().reshape(-1) for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    )
 
 
 __all__ = ["CHANGED", "refused_equalizations"]

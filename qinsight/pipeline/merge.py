@@ -83,9 +83,13 @@ def _recorded_detector(result: DetectorResult) -> Detector:
     for parameter in result.parameters:
         field = fields.get(parameter.name)
         if field is None:
-            raise MergeError(f"detector {result.detector} has no parameter {parameter.name} here: another version made the reports")
+            raise MergeError(
+                f"detector {result.detector} has no parameter {parameter.name} here: another version made the reports"
+            )
         kind = field.type
-        kwargs[parameter.name] = kind(parameter.value) if isinstance(kind, type) and issubclass(kind, enum.Enum) else parameter.value
+        kwargs[parameter.name] = (
+            kind(parameter.value) if isinstance(kind, type) and issubclass(kind, enum.Enum) else parameter.value
+        )
     return typing.cast(Detector, cls(**kwargs))
 
 
@@ -111,7 +115,9 @@ def _check_mergeable(reports: Sequence[Report]) -> None:
             )
         for name, ours, theirs in zip(_SETUP_NAMES, first, _setup(report)):
             if ours != theirs:
-                raise MergeError(f"report {index + 1} differs from report 1 in its {name}: not one model diagnosed one way")
+                raise MergeError(
+                    f"report {index + 1} differs from report 1 in its {name}: not one model diagnosed one way"
+                )
 
 
 def merge_reports(reports: Sequence[Report]) -> Report:

@@ -51,7 +51,9 @@ def _quantized_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     transposed convs or the padding modes :func:`_exact` does not compute)."""
     for name, module in model.named_modules():
         kind, cls = type(module).__module__, type(module).__name__
-        static = ".quantized" in kind and ".dynamic" not in kind and ".reference" not in kind and hasattr(module, "scale")
+        static = (
+            ".quantized" in kind and ".dynamic" not in kind and ".reference" not in kind and hasattr(module, "scale")
+        )
         plain = "Transpose" not in cls and getattr(module, "padding_mode", "zeros") == "zeros"
         if static and plain and callable(getattr(module, "_weight_bias", None)):
             yield name, module
@@ -71,7 +73,9 @@ def _exact(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(x.dequantize(), weight.dequantize(), bias)
     else:
         conv: Any = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[weight.dim()]
-        out = conv(x.dequantize(), weight.dequantize(), bias, module.stride, module.padding, module.dilation, module.groups)
+        out = conv(
+            x.dequantize(), weight.dequantize(), bias, module.stride, module.padding, module.dilation, module.groups
+        )
     return torch.relu(out) if "ReLU" in type(module).__name__ else out
 
 
@@ -87,7 +91,8 @@ def _symmetric(weight: torch.Tensor) -> bool:
 def _integer_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """A quantized Linear's output in exact integer arithmetic, then scaled: the sums of ``(x - zp) * w``
     with int8 operands (``x - 128``, corrected by ``(128 - zp) * sum(w)``) and int32 sums, exact up to
-    :data:`_INTEGER_FEATURES` input features. 25x faster than the float product on the CPU (4096 x 11008: 18 against 440 ms)."""
+    :data:`_INTEGER_FEATURES` input features. 25x faster than the float product on the CPU (4096 x 11008:
+    18 against 440 ms)."""
     inputs = x.int_repr().reshape(-1, x.shape[-1])
     shifted = (inputs.to(torch.int16) - 128).to(torch.int8)
     integers = weight.int_repr().t()

@@ -29,9 +29,9 @@ from qinsight.core.errors import CalibrationError, InvalidParameterError, descri
 from qinsight.core.flows import flow_spec
 from qinsight.core.progress import Progress
 from qinsight.core.report import DetectorFailure, FailureStage, Report
+from qinsight.core.shards import Shard
 from qinsight.core.sites import Frontend, InsertPoint, check_backend
 from qinsight.core.stats import ObservedStats
-from qinsight.core.shards import Shard
 from qinsight.distributed import Exchange, sharing_failures
 from qinsight.frontends import eval_mode, example_inputs, run_batch, view_of
 from qinsight.frontends.configured import configure_by_quantizer
@@ -61,7 +61,10 @@ def _check_not_empty(batch: object, index: int) -> None:
     tensors = [t for t in torch.utils._pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)]
     if tensors and all(t.numel() == 0 for t in tensors):
         shapes = ", ".join(str(tuple(t.shape)) for t in tensors[:3])
-        said = f"calibration batch {index} is empty (shape {shapes}): drop batches with zero rows from the calibration data"
+        said = (
+            f"calibration batch {index} is empty (shape {shapes}): "
+            "drop batches with zero rows from the calibration data"
+        )
         raise CalibrationError(said, batch=index)
 
 
@@ -105,7 +108,9 @@ class Session:
             except Exception as exc:
                 if strict:
                     raise
-                self._failures.append(DetectorFailure(detector=detector.id, stage=FailureStage.INSERT_POINTS, error=describe(exc)))
+                self._failures.append(
+                    DetectorFailure(detector=detector.id, stage=FailureStage.INSERT_POINTS, error=describe(exc))
+                )
         self._instrumenter = Instrumenter(view, (p for points in self._points.values() for p in points))
         self._forwards = 0
         self._example: object | None = None  # the first batch, to check the suggested equalizations on
@@ -152,7 +157,9 @@ class Session:
             progress("calibrating", 0, total)  # the stage's clock starts before its first batch
         with eval_mode(model), torch.no_grad():
             for local in itertools.count():
-                index = self._shard.batch_index(local) if self._shard is not None else local  # as numbered in all the data
+                index = (
+                    self._shard.batch_index(local) if self._shard is not None else local
+                )  # as numbered in all the data
                 batch = _next_batch(batches, index)
                 if batch is _NOTHING:
                     break
@@ -162,7 +169,9 @@ class Session:
                 except Exception as exc:
                     seen = self._instrumenter.take_error()
                     also = f" (and {seen})" if seen is not None else ""
-                    raise CalibrationError(f"calibration batch {index} failed: {describe(exc)}{also}", batch=index) from exc
+                    raise CalibrationError(
+                        f"calibration batch {index} failed: {describe(exc)}{also}", batch=index
+                    ) from exc
                 self._raise_observer_error(index)
                 count += 1
                 if progress is not None:
@@ -254,9 +263,13 @@ def _session(
     if isinstance(model, torch.export.ExportedProgram):
         model = model.module()  # the program's own graph cannot run; its module can
     if not isinstance(model, nn.Module):
-        raise InvalidParameterError("diagnose", "model", type(model).__name__, "a torch.nn.Module or an ExportedProgram")
+        raise InvalidParameterError(
+            "diagnose", "model", type(model).__name__, "a torch.nn.Module or an ExportedProgram"
+        )
     if shard is not None and exchange is not None:
-        raise InvalidParameterError("diagnose", "shard", shard, "None with distributed=True (the process group says which shard)")
+        raise InvalidParameterError(
+            "diagnose", "shard", shard, "None with distributed=True (the process group says which shard)"
+        )
     check_backend("diagnose", backend)
     chosen, load_failures = choose_detectors(detectors, backend, strict)
     mapping = planned if planned is None or isinstance(planned, QConfigMapping) else None
@@ -267,7 +280,14 @@ def _session(
         configure_by_quantizer(view, planned, example_inputs(example))
     name = model_name or type(model).__name__
     return Session(
-        view, chosen, backend=backend, model_name=name, strict=strict, load_failures=load_failures, shard=shard, exchange=exchange
+        view,
+        chosen,
+        backend=backend,
+        model_name=name,
+        strict=strict,
+        load_failures=load_failures,
+        shard=shard,
+        exchange=exchange,
     )
 
 

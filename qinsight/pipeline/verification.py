@@ -38,9 +38,9 @@ from qinsight.compare.metrics import sqnr
 from qinsight.compare.outputs import output_rows
 from qinsight.core.advice import Advice, advice_of
 from qinsight.core.errors import InvalidParameterError, describe
+from qinsight.core.flows import flow_spec, verifying_flows
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
-from qinsight.core.flows import flow_spec, verifying_flows
 from qinsight.core.sites import FLOWS, FlowName
 from qinsight.core.verification import (
     ConfigParts,
@@ -143,7 +143,10 @@ def verify_report(
     if chosen and not batches:
         raise InvalidParameterError("verify_report", "data", "no batches", "at least one batch")
     if _prepared(model):  # its observers are the user's own config: the report's has no model to go on
-        said = "the model is prepared already (prepare_fx / prepare_pt2e): diagnose the float model to verify the report's config"
+        said = (
+            "the model is prepared already (prepare_fx / prepare_pt2e): "
+            "diagnose the float model to verify the report's config"
+        )
         return report.with_verification(tuple(ConfigVerification(flow=flow, error=said) for flow in chosen))
     if any(flow_spec(flow).observes_activations for flow in chosen):  # FX's kernels, checked before it is scored
         checking = "checking the FX kernels for saturation"
@@ -222,9 +225,17 @@ def verify_flow(
     ``quantizer`` too where one is given (:func:`_beside_yours`)."""
     score = _Scorer(model, batches, lowering)
     suggested_advice = advice_of(attrs.evolve(report, verification=(), plan=None), flow)
-    base = attrs.evolve(suggested_advice, suggestions=(), fx_activations=None, equalization=attrs.evolve(suggested_advice.equalization, entries=()))
+    base = attrs.evolve(
+        suggested_advice,
+        suggestions=(),
+        fx_activations=None,
+        equalization=attrs.evolve(suggested_advice.equalization, entries=()),
+    )
     blank = ConfigVerification(
-        flow=flow, calibrated=len(score.calibrating), scored=len(score.scored), held_out=len(batches) > 1,
+        flow=flow,
+        calibrated=len(score.calibrating),
+        scored=len(score.scored),
+        held_out=len(batches) > 1,
         lowered=lowering.runtime() if lowering is not None else "",
     )
     default = score(base)
@@ -239,18 +250,29 @@ def verify_flow(
     def config(without: Iterable[SuggestionKind]) -> Advice:
         stripped = without_kinds(parts, tuple(without))
         return attrs.evolve(
-            suggested_advice, suggestions=stripped.suggestions, fx_activations=stripped.fx_activations,
+            suggested_advice,
+            suggestions=stripped.suggestions,
+            fx_activations=stripped.fx_activations,
             equalization=stripped.equalization,
         )
 
     if not kinds:
-        verdict = attrs.evolve(blank, default=default, suggested=default, score=default,
-                               notes=(*blank.notes, "the report suggests nothing the flow's default does not do"))
+        verdict = attrs.evolve(
+            blank,
+            default=default,
+            suggested=default,
+            score=default,
+            notes=(*blank.notes, "the report suggests nothing the flow's default does not do"),
+        )
         return _left_float(noting_yours(verdict), model, report, base, score.quantized[base])
     suggested = score(config(()))
     error = score.last_error if suggested == -math.inf else ""
     without = {kind: score(config([kind])) if len(kinds) > 1 else default for kind in kinds}
-    measured = {frozenset(): suggested, frozenset(kinds): default, **{frozenset([kind]): without[kind] for kind in kinds}}
+    measured = {
+        frozenset(): suggested,
+        frozenset(kinds): default,
+        **{frozenset([kind]): without[kind] for kind in kinds},
+    }
     hurting = frozenset(kind for kind in kinds if without[kind] > suggested)
     if len(hurting) > 1 and hurting not in measured:
         measured[hurting] = score(config(hurting))
@@ -258,11 +280,23 @@ def verify_flow(
     dropped = max(measured, key=lambda kinds_left_out: (measured[kinds_left_out], -len(kinds_left_out)))
     final = measured[dropped]
     reason = _reason(suggested, final, dropped, error)
-    notes = (f"the report's config scored {_said(suggested)}, the flow's default {_said(default)} better: the default is "
-             "offered",) if dropped == frozenset(kinds) and default > suggested else ()
+    notes = (
+        (
+            f"the report's config scored {_said(suggested)}, the flow's default {_said(default)} better: the default "
+            "is "
+            "offered",
+        )
+        if dropped == frozenset(kinds) and default > suggested
+        else ()
+    )
     checks = tuple(
-        KindCheck(kind=kind, modules=_modules(parts, kind), without=without[kind], kept=kind not in dropped,
-                  reason=reason if kind in dropped else "")
+        KindCheck(
+            kind=kind,
+            modules=_modules(parts, kind),
+            without=without[kind],
+            kept=kind not in dropped,
+            reason=reason if kind in dropped else "",
+        )
         for kind in kinds
     )
     verdict = attrs.evolve(
@@ -284,8 +318,10 @@ def noting_yours(verdict: ConfigVerification) -> ConfigVerification:
     report's findings stand, its config does not beat what the user already had."""
     if verdict.yours is None or not verdict.yours > verdict.score:
         return verdict
-    said = (f"your {verdict.yours_from} scored {_said(verdict.yours)}, above the report's config "
-            f"({_said(verdict.score)}): keep yours")
+    said = (
+        f"your {verdict.yours_from} scored {_said(verdict.yours)}, above the report's config "
+        f"({_said(verdict.score)}): keep yours"
+    )
     return attrs.evolve(verdict, notes=verdict.notes + (said,))
 
 
@@ -305,7 +341,8 @@ def _left_float(
         f"the {verdict.flow} flow quantizes none of this model's {' / '.join(kinds)} layers: the config changes nothing"
         if len(left) == len(meant)
         else f"the {verdict.flow} flow leaves in float {len(left)} of the {len(meant)} layers the config quantizes: "
-        + ", ".join(left[:5]) + (", ..." if len(left) > 5 else "")
+        + ", ".join(left[:5])
+        + (", ..." if len(left) > 5 else "")
     )
     return attrs.evolve(verdict, left_float=left, notes=verdict.notes + (said,))
 
@@ -332,6 +369,13 @@ def _modules(parts: ConfigParts, kind: SuggestionKind) -> int:
 
 
 __all__ = [
-    "ENV_VERIFY", "VERIFY_BATCHES", "chosen_flows", "lowering_of", "noting_yours", "split",
-    "verify_flow", "verify_report", "verify_setting",
+    "ENV_VERIFY",
+    "VERIFY_BATCHES",
+    "chosen_flows",
+    "lowering_of",
+    "noting_yours",
+    "split",
+    "verify_flow",
+    "verify_report",
+    "verify_setting",
 ]

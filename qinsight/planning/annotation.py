@@ -59,7 +59,9 @@ def patterns_exported_once() -> Iterator[None]:
     if original is None:
         yield
         return
-    holders = [module for module in list(sys.modules.values()) if getattr(module, "__dict__", {}).get(_HELPER) is original]
+    holders = [
+        module for module in list(sys.modules.values()) if getattr(module, "__dict__", {}).get(_HELPER) is original
+    ]
     replacement = _cached(original)
     for module in holders:
         setattr(module, _HELPER, replacement)

@@ -81,20 +81,39 @@ def check_simulated(
         fqn, change = suggestion.fqn, suggestion.describe()
         if fqn in measurable:
             kept = not worse(together, without[fqn], higher_is_better)
-            reason = "" if kept else f"not applied: {together - without[fqn]:+.3g} on the output among the other suggestions"
+            reason = (
+                "" if kept else f"not applied: {together - without[fqn]:+.3g} on the output among the other suggestions"
+            )
             check = SuggestionCheck(
-                fqn=fqn, change=change, before=before, alone=alone[fqn], together=together, without=without[fqn],
-                kept=kept, reason=reason,
+                fqn=fqn,
+                change=change,
+                before=before,
+                alone=alone[fqn],
+                together=together,
+                without=without[fqn],
+                kept=kept,
+                reason=reason,
             )
             if kept:
                 start[fqn] = measurable[fqn]
         elif is_default(suggestion):
-            check = SuggestionCheck(fqn=fqn, change=change, before=before, alone=before, kept=True,
-                                    reason="what the flow's default config does already")
+            check = SuggestionCheck(
+                fqn=fqn,
+                change=change,
+                before=before,
+                alone=before,
+                kept=True,
+                reason="what the flow's default config does already",
+            )
         else:
-            check = SuggestionCheck(fqn=fqn, change=change, before=before, alone=math.nan, kept=True,
-                                    reason="not measured: the flow's default config does not quantize this site; "
-                                    "applied as suggested")
+            check = SuggestionCheck(
+                fqn=fqn,
+                change=change,
+                before=before,
+                alone=math.nan,
+                kept=True,
+                reason="not measured: the flow's default config does not quantize this site; applied as suggested",
+            )
         checks.append(check)
     return tuple(checks), start
 
@@ -116,14 +135,23 @@ def check_real(
     for part in parts:
         without = real(tuple(s for s in together_config if s is not part))
         kept = not worse(together, without, higher_is_better)
-        checks.append(SuggestionCheck(
-            fqn=part.fqn, change=part.describe(), before=before, alone=real((part,)), together=together,
-            without=without, kept=kept,
-            reason="measured for real (prepare, calibrate, convert)" if kept
-            else "not applied: with it the flow cannot build or run the config (the plan's notes say why)"
-            if math.isinf(together)
-            else f"not applied: {together - without:+.3g} on the output among the other suggestions, measured for real",
-        ))
+        checks.append(
+            SuggestionCheck(
+                fqn=part.fqn,
+                change=part.describe(),
+                before=before,
+                alone=real((part,)),
+                together=together,
+                without=without,
+                kept=kept,
+                reason="measured for real (prepare, calibrate, convert)"
+                if kept
+                else "not applied: with it the flow cannot build or run the config (the plan's notes say why)"
+                if math.isinf(together)
+                else f"not applied: {together - without:+.3g} on the output among the other suggestions, "
+                "measured for real",
+            )
+        )
     return checks
 
 
@@ -150,9 +178,16 @@ def check_all(
     real_checks = check_real(real, kept, measurable, default_score, higher_is_better)
     kept += [p for p, check in zip(measurable, real_checks) if check.kept]
     refused = [
-        SuggestionCheck(fqn=p.fqn, change=p.describe(), before=default_score, alone=math.nan, kept=False,
-                        reason=f"not applied: the {flow} flow has no input-weight equalization")
-        for p in for_real if p not in measurable
+        SuggestionCheck(
+            fqn=p.fqn,
+            change=p.describe(),
+            before=default_score,
+            alone=math.nan,
+            kept=False,
+            reason=f"not applied: the {flow} flow has no input-weight equalization",
+        )
+        for p in for_real
+        if p not in measurable
     ]
     merged, _conflicts = merge_suggestions(kept)  # the parts of one suggestion never conflict
     return checks + tuple(real_checks) + tuple(refused), start, merged

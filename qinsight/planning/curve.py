@@ -125,7 +125,9 @@ def final_score(steps: Sequence[PlanStep]) -> float:
 Move = tuple[str, Mode]  # a site, and the mode a search step gives it
 
 
-def steps_down(search: Search, start: dict[str, Mode], noise: Mapping[str, float], dynamic_noise: Mapping[str, float]) -> list[Move]:
+def steps_down(
+    search: Search, start: dict[str, Mode], noise: Mapping[str, float], dynamic_noise: Mapping[str, float]
+) -> list[Move]:
     """Every step down from float, in order of the output noise it adds (measured alone) per weight
     parameter it quantizes: a Linear with a dynamic step takes it first (all its weights), then the
     step to static (no more weights: ordered by its extra noise, after the weight-bearing steps)."""
@@ -160,7 +162,15 @@ def choose(
     moves = steps_down(search, start, noise, dynamic_noise)
     modes = search.everything_float()
     run = float_run
-    steps = [PlanStep(fqn="", score=search.scorer(run.outputs), kept=True, quantized_fraction=search.fraction(modes), stage="start")]
+    steps = [
+        PlanStep(
+            fqn="",
+            score=search.scorer(run.outputs),
+            kept=True,
+            quantized_fraction=search.fraction(modes),
+            stage="start",
+        )
+    ]
     curve = []
     for done, (site, mode) in enumerate(moves):
         search.progress("scoring the curve", done, len(moves))
@@ -196,7 +206,9 @@ def choose(
 
 
 def _step(search: Search, site: str, mode: Mode, score: float, modes: Mapping[str, Mode], stage: str) -> PlanStep:
-    return PlanStep(fqn=site, score=score, kept=True, quantized_fraction=search.fraction(modes), stage=stage, mode=mode.value)
+    return PlanStep(
+        fqn=site, score=score, kept=True, quantized_fraction=search.fraction(modes), stage=stage, mode=mode.value
+    )
 
 
 def taken(modes: Mapping[str, Mode], moves: Iterable[Move]) -> dict[str, Mode]:
@@ -212,19 +224,38 @@ def within_budget(
 ) -> tuple[tuple[PlanStep, ...], dict[str, Mode]]:
     """At most ``budget`` sites in float: the costliest alone, one by one, and the best prefix."""
     modes, run = dict(start), quantized_run
-    steps = [PlanStep(fqn="", score=search.scorer(run.outputs), kept=True, quantized_fraction=search.fraction(modes), stage="start")]
+    steps = [
+        PlanStep(
+            fqn="",
+            score=search.scorer(run.outputs),
+            kept=True,
+            quantized_fraction=search.fraction(modes),
+            stage="start",
+        )
+    ]
     best, best_modes = steps[0].score, dict(modes)
     for site in sorted((s for s in search.candidates if start[s] is not Mode.FLOAT), key=lambda s: -noise[s])[:budget]:
         modes = {**modes, site: Mode.FLOAT}
         run = search.sim.run_changed(modes, run)
         score = search.scorer(run.outputs)
-        steps.append(PlanStep(fqn=site, score=score, kept=True, quantized_fraction=search.fraction(modes), stage="budget"))
+        steps.append(
+            PlanStep(fqn=site, score=score, kept=True, quantized_fraction=search.fraction(modes), stage="budget")
+        )
         if worse(best, score, search.higher_is_better):
             best, best_modes = score, dict(modes)
     return tuple(steps), best_modes
 
 
 __all__ = [
-    "Move", "Noise", "Progress", "Search", "choose", "choose_order", "final_score", "measure_dynamic_noise", "steps_down",
-    "taken", "within_budget",
+    "Move",
+    "Noise",
+    "Progress",
+    "Search",
+    "choose",
+    "choose_order",
+    "final_score",
+    "measure_dynamic_noise",
+    "steps_down",
+    "taken",
+    "within_budget",
 ]

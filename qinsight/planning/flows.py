@@ -53,7 +53,16 @@ from qinsight.frontends.edges import site_nodes
 from qinsight.planning.annotation import patterns_exported_once
 from qinsight.planning.kernels import QuantizedOps
 from qinsight.planning.observed import FxObserved, no_stack_traces
-from qinsight.planning.simulate import EdgeRule, Owners, RealOps, Regroup, Simulation, WeightSwap, observed_input, observer_nodes
+from qinsight.planning.simulate import (
+    EdgeRule,
+    Owners,
+    RealOps,
+    Regroup,
+    Simulation,
+    WeightSwap,
+    observed_input,
+    observer_nodes,
+)
 from qinsight.planning.switches import Mode, fake_quantized_rows, fake_quantized_weight
 
 _ANNOTATION = "quantization_annotation"
@@ -137,7 +146,9 @@ class Flow:
         try:
             config, equalization = self.config(suggestions), self.equalization(suggestions)
         except Exception as exc:  # a quantizer that cannot be built for these sites
-            raise FrontendError(f"the {self.name} flow cannot prepare {type(self.model).__name__}: {type(exc).__name__}: {exc}") from exc
+            raise FrontendError(
+                f"the {self.name} flow cannot prepare {type(self.model).__name__}: {type(exc).__name__}: {exc}"
+            ) from exc
         graph, _flow = prepared(self.name, self.model, config, example, self.dynamic_shapes, equalization)
         return typing.cast(fx.GraphModule, graph)  # prepare_fx and prepare_pt2e both give a GraphModule
 
@@ -249,8 +260,10 @@ class FxFlow(Flow):
             converted = typing.cast(fx.GraphModule, QUANT_FLOWS["fx"].convert(copy.deepcopy(prepared)))
         modules = dict(converted.named_modules())
         kernels = {
-            name: module for node in prepared.graph.nodes
-            if node.op == "call_module" and (module := modules.get(name := str(node.target))) is not None
+            name: module
+            for node in prepared.graph.nodes
+            if node.op == "call_module"
+            and (module := modules.get(name := str(node.target))) is not None
             and _static_kernel(module)
         }
         site_of = self._site_of(prepared)
@@ -342,7 +355,8 @@ class Pt2eFlow(Flow):
 def mode_suggestions(modes: Mapping[str, Mode]) -> tuple[QuantSuggestion, ...]:
     """The advice that runs sites in ``modes``: float sites kept float, dynamic ones made dynamic."""
     return tuple(
-        QuantSuggestion(fqn=site, keep_float=True, sources=("qinsight.plan",)) if mode is Mode.FLOAT
+        QuantSuggestion(fqn=site, keep_float=True, sources=("qinsight.plan",))
+        if mode is Mode.FLOAT
         else QuantSuggestion(fqn=site, activation=ActivationMode.DYNAMIC, sources=("qinsight.plan",))
         for site, mode in sorted(modes.items(), key=lambda item: item[0])
         if mode is not Mode.STATIC
@@ -353,7 +367,9 @@ def _static_kernel(module: nn.Module) -> bool:
     """A converted FX module that reads a quantized input and writes its own output qparams (a
     quantized Linear, Conv or LayerNorm; not a dynamic or weight-only one, not a float module)."""
     kind = type(module).__module__  # weight-only ones (embeddings) have no output scale
-    return kind.startswith("torch.ao.nn.") and ".quantized" in kind and ".dynamic" not in kind and hasattr(module, "scale")
+    return (
+        kind.startswith("torch.ao.nn.") and ".quantized" in kind and ".dynamic" not in kind and hasattr(module, "scale")
+    )
 
 
 def _is_dequantize(node: fx.Node) -> bool:

@@ -15,7 +15,8 @@ The stages, each measured for real (``quantize_`` in place, the float weights pu
 4. **Search**: along each order, the longest prefix whose real score meets the target (bisection), no
    shorter than the budget needs. A language-model metric is held to the target at the pessimistic end
    of its ``confidence`` interval over the search tokens (:func:`.scores.pessimistic_bound`), so that
-   text like the search text meets it too, not only the tokens the search happened to see; the plan is the best of them on the search data (the target met with
+   text like the search text meets it too, not only the tokens the search happened to see; the plan is
+   the best of them on the search data (the target met with
    the fewest bits, else the best score). Each ranking is a guess at which layers matter; quantizing
    along each and keeping what scored best is a measurement.
 5. **Held out**: the plan, the uniform formats and the curve scored again on data the search never saw;
@@ -61,7 +62,10 @@ class FormatGoal:
 
 
 def format_goal(
-    formats: Iterable[str] | str, target: str | Target | None, budget: str | float | None, metric: str | None,
+    formats: Iterable[str] | str,
+    target: str | Target | None,
+    budget: str | float | None,
+    metric: str | None,
     confidence: float | None = None,
 ) -> FormatGoal:
     parsed = tuple(WeightFormat.parse(f) for f in (formats.split(",") if isinstance(formats, str) else formats))
@@ -70,14 +74,22 @@ def format_goal(
     goal = Target.parse(target) if isinstance(target, str) else target
     limit = Budget.parse(budget) if budget is not None else None
     if goal is None and limit is None:
-        raise InvalidParameterError("plan_formats", "target", None, "a target ('perplexity<=1.05'), a budget ('bits<=6') or both")
+        raise InvalidParameterError(
+            "plan_formats", "target", None, "a target ('perplexity<=1.05'), a budget ('bits<=6') or both"
+        )
     if goal is not None and goal.is_budget:
-        raise InvalidParameterError("plan_formats", "target", str(goal), "a quality target; the size is the budget ('bits<=6')")
+        raise InvalidParameterError(
+            "plan_formats", "target", str(goal), "a quality target; the size is the budget ('bits<=6')"
+        )
     name = metric or (goal.metric if goal is not None else "sqnr")
     if name not in SCORES or (goal is not None and name != goal.metric):
-        raise InvalidParameterError("plan_formats", "metric", name, f"the target's own metric, one of {', '.join(SCORES)}")
+        raise InvalidParameterError(
+            "plan_formats", "metric", name, f"the target's own metric, one of {', '.join(SCORES)}"
+        )
     if confidence is not None and not (isinstance(confidence, (int, float)) and 0.5 <= confidence < 1):
-        raise InvalidParameterError("plan_formats", "confidence", confidence, "a one-sided confidence in [0.5, 1) (0.95), or None")
+        raise InvalidParameterError(
+            "plan_formats", "confidence", confidence, "a one-sided confidence in [0.5, 1) (0.95), or None"
+        )
     torchao_config(parsed[0])  # torchao missing: one error, before any forward
     held = float(confidence) if confidence is not None and goal is not None and name in PER_POSITION else None
     return FormatGoal(formats=parsed, target=goal, budget=limit, metric=name, confidence=held)
@@ -106,7 +118,7 @@ def format_request(
     batches = tuple(evaluation_data)
     if not batches:
         raise InvalidParameterError("plan_formats", "evaluation_data", "no batches", "at least one batch")
-    held = tuple(held_out_data) if held_out_data is not None else batches[(len(batches) + 1) // 2:]
+    held = tuple(held_out_data) if held_out_data is not None else batches[(len(batches) + 1) // 2 :]
     search = batches if held_out_data is not None else batches[: (len(batches) + 1) // 2]
     rank, size = (search[0::2], search[1::2]) if len(search) > 1 else (search, search)
     return FormatRequest(goal=goal, rank=rank, search=size, held_out=held, orders=orders)
@@ -123,7 +135,9 @@ class _Measure:
         self.ranking = self._scorer(request.rank) if request.cross_fitted else self.search
         self.held = self._scorer(request.held_out) if request.held_out else None
         self.runs = 0
-        self._scores: dict[tuple[tuple[tuple[str, str], ...], bool], tuple[float, float]] = {}  # (assignment, held out) -> score, bound
+        self._scores: dict[
+            tuple[tuple[tuple[str, str], ...], bool], tuple[float, float]
+        ] = {}  # (assignment, held out) -> score, bound
         self._stored: dict[tuple[tuple[str, str], ...], int] = {}  # assignment -> bytes of its weights as stored
 
     def _scorer(self, batches: tuple[Any, ...]) -> Scorer:
@@ -139,10 +153,14 @@ class _Measure:
         if (assignment, held_out) not in self._scores:
             scorer = self.held if held_out and self.held is not None else self.search
             data = self.request.held_out if held_out else self.request.search
-            self._scores[(assignment, held_out)] = scorer.bounded(self._run(formats, data, assignment), self.request.goal.confidence)
+            self._scores[(assignment, held_out)] = scorer.bounded(
+                self._run(formats, data, assignment), self.request.goal.confidence
+            )
         return self._scores[(assignment, held_out)]
 
-    def _run(self, formats: dict[str, str], batches: Sequence[Any], assignment: tuple[tuple[str, str], ...] | None) -> list[Any]:
+    def _run(
+        self, formats: dict[str, str], batches: Sequence[Any], assignment: tuple[tuple[str, str], ...] | None
+    ) -> list[Any]:
         """The outputs of ``batches`` with ``formats`` applied; for an ``assignment`` a point is made of,
         the bytes its weights take as stored too, read once."""
         with applied(self.model, formats):
@@ -200,10 +218,14 @@ def plan_formats(
     with eval_mode(model):
         layers, notes = ladders.ladders(model, request.goal.formats)
         if not layers:
-            raise InvalidParameterError("plan_formats", "model", type(model).__name__, "a model with a Linear the formats fit")
+            raise InvalidParameterError(
+                "plan_formats", "model", type(model).__name__, "a model with a Linear the formats fit"
+            )
         measure = _Measure(model, layers, request)
         costs = _costs(measure, report)
-        orders: dict[str, Sequence[Move]] = {MEASURED: ladders.ordered_moves(layers, {(c.fqn, c.format): c.damage for c in costs})}
+        orders: dict[str, Sequence[Move]] = {
+            MEASURED: ladders.ordered_moves(layers, {(c.fqn, c.format): c.damage for c in costs})
+        }
         if request.orders:
             orders.update(_proxy_orders(measure))
         searched = {name: _searched(measure, moves, report) for name, moves in orders.items()}
@@ -218,7 +240,9 @@ def _costs(measure: _Measure, report: Progress) -> tuple[FormatCost, ...]:
     for done, (fqn, name) in enumerate(wanted):
         report("measuring each layer in each format", done, len(wanted))
         results = measure.outputs({fqn: name}, measure.request.rank)
-        found.append(FormatCost(fqn=fqn, format=name, damage=measure.ranking.damage(results), score=measure.ranking(results)))
+        found.append(
+            FormatCost(fqn=fqn, format=name, damage=measure.ranking.damage(results), score=measure.ranking(results))
+        )
     report("measuring each layer in each format", len(wanted), len(wanted))
     return tuple(found)
 
@@ -236,7 +260,9 @@ def _searched(measure: _Measure, moves: Sequence[Move], report: Progress) -> tup
         return measure.met(measure.point("", ladders.assignment(layers, moves, taken)))
 
     if not meets(0):
-        return fewest, (f"every layer on its format with the most bits misses {request.goal.target}: no plan reaches it",)
+        return fewest, (
+            f"every layer on its format with the most bits misses {request.goal.target}: no plan reaches it",
+        )
     low, high = 0, len(moves)  # low meets; the answer lies in [low, high]
     if meets(high):
         low = high
@@ -248,7 +274,9 @@ def _searched(measure: _Measure, moves: Sequence[Move], report: Progress) -> tup
     return low, ()
 
 
-def _best_order(measure: _Measure, orders: Mapping[str, Sequence[Move]], searched: Mapping[str, tuple[int, tuple[str, ...]]]) -> str:
+def _best_order(
+    measure: _Measure, orders: Mapping[str, Sequence[Move]], searched: Mapping[str, tuple[int, tuple[str, ...]]]
+) -> str:
     """The order whose searched size scored best on the search data: the target met within the budget
     with the fewest bits (then the better score), else the better score (then the fewer bits)."""
     goal = measure.request.goal
@@ -266,18 +294,30 @@ def _best_order(measure: _Measure, orders: Mapping[str, Sequence[Move]], searche
 
 
 def _assembled(
-    request: FormatRequest, measure: _Measure, costs: tuple[FormatCost, ...], orders: Mapping[str, Sequence[Move]], order: str,
-    searched_all: Mapping[str, tuple[int, tuple[str, ...]]], notes: tuple[str, ...], report: Progress,
+    request: FormatRequest,
+    measure: _Measure,
+    costs: tuple[FormatCost, ...],
+    orders: Mapping[str, Sequence[Move]],
+    order: str,
+    searched_all: Mapping[str, tuple[int, tuple[str, ...]]],
+    notes: tuple[str, ...],
+    report: Progress,
 ) -> FormatPlan:
     report("verifying", 0, 0)
     layers, moves, (taken, search_notes) = measure.layers, orders[order], searched_all[order]
     formats = ladders.assignment(layers, moves, taken)
     chosen = measure.point("plan", formats, held_out=True)
-    uniform = tuple(measure.point(f"uniform {fmt}", ladders.uniform(layers, fmt), held_out=True) for fmt in request.goal.formats)
+    uniform = tuple(
+        measure.point(f"uniform {fmt}", ladders.uniform(layers, fmt), held_out=True) for fmt in request.goal.formats
+    )
     sizes = sorted({round(len(moves) * i / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)} - {taken})
     curve = tuple(measure.point(f"{k} of {len(moves)} moves", ladders.assignment(layers, moves, k)) for k in sizes)
     checks = _orders(measure, orders, searched_all, order, chosen) if request.orders else ()
-    followed = (f"the plan follows the {order} ranking: quantized along each ranking, it scored best on the search data",) if order != MEASURED else ()
+    followed = (
+        (f"the plan follows the {order} ranking: quantized along each ranking, it scored best on the search data",)
+        if order != MEASURED
+        else ()
+    )
     plan = FormatPlan(
         formats=tuple(f.name for f in request.goal.formats),
         metric=request.goal.metric,
@@ -288,11 +328,20 @@ def _assembled(
         chosen=chosen,
         float_score=measure.search(measure.search.reference),
         uniform=uniform,
-        curve=tuple(sorted((*curve, attrs.evolve(chosen, label=f"{taken} of {len(moves)} moves (the plan)")), key=lambda p: -p.mean_bits)),
+        curve=tuple(
+            sorted(
+                (*curve, attrs.evolve(chosen, label=f"{taken} of {len(moves)} moves (the plan)")),
+                key=lambda p: -p.mean_bits,
+            )
+        ),
         costs=costs,
         orders=checks,
         evaluations=measure.runs,
-        notes=notes + search_notes + followed + _bound_note(request, chosen) + _fitting_note(request)
+        notes=notes
+        + search_notes
+        + followed
+        + _bound_note(request, chosen)
+        + _fitting_note(request)
         + _held_out_note(request, measure, chosen)
         + _measured_notes(measure, chosen),
         order=order,
@@ -305,7 +354,8 @@ def _fitting_note(request: FormatRequest) -> tuple[str, ...]:
     if request.cross_fitted:
         return ()
     return (
-        "one search batch: the layers were ranked and the sizes chosen on the same tokens, so the search score flatters "
+        "one search batch: the layers were ranked and the sizes chosen on the same tokens, so the search score "
+        "flatters "
         "the plan (two or more search batches keep them apart)",
     )
 
@@ -321,8 +371,10 @@ def _bound_note(request: FormatRequest, chosen: CurvePoint) -> tuple[str, ...]:
             f"({chosen.bound:.4g}; the score itself {chosen.score:.4g})",
         )
     return (
-        f"the search held {request.goal.target} at the {request.goal.confidence:.0%} bound of the score over its tokens "
-        f"({chosen.bound:.4g}; the score itself {chosen.score:.4g}): the margin is what the search text's own spread says "
+        f"the search held {request.goal.target} at the {request.goal.confidence:.0%} bound of the score over its "
+        "tokens "
+        f"({chosen.bound:.4g}; the score itself {chosen.score:.4g}): the margin is what the search text's own spread "
+        "says "
         "other text may lose",
     )
 
@@ -331,13 +383,18 @@ def _measured_notes(measure: _Measure, chosen: CurvePoint) -> tuple[str, ...]:
     """What the scores are relative to, and where torchao stores more than the mean bits count."""
     notes = []
     if not math.isnan(measure.search.float_perplexity):
-        notes.append(f"the float model's perplexity: {measure.search.float_perplexity:.4g} on the search tokens (the scores are ratios to it)")
+        notes.append(
+            f"the float model's perplexity: {measure.search.float_perplexity:.4g} on the search tokens (the scores "
+            "are ratios to it)"
+        )
     parameters = sum(layer.parameters for layer in measure.layers)
     stored = 8 * chosen.state_bytes / parameters
     if stored > chosen.mean_bits + 0.5:
         notes.append(
-            f"stored as torchao lays the weights out here: {stored:.2f} bits per weight against {chosen.mean_bits:.2f} counted "
-            "(its int4 weights on CPU, IntxUnpackedToInt8Tensor, hold one value per byte; packed int4 kernels store 4 bits)"
+            f"stored as torchao lays the weights out here: {stored:.2f} bits per weight against "
+            f"{chosen.mean_bits:.2f} counted "
+            "(its int4 weights on CPU, IntxUnpackedToInt8Tensor, hold one value per byte; packed int4 kernels store 4 "
+            "bits)"
         )
     return tuple(notes)
 
@@ -346,7 +403,10 @@ def _held_out_note(request: FormatRequest, measure: _Measure, chosen: CurvePoint
     if measure.held is None:
         return ("no held-out data (one evaluation batch): the plan's score is the one it was chosen on",)
     if request.goal.target is not None and measure.met(chosen) and not request.goal.target.met(chosen.held_out):
-        return (f"the plan meets {request.goal.target} on the search data ({chosen.score:.4g}) but not on the held-out data ({chosen.held_out:.4g})",)
+        return (
+            f"the plan meets {request.goal.target} on the search data ({chosen.score:.4g}) but not on the held-out "
+            f"data ({chosen.held_out:.4g})",
+        )
     return ()
 
 
@@ -356,13 +416,18 @@ def _proxy_orders(measure: _Measure) -> dict[str, Sequence[Move]]:
     errors = proxies.weight_errors(model, layers)
     damages = {
         "fisher (sum of g^2 dW^2)": proxies.fisher_damage(model, layers, search, errors),
-        "activation (sum of E[x^2] dW^2)": proxies.activation_damage(errors, proxies.input_power(model, layers, search)),
+        "activation (sum of E[x^2] dW^2)": proxies.activation_damage(
+            errors, proxies.input_power(model, layers, search)
+        ),
     }
     return {name: ladders.ordered_moves(layers, damage) for name, damage in damages.items()}
 
 
 def _orders(
-    measure: _Measure, orders: Mapping[str, Sequence[Move]], searched: Mapping[str, tuple[int, tuple[str, ...]]], order: str,
+    measure: _Measure,
+    orders: Mapping[str, Sequence[Move]],
+    searched: Mapping[str, tuple[int, tuple[str, ...]]],
+    order: str,
     chosen: CurvePoint,
 ) -> tuple[OrderCheck, ...]:
     """Each ranking at the plan's bits, quantized for real on both parts (``order``'s is the plan), and at

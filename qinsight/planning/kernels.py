@@ -59,7 +59,11 @@ class QuantizedOps:
         for node in model.graph.nodes:
             if node.op not in ("call_function", "call_method", "call_module") or node in switches:
                 continue
-            if node.name in float_ops or not node.all_input_nodes or not all(n in switches for n in node.all_input_nodes):
+            if (
+                node.name in float_ops
+                or not node.all_input_nodes
+                or not all(n in switches for n in node.all_input_nodes)
+            ):
                 continue
             if node.op == "call_module" and str(node.target) in kernels:
                 self._candidates[node] = False  # a layer's kernel quantizes its output itself
@@ -68,7 +72,8 @@ class QuantizedOps:
         # a layer's kernel writes its output with the qparams of the switch after it (which a config
         # that shares observers otherwise than the calibrated graph changes: see observed.py)
         self._writes = {
-            kernels[str(node.target)]: switches[user] for node, needs_users in self._candidates.items()
+            kernels[str(node.target)]: switches[user]
+            for node, needs_users in self._candidates.items()
             if not needs_users and (user := next(iter(node.users), None)) is not None and user in switches
         }
         self._site_nodes: dict[str, list[fx.Node]] = {}
@@ -78,7 +83,8 @@ class QuantizedOps:
         # An op run on quantized tensors without output qparams of its own (a pool, a dropout) keeps its
         # input's: the converted model has no requantization after it, whatever its observer says.
         self._keeps_qparams = {
-            node for node, needs_users in self._candidates.items()
+            node
+            for node, needs_users in self._candidates.items()
             if needs_users and node.target not in _WITH_OUTPUT_QPARAMS
         }
 

@@ -63,10 +63,20 @@ def ladders(model: nn.Module, formats: Sequence[WeightFormat]) -> tuple[tuple[Ru
             continue
         bits = module.weight.element_size() * 8
         ordered = sorted(fitting, key=lambda f: -f.bits(module.in_features, bits))
-        found.append(Rungs(fqn=fqn, parameters=module.weight.numel(), in_features=module.in_features, formats=tuple(ordered), float_bits=bits))
+        found.append(
+            Rungs(
+                fqn=fqn,
+                parameters=module.weight.numel(),
+                in_features=module.in_features,
+                formats=tuple(ordered),
+                float_bits=bits,
+            )
+        )
     notes = []
     if tied:
-        notes.append(f"left float, their weights shared with another module (quantizing would untie them): {', '.join(tied)}")
+        notes.append(
+            f"left float, their weights shared with another module (quantizing would untie them): {', '.join(tied)}"
+        )
     if unfit:
         notes.append(f"left float, no format's groups divide their inputs: {', '.join(unfit)}")
     return tuple(found), tuple(notes)
@@ -113,7 +123,12 @@ def assignment(layers: Sequence[Rungs], moves: Sequence[Move], taken: int) -> di
 
 def layer_formats(layers: Sequence[Rungs], formats: Mapping[str, str]) -> tuple[LayerFormat, ...]:
     return tuple(
-        LayerFormat(fqn=layer.fqn, format=formats[layer.fqn], parameters=layer.parameters, bits=layer.bits(WeightFormat(formats[layer.fqn])))
+        LayerFormat(
+            fqn=layer.fqn,
+            format=formats[layer.fqn],
+            parameters=layer.parameters,
+            bits=layer.bits(WeightFormat(formats[layer.fqn])),
+        )
         for layer in layers
     )
 

@@ -140,8 +140,13 @@ def _groups(prepared: fx.GraphModule, members: list[fx.Node]) -> Iterator[tuple[
     chains = set(members)
     for nodes in calls.values():
         observer = prepared.get_submodule(str(nodes[0].target))
-        kind = (type(observer).__name__, getattr(observer, "dtype", None), getattr(observer, "quant_min", None),
-                getattr(observer, "quant_max", None), getattr(observer, "is_dynamic", False))
+        kind = (
+            type(observer).__name__,
+            getattr(observer, "dtype", None),
+            getattr(observer, "quant_min", None),
+            getattr(observer, "quant_max", None),
+            getattr(observer, "is_dynamic", False),
+        )
         yield kind + tuple(observed_node(node, chains).name for node in nodes), nodes
 
 

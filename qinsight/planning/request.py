@@ -10,11 +10,11 @@ from typing import Any
 import attrs
 
 from qinsight.apply.pt2e import planned_backend
-from qinsight.core.errors import InvalidParameterError
 from qinsight.compare.flows import QUANT_FLOWS, flow_of
 from qinsight.compare.lowering import Lowering, lowering_for
-from qinsight.core.flows import check_flow_backend, flow_spec, flows_serving
 from qinsight.core import metrics
+from qinsight.core.errors import InvalidParameterError
+from qinsight.core.flows import check_flow_backend, flow_spec, flows_serving
 from qinsight.core.plan import Target
 from qinsight.core.sites import FlowName, checked_flow
 from qinsight.planning.scores import SCORES, MetricFunction, agreeing_needed, rows_needed
@@ -49,8 +49,11 @@ class PlanRequest:
             least = rows_needed(self.goal.threshold, self.confidence)
             more = f"at least {least} rows" if least is not None else "a threshold under 1"
             raise InvalidParameterError(
-                "plan", "confidence", self.confidence,
-                f"evaluation data that can bound {self.goal} (all {rows} rows agreeing do not): {more}, or confidence=None",
+                "plan",
+                "confidence",
+                self.confidence,
+                f"evaluation data that can bound {self.goal} (all {rows} rows agreeing do not): {more}, or "
+                "confidence=None",
             )
         return attrs.evolve(self.goal, threshold=(needed - 0.5) / rows)
 
@@ -89,7 +92,9 @@ def plan_request(
     name = checked_flow(flow if flow is not None else _serving(backend, lowered), "plan")
     if flow_spec(name).plans_formats:
         raise InvalidParameterError(
-            "plan", "flow", name,
+            "plan",
+            "flow",
+            name,
             "'fx' or 'pt2e' (qinsight.plan_formats plans torchao's quantize_, a format per Linear)",
         )
     # the quantizer first: the backend it implies is not what the user got wrong
@@ -118,9 +123,18 @@ def plan_request(
     if held_out_data is not None and not held_out:
         raise InvalidParameterError("plan", "held_out_data", "no batches", "at least one batch, or None")
     return PlanRequest(
-        goal=goal, flow=name, backend=backend, metric=chosen, metric_name=metric_name,
-        calibration=batches["calibration_data"], evaluation=batches["evaluation_data"], smoothing=smoothing, held_out=held_out,
-        lowering=lowering, quantizer=quantizer, confidence=float(confidence) if confidence is not None else None,
+        goal=goal,
+        flow=name,
+        backend=backend,
+        metric=chosen,
+        metric_name=metric_name,
+        calibration=batches["calibration_data"],
+        evaluation=batches["evaluation_data"],
+        smoothing=smoothing,
+        held_out=held_out,
+        lowering=lowering,
+        quantizer=quantizer,
+        confidence=float(confidence) if confidence is not None else None,
     )
 
 
@@ -137,7 +151,10 @@ def _metric(goal: Target, metric: str | MetricFunction | None) -> tuple[str | Me
             return "sqnr", "sqnr"
         if goal.metric not in SCORES:
             raise InvalidParameterError(
-                "plan", "metric", None, f"a function scoring the outputs for the target's {goal.metric!r} (built in: {', '.join(SCORES)})"
+                "plan",
+                "metric",
+                None,
+                f"a function scoring the outputs for the target's {goal.metric!r} (built in: {', '.join(SCORES)})",
             )
         return goal.metric, goal.metric
     if isinstance(metric, str):
@@ -147,7 +164,9 @@ def _metric(goal: Target, metric: str | MetricFunction | None) -> tuple[str | Me
             raise InvalidParameterError("plan", "metric", metric, f"the target's own metric, {goal.metric!r}")
         return metric, metric
     if not callable(metric):
-        raise InvalidParameterError("plan", "metric", type(metric).__name__, f"one of {', '.join(SCORES)} or a function")
+        raise InvalidParameterError(
+            "plan", "metric", type(metric).__name__, f"one of {', '.join(SCORES)} or a function"
+        )
     return metric, goal.metric if not goal.is_budget else getattr(metric, "__name__", "metric")
 
 

@@ -28,8 +28,19 @@ MetricFunction = Callable[[Sequence[Any], Sequence[Any]], float]
 OUTPUT_NOISE, MARGIN_NOISE = "output noise", "top-1 margins"  # the orders a search can take sites in
 
 
-SCORES: tuple[str, ...] = ("sqnr", "cosine", "top1", "kl", "token_agreement", "perplexity")  # a plan's metrics, from the one table
-PER_POSITION = ("kl", "token_agreement", "perplexity")  # read a language model's logits: per position over the last dimension
+SCORES: tuple[str, ...] = (
+    "sqnr",
+    "cosine",
+    "top1",
+    "kl",
+    "token_agreement",
+    "perplexity",
+)  # a plan's metrics, from the one table
+PER_POSITION = (
+    "kl",
+    "token_agreement",
+    "perplexity",
+)  # read a language model's logits: per position over the last dimension
 
 
 def logits_of(output: Any, *, detach: bool = True) -> torch.Tensor:
@@ -49,14 +60,19 @@ def next_tokens(logits: torch.Tensor, batches: Sequence[Any]) -> torch.Tensor:
     for batch in batches:
         if not isinstance(batch, torch.Tensor) or batch.is_floating_point() or batch.dim() == 0:
             raise InvalidParameterError(
-                "plan", "evaluation_data", type(batch).__name__, "tensors of token ids for perplexity (its labels are the next tokens)"
+                "plan",
+                "evaluation_data",
+                type(batch).__name__,
+                "tensors of token ids for perplexity (its labels are the next tokens)",
             )
         shifted = torch.full_like(batch, -100)
         shifted[..., :-1] = batch[..., 1:]
         labels.append(shifted.reshape(-1))
     found = torch.cat(labels)
     if found.numel() != logits.shape[0]:
-        raise InvalidParameterError("plan", "evaluation_data", f"{found.numel()} tokens", f"one per logits row ({logits.shape[0]})")
+        raise InvalidParameterError(
+            "plan", "evaluation_data", f"{found.numel()} tokens", f"one per logits row ({logits.shape[0]})"
+        )
     return found
 
 
@@ -143,8 +159,11 @@ class Scorer:
         its argmax agrees (token_agreement)."""
         if self._reference_positions is None:  # the float model's side, once: a plan scores hundreds of runs
             self._reference_positions = (
-                _token_losses(self.rows, self._labels) if self._labels is not None
-                else torch.log_softmax(self.rows.double(), dim=1) if self.metric == "kl" else self.rows.argmax(dim=1)
+                _token_losses(self.rows, self._labels)
+                if self._labels is not None
+                else torch.log_softmax(self.rows.double(), dim=1)
+                if self.metric == "kl"
+                else self.rows.argmax(dim=1)
             )
         reference = self._reference_positions
         if self._labels is not None:
@@ -245,4 +264,18 @@ def margin_noise(reference: torch.Tensor, candidate: torch.Tensor) -> float:
     return TopMargins(reference).noise(candidate)
 
 
-__all__ = ["MARGIN_NOISE", "PER_POSITION", "agreeing_needed", "pessimistic_bound", "rows_needed", "wilson_lower", "SCORES", "logits_of", "OUTPUT_NOISE", "MetricFunction", "Scorer", "TopMargins", "margin_noise"]
+__all__ = [
+    "MARGIN_NOISE",
+    "PER_POSITION",
+    "agreeing_needed",
+    "pessimistic_bound",
+    "rows_needed",
+    "wilson_lower",
+    "SCORES",
+    "logits_of",
+    "OUTPUT_NOISE",
+    "MetricFunction",
+    "Scorer",
+    "TopMargins",
+    "margin_noise",
+]

@@ -19,12 +19,12 @@ from torch import nn
 from qinsight.core.activations import FxActivations
 from qinsight.core.flows import check_flow_backend, flow_spec, reads_as_is, report_flow
 from qinsight.core.plan import QuantPlan, Target
+from qinsight.core.progress import Progress
 from qinsight.core.report import Report
 from qinsight.core.sites import FlowName, OpSite
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.planning import stages, verify
-from qinsight.core.progress import Progress
 from qinsight.planning.request import PlanRequest, plan_request
 from qinsight.planning.scores import MetricFunction, Scorer
 from qinsight.planning.stages import float_outputs
@@ -86,9 +86,17 @@ def plan(
     (:class:`~qinsight.core.errors.InvalidParameterError`); the model itself is not changed.
     """
     request = plan_request(
-        target=target, flow=flow, backend=backend, metric=metric, calibration_data=calibration_data,
-        evaluation_data=evaluation_data, smoothing=smoothing, held_out_data=held_out_data, lowered=lowered,
-        quantizer=quantizer, confidence=confidence,
+        target=target,
+        flow=flow,
+        backend=backend,
+        metric=metric,
+        calibration_data=calibration_data,
+        evaluation_data=evaluation_data,
+        smoothing=smoothing,
+        held_out_data=held_out_data,
+        lowered=lowered,
+        quantizer=quantizer,
+        confidence=confidence,
     )
     progress = progress or _quiet
     from qinsight.pipeline import diagnose
@@ -102,7 +110,10 @@ def plan(
     if flow_spec(request.flow).observes_activations:  # the FX config's kernels, checked as a verification checks them
         report = kernels_checked(model, report, request.calibration[0])
     scorer = Scorer(float_outputs(model, request.evaluation), request.metric, request.metric_name, request.evaluation)
-    asked, request = request, attrs.evolve(request, goal=request.held_goal(len(scorer.rows)))  # the search holds the bound
+    asked, request = (
+        request,
+        attrs.evolve(request, goal=request.held_goal(len(scorer.rows))),
+    )  # the search holds the bound
     failed = stages.FailedConfigs()
     base = stages.baseline(request, model, report, scorer, failed)
     chosen = stages.subject(request, model, report, base, failed, progress)
@@ -110,11 +121,22 @@ def plan(
     measured = stages.sensitivity(request, found)
     search = stages.searched(request, found, measured)
     real = verify.verified(
-        chosen.real(request, scorer), request.goal, found.kept, found.checks, found.start, search.steps, search.modes, base.score,
+        chosen.real(request, scorer),
+        request.goal,
+        found.kept,
+        found.checks,
+        found.start,
+        search.steps,
+        search.modes,
+        base.score,
         request.higher_is_better,
     )
     final = base.flow if real.default else chosen.flow
-    held = Scorer(float_outputs(model, request.held_out), request.metric, request.metric_name, request.held_out) if request.held_out else None
+    held = (
+        Scorer(float_outputs(model, request.held_out), request.metric, request.metric_name, request.held_out)
+        if request.held_out
+        else None
+    )
     applied = stages.converted(request, final, real.suggestions, chosen.report, held)
     return _assembled(asked, len(scorer.rows), base, chosen, found, measured, search, real, applied)
 
@@ -140,7 +162,8 @@ def _assembled(
         backend=request.backend,
         metric=request.metric_name,
         target=request.goal,
-        reached=request.goal.is_budget or (held.met(real.score) and (not request.held_out or request.goal.met(applied.held_out))),
+        reached=request.goal.is_budget
+        or (held.met(real.score) and (not request.held_out or request.goal.met(applied.held_out))),
         default_score=base.score,
         verified_score=real.score,
         held_out_score=applied.held_out,
@@ -152,7 +175,11 @@ def _assembled(
         suggestions=real.suggestions,
         sites=_named_sites(chosen.report.sites, real.suggestions, flow.activations),
         evaluations=math.ceil(found.search.sim.evaluations),
-        notes=search.notes + real.notes + chosen.failed.notes(flow.name) + applied.notes(flow.name) + _held_out_note(request, real.score, applied.held_out)
+        notes=search.notes
+        + real.notes
+        + chosen.failed.notes(flow.name)
+        + applied.notes(flow.name)
+        + _held_out_note(request, real.score, applied.held_out)
         + _bound_note(request, held, rows),
         smoothing=SmoothingMapping() if real.default else chosen.smoothing,
         fx_activations=flow.activations,
@@ -165,7 +192,10 @@ def _assembled(
 def _held_out_note(request: PlanRequest, verified: float, held_out: float) -> tuple[str, ...]:
     goal = request.goal
     if request.held_out and not goal.is_budget and goal.met(verified) and not goal.met(held_out):
-        return (f"the config meets {goal} on the evaluation data ({verified:.4g}) but not on the held-out data ({held_out:.4g})",)
+        return (
+            f"the config meets {goal} on the evaluation data ({verified:.4g}) but not on the held-out data "
+            f"({held_out:.4g})",
+        )
     return ()
 
 

@@ -89,7 +89,9 @@ class Simulation:
         for node in observers:
             who = owners(node)
             weight = functools.partial(_weight, model, node.args[0]) if who.weight else None
-            switch = Switch(model.get_submodule(str(node.target)), dynamic_max=dynamic_max, aten=real_ops is not None, weight=weight)
+            switch = Switch(
+                model.get_submodule(str(node.target)), dynamic_max=dynamic_max, aten=real_ops is not None, weight=weight
+            )
             name = f"{node.name}_switch"  # one per node: the copies of a shared observer switch apart
             model.add_module(name, switch)
             node.target = name
@@ -99,7 +101,9 @@ class Simulation:
         self.nodes = list(model.graph.nodes)
         self.sites = sorted({site for _, who in self.switches.values() for site in who.sites} | set(self.weights))
         self._weight_users = {
-            str(node.target): node for node in self.nodes if node.op == "call_module" and str(node.target) in self.weights
+            str(node.target): node
+            for node in self.nodes
+            if node.op == "call_module" and str(node.target) in self.weights
         }
         self._decided: dict[frozenset[tuple[str, Mode]], dict[fx.Node, tuple[Mode, QParams | None]]] = {}
         self._downstream: dict[frozenset[fx.Node], set[fx.Node]] = {}
@@ -170,7 +174,8 @@ class Simulation:
         starts = [node for node in self.switches if was[node][0] is not now[node][0]]
         starts += [self._requantized(node) for node in self.switches if was[node][1] != now[node][1]]
         starts += [
-            node for site, node in self._weight_users.items()
+            node
+            for site, node in self._weight_users.items()
             if (modes.get(site, Mode.STATIC) is Mode.FLOAT) != (before.modes.get(site, Mode.STATIC) is Mode.FLOAT)
         ]
         if self.ops is not None:
@@ -191,7 +196,9 @@ class Simulation:
         bits = {node: 1 << index for index, node in enumerate(dict.fromkeys(possible))}
         reached_by: dict[fx.Node, int] = {}  # the starts that reach each node, as bits: linear in the graph
         for node in self.nodes:  # graph order: a node's inputs come first
-            reached_by[node] = functools.reduce(operator.or_, (reached_by[a] for a in node.all_input_nodes), bits.get(node, 0))
+            reached_by[node] = functools.reduce(
+                operator.or_, (reached_by[a] for a in node.all_input_nodes), bits.get(node, 0)
+            )
         # a value is read where a start reaches one of its users and not it
         read = {node for node in self.nodes if any(reached_by[user] != reached_by[node] for user in node.users)}
         read.update(node for node in self.nodes if node.op in ("placeholder", "get_attr"))
@@ -212,7 +219,9 @@ class Simulation:
         return self._recompute[key]
 
     def _unkept_inputs(self, nodes: Iterable[fx.Node], recomputed: set[fx.Node]) -> set[fx.Node]:
-        return {arg for node in nodes for arg in node.all_input_nodes if arg not in recomputed and arg not in self._kept}
+        return {
+            arg for node in nodes for arg in node.all_input_nodes if arg not in recomputed and arg not in self._kept
+        }
 
     def _requantized(self, switch: fx.Node) -> fx.Node:
         """Where new qparams of ``switch`` start changing values: at the kernel writing its input where
@@ -258,7 +267,10 @@ _OUTPUT = "__output__"
 
 
 _IN_PLACE: dict[object, object] = {
-    operator.iadd: operator.add, operator.imul: operator.mul, operator.isub: operator.sub, operator.itruediv: operator.truediv,
+    operator.iadd: operator.add,
+    operator.imul: operator.mul,
+    operator.isub: operator.sub,
+    operator.itruediv: operator.truediv,
     torch.relu_: torch.relu,
 }
 
@@ -308,7 +320,8 @@ def observer_nodes(model: fx.GraphModule) -> list[fx.Node]:
     """The nodes of a prepared graph that call an observer, in graph order."""
     observers = observer_types()
     return [
-        node for node in model.graph.nodes
+        node
+        for node in model.graph.nodes
         if node.op == "call_module" and isinstance(model.get_submodule(str(node.target)), observers)
     ]
 
@@ -327,7 +340,10 @@ def observed_input(observer: fx.Node) -> fx.Node:
     naming it (a plan never ends in a bare assertion on a graph it does not understand)."""
     first = observer.args[0] if observer.args else None
     if not isinstance(first, fx.Node):
-        raise FrontendError(f"observer node {observer.name!r} reads {type(first).__name__}, not a node of the graph: qinsight cannot simulate it")
+        raise FrontendError(
+            f"observer node {observer.name!r} reads {type(first).__name__}, not a node of the graph: qinsight cannot "
+            "simulate it"
+        )
     return first
 
 
@@ -365,7 +381,8 @@ def _weight(model: fx.GraphModule, node: object) -> torch.Tensor:
     value = fetch_attr(model, str(node.target)) if isinstance(node, fx.Node) and node.op == "get_attr" else None
     if not isinstance(value, torch.Tensor):
         raise FrontendError(
-            f"the plan cannot simulate the weight observed at {node}: it is computed in the graph, not a constant tensor; "
+            f"the plan cannot simulate the weight observed at {node}: it is computed in the graph, not a constant "
+            "tensor; "
             "plan this model with flow='fx', or quantize it for real (qinsight.compare_configs)"
         )
     return value

@@ -42,7 +42,9 @@ ALPHAS = tuple(step / 10 for step in range(11))
 _TINY = 1e-5
 
 
-def choose_smoothing(model: nn.Module, calibration: Sequence[object], linears: Sequence[str], activation_bits: int) -> SmoothingMapping:
+def choose_smoothing(
+    model: nn.Module, calibration: Sequence[object], linears: Sequence[str], activation_bits: int
+) -> SmoothingMapping:
     """The factors of the ``alpha`` that minimises the Linears' output error under the flow's
     quantization, for each Linear of ``linears`` (module names; others are skipped) they improve."""
     modules = dict(model.named_modules())
@@ -70,7 +72,11 @@ def choose_smoothing(model: nn.Module, calibration: Sequence[object], linears: S
         factors = _candidate_factors(torch.maximum(ranges[0][name], ranges[1][name]), weights[name])[best]
         entries.append(
             SmoothingEntry(
-                fqn=name, alpha=ALPHAS[best - 1], factors=tuple(factors.tolist()), sqnr_before=sqnr[name][0], sqnr_after=sqnr[name][best]
+                fqn=name,
+                alpha=ALPHAS[best - 1],
+                factors=tuple(factors.tolist()),
+                sqnr_before=sqnr[name][0],
+                sqnr_after=sqnr[name][best],
             )
         )
     return SmoothingMapping(entries=tuple(entries))
@@ -93,7 +99,9 @@ class _Error:
         return [sqnr_of_sums(self.energy, noise) for noise in self.noise]
 
 
-def _input_ranges(model: nn.Module, linears: dict[str, nn.Module], batches: Sequence[object]) -> dict[str, torch.Tensor]:
+def _input_ranges(
+    model: nn.Module, linears: dict[str, nn.Module], batches: Sequence[object]
+) -> dict[str, torch.Tensor]:
     """Each Linear's largest absolute input per channel over ``batches``, in the order they ran."""
     found: dict[str, torch.Tensor] = {}
     _run(model, linears, batches, lambda name, x: _widen(found, name, x))
@@ -113,7 +121,9 @@ def _candidate_factors(absmax: torch.Tensor, weight: torch.Tensor) -> list[torch
     return [f.float() for f in found]
 
 
-def _run(model: nn.Module, linears: dict[str, nn.Module], batches: Sequence[object], see: Callable[[str, torch.Tensor], None]) -> None:
+def _run(
+    model: nn.Module, linears: dict[str, nn.Module], batches: Sequence[object], see: Callable[[str, torch.Tensor], None]
+) -> None:
     """The calibration data through ``model``, ``see`` given each Linear's input as (rows, channels)."""
     with _pre_hooks(linears, see), eval_mode(model), torch.no_grad():
         for batch in batches:

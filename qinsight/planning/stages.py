@@ -25,17 +25,17 @@ from torch import nn
 from qinsight.apply.smoothing import apply_smoothing
 from qinsight.compare.configs import trial
 from qinsight.compare.layers import quantized_layers
+from qinsight.core.activations import FxActivations
 from qinsight.core.errors import FrontendError, MissingExtraError, describe
 from qinsight.core.metrics import worse
 from qinsight.core.plan import PlanStep, SiteSensitivity, SuggestionCheck
+from qinsight.core.progress import Progress
 from qinsight.core.report import Report
-from qinsight.core.activations import FxActivations
 from qinsight.core.sites import OpKind, OpSite
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.frontends import classify, eval_mode, run_batch
 from qinsight.planning.checks import RealScore, check_all, is_default
-from qinsight.core.progress import Progress
 from qinsight.planning.curve import Noise, Search, choose_order, measure_dynamic_noise
 from qinsight.planning.flows import Flow, flow_for
 from qinsight.planning.request import PlanRequest
@@ -43,7 +43,6 @@ from qinsight.planning.scores import Scorer
 from qinsight.planning.simulate import Run
 from qinsight.planning.smoothing import choose_smoothing
 from qinsight.planning.switches import Mode
-
 
 
 @attrs.frozen
@@ -163,8 +162,13 @@ def baseline(request: PlanRequest, model: nn.Module, report: Report, scorer: Sco
     observed = real_score(candidate, request, scorer, failed)(())
     kept = not worse(observed, score, request.higher_is_better)
     check = SuggestionCheck(
-        fqn="(activations)", change=activations.describe(), before=score, alone=observed, kept=kept,
-        reason="measured for real (prepare, calibrate, convert)" if kept
+        fqn="(activations)",
+        change=activations.describe(),
+        before=score,
+        alone=observed,
+        kept=kept,
+        reason="measured for real (prepare, calibrate, convert)"
+        if kept
         else f"not applied: {observed - score:+.3g} on the output against torch's default observing, measured for real",
     )
     return Baseline(default, score, candidate if kept else default, (check,), observed if kept else score)
@@ -210,8 +214,16 @@ def checked(request: PlanRequest, chosen: Subject, base: Baseline, scorer: Score
     start_score = base.start_score if not chosen.smoothing.entries else real(())
     applicable, decided = _applicable(request, chosen.report.suggestions, start_score)
     checks, start, kept = check_all(
-        sim, lambda run: scorer(run.outputs), real, applicable, default, list(request.evaluation),
-        request.higher_is_better, chosen.flow.name, chosen.flow.spec.equalizes, start_score,
+        sim,
+        lambda run: scorer(run.outputs),
+        real,
+        applicable,
+        default,
+        list(request.evaluation),
+        request.higher_is_better,
+        chosen.flow.name,
+        chosen.flow.spec.equalizes,
+        start_score,
     )
     return Checked(search, base.checks + checks + decided, start, kept)
 
@@ -225,9 +237,16 @@ def _applicable(
         return suggestions, ()
     name = type(request.quantizer).__name__
     decided = tuple(
-        SuggestionCheck(fqn=s.fqn, change=s.describe(), before=before, alone=math.nan, kept=False,
-                        reason=f"not applied: the plan starts from your {name}, which decides this")
-        for s in suggestions if not s.keep_float and not is_default(s)
+        SuggestionCheck(
+            fqn=s.fqn,
+            change=s.describe(),
+            before=before,
+            alone=math.nan,
+            kept=False,
+            reason=f"not applied: the plan starts from your {name}, which decides this",
+        )
+        for s in suggestions
+        if not s.keep_float and not is_default(s)
     )
     return tuple(s for s in suggestions if s.keep_float), decided
 
@@ -269,7 +288,13 @@ def sensitivity(request: PlanRequest, found: Checked) -> Sensitivity:
 def searched(request: PlanRequest, found: Checked, measured: Sensitivity) -> Searched:
     """The curve and its refinement, in each order the noise was measured in (:func:`.curve.choose_order`)."""
     steps, modes, notes = choose_order(
-        found.search, request.goal, found.start, measured.float_run, measured.quantized_run, measured.noise, measured.dynamic_noise
+        found.search,
+        request.goal,
+        found.start,
+        measured.float_run,
+        measured.quantized_run,
+        measured.noise,
+        measured.dynamic_noise,
     )
     return Searched(steps, modes, tuple(notes))
 
@@ -287,12 +312,18 @@ class Converted:
         if not self.left_float:
             return ()
         if self.fraction == 0.0:
-            return (f"the {flow} flow quantizes none of this model's layers: {', '.join(self.left_float)} stay in float",)
+            return (
+                f"the {flow} flow quantizes none of this model's layers: {', '.join(self.left_float)} stay in float",
+            )
         return (f"the {flow} flow leaves in float what the config quantizes: {', '.join(self.left_float)}",)
 
 
 def converted(
-    request: PlanRequest, flow: Flow, advice: tuple[QuantSuggestion, ...], report: Report, held_out: Scorer | None = None
+    request: PlanRequest,
+    flow: Flow,
+    advice: tuple[QuantSuggestion, ...],
+    report: Report,
+    held_out: Scorer | None = None,
 ) -> Converted:
     """What ``flow`` really quantizes of ``advice``'s config, over every layer of ``report`` (prepare,
     calibrate, convert, then the converted model's layers read: quantized modules in FX, weights
@@ -351,6 +382,19 @@ def _parameters(model: nn.Module, sites: list[str]) -> dict[str, int]:
 
 
 __all__ = [
-    "Baseline", "Checked", "Converted", "FailedConfigs", "Searched", "Sensitivity", "Subject", "baseline", "checked", "float_outputs",
-    "converted", "outputs", "searched", "sensitivity", "subject",
+    "Baseline",
+    "Checked",
+    "Converted",
+    "FailedConfigs",
+    "Searched",
+    "Sensitivity",
+    "Subject",
+    "baseline",
+    "checked",
+    "float_outputs",
+    "converted",
+    "outputs",
+    "searched",
+    "sensitivity",
+    "subject",
 ]

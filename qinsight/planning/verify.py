@@ -23,7 +23,6 @@ from qinsight.planning.flows import mode_suggestions
 from qinsight.planning.switches import Mode
 
 
-
 @attrs.frozen
 class Verified:
     """The plan's config as verified: its ``suggestions``, the sites' final ``modes``, the checks (a
@@ -55,7 +54,9 @@ def verified(
     modes, score, more = _bisected(real, goal, kept, start, steps, modes, score)
     notes += more
     if worse(score, default_score, higher_is_better):
-        notes.append(f"the plan ({score:.4g}) scored below the default config ({default_score:.4g}): the default is returned")
+        notes.append(
+            f"the plan ({score:.4g}) scored below the default config ({default_score:.4g}): the default is returned"
+        )
         return Verified((), {site: Mode.STATIC for site in modes}, checks, default_score, tuple(notes), default=True)
     return Verified(advice(kept, modes), modes, checks, score, tuple(notes))
 
@@ -129,14 +130,23 @@ def _unseen_parts_checked(
         attrs.evolve(check, kept=False, reason=reason) if check.kept and (check.fqn, check.change) in dropped else check
         for check in checks
     )
-    return searched, checks, without, [f"{said}: dropped, the planned config scored {score:.4g} with them, {without:.4g} without"]
+    return (
+        searched,
+        checks,
+        without,
+        [f"{said}: dropped, the planned config scored {score:.4g} with them, {without:.4g} without"],
+    )
 
 
 def advice(kept: tuple[QuantSuggestion, ...], modes: Mapping[str, Mode]) -> tuple[QuantSuggestion, ...]:
     """The kept suggestions, and the plan's own for each site it runs otherwise than they say
     (kept in float, or a Linear made dynamic)."""
     said = {s.fqn: mode_of(s) for s in kept}
-    moved = {site: mode for site, mode in modes.items() if mode is not Mode.STATIC and said.get(site, Mode.STATIC) is not mode}
+    moved = {
+        site: mode
+        for site, mode in modes.items()
+        if mode is not Mode.STATIC and said.get(site, Mode.STATIC) is not mode
+    }
     return tuple(s for s in kept if s.fqn not in moved) + mode_suggestions(moved)
 
 

@@ -102,7 +102,9 @@ def scan_entry_points(group: str) -> tuple[PluginEntry, ...]:
             if ep.group != group or ep.name in entries:
                 continue
             name = dist.metadata["Name"] or "unknown"
-            entries[ep.name] = PluginEntry(group=group, name=ep.name, distribution=name, version=dist.version, target=ep.value)
+            entries[ep.name] = PluginEntry(
+                group=group, name=ep.name, distribution=name, version=dist.version, target=ep.value
+            )
     return tuple(sorted(entries.values(), key=lambda e: e.name))
 
 
@@ -115,7 +117,9 @@ def find_entry(group: str, name: str) -> PluginEntry | None:
     """The installed plugin ``name`` of ``group``; for detectors, a built-in if qinsight's metadata is missing."""
     entry = next((e for e in installed(group) if e.name == name), None)
     if entry is None and group == DETECTORS and name in BUILTIN_DETECTORS:
-        entry = PluginEntry(group=group, name=name, distribution="qinsight", version="(source)", target=BUILTIN_DETECTORS[name])
+        entry = PluginEntry(
+            group=group, name=name, distribution="qinsight", version="(source)", target=BUILTIN_DETECTORS[name]
+        )
     return entry
 
 
@@ -203,5 +207,7 @@ def resolve_detectors(
         except Exception as exc:  # the detector's own constructor failed
             if strict:
                 raise PluginLoadError(detector_id, "its constructor", f"{type(exc).__name__}: {exc}") from exc
-            failures.append(DetectorFailure(detector=detector_id, stage=FailureStage.LOAD, error=f"{type(exc).__name__}: {exc}"))
+            failures.append(
+                DetectorFailure(detector=detector_id, stage=FailureStage.LOAD, error=f"{type(exc).__name__}: {exc}")
+            )
     return tuple(detectors), tuple(failures)

@@ -14,9 +14,10 @@ from torch.ao.quantization.fx._model_report.model_report import ModelReport
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 import qinsight
-from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, shifting_batches
-from qinsight.types import ActivationMode, QuantSuggestion, WeightScheme
 from qinsight.apply.fx import qconfig_for
+from qinsight.types import ActivationMode, QuantSuggestion, WeightScheme
+
+from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, shifting_batches
 
 
 def convert(model: nn.Module, mapping: QConfigMapping, data: list[torch.Tensor]) -> nn.Module:

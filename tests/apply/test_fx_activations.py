@@ -8,7 +8,6 @@ import warnings
 from typing import Any
 
 import pytest
-from _support import examples
 import torch
 import torch.nn.functional as F
 from hypothesis import example, given, settings
@@ -19,13 +18,15 @@ from torch.ao.quantization.observer import HistogramObserver
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 import qinsight
+from qinsight.apply.clipped import ClippedHistogramObserver
+from qinsight.apply.fx import advice_mapping
 from qinsight.core.activations import FxActivations
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.frontends.fx import fx_view
 from qinsight.pipeline import saturation
-from qinsight.apply.clipped import ClippedHistogramObserver
-from qinsight.apply.fx import advice_mapping
 from qinsight.pipeline.saturation import checked_activations, saturated
+
+from _support import examples
 
 
 class Blocks(nn.Module):
@@ -119,7 +120,9 @@ def test_a_layer_is_observed_clipped_only_where_its_producer_observes_its_input(
     assert "'features.4.conv.0.0', QConfig(activation=ClippedHistogramObserver" not in code
     # a ReLU6 kept float between quantized convs still runs on the quantized tensor: the depthwise conv is clipped
     floated = (QuantSuggestion(fqn="features.4.conv.0.2", keep_float=True),)
-    assert "'features.4.conv.1.0', QConfig(activation=ClippedHistogramObserver" in "\n".join(entries_code_for(sites, floated, activations))
+    assert "'features.4.conv.1.0', QConfig(activation=ClippedHistogramObserver" in "\n".join(
+        entries_code_for(sites, floated, activations)
+    )
     observed = _clipped_observers(model, advice_mapping(sites, floated, "x86", None, activations), x)
     assert all(_after_the_layer(nodes) for nodes in observed.values()), observed
 
@@ -130,10 +133,18 @@ def _after_the_layer(nodes: list[str]) -> bool:
     return all(n.startswith("features.") or n in ("adaptive_avg_pool2d", "flatten") for n in nodes)
 
 
-def entries_code_for(sites: tuple[Any, ...], suggestions: tuple[QuantSuggestion, ...], activations: FxActivations) -> list[str]:
+def entries_code_for(
+    sites: tuple[Any, ...], suggestions: tuple[QuantSuggestion, ...], activations: FxActivations
+) -> list[str]:
     report = qinsight.Report(
-        metadata=qinsight.types.ReportMetadata(model="m", frontend="fx", backend="x86", batches=1, qinsight_version="", torch_version=""),
-        sites=sites, observations=(), results=(), suggestions=suggestions, fx_activations=activations,
+        metadata=qinsight.types.ReportMetadata(
+            model="m", frontend="fx", backend="x86", batches=1, qinsight_version="", torch_version=""
+        ),
+        sites=sites,
+        observations=(),
+        results=(),
+        suggestions=suggestions,
+        fx_activations=activations,
     )
     return qinsight.config_code(report)
 
@@ -171,7 +182,10 @@ def test_a_kernel_that_saturates_at_eight_bits_reads_its_input_at_seven() -> Non
     code = "\n".join(entries_code_for(sites, (), checked))
     for fqn in depthwise:
         producer = fqn.replace(".conv.1.0", ".conv.0.0")
-        assert f"mapping.set_module_name({producer!r}, QConfig(activation=HistogramObserver.with_args(reduce_range=True)" in code
+        assert (
+            f"mapping.set_module_name({producer!r}, QConfig(activation=HistogramObserver.with_args(reduce_range=True)"
+            in code
+        )
     assert "clip-aware (53 quantized kernels checked at 8 bits; inputs of features." in checked.describe()
 
 
@@ -194,22 +208,35 @@ def test_the_report_checks_its_activations_and_a_user_base_keeps_its_own() -> No
     report = saturation.kernels_checked(model, unverified, batches[0])  # the check alone, the config unverified
     dynamic = {s.fqn for s in report.suggestions if s.activation is qinsight.types.ActivationMode.DYNAMIC}
     assert dynamic == {"fc"} and _checked_kernels(report.fx_activations) == 4
-    assert "qinsight.qconfig_mapping(report): FX activations at 8 bits, clip-aware (4 quantized kernels" in qinsight.to_text(report)
+    assert (
+        "qinsight.qconfig_mapping(report): FX activations at 8 bits, clip-aware (4 quantized kernels"
+        in qinsight.to_text(report)
+    )
     assert qinsight.qconfig_mapping(report).global_qconfig.activation.p.keywords == {"reduce_range": False}  # type: ignore[union-attr]
     base = get_default_qconfig_mapping("x86")
     mapped = qinsight.qconfig_mapping(report, base=base)
     assert mapped.global_qconfig.activation.p.keywords == {"reduce_range": True}  # type: ignore[union-attr]
-    assert not any(isinstance(q.activation(), ClippedHistogramObserver) for q in mapped.module_name_qconfigs.values() if q)
-    onednn = qinsight.diagnose(model, batches, backend="onednn", verify=False)  # 8 bits by default, but before the clips
+    assert not any(
+        isinstance(q.activation(), ClippedHistogramObserver) for q in mapped.module_name_qconfigs.values() if q
+    )
+    onednn = qinsight.diagnose(
+        model, batches, backend="onednn", verify=False
+    )  # 8 bits by default, but before the clips
     onednn = saturation.kernels_checked(model, onednn, batches[0])
     assert _checked_kernels(onednn.fx_activations) == 4
-    assert any(isinstance(q.activation(), ClippedHistogramObserver) for q in qinsight.qconfig_mapping(onednn).module_name_qconfigs.values() if q)
+    assert any(
+        isinstance(q.activation(), ClippedHistogramObserver)
+        for q in qinsight.qconfig_mapping(onednn).module_name_qconfigs.values()
+        if q
+    )
     exported = torch.export.export(model, (batches[0],)).module()
     assert qinsight.diagnose(exported, batches).fx_activations is None  # PT2E observes 8 bits after the clips
 
 
 @pytest.mark.parametrize("backend", ["onednn", "fbgemm"])
-def test_the_check_runs_the_backends_own_kernels_and_restores_the_engine(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_check_runs_the_backends_own_kernels_and_restores_the_engine(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # a converted model packs its weights for the engine set at conversion and runs its kernels
     torch.manual_seed(0)
     model, batch = Blocks().eval(), torch.randn(2, 3, 8, 8)
@@ -235,7 +262,9 @@ def test_a_model_on_an_accelerator_is_not_copied_to_be_checked(monkeypatch: pyte
     copies = []
     monkeypatch.setattr(saturation, "hookless_copy", lambda model: copies.append(model) or model)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).to("meta")
-    found = checked_activations(model, torch.randn(2, 8, device="meta"), "x86", lambda a: advice_mapping((), (), "x86", None, a))
+    found = checked_activations(
+        model, torch.randn(2, 8, device="meta"), "x86", lambda a: advice_mapping((), (), "x86", None, a)
+    )
     assert found is None and copies == []
 
 
@@ -258,7 +287,9 @@ def test_the_checks_copy_the_modules_but_not_the_weights_and_leave_them_as_they_
         assert after[name] is tensor and torch.equal(tensor, values), name
 
 
-def test_the_check_keeps_dynamic_layers_in_float_and_finds_what_the_whole_config_finds(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_check_keeps_dynamic_layers_in_float_and_finds_what_the_whole_config_finds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """MobileNetV2, whose depthwise convs saturate at 8 bits, with its classifier dynamic: the check
     quantizes the static kernels alone (the dynamic one's input is float either way), and narrows the
     same inputs with the same excess as a check of the whole config."""
@@ -271,7 +302,9 @@ def test_the_check_keeps_dynamic_layers_in_float_and_finds_what_the_whole_config
     sites = fx_view(model, None, batch).sites
 
     def mapping(activations: FxActivations) -> Any:
-        return advice_mapping(sites, (), "x86", None, activations).set_module_name("classifier.1", default_dynamic_qconfig)
+        return advice_mapping(sites, (), "x86", None, activations).set_module_name(
+            "classifier.1", default_dynamic_qconfig
+        )
 
     kinds: list[set[str]] = []
     checked = saturation.saturated
@@ -292,10 +325,16 @@ def test_the_check_keeps_dynamic_layers_in_float_and_finds_what_the_whole_config
 
 @settings(max_examples=examples(60), deadline=None)
 @given(
-    rows=st.integers(1, 20), features=st.integers(1, 40), outputs=st.integers(1, 12),
-    zero_point=st.integers(0, 255), per_channel=st.booleans(), seed=st.integers(0, 2**16),
+    rows=st.integers(1, 20),
+    features=st.integers(1, 40),
+    outputs=st.integers(1, 12),
+    zero_point=st.integers(0, 255),
+    per_channel=st.booleans(),
+    seed=st.integers(0, 2**16),
 )
-@example(rows=1, features=1, outputs=2, zero_point=0, per_channel=False, seed=0)  # torch's _int_mm is wrong at one feature
+@example(
+    rows=1, features=1, outputs=2, zero_point=0, per_channel=False, seed=0
+)  # torch's _int_mm is wrong at one feature
 def test_the_checks_integer_product_is_the_exact_product_of_the_quantized_values(
     rows: int, features: int, outputs: int, zero_point: int, per_channel: bool, seed: int
 ) -> None:

@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 import qinsight
-from _support import gaussian_batches
 from qinsight.types import ActivationMode, QuantSuggestion, WeightScheme
+
+from _support import gaussian_batches
 
 pytest.importorskip("torchao")
 with warnings.catch_warnings():
@@ -116,7 +117,9 @@ def test_suggested_quantizer_beats_the_default_on_held_out_batches() -> None:
     assert 3 in outlier.magnitude_channels  # type: ignore[attr-defined]
     with pytest.warns(UserWarning, match="PT2E has no input-weight equalization"):
         ours = quantize(model, qinsight.pt2e_quantizer(report), calibration)
-    default = quantize(model, X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config()), calibration)
+    default = quantize(
+        model, X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config()), calibration
+    )
     ours_db, default_db = sqnr(model, ours, held_out), sqnr(model, default, held_out)
     assert ours_db > default_db + 1.0, (ours_db, default_db)
 
@@ -166,10 +169,10 @@ def test_the_quantizer_says_which_suggested_sites_it_leaves_float() -> None:
 
 
 def test_ops_kept_float_lose_their_annotations() -> None:
-    from _support import ResidualBlock, outputs, residual_stream, sqnr
-
-    from qinsight.frontends import exported_op_names
     from qinsight.apply.pt2e import default_x86_quantizer
+    from qinsight.frontends import exported_op_names
+
+    from _support import ResidualBlock, outputs, residual_stream, sqnr
 
     torch.manual_seed(0)
     model, calibration, held_out = ResidualBlock().eval(), residual_stream(4, 0), residual_stream(4, 1)
@@ -181,7 +184,9 @@ def test_ops_kept_float_lose_their_annotations() -> None:
     assert set(exported_op_names(exported).values()) == {s.fqn for s in report.sites if not s.kind.is_layer}
     by_default = copy.deepcopy(exported)
     default_x86_quantizer().annotate(by_default)
-    assert {"add#0", "add#1"} <= {n for node, n in exported_op_names(by_default).items() if node.meta.get("quantization_annotation")}
+    assert {"add#0", "add#1"} <= {
+        n for node, n in exported_op_names(by_default).items() if node.meta.get("quantization_annotation")
+    }
     quantizer = qinsight.pt2e_quantizer(report)
     quantizer.annotate(exported)
     annotated = {name for node, name in exported_op_names(exported).items() if node.meta.get("quantization_annotation")}
@@ -208,7 +213,12 @@ def _annotations(graph: torch.fx.GraphModule) -> dict[str, tuple[object, ...]]:
         a = node.meta.get("quantization_annotation")
         if a is not None:
             inputs = tuple(sorted((src.name, spec(s)) for src, s in a.input_qspec_map.items()))
-            found[node.name] = (inputs, spec(a.output_qspec), a._annotated, getattr(a, "_is_output_of_quantized_pattern", None))
+            found[node.name] = (
+                inputs,
+                spec(a.output_qspec),
+                a._annotated,
+                getattr(a, "_is_output_of_quantized_pattern", None),
+            )
     return found
 
 
@@ -219,14 +229,18 @@ def test_the_grouped_quantizer_annotates_node_for_node_as_torchaos_per_module_pa
     its annotations are torchao's, node for node."""
     import random
 
-    from qinsight.examples import EncoderLayer
-    from qinsight.examples.mobilenet import MobileNetV2
-    from qinsight.apply.grouped_x86 import GroupedX86InductorQuantizer
     from torchao.quantization.pt2e import observer
 
+    from qinsight.apply.grouped_x86 import GroupedX86InductorQuantizer
     from qinsight.apply.pt2e import per_tensor_weights
+    from qinsight.examples import EncoderLayer
+    from qinsight.examples.mobilenet import MobileNetV2
 
-    model: nn.Module = MobileNetV2() if example == "mobilenet_v2" else nn.Sequential(EncoderLayer(64, 4, 128), EncoderLayer(64, 4, 128))
+    model: nn.Module = (
+        MobileNetV2()
+        if example == "mobilenet_v2"
+        else nn.Sequential(EncoderLayer(64, 4, 128), EncoderLayer(64, 4, 128))
+    )
     x = torch.randn(1, 3, 224, 224) if example == "mobilenet_v2" else torch.randn(2, 16, 64)
     graph = torch.export.export(model.eval(), (x,)).module()
     layers = [name for name, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
@@ -235,7 +249,11 @@ def test_the_grouped_quantizer_annotates_node_for_node_as_torchaos_per_module_pa
     rng = random.Random(0)
     for trial in range(4):
         mode = "static" if trial % 2 == 0 else "dynamic"
-        kinds = [None, per_tensor_weights(static, observer)] if mode == "static" else [dynamic, per_tensor_weights(dynamic, observer)]
+        kinds = (
+            [None, per_tensor_weights(static, observer)]
+            if mode == "static"
+            else [dynamic, per_tensor_weights(dynamic, observer)]
+        )
         entries = {name: rng.choice(kinds) for name in rng.sample(layers, k=len(layers) // 3)}
         annotations = []
         for kind in (X86InductorQuantizer, GroupedX86InductorQuantizer):
@@ -270,7 +288,11 @@ def test_the_advice_comes_back_as_an_xnnpack_quantizer_that_honours_every_overri
     converted = quantize(model, quantizer, data)
     # fc3 computes in float with its float weight; what it reads is fc2's output, which XNNPACK
     # quantizes as part of fc2's linear-relu pattern (X86InductorQuantizer leaves it float)
-    assert linear_modes(converted) == {"fc1": ("dynamic", "per_channel"), "fc2": ("static", "per_tensor"), "fc3": ("static", "float")}
+    assert linear_modes(converted) == {
+        "fc1": ("dynamic", "per_channel"),
+        "fc2": ("static", "per_tensor"),
+        "fc3": ("static", "float"),
+    }
     assert quantizer.unhonoured == ()
     # and it lowers: the program runs the two quantized Linears in XNNPACK, fc3 in float
     lowered = qinsight.compare_lowered(model, converted, data[:2], layers=False, float_program=False)

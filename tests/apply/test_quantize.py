@@ -9,20 +9,28 @@ from typing import Any
 
 import pytest
 import torch
-from _support import MLP, ConvBnReluCNN, gaussian_batches, seeded
 from torch import nn
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 import qinsight
 
-FLOWS = ["fx", pytest.param("pt2e", marks=pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao"))]
+from _support import MLP, ConvBnReluCNN, gaussian_batches, seeded
+
+FLOWS = [
+    "fx",
+    pytest.param("pt2e", marks=pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao")),
+]
 
 
 def three_steps(model: nn.Module, source: Any, calibration: list[torch.Tensor], flow: str) -> nn.Module:
     """What a user writes by hand: the advice's config, prepare, calibrate, convert."""
     if flow == "fx":
-        prepared = prepare_fx(copy.deepcopy(model), qinsight.qconfig_mapping(source), (calibration[0],),
-                              _equalization_config=qinsight.equalization_config(source))
+        prepared = prepare_fx(
+            copy.deepcopy(model),
+            qinsight.qconfig_mapping(source),
+            (calibration[0],),
+            _equalization_config=qinsight.equalization_config(source),
+        )
     else:
         from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
 
@@ -62,7 +70,9 @@ def test_quantize_gives_the_model_of_the_three_step_recipe(name: str, flow: str)
         with torch.no_grad():
             for batch in held_out:
                 assert torch.equal(ours(batch), theirs(batch))
-    assert all(torch.equal(value, state[key]) for key, value in model.state_dict().items())  # the user's model untouched
+    assert all(
+        torch.equal(value, state[key]) for key, value in model.state_dict().items()
+    )  # the user's model untouched
 
 
 def test_quantize_refuses_a_flow_it_does_not_know_in_one_line() -> None:

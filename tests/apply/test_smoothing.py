@@ -8,16 +8,17 @@ import copy
 
 import pytest
 import torch
-from _support import outputs, sqnr
 from torch import nn
 
 import qinsight
 from qinsight import SmoothingMapping
-from qinsight.errors import InvalidParameterError
-from qinsight.types import SmoothingEntry
-from qinsight.core.sites import OpKind
 from qinsight.apply.smoothing import SmoothedLinear, apply_smoothing
+from qinsight.core.sites import OpKind
+from qinsight.errors import InvalidParameterError
 from qinsight.planning.smoothing import ALPHAS, choose_smoothing
+from qinsight.types import SmoothingEntry
+
+from _support import outputs, sqnr
 
 
 class WideChannels(nn.Module):
@@ -55,7 +56,9 @@ def test_the_wide_input_is_smoothed_by_measurement_and_the_plain_one_barely(
     up = next(entry for entry in mapping.entries if entry.fqn == "up")
     assert up.alpha in ALPHAS and up.alpha > 0.0
     assert up.sqnr_after - up.sqnr_before > 10.0  # measured: 25.4 -> 36.2 dB (alpha 0.7)
-    assert len(up.factors) == 64 and min(up.factors[:4]) > 5 * max(up.factors[4:])  # the wide channels divided most: 53.9 vs <= 5.2
+    assert len(up.factors) == 64 and min(up.factors[:4]) > 5 * max(
+        up.factors[4:]
+    )  # the wide channels divided most: 53.9 vs <= 5.2
     plain = [entry for entry in mapping.entries if entry.fqn == "down"]
     assert all(entry.sqnr_after - entry.sqnr_before < 1.0 for entry in plain)
 
@@ -89,7 +92,10 @@ def test_the_chosen_factors_lower_the_error_of_fbgemms_real_dynamic_linear(
         return convert_fx(prepare_fx(copy.deepcopy(float_model), qconfigs, (calibration[0],)))
 
     reference = outputs(model, held_out)
-    plain, smoothed = sqnr(reference, outputs(dynamic(model), held_out)), sqnr(reference, outputs(dynamic(apply_smoothing(model, mapping)), held_out))
+    plain, smoothed = (
+        sqnr(reference, outputs(dynamic(model), held_out)),
+        sqnr(reference, outputs(dynamic(apply_smoothing(model, mapping)), held_out)),
+    )
     assert smoothed > plain + 5.0  # measured: 25.1 -> 34.4 dB
 
 
@@ -130,7 +136,9 @@ def test_a_smoothed_plan_applied_as_a_user_would_scores_what_it_says(
     assert plain.reached and plain.kept_float == ("up",) and plain.quantized_fraction == pytest.approx(0.2)
     # measured: FX 34.6 dB, PT2E 33.7 dB, every weight int8; the smoothing multiplications stay float
     assert plan.reached and plan.quantized_fraction == 1.0 and "up" in plan.smoothing.fqns
-    assert plan.kept_float == () and "up.linear" in {s.fqn for s in plan.sensitivities}  # named as in the smoothed model
+    assert plan.kept_float == () and "up.linear" in {
+        s.fqn for s in plan.sensitivities
+    }  # named as in the smoothed model
     # the divisions the flow would quantize are kept float and not searched (PT2E quantizes only up's)
     assert "up.mul#0" in {s.fqn for s in plan.suggestions if s.keep_float} <= set(plan.smoothing.divisions)
     assert not {"up.mul#0", "down.mul#0"} & {s.fqn for s in plan.sensitivities}
@@ -139,7 +147,9 @@ def test_a_smoothed_plan_applied_as_a_user_would_scores_what_it_says(
     assert _applied(model, plan, calibration, held_out, flow) == pytest.approx(plan.verified_score, abs=1e-4)
 
 
-def _applied(model: nn.Module, plan: qinsight.QuantPlan, calibration: list[torch.Tensor], held_out: list[torch.Tensor], flow: str) -> float:
+def _applied(
+    model: nn.Module, plan: qinsight.QuantPlan, calibration: list[torch.Tensor], held_out: list[torch.Tensor], flow: str
+) -> float:
     """The plan's config taken as a user takes it from the report of the model as given, which says it
     is for the smoothed model; applied to that."""
     report = qinsight.diagnose(model, calibration).with_plan(plan)

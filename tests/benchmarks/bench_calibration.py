@@ -31,8 +31,8 @@ from torch.ao.quantization import get_default_qconfig_mapping
 from torch.ao.quantization.fx._model_report import detector as torch_detectors
 from torch.ao.quantization.fx._model_report.detector import DetectorBase
 from torch.ao.quantization.fx._model_report.model_report import ModelReport
-from torch.fx import GraphModule
 from torch.ao.quantization.quantize_fx import prepare_fx
+from torch.fx import GraphModule
 
 import qinsight
 from qinsight.examples import EncoderLayer, ResNet18
@@ -94,7 +94,12 @@ def bench(name: str, model: nn.Module, batch: torch.Tensor, torch_equalization: 
                     if round_ >= 2:
                         times[key].append(time.perf_counter() - start)
     # weight observations are read once, at freeze: one "batch" whatever ran
-    observed = {o.stats.batches for session in sessions for o in session.stats().observations if o.side is not qinsight.types.Side.WEIGHT}
+    observed = {
+        o.stats.batches
+        for session in sessions
+        for o in session.stats().observations
+        if o.side is not qinsight.types.Side.WEIGHT
+    }
     if observed != {ROUNDS + 2}:
         raise RuntimeError(f"qinsight's observers saw {observed} batches, expected {ROUNDS + 2}")
     median = {k: statistics.median(v) for k, v in times.items()}
@@ -107,13 +112,17 @@ def bench(name: str, model: nn.Module, batch: torch.Tensor, torch_equalization: 
     observers_ours = median["qinsight"] - median["prepare_fx"]
     observers_torch = median["torch ModelReport"] - median["prepare_fx"]
     # torch's ModelReport needs a prepare_fx model; qinsight diagnoses the float model.
-    print(f"  torch ModelReport / qinsight on float:        {median['torch ModelReport'] / median['qinsight on float']:5.2f}x")
+    print(
+        "  torch ModelReport / qinsight on float:        "
+        f"{median['torch ModelReport'] / median['qinsight on float']:5.2f}x"
+    )
     print(f"  torch / qinsight, both on prepare_fx:         {median['torch ModelReport'] / median['qinsight']:5.2f}x")
     if observers_ours > 0.01 * median["prepare_fx"]:
         print(f"  observer overhead torch / qinsight:           {observers_torch / observers_ours:5.2f}x")
     else:
         print(f"  observer overhead: torch {observers_torch:.3f} s, qinsight below 1% of a batch (noise)")
     print(f"  qinsight on the float model / float forward:  {median['qinsight on float'] / median['float']:5.2f}x")
+
 
 def bench_stack(device: str, dtype: torch.dtype, width: int, tokens: int) -> None:
     """The Llama-shaped stack (the GPU benchmark's shape, ../shared/gpu/llm_stack.py) at ``width``: the float
@@ -138,7 +147,10 @@ def bench_stack(device: str, dtype: torch.dtype, width: int, tokens: int) -> Non
         session.report()
         report_seconds = time.perf_counter() - start
     median = {k: statistics.median(v) for k, v in times.items()}
-    print(f"\nLlama-shaped stack, width {width}, MLP {mlp}, 4 layers, 1x{tokens} tokens, {device} {dtype}  median of {ROUNDS}, s/batch")
+    print(
+        f"\nLlama-shaped stack, width {width}, MLP {mlp}, 4 layers, 1x{tokens} tokens, {device} {dtype}  median of "
+        f"{ROUNDS}, s/batch"
+    )
     for key, value in median.items():
         print(f"  {key:<18} {value:7.4f}")
     print(f"  qinsight on the float model / float forward:  {median['qinsight'] / median['float']:5.2f}x")

@@ -66,12 +66,19 @@ def main() -> None:
                 faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faulted)
     for name, values in times.items():
         per_batch = statistics.median(values) / BATCHES
-        print(f"{name:<28} {per_batch:.3f} s/batch, {statistics.median(faults[name]) / BATCHES:>8,.0f} page faults/batch")
-    for name, target in (("compare_activations", "none set for the op rows"), ("layers only (ops=False)", "target <= 3x")):
+        print(
+            f"{name:<28} {per_batch:.3f} s/batch, {statistics.median(faults[name]) / BATCHES:>8,.0f} page faults/batch"
+        )
+    for name, target in (
+        ("compare_activations", "none set for the op rows"),
+        ("layers only (ops=False)", "target <= 3x"),
+    ):
         ratios = [c / p for c, p in zip(times[name], times["float + quantized forward"])]
         fastest = min(times[name]) / min(times["float + quantized forward"])
-        print(f"{name} / plain forward: {statistics.median(ratios):.2f}x median per round "
-              f"(range {min(ratios):.2f}-{max(ratios):.2f}), {fastest:.2f}x fastest against fastest; {target}")
+        print(
+            f"{name} / plain forward: {statistics.median(ratios):.2f}x median per round "
+            f"(range {min(ratios):.2f}-{max(ratios):.2f}), {fastest:.2f}x fastest against fastest; {target}"
+        )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--device", default="cpu", help="where the stack runs (cuda: the 7B width in seconds)")
-    parser.add_argument("--tokens", type=int, help="tokens per batch (default 256; 2048 at the 7B width): the file's size does not depend on it")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        help="tokens per batch (default 256; 2048 at the 7B width): the file's size does not depend on it",
+    )
     args = parser.parse_args()
     torch.set_num_threads(2)
     wide = args.width >= 4096
@@ -40,7 +44,12 @@ def main() -> None:
     folder = tempfile.mkdtemp()
     print(f"Llama-shaped stack, width {args.width}, MLP {mlp}, 4 layers, {tokens} tokens")
     plain = 0
-    for name, keywords in (("plain.json", {"packed": False}), ("report.json", {}), ("report.json.gz", {}), ("report.json.xz", {})):
+    for name, keywords in (
+        ("plain.json", {"packed": False}),
+        ("report.json", {}),
+        ("report.json.gz", {}),
+        ("report.json.xz", {}),
+    ):
         path = os.path.join(folder, name)
         qinsight.save_report(report, path, **keywords)
         size = os.path.getsize(path)

@@ -82,7 +82,9 @@ def _run(case: str) -> None:
         reference = _reference(model, _quantizer(backend), calibration)
         start = time.perf_counter()
         metrics = ("sqnr", "cosine", "top1") if name == "mobilenet_v2" else ("sqnr", "cosine")
-        lowered = qinsight.compare_lowered(model, reference, held_out, backend=backend.partition("-")[0], metrics=metrics)
+        lowered = qinsight.compare_lowered(
+            model, reference, held_out, backend=backend.partition("-")[0], metrics=metrics
+        )
         seconds = time.perf_counter() - start
     samples = output_rows(model(*example_inputs(held_out[0]))).shape[0]
     print(f"== {case}: {lowered.runtime}; {lowered.batches} held-out batches of {samples}, compared in {seconds:.0f} s")
@@ -91,8 +93,10 @@ def _run(case: str) -> None:
         print(f"  {pair:22s} sqnr {lowered.metric(pair):6.2f} dB  cosine {lowered.metric(pair, 'cosine'):.4f}{top1}")
     assert lowered.float_program is not None
     print(
-        f"  int8 program {lowered.program.latency_ms / samples:.2f} ms per sample, {lowered.program.size_bytes / 1e6:.2f} MB; "
-        f"float program {lowered.float_program.latency_ms / samples:.2f} ms, {lowered.float_program.size_bytes / 1e6:.2f} MB "
+        f"  int8 program {lowered.program.latency_ms / samples:.2f} ms per sample, "
+        f"{lowered.program.size_bytes / 1e6:.2f} MB; "
+        f"float program {lowered.float_program.latency_ms / samples:.2f} ms, "
+        f"{lowered.float_program.size_bytes / 1e6:.2f} MB "
         f"(speed-up {lowered.speedup:.2f}x, size {lowered.size_ratio:.2f}x)"
     )
     print(f"  {len(lowered.layers)} layers and ops lowered alone; worst local (dB, propagated dB, max steps):")
@@ -100,8 +104,10 @@ def _run(case: str) -> None:
         steps = "float" if layer.max_steps is None else f"{layer.max_steps:.0f}"
         print(f"    {layer.fqn:44s} {layer.kind:12s} {layer.sqnr:6.1f} {layer.propagated:6.1f} {steps}")
     if lowered.layers:
-        print(f"  worst local of any kernel {lowered.worst(1)[0].sqnr:.1f} dB; lowest propagated "
-              f"{min(layer.propagated for layer in lowered.layers):.1f} dB; not lowered alone: {len(lowered.unlowered)}")
+        print(
+            f"  worst local of any kernel {lowered.worst(1)[0].sqnr:.1f} dB; lowest propagated "
+            f"{min(layer.propagated for layer in lowered.layers):.1f} dB; not lowered alone: {len(lowered.unlowered)}"
+        )
 
 
 def main(cases: Sequence[str] = CASES, run: Callable[[str], None] = _run) -> None:

@@ -68,7 +68,9 @@ def main() -> None:
     for model_name in MODELS:
         print(f"\n{model_name}: peak RSS growth during 3 calibration batches (MB)")
         for variant in VARIANTS:
-            out = subprocess.run([sys.executable, __file__, model_name, variant], capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, model_name, variant], capture_output=True, text=True, check=True
+            )
             print(f"  {variant:<18} {json.loads(out.stdout.strip().splitlines()[-1]):8.1f}")
 
 

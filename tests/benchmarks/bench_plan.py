@@ -60,7 +60,9 @@ def main() -> None:
     warnings.simplefilter("ignore")
     model, calibration, evaluation, metric = _model_and_data(args.model, args.calibration, args.evaluation)
     report = qinsight.diagnose(model, calibration)
-    flow = flow_for(args.flow, model, report.sites, "x86", calibration + evaluation, report.fx_activations)  # as a plan observes
+    flow = flow_for(
+        args.flow, model, report.sites, "x86", calibration + evaluation, report.fx_activations
+    )  # as a plan observes
     scorer = Scorer(float_outputs(model, evaluation), metric, metric)
     layers = [site.fqn for site in report.sites if site.kind.is_layer]
 
@@ -85,7 +87,10 @@ def main() -> None:
 
     print(f"{args.model}, {args.flow}, {len(sites)} layers, {metric} on {len(scorer.rows)} held-out samples")
     print(f"default config: {default:.3f} for real, {base:.3f} simulated")
-    print(f"simulated: {sim_seconds:.1f} s, {sim_forwards:.1f} evaluation forwards (bound 1.5 x (sites + 1) = {1.5 * (len(sites) + 1):.1f})")
+    print(
+        f"simulated: {sim_seconds:.1f} s, {sim_forwards:.1f} evaluation forwards (bound 1.5 x (sites + 1) = "
+        f"{1.5 * (len(sites) + 1):.1f})"
+    )
     print(f"brute force: {brute_seconds:.1f} s ({len(sites) + 1} real quantizations)")
     print(f"brute force / simulated: {brute_seconds / sim_seconds:.1f}x")
     print(f"Spearman, gain in float (simulated vs real): {spearman(simulated, real):.3f}")

@@ -42,8 +42,14 @@ def _models() -> dict[str, tuple[Callable[[], nn.Module], Callable[[int], torch.
         return nn.Sequential(*(EncoderLayer(384, 12, 1536) for _ in range(6))).eval()
 
     return {
-        "resnet-like (8x3x224x224)": (lambda: ResNet18().eval(), lambda i: torch.randn(8, 3, 224, 224, generator=torch.Generator().manual_seed(i))),
-        "encoder (8x128x384, 6 layers)": (encoder, lambda i: torch.randn(8, 128, 384, generator=torch.Generator().manual_seed(i))),
+        "resnet-like (8x3x224x224)": (
+            lambda: ResNet18().eval(),
+            lambda i: torch.randn(8, 3, 224, 224, generator=torch.Generator().manual_seed(i)),
+        ),
+        "encoder (8x128x384, 6 layers)": (
+            encoder,
+            lambda i: torch.randn(8, 128, 384, generator=torch.Generator().manual_seed(i)),
+        ),
     }
 
 
@@ -126,13 +132,18 @@ def memory() -> None:
             for variant in ("plain", "observed"):
                 out = subprocess.run(
                     [sys.executable, __file__, "--child", f"{model}-{variant}"],
-                    env={**os.environ, **env}, capture_output=True, text=True, check=True,
+                    env={**os.environ, **env},
+                    capture_output=True,
+                    text=True,
+                    check=True,
                 )
                 runs[variant] = json.loads(out.stdout.strip().splitlines()[-1])
             added = runs["observed"]["growth"] - runs["plain"]["growth"]
             largest = runs["plain"]["largest"]
-            print(f"  {label:<36} {env_name:<22} plain {runs['plain']['growth']:7.1f}  observed "
-                  f"{runs['observed']['growth']:7.1f}  added {added:6.1f} = {added / largest:6.1%} of {largest:.0f}")
+            print(
+                f"  {label:<36} {env_name:<22} plain {runs['plain']['growth']:7.1f}  observed "
+                f"{runs['observed']['growth']:7.1f}  added {added:6.1f} = {added / largest:6.1%} of {largest:.0f}"
+            )
 
 
 def smollm() -> None:
@@ -160,8 +171,10 @@ def smollm() -> None:
                 run()
                 times[name].append(time.perf_counter() - start)
         p, d = statistics.median(times["plain"]), statistics.median(times["diagnose"])
-        print(f"smollm: {BATCHES} batches of {rows}x{tokens} tokens, one thread: float {p:.2f} s, diagnose {d:.2f} s "
-              f"(x{d / p:.2f}; trace, calibration, detectors and report included)")
+        print(
+            f"smollm: {BATCHES} batches of {rows}x{tokens} tokens, one thread: float {p:.2f} s, diagnose {d:.2f} s "
+            f"(x{d / p:.2f}; trace, calibration, detectors and report included)"
+        )
 
 
 def main() -> None:

@@ -54,7 +54,9 @@ def _outputs(model: nn.Module, batches: list[Any]) -> torch.Tensor:
         return torch.cat([output_rows(run_batch(model, batch)) for batch in batches])
 
 
-def _unseen(model: nn.Module, source: Any, calibration: list[Any], unseen: list[Any], reference: torch.Tensor, flow: str) -> float:
+def _unseen(
+    model: nn.Module, source: Any, calibration: list[Any], unseen: list[Any], reference: torch.Tensor, flow: str
+) -> float:
     try:
         return sqnr(reference, _outputs(qinsight.quantize(model, source, calibration, flow=flow), unseen))
     except Exception:  # the config as the detectors said it may not run: that is what verification catches
@@ -70,8 +72,11 @@ def main() -> None:
     flows = tuple(args.flows.split(","))
     warm = example("cnn")
     qinsight.diagnose(warm.model(), warm.data(2), verify=flows)  # imports (torchao's too) out of the timings
-    print(f"{'model':13} {'flow':5} {'diagnose':>9} {'+verify':>8} {'ratio':>6} | {'default':>8} {'suggested':>9} {'offered':>8}"
-          f" | unseen: {'default':>8} {'suggested':>9} {'offered':>8}  dropped")
+    print(
+        f"{'model':13} {'flow':5} {'diagnose':>9} {'+verify':>8} {'ratio':>6} | {'default':>8} {'suggested':>9} "
+        f"{'offered':>8}"
+        f" | unseen: {'default':>8} {'suggested':>9} {'offered':>8}  dropped"
+    )
     for name in args.models.split(","):
         model, calibration, unseen = _model_and_data(name)
         model.eval()
@@ -86,11 +91,14 @@ def main() -> None:
             verified = time.perf_counter() - start
             verdict = report.verification[0]
             default = qinsight.Advice(flow=flow, backend=report.metadata.backend, sites=report.sites)  # type: ignore[arg-type]
-            scores = [_unseen(model, source, calibration, unseen, reference, flow) for source in (default, unverified, report)]
+            scores = [
+                _unseen(model, source, calibration, unseen, reference, flow) for source in (default, unverified, report)
+            ]
             dropped = ", ".join(kind.value for kind in verdict.dropped) or "-"
             print(
                 f"{name:13} {flow:5} {plain:8.1f}s {verified:7.1f}s {verified / plain:5.1f}x | {verdict.default:8.2f} "
-                f"{verdict.suggested:9.2f} {verdict.score:8.2f} | unseen: {scores[0]:8.2f} {scores[1]:9.2f} {scores[2]:8.2f}  "
+                f"{verdict.suggested:9.2f} {verdict.score:8.2f} | unseen: {scores[0]:8.2f} {scores[1]:9.2f} "
+                f"{scores[2]:8.2f}  "
                 f"{dropped}{'; ' + verdict.error if verdict.error else ''}",
                 flush=True,
             )

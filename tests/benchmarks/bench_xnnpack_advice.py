@@ -19,8 +19,9 @@ import warnings
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-import qinsight  # noqa: E402
 from bench_lowered import _model_and_data, _quantizer, _reference, main  # noqa: E402
+
+import qinsight  # noqa: E402
 
 CASES = {"mobilenet_v2": ("sqnr", "top1"), "minilm": ("sqnr", "cosine")}
 

@@ -59,26 +59,41 @@ def main() -> None:
 
     began = time.perf_counter()
     plan = qinsight.plan(
-        model, calibration, evaluation, target=args.target, backend="xnnpack", lowered=True, report=report,
-        held_out_data=held_out, confidence=args.confidence,
+        model,
+        calibration,
+        evaluation,
+        target=args.target,
+        backend="xnnpack",
+        lowered=True,
+        report=report,
+        held_out_data=held_out,
+        confidence=args.confidence,
     )
     planned = time.perf_counter() - began
     print(f"planned in {planned:.0f} s ({plan.evaluations} evaluations), scored on {plan.lowered or 'the reference'}")
-    print(f"  reached {plan.reached}: default {plan.default_score:.4f}, verified {plan.verified_score:.4f}, "
-          f"held out {plan.held_out_score:.4f}")
+    print(
+        f"  reached {plan.reached}: default {plan.default_score:.4f}, verified {plan.verified_score:.4f}, "
+        f"held out {plan.held_out_score:.4f}"
+    )
     floats = plan.kept_float
-    print(f"  {len(floats)} sites kept in float ({', '.join(floats[:6])}{' ...' if len(floats) > 6 else ''}); "
-          f"quantized fraction of the layers' parameters {plan.quantized_fraction:.3f}")
+    print(
+        f"  {len(floats)} sites kept in float ({', '.join(floats[:6])}{' ...' if len(floats) > 6 else ''}); "
+        f"quantized fraction of the layers' parameters {plan.quantized_fraction:.3f}"
+    )
 
     quantized = qinsight.quantize(model, plan, calibration)
     shipped = qinsight.compare_lowered(model, quantized, held_out, metrics=("sqnr", "top1"), layers=False)
     for pair in ("lowered_vs_float", "reference_vs_float", "lowered_vs_reference"):
-        print(f"  applied as a user would, {pair}: sqnr {shipped.metric(pair, 'sqnr'):.2f} dB, "
-              f"top-1 {shipped.metric(pair, 'top1'):.4f}")
+        print(
+            f"  applied as a user would, {pair}: sqnr {shipped.metric(pair, 'sqnr'):.2f} dB, "
+            f"top-1 {shipped.metric(pair, 'top1'):.4f}"
+        )
     cost, floating = shipped.program, shipped.float_program
     if floating is not None:
-        print(f"  ms per batch int8 {cost.latency_ms:.1f}, float {floating.latency_ms:.1f}; "
-              f".pte {cost.size_bytes / 1e6:.2f} MB, float {floating.size_bytes / 1e6:.2f} MB")
+        print(
+            f"  ms per batch int8 {cost.latency_ms:.1f}, float {floating.latency_ms:.1f}; "
+            f".pte {cost.size_bytes / 1e6:.2f} MB, float {floating.size_bytes / 1e6:.2f} MB"
+        )
 
 
 if __name__ == "__main__":

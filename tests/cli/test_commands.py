@@ -10,15 +10,18 @@ import pytest
 from torch.ao.quantization import get_default_qconfig_mapping
 
 import qinsight as api
-from _cli import run_cli as qinsight
 from qinsight.compare.configs import quantize_candidates
 from qinsight.examples import example
+
+from _cli import run_cli as qinsight
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("cli")
-    result = qinsight("diagnose", "--example", "encoder", "--out", str(folder / "a.json"), "--html", str(folder / "a.html"))
+    result = qinsight(
+        "diagnose", "--example", "encoder", "--out", str(folder / "a.json"), "--html", str(folder / "a.html")
+    )
     assert result.returncode == 0, result.stderr
     return folder
 
@@ -36,11 +39,22 @@ def test_diagnose_example_prints_writes_and_shows_progress(saved: Path) -> None:
 def test_diagnose_a_model_from_factories(tmp_path: Path) -> None:
     (tmp_path / "mymodels.py").write_text(
         "import torch\n"
-        "def model():\n    torch.manual_seed(0)\n    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).eval()\n"
-        "def batches():\n    g = torch.Generator().manual_seed(0)\n    return [torch.randn(16, 4, generator=g) for _ in range(3)]\n"
+        "def model():\n    torch.manual_seed(0)\n    return torch.nn.Sequential(torch.nn.Linear(4, 8), "
+        "torch.nn.ReLU(), torch.nn.Linear(8, 2)).eval()\n"
+        "def batches():\n    g = torch.Generator().manual_seed(0)\n    return [torch.randn(16, 4, generator=g) for _ "
+        "in range(3)]\n"
     )
-    result = qinsight("diagnose", "--model", "mymodels:model", "--data", "mymodels:batches", "--quiet",
-                      "--detectors", "qinsight.per_channel,qinsight.outliers", pythonpath=tmp_path)
+    result = qinsight(
+        "diagnose",
+        "--model",
+        "mymodels:model",
+        "--data",
+        "mymodels:batches",
+        "--quiet",
+        "--detectors",
+        "qinsight.per_channel,qinsight.outliers",
+        pythonpath=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("qinsight report: model (fx frontend") and result.stderr == ""
     assert "qinsight.dynamic_static" not in result.stdout and "qinsight.outliers" in result.stdout
@@ -53,7 +67,12 @@ def test_gates_exit_1_and_name_the_modules(saved: Path) -> None:
     assert "qinsight: gate: qinsight.dynamic_static head: dynamic recommended" in gated.stderr
     typo = qinsight("show", str(saved / "a.json"), "--fail-on", "no such verdict")  # a gate that could never trip
     assert typo.returncode == 2 and "is no verdict of these detectors; valid: 'actionable'" in typo.stderr
-    assert qinsight("diagnose", "--example", "cnn", "--batches", "2", "--fail-on", "actionable", "--quiet", "--no-verify").returncode == 1
+    assert (
+        qinsight(
+            "diagnose", "--example", "cnn", "--batches", "2", "--fail-on", "actionable", "--quiet", "--no-verify"
+        ).returncode
+        == 1
+    )
 
 
 def test_show_diff_plot_detectors_schema(saved: Path) -> None:
@@ -62,12 +81,17 @@ def test_show_diff_plot_detectors_schema(saved: Path) -> None:
     same = qinsight("diff", str(saved / "a.json"), str(saved / "a.json"))
     assert (same.returncode, same.stdout) == (0, "no differences\n")
     png = saved / "ratios.png"
-    plotted = qinsight("plot", str(saved / "a.json"), "--feature", "outliers.ratios", "--module", "head", "--out", str(png))
+    plotted = qinsight(
+        "plot", str(saved / "a.json"), "--feature", "outliers.ratios", "--module", "head", "--out", str(png)
+    )
     assert plotted.returncode == 0, plotted.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     listed = qinsight("detectors")
     assert listed.returncode == 0 and "qinsight.outliers" in listed.stdout and "ok" in listed.stdout
-    assert any(line.startswith("qinsight.formats") and line.endswith("(opt-in: --detectors)") for line in listed.stdout.splitlines())
+    assert any(
+        line.startswith("qinsight.formats") and line.endswith("(opt-in: --detectors)")
+        for line in listed.stdout.splitlines()
+    )
     schema = qinsight("schema")
     assert schema.returncode == 0 and '"schema_version"' in schema.stdout
 
@@ -88,9 +112,9 @@ def test_compare_quantizes_compares_and_writes_what_show_prints(tmp_path: Path) 
         expected = api.compare_activations(model, quantized, batches)
     saved = api.load_report(out).comparison
     assert saved is not None and saved.activations is not None
-    assert [(layer.fqn, layer.metric("sqnr", local=True), layer.metric("sqnr")) for layer in saved.activations.layers] == [
-        (layer.fqn, layer.metric("sqnr", local=True), layer.metric("sqnr")) for layer in expected.layers
-    ]
+    assert [
+        (layer.fqn, layer.metric("sqnr", local=True), layer.metric("sqnr")) for layer in saved.activations.layers
+    ] == [(layer.fqn, layer.metric("sqnr", local=True), layer.metric("sqnr")) for layer in expected.layers]
     assert saved.weights is not None and {layer.fqn for layer in saved.weights.layers} == {"conv1", "block.0", "fc"}
 
 
@@ -99,8 +123,12 @@ def test_compare_quantizes_compares_and_writes_what_show_prints(tmp_path: Path) 
     ("name", "flow", "title", "layers"),
     [
         ("cnn", "pt2e", "convert_pt2e (x86 default)", ("block.0", "conv1")),
-        ("encoder", "torchao", "quantize_ (torchao Int8DynamicActivationInt8WeightConfig)",
-         tuple(f"layers.{i}.{linear}" for i in (0, 1) for linear in ("qkv", "proj", "fc1", "fc2"))),
+        (
+            "encoder",
+            "torchao",
+            "quantize_ (torchao Int8DynamicActivationInt8WeightConfig)",
+            tuple(f"layers.{i}.{linear}" for i in (0, 1) for linear in ("qkv", "proj", "fc1", "fc2")),
+        ),
     ],
 )
 def test_compare_in_the_pt2e_and_torchao_flows(name: str, flow: str, title: str, layers: tuple[str, ...]) -> None:
@@ -166,7 +194,9 @@ def test_usage_errors_exit_2_and_debug_shows_the_traceback(saved: Path) -> None:
 @pytest.mark.slow
 def test_plan_reaches_a_target_writes_the_plan_and_exits_one_when_it_cannot(tmp_path: Path) -> None:
     out = tmp_path / "p.json"
-    result = qinsight("plan", "--example", "cnn", "--batches", "3", "--eval-batches", "2", "--target", "sqnr>=30", "--out", str(out))
+    result = qinsight(
+        "plan", "--example", "cnn", "--batches", "3", "--eval-batches", "2", "--target", "sqnr>=30", "--out", str(out)
+    )
     assert result.returncode == 0, result.stderr
     assert "Plan (fx, backend x86): target sqnr>=30 reached" in result.stdout
     assert "scoring the curve: 0/" in result.stderr and result.stderr.endswith(f"qinsight: wrote {out}\n")
@@ -174,12 +204,16 @@ def test_plan_reaches_a_target_writes_the_plan_and_exits_one_when_it_cannot(tmp_
     assert loaded.plan is not None and loaded.plan.reached and loaded.plan.verified_score >= 30.0
     assert qinsight("show", str(out)).stdout == result.stdout
     # a target no config can reach: the report still prints, and the exit code says so
-    unreachable = qinsight("plan", "--example", "cnn", "--batches", "3", "--eval-batches", "2", "--target", "sqnr>=200", "--quiet")
+    unreachable = qinsight(
+        "plan", "--example", "cnn", "--batches", "3", "--eval-batches", "2", "--target", "sqnr>=200", "--quiet"
+    )
     assert unreachable.returncode == 1 and "target sqnr>=200 NOT reached" in unreachable.stdout
     assert unreachable.stderr == "qinsight: the plan does not reach sqnr>=200\n"
     # --smooth: the Linear's input smoothed first, the plan saying so and named as in the smoothed model
     out = tmp_path / "smoothed.json"
-    smoothed = qinsight("plan", "--example", "cnn", "--batches", "3", "--eval-batches", "2", "--smooth", "--quiet", "--out", str(out))
+    smoothed = qinsight(
+        "plan", "--example", "cnn", "--batches", "3", "--eval-batches", "2", "--smooth", "--quiet", "--out", str(out)
+    )
     assert smoothed.returncode == 0, smoothed.stderr
     assert "smoothed the input of 1 Linear (alpha " in smoothed.stdout  # measured: alpha 0.5, 37.7 dB (37.3 without)
     plan = api.load_report(out).plan
@@ -192,8 +226,22 @@ def test_plan_reaches_a_target_writes_the_plan_and_exits_one_when_it_cannot(tmp_
     bad = qinsight("plan", "--example", "cnn", "--target", "sqnr>=30", "--confidence", "0.95")
     assert bad.returncode == 2 and "--confidence holds a top1 target" in bad.stderr and bad.stdout == ""
     # a top1 target held at its bound over the 40 evaluation rows: the plan file says at which confidence
-    held = qinsight("plan", "--example", "cnn", "--batches", "3", "--eval-batches", "5", "--target", "top1>=0.9",
-                    "--confidence", "0.95", "--quiet", "--out", str(out))
+    held = qinsight(
+        "plan",
+        "--example",
+        "cnn",
+        "--batches",
+        "3",
+        "--eval-batches",
+        "5",
+        "--target",
+        "top1>=0.9",
+        "--confidence",
+        "0.95",
+        "--quiet",
+        "--out",
+        str(out),
+    )
     assert held.returncode == 0, held.stderr
     plan = api.load_report(out).plan
     assert plan is not None and plan.confidence == 0.95 and "95% lower bound over the 40 evaluation rows" in held.stdout
@@ -208,10 +256,15 @@ def test_plan_with_the_torchao_flow_gives_a_format_per_linear_under_a_budget(tmp
     assert loaded is not None and loaded.budget is not None and loaded.mean_bits <= 7.0
     assert result.returncode == (0 if loaded.reached else 1), result.stderr
     headline = result.stdout.splitlines()[2]  # each part of the goal says whether it held
-    assert headline.startswith("Format plan (torchao quantize_, int8, int4_g32): sqnr>=20 ") and "; bits<=7 held: " in headline
+    assert (
+        headline.startswith("Format plan (torchao quantize_, int8, int4_g32): sqnr>=20 ")
+        and "; bits<=7 held: " in headline
+    )
     assert "\nqinsight.formats (margin_db=3.0, min_bits=4.0)\n" in result.stdout  # what each format loses, per Linear
     for option, value, named in (
-        ("--formats", "int8,int3", "formats='int3'"), ("--budget", "bytes<=5", "budget='bytes<=5'"), ("--confidence", "1.5", "confidence=1.5"),
+        ("--formats", "int8,int3", "formats='int3'"),
+        ("--budget", "bytes<=5", "budget='bytes<=5'"),
+        ("--confidence", "1.5", "confidence=1.5"),
     ):
         refused = qinsight(*args, option, value)
         assert refused.returncode == 2 and refused.stdout == "" and named in refused.stderr, refused.stderr
@@ -219,10 +272,17 @@ def test_plan_with_the_torchao_flow_gives_a_format_per_linear_under_a_budget(tmp
 
 
 def test_diagnose_verifies_as_asked_and_gates_on_an_unverified_config() -> None:
-    verified = qinsight("diagnose", "--example", "cnn", "--batches", "4", "--verify", "fx", "--fail-on", "unverified", "--quiet")
+    verified = qinsight(
+        "diagnose", "--example", "cnn", "--batches", "4", "--verify", "fx", "--fail-on", "unverified", "--quiet"
+    )
     assert verified.returncode == 0, verified.stderr
-    assert "fx: the report's config" in verified.stdout and "input-weight equalization (1 module): not applied" in verified.stdout
-    unverified = qinsight("diagnose", "--example", "cnn", "--batches", "2", "--no-verify", "--fail-on", "unverified", "--quiet")
+    assert (
+        "fx: the report's config" in verified.stdout
+        and "input-weight equalization (1 module): not applied" in verified.stdout
+    )
+    unverified = qinsight(
+        "diagnose", "--example", "cnn", "--batches", "2", "--no-verify", "--fail-on", "unverified", "--quiet"
+    )
     assert unverified.returncode == 1 and "Not verified" in unverified.stdout
     assert "qinsight: gate: unverified: the report's config was verified in no flow" in unverified.stderr
     both = qinsight("diagnose", "--example", "cnn", "--verify", "fx", "--no-verify")
@@ -250,11 +310,17 @@ def test_diagnose_a_hugging_face_gguf_with_its_own_tokenizer_verified_in_pt2e(tm
     from qinsight.examples.smollm import gguf_path
 
     text = tmp_path / "calibration.txt"
-    text.write_text("The harbour filled with small boats.\n\nFishermen repaired their nets on the quay.\n", encoding="utf-8")
+    text.write_text(
+        "The harbour filled with small boats.\n\nFishermen repaired their nets on the quay.\n", encoding="utf-8"
+    )
     out = tmp_path / "smollm.json"
-    result = qinsight("diagnose", "--hf", str(gguf_path()), "--text", str(text), "--tokens", "16", "--quiet", "--out", str(out))
+    result = qinsight(
+        "diagnose", "--hf", str(gguf_path()), "--text", str(text), "--tokens", "16", "--quiet", "--out", str(out)
+    )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(f"qinsight report: {gguf_path().name} (eager frontend, backend x86, 2 calibration batches")
+    assert result.stdout.startswith(
+        f"qinsight report: {gguf_path().name} (eager frontend, backend x86, 2 calibration batches"
+    )
     assert "Converting and de-quantizing" not in result.stderr  # --quiet: transformers' progress bars too
     report = api.load_report(out)
     assert any(site.fqn == "model.layers.11.mlp.down_proj" for site in report.sites)  # transformers' own names
@@ -264,8 +330,9 @@ def test_diagnose_a_hugging_face_gguf_with_its_own_tokenizer_verified_in_pt2e(tm
     assert [v.flow for v in report.verification] == ["pt2e", "torchao"]
     for verdict in report.verification:
         assert verdict.verified and math.isfinite(verdict.score) and verdict.score >= verdict.default
-    assert "Verified for real (qinsight.pt2e_quantizer(report) / qinsight.quantize(model, report, data, flow='torchao')" in (
-        result.stdout
+    assert (
+        "Verified for real (qinsight.pt2e_quantizer(report) / qinsight.quantize(model, report, data, flow='torchao')"
+        in (result.stdout)
     )
 
 
@@ -288,8 +355,19 @@ def test_diagnose_for_xnnpack_judges_the_findings_against_xnnpacks_default_quant
     """--qconfig default is the backend's first flow's default config: for xnnpack, XNNPACKQuantizer's
     symmetric per-channel one, asked on the exported graph (weights per channel already)."""
     pytest.importorskip("executorch")
-    result = qinsight("diagnose", "--example", "cnn", "--batches", "2", "--quiet", "--no-verify", "--backend", "xnnpack",
-                      "--out", str(tmp_path / "x.json"))
+    result = qinsight(
+        "diagnose",
+        "--example",
+        "cnn",
+        "--batches",
+        "2",
+        "--quiet",
+        "--no-verify",
+        "--backend",
+        "xnnpack",
+        "--out",
+        str(tmp_path / "x.json"),
+    )
     assert result.returncode == 0, result.stderr
     findings = api.load_report(tmp_path / "x.json").result("qinsight.per_channel").findings
     assert {f.verdict for f in findings} == {"per-channel in use"} and len(findings) == 3
@@ -305,8 +383,17 @@ def test_diagnose_takes_its_backend_from_the_qconfig_quantizer(tmp_path: Path) -
         "def per_tensor():\n"
         "    return XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=False))\n"
     )
-    common = ("diagnose", "--example", "cnn", "--batches", "2", "--quiet", "--no-verify", "--qconfig",
-              "myquantizers:per_tensor")
+    common = (
+        "diagnose",
+        "--example",
+        "cnn",
+        "--batches",
+        "2",
+        "--quiet",
+        "--no-verify",
+        "--qconfig",
+        "myquantizers:per_tensor",
+    )
     result = qinsight(*common, "--out", str(tmp_path / "x.json"), pythonpath=tmp_path)
     assert result.returncode == 0, result.stderr
     report = api.load_report(tmp_path / "x.json")

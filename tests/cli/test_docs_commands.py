@@ -25,7 +25,13 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 INSTALL = re.compile(r"^python -m pip install [^&]*&& ")  # a README line installs first, as a fresh machine needs
 COMMAND = re.compile(r"^(python -m qinsight|qinsight|torchrun .*-m qinsight)\b")
 PLACEHOLDERS = ("mypkg", "mymodels", "path/to", "m:build", "...", "PKG.MOD", "FILE.")
-EXTRAS = {"pt2e": "torchao", "--flow torchao": "torchao", "xnnpack": "executorch", "--lowered": "torchao", "--hf": "transformers"}  # a flag in the line: the module it needs
+EXTRAS = {
+    "pt2e": "torchao",
+    "--flow torchao": "torchao",
+    "xnnpack": "executorch",
+    "--lowered": "torchao",
+    "--hf": "transformers",
+}  # a flag in the line: the module it needs
 
 
 def commands(doc: Path) -> list[str]:
@@ -59,16 +65,21 @@ def written(line: str) -> list[str]:
 def test_the_docs_show_the_commands_a_user_starts_with() -> None:
     shown = {doc.name: commands(doc) for doc in DOCS}
     assert shown["README.md"][0] == (
-        "python -m pip install -q torch==2.13.0 -e . && python -m qinsight diagnose --example encoder --html report.html"
+        "python -m pip install -q torch==2.13.0 -e . && python -m qinsight diagnose --example encoder --html "
+        "report.html"
     )
     assert sum(runnable(line) for line in shown["cli.md"]) >= 12  # the examples of every command
 
 
-@pytest.mark.parametrize("doc", [doc for doc in DOCS if any(runnable(line) for line in commands(doc))], ids=lambda doc: doc.name)
+@pytest.mark.parametrize(
+    "doc", [doc for doc in DOCS if any(runnable(line) for line in commands(doc))], ids=lambda doc: doc.name
+)
 def test_every_documented_command_runs_as_written(doc: Path, tmp_path: Path) -> None:
     env = user_environment()
     for line in filter(runnable, commands(doc)):  # installed already: the command itself runs
-        result = subprocess.run(["bash", "-c", INSTALL.sub("", line)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            ["bash", "-c", INSTALL.sub("", line)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
         allowed = (0, 1) if "exit 1" in line.partition("#")[2] else (0,)  # where the docs say it may
         assert result.returncode in allowed, f"{line}\n{result.stderr}"
         assert "Traceback" not in result.stderr, f"{line}\n{result.stderr}"
@@ -82,8 +93,12 @@ def test_the_first_command_on_a_terminal_rewrites_one_progress_line_per_stage(tm
     controller, terminal = pty.openpty()
     try:
         process = subprocess.Popen(
-            ["bash", "-c", first], cwd=tmp_path, env=user_environment(), stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=terminal,
+            ["bash", "-c", first],
+            cwd=tmp_path,
+            env=user_environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=terminal,
         )
         os.close(terminal)
         shown = b""
@@ -99,7 +114,11 @@ def test_the_first_command_on_a_terminal_rewrites_one_progress_line_per_stage(tm
     finally:
         os.close(controller)
     text = shown.decode()
-    stages = ("calibrating: 8/8, ", "checking the FX kernels for saturation: 1/1, ", "verifying the report's config in fx: 1/1, ")
+    stages = (
+        "calibrating: 8/8, ",
+        "checking the FX kernels for saturation: 1/1, ",
+        "verifying the report's config in fx: 1/1, ",
+    )
     assert all(f"\r{stage}" in text for stage in stages), text
     assert text.count("\r\n") >= len(stages) and "Traceback" not in text  # each stage's line ended
     assert (tmp_path / "report.html").is_file()

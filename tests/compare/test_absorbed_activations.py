@@ -8,10 +8,11 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from _support import gaussian_batches, quantized_fx, seeded
 from torch import nn
 
 import qinsight
+
+from _support import gaussian_batches, quantized_fx, seeded
 
 
 class Activations(nn.Module):
@@ -68,7 +69,12 @@ def test_fx_compares_after_the_relu_it_fused(model: nn.Module) -> None:
     quantized = quantized_fx(model, CALIBRATION)[1]
     fused = {fqn: type(quantized.get_submodule(fqn)).__name__ for fqn in ABSORBING}
     # F.relu fuses as nn.ReLU does; torch.relu does not (FX runs it in float, after a dequantize)
-    assert fused == {"fc_functional": "LinearReLU", "fc_torch": "Linear", "fc_module": "LinearReLU", "gate": "LinearReLU"}
+    assert fused == {
+        "fc_functional": "LinearReLU",
+        "fc_torch": "Linear",
+        "fc_module": "LinearReLU",
+        "gate": "LinearReLU",
+    }
     comparison = qinsight.compare_activations(model, quantized, HELD_OUT)
     check(
         comparison,

@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 import torch.ao.ns._numeric_suite_fx as ns
-from _support import MLP, ConvBnReluCNN, gaussian_batches, seeded
 from torch import nn
 from torch.ao.ns.fx.qconfig_multi_mapping import QConfigMultiMapping
 from torch.ao.quantization import QConfig, QConfigMapping, get_default_qconfig
@@ -17,6 +16,8 @@ from torch.ao.quantization.observer import default_per_channel_weight_observer, 
 
 import qinsight
 from qinsight.core.errors import InvalidParameterError
+
+from _support import MLP, ConvBnReluCNN, gaussian_batches, seeded
 
 # Same activations (x86's histogram observer), weights per tensor or per channel.
 X86 = get_default_qconfig("x86")
@@ -46,7 +47,10 @@ def n_shadows_sqnr(model: nn.Module, data: list[torch.Tensor]) -> dict[str, list
 def test_local_sqnr_per_config_matches_n_shadows() -> None:
     model = seeded(ConvBnReluCNN())
     data = gaussian_batches((4, 3, 16, 16), 6)
-    configs = {"per_tensor": QConfigMapping().set_global(PER_TENSOR), "per_channel": QConfigMapping().set_global(PER_CHANNEL)}
+    configs = {
+        "per_tensor": QConfigMapping().set_global(PER_TENSOR),
+        "per_channel": QConfigMapping().set_global(PER_CHANNEL),
+    }
     ours = qinsight.compare_configs(model, configs, data)
     theirs = n_shadows_sqnr(model, data)
     assert ours.configs == ("per_tensor", "per_channel")
@@ -73,7 +77,10 @@ def test_best_config_per_layer_follows_where_per_channel_matters() -> None:
     with torch.no_grad():
         model.fc1.weight[0] = 0.0
         model.fc1.weight[0, :2] = torch.tensor([40.0, -40.0])
-    configs = {"per_tensor": QConfigMapping().set_global(PER_TENSOR), "per_channel": QConfigMapping().set_global(PER_CHANNEL)}
+    configs = {
+        "per_tensor": QConfigMapping().set_global(PER_TENSOR),
+        "per_channel": QConfigMapping().set_global(PER_CHANNEL),
+    }
     table = qinsight.compare_configs(model, configs, data)
     fc1 = table.row("fc1")
     assert table.best()["fc1"] == fc1.best == "per_channel"
@@ -89,7 +96,9 @@ def test_a_config_that_leaves_a_layer_float_scores_only_what_it_quantizes() -> N
     model = seeded(MLP())
     data = gaussian_batches((16, 16), 4)
     skip_fc2 = QConfigMapping().set_global(PER_TENSOR).set_module_name("fc2", None)
-    table = qinsight.compare_configs(model, {"all": QConfigMapping().set_global(PER_TENSOR), "skip_fc2": skip_fc2}, data)
+    table = qinsight.compare_configs(
+        model, {"all": QConfigMapping().set_global(PER_TENSOR), "skip_fc2": skip_fc2}, data
+    )
     assert [s.config for s in table.row("fc2").scores] == ["all"]
     assert [s.config for s in table.row("fc1").scores] == ["all", "skip_fc2"]
     assert all(math.isfinite(s.metric("sqnr")) for row in table.rows for s in row.scores)
@@ -117,7 +126,9 @@ def test_bad_arguments_are_named() -> None:
         qinsight.compare_configs(model, configs, data, rank_by="psnr")
     with pytest.raises(InvalidParameterError, match="iterator"):
         qinsight.compare_configs(model, configs, iter(data))
-    with pytest.raises(InvalidParameterError, match="a QConfigMapping, a torchao Quantizer or a torchao quantize_ config"):
+    with pytest.raises(
+        InvalidParameterError, match="a QConfigMapping, a torchao Quantizer or a torchao quantize_ config"
+    ):
         qinsight.compare_configs(model, {"a": "x86"}, data)
     with pytest.raises(InvalidParameterError, match="at least one config"):
         qinsight.compare_configs(model, {}, data)

@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 import qinsight
-from _support import ConvBnReluCNN, gaussian_batches, quantized_fx, seeded
 from qinsight.compare import accumulate
+
+from _support import ConvBnReluCNN, gaussian_batches, quantized_fx, seeded
 
 
 def layouts_seen(model: nn.Module) -> list[bool]:

@@ -131,7 +131,11 @@ class _SevenBitBody:
         self.inner.annotate(model)
         for node in model.graph.nodes:
             annotation = node.meta.get("quantization_annotation")
-            if node.target == torch.ops.aten.conv2d.default and module_name_of(node) == "body" and annotation is not None:
+            if (
+                node.target == torch.ops.aten.conv2d.default
+                and module_name_of(node) == "body"
+                and annotation is not None
+            ):
                 annotation.output_qspec = dataclasses.replace(annotation.output_qspec, quant_min=-64, quant_max=63)
         return model
 
@@ -142,7 +146,9 @@ class _SevenBitBody:
 def test_a_planted_departure_is_named_by_its_layer(net: nn.Module) -> None:
     reference = _reference(net, _SevenBitBody(), _batches(4, seed=0))
     # held-out inputs twice as large: body's output exceeds its 7-bit range, which only the reference clamps
-    lowered = qinsight.compare_lowered(net, reference, _batches(2, seed=1, scale=2.0), backend="xnnpack", float_program=False)
+    lowered = qinsight.compare_lowered(
+        net, reference, _batches(2, seed=1, scale=2.0), backend="xnnpack", float_program=False
+    )
     worst = lowered.worst(count=None)
     assert worst[0].fqn == "body"
     assert worst[0].max_steps is not None and worst[0].max_steps > 10.0
@@ -156,7 +162,9 @@ def test_a_planted_departure_is_named_by_its_layer(net: nn.Module) -> None:
 def test_a_lowered_comparison_is_kept_in_the_report_file_and_shown(
     xnnpack_lowered: qinsight.LoweredComparison, tmp_path: Any
 ) -> None:
-    report = qinsight.comparison_report(qinsight.Comparison(quantized="convert_pt2e (XNNPACKQuantizer)", lowered=xnnpack_lowered))
+    report = qinsight.comparison_report(
+        qinsight.Comparison(quantized="convert_pt2e (XNNPACKQuantizer)", lowered=xnnpack_lowered)
+    )
     path = tmp_path / "lowered.json"
     save_report(report, path)
     loaded = load_report(path)

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import attrs
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import torch
-from _support import ConvBnReluCNN, gaussian_batches, quantized_fx, seeded
 from torch.ao.quantization import QConfig, QConfigMapping, get_default_qconfig
 from torch.ao.quantization.observer import default_weight_observer
 
@@ -22,6 +21,8 @@ from qinsight.core.comparison import MetricValue
 from qinsight.outputs.serde import report_from_json, report_to_dict
 from qinsight.plugin import ErrorTotals, Metric
 from qinsight.plugin.testing import write_distribution
+
+from _support import ConvBnReluCNN, gaussian_batches, quantized_fx, seeded
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +117,9 @@ def test_a_plugin_metric_says_higher_is_better_and_ranking_follows(
         scores = {score.config: score.metric("agreement") for score in row.scores}
         assert scores[row.best] == max(scores.values())  # higher is better: the best config has the most agreement
         assert all(score.metric_value("agreement").higher_is_better for score in row.scores)
-    by_error = qinsight.compare_configs(model, configs, data, metrics=["agreement", "relative_l2"], rank_by="relative_l2")
+    by_error = qinsight.compare_configs(
+        model, configs, data, metrics=["agreement", "relative_l2"], rank_by="relative_l2"
+    )
     for row in by_error.rows:
         errors = {score.config: score.metric("relative_l2") for score in row.scores}
         assert errors[row.best] == min(errors.values())
@@ -124,7 +127,9 @@ def test_a_plugin_metric_says_higher_is_better_and_ranking_follows(
 
 def test_plugin_metric_load_errors_name_the_metric(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     install_metrics(monkeypatch, tmp_path, "acme_misnamed", AGREEMENT, "misnamed = acme_misnamed:misnamed\n")
-    with pytest.raises(qinsight.errors.PluginLoadError, match="failed to load metric misnamed .*registered as 'misnamed'") as info:
+    with pytest.raises(
+        qinsight.errors.PluginLoadError, match="failed to load metric misnamed .*registered as 'misnamed'"
+    ) as info:
         metrics.load_metric("misnamed")
     assert info.value.kind == "metric" and info.value.name == "misnamed"
 
@@ -132,9 +137,20 @@ def test_plugin_metric_load_errors_name_the_metric(tmp_path: Path, monkeypatch: 
 def test_files_before_directions_were_stored_read_the_old_rule() -> None:
     layers = tuple(
         qinsight.types.LayerActivationComparison(
-            fqn=f"fc{i}", kind="linear", quantized_type="q", quantized=True, compared_at=f"fc{i}", batches=1,
-            propagated=(MetricValue(name="sqnr", value=30.0 + i, higher_is_better=True), MetricValue(name="peak", value=0.1 * i, higher_is_better=False)),
-            local=(MetricValue(name="sqnr", value=30.0 + i, higher_is_better=True), MetricValue(name="peak", value=0.1 * i, higher_is_better=False)),
+            fqn=f"fc{i}",
+            kind="linear",
+            quantized_type="q",
+            quantized=True,
+            compared_at=f"fc{i}",
+            batches=1,
+            propagated=(
+                MetricValue(name="sqnr", value=30.0 + i, higher_is_better=True),
+                MetricValue(name="peak", value=0.1 * i, higher_is_better=False),
+            ),
+            local=(
+                MetricValue(name="sqnr", value=30.0 + i, higher_is_better=True),
+                MetricValue(name="peak", value=0.1 * i, higher_is_better=False),
+            ),
         )
         for i in range(3)
     )
@@ -168,7 +184,9 @@ def test_a_bare_callable_still_loads_as_an_error_metric(tmp_path: Path, monkeypa
     shift=st.floats(-50.0, 50.0),
     seed=st.integers(0, 2**16),
 )
-def test_language_model_metrics_read_the_last_dimension(positions: int, vocabulary: int, noise: float, shift: float, seed: int) -> None:
+def test_language_model_metrics_read_the_last_dimension(
+    positions: int, vocabulary: int, noise: float, shift: float, seed: int
+) -> None:
     # kl: torch's kl_div of the two log-softmaxes over the vocabulary, averaged over positions; never
     # negative, 0 where the logits differ by a constant (the same distribution). token_agreement: the
     # share of positions whose argmax agrees.

@@ -9,16 +9,27 @@ from typing import Any
 
 import pytest
 import torch
-from _support import hooks_left, minilm_or_skip, sentence_batches
-from _support import ResidualBlock, outputs, quantize, residual_stream, sqnr
 from torch import nn
 from torch.ao.quantization import get_default_qconfig_mapping
 
 import qinsight
 from qinsight.frontends.base import batch_arguments
 
+from _support import (
+    ResidualBlock,
+    hooks_left,
+    minilm_or_skip,
+    outputs,
+    quantize,
+    residual_stream,
+    sentence_batches,
+    sqnr,
+)
 
-def pt2e_quantized(model: nn.Module, calibration: list[Any], dynamic: dict[int, Any] | None = None) -> torch.fx.GraphModule:
+
+def pt2e_quantized(
+    model: nn.Module, calibration: list[Any], dynamic: dict[int, Any] | None = None
+) -> torch.fx.GraphModule:
     pytest.importorskip("torchao")
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
@@ -132,7 +143,9 @@ def test_minilm_ops_are_compared_and_the_worst_error_is_made_in_them() -> None:
     assert "bert.mul#0" in {row.fqn for row in worst}
 
     pt2e = qinsight.compare_activations(
-        model, pt2e_quantized(model, calibration, {0: torch.export.Dim("batch"), 1: torch.export.Dim("tokens", max=512)}), held_out
+        model,
+        pt2e_quantized(model, calibration, {0: torch.export.Dim("batch"), 1: torch.export.Dim("tokens", max=512)}),
+        held_out,
     )
     assert {row.fqn: row.kind for row in pt2e.ops} == {row.fqn: row.kind for row in fx.ops}
 

@@ -8,13 +8,14 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from _support import conv_bn_model, gaussian_batches, pt2e_quantized, quantized_fx
 from torch import nn
 from torch.ao.quantization import QConfig, QConfigMapping
 from torch.ao.quantization.observer import HistogramObserver, default_per_channel_weight_observer
 
 import qinsight
 from qinsight.pipeline.saturation import quantized_engine
+
+from _support import conv_bn_model, gaussian_batches, pt2e_quantized, quantized_fx
 
 xiq = pytest.importorskip("torchao.quantization.pt2e.quantizer.x86_inductor_quantizer")
 from torchao.quantization.pt2e import _numeric_debugger as torchao_debugger  # noqa: E402
@@ -117,7 +118,8 @@ def test_torchao_debugger_misreports_folded_convs(flows: Flows) -> None:
     theirs = {
         info.name: float(summary.results[0].sqnr)
         for info, summary in torchao_debugger.compare_results(
-            torchao_debugger.extract_results_from_loggers(reference), torchao_debugger.extract_results_from_loggers(actual)
+            torchao_debugger.extract_results_from_loggers(reference),
+            torchao_debugger.extract_results_from_loggers(actual),
         ).items()
     }
     ours = qinsight.compare_activations(model, pt2e, data[:1])
@@ -155,11 +157,13 @@ def test_real_mobilenet_v2_in_both_flows() -> None:
     # PT2E's reference graph computes in float after dequantizing: every layer is sound, and the
     # layers that make the most error are late projection convs (the linear bottleneck, no ReLU6).
     assert min(layer.metric("sqnr", local=True) for layer in ours.layers) > 25.0
-    assert all(layer.fqn.endswith(".conv.2") for layer in ours.worst(count=4)), [l.fqn for l in ours.worst(count=4)]
+    assert all(layer.fqn.endswith(".conv.2") for layer in ours.worst(count=4)), [w.fqn for w in ours.worst(count=4)]
     # The same 8-bit activations through FX's int8 kernels (fbgemm) saturate on depthwise convs:
     # local SQNR below 0 dB where PT2E has > 30. The x86 default's 7-bit activations (reduce_range) avoid it.
     depthwise = "features.3.conv.1.0"
     assert eight_bit.layer(depthwise).metric("sqnr", local=True) < 0.0
     assert ours.layer(depthwise).metric("sqnr", local=True) > 30.0
     assert reduced.layer(depthwise).metric("sqnr", local=True) > 15.0
-    assert eight_bit.worst(count=1)[0].fqn in {n for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and m.groups > 1}
+    assert eight_bit.worst(count=1)[0].fqn in {
+        n for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and m.groups > 1
+    }

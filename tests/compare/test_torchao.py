@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 import torch
-from _support import minilm_or_skip, sentence_batches
 from torch import nn
 
 import qinsight
+
+from _support import minilm_or_skip, sentence_batches
 
 torchao_quantization = pytest.importorskip("torchao.quantization")
 
@@ -44,7 +45,9 @@ def test_every_quantize_d_linear_is_compared_with_its_format() -> None:
         weights = qinsight.compare_weights(model, quantized)
         assert [row.fqn for row in activations.layers] == [row.fqn for row in weights.layers] == ["0", "2"]
         for row in (*activations.layers, *weights.layers):
-            assert row.quantized and row.quantized_type.startswith(f"torch.nn.modules.linear.Linear: {described} (torchao ")
+            assert row.quantized and row.quantized_type.startswith(
+                f"torch.nn.modules.linear.Linear: {described} (torchao "
+            )
         weight_sqnr[described] = weights.layer("0").metric("sqnr")
         output_sqnr[described] = activations.layer("0").metric("sqnr")
     # what the formats lose, as measured: about 6 dB a bit of weight (48 dB at 8 bits, 24 at 4 in
@@ -72,7 +75,9 @@ def test_minilm_quantize_d_to_int8_dynamic_is_read_layer_by_layer() -> None:
     quantized = _quantized(model, torchao_quantization.Int8DynamicActivationInt8WeightConfig())
     comparison = qinsight.compare_activations(model, quantized, batches)
     linears = [row for row in comparison.layers if row.kind == "linear"]
-    assert len(linears) == 36 and all(row.quantized and "int8 dynamic activations" in row.quantized_type for row in linears)
+    assert len(linears) == 36 and all(
+        row.quantized and "int8 dynamic activations" in row.quantized_type for row in linears
+    )
     assert min(row.metric("sqnr") for row in linears) > 10.0
 
 
@@ -83,8 +88,10 @@ def test_torchao_configs_are_candidates_of_compare_configs_in_torchaos_flow() ->
 
     encoder = example("encoder")
     model, data = encoder.model(), encoder.data(3)
-    configs = {"dynamic": torchao_quantization.Int8DynamicActivationInt8WeightConfig(),
-               "weight-only": torchao_quantization.Int8WeightOnlyConfig()}
+    configs = {
+        "dynamic": torchao_quantization.Int8DynamicActivationInt8WeightConfig(),
+        "weight-only": torchao_quantization.Int8WeightOnlyConfig(),
+    }
     rows = qinsight.compare_configs(model, configs, data).rows
     linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     assert [row.fqn for row in rows] == linears
@@ -99,8 +106,13 @@ def test_an_int8_recipe_quantizes_what_it_names_and_a_static_linear_never_run_st
 
     torch.manual_seed(0)
     model = nn.ModuleDict({"used": nn.Linear(8, 8), "unused": nn.Linear(8, 8), "dynamic": nn.Linear(8, 4)})
-    recipe = Int8Recipe((Int8Layer("used", dynamic=False), Int8Layer("unused", dynamic=False),
-                         Int8Layer("dynamic", dynamic=True, per_channel=False)))
+    recipe = Int8Recipe(
+        (
+            Int8Layer("used", dynamic=False),
+            Int8Layer("unused", dynamic=False),
+            Int8Layer("dynamic", dynamic=True, per_channel=False),
+        )
+    )
     prepared = prepare_torchao(model, recipe)
     with torch.no_grad():
         prepared["dynamic"](prepared["used"](torch.randn(4, 8)))

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+import torch.ao.ns._numeric_suite_fx as ns
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import torch.ao.ns._numeric_suite_fx as ns
-from _support import ConvBnReluCNN, MLP, HostReads, TwiceLinear, examples, gaussian_batches, mobilenet_v2_or_skip, quantized_fx, seeded
 from torch import nn
 from torch.ao.ns.fx.utils import compute_sqnr
 from torch.ao.quantization import (
@@ -27,13 +26,29 @@ from qinsight.compare.weights import compare_weights, fold_batchnorm
 from qinsight.core.errors import PluginLoadError
 from qinsight.plugin.testing import write_distribution
 
+from _support import (
+    MLP,
+    ConvBnReluCNN,
+    HostReads,
+    TwiceLinear,
+    examples,
+    gaussian_batches,
+    mobilenet_v2_or_skip,
+    quantized_fx,
+    seeded,
+)
+
 
 def test_metric_edge_values() -> None:
     x = torch.tensor([1.0, -2.0, 3.0])
     zero = torch.zeros(3)
     assert (metrics.sqnr(x, x), metrics.relative_l2(x, x), metrics.cosine(x, x)) == (math.inf, 0.0, pytest.approx(1.0))
     assert (metrics.sqnr(zero, x), metrics.relative_l2(zero, x), metrics.cosine(zero, x)) == (-math.inf, math.inf, 0.0)
-    assert (metrics.sqnr(zero, zero), metrics.relative_l2(zero, zero), metrics.cosine(zero, zero)) == (math.inf, 0.0, 1.0)
+    assert (metrics.sqnr(zero, zero), metrics.relative_l2(zero, zero), metrics.cosine(zero, zero)) == (
+        math.inf,
+        0.0,
+        1.0,
+    )
     assert math.isnan(compute_sqnr(zero, zero).item())  # torch's: nan where ours is defined
     assert metrics.max_abs_error(x, x + torch.tensor([0.0, 0.5, -0.25])) == 0.5
     with pytest.raises(ValueError, match=r"shapes \(3,\) and \(4,\)"):
@@ -67,7 +82,9 @@ def test_weight_sqnr_matches_numeric_suite_fx(name: str) -> None:
         # Without folding, the comparison measures the fold, not quantization.
         unfolded = metrics.sqnr(model.conv1.weight, converted.conv1.weight().dequantize())
         assert unfolded < conv1.metric("sqnr") - 10
-        assert torch.allclose(fold_batchnorm(model.conv1.weight.detach(), model.bn1), prepared.conv1[0].weight.detach(), atol=1e-6)
+        assert torch.allclose(
+            fold_batchnorm(model.conv1.weight.detach(), model.bn1), prepared.conv1[0].weight.detach(), atol=1e-6
+        )
 
 
 def test_dynamic_modules_and_worst_layers() -> None:
@@ -97,7 +114,12 @@ def test_real_mobilenet_v2_per_tensor_weights_hurt_depthwise_convs_most() -> Non
 
 
 def test_metric_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root = write_distribution(tmp_path, "acme-metrics", {"acme_metrics": "def peak(x, y):\n    return float((x - y).abs().max() / x.abs().max())\n"}, {})
+    root = write_distribution(
+        tmp_path,
+        "acme-metrics",
+        {"acme_metrics": "def peak(x, y):\n    return float((x - y).abs().max() / x.abs().max())\n"},
+        {},
+    )
     (next(root.glob("*.dist-info")) / "entry_points.txt").write_text("[qinsight.metrics]\npeak = acme_metrics:peak\n")
     monkeypatch.syspath_prepend(str(root))
     peak = metrics.load_metric("peak")
@@ -106,19 +128,28 @@ def test_metric_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
         metrics.load_metric("nope")
 
 
-def numeric_suite(prepared: nn.Module, converted: nn.Module, batch: torch.Tensor) -> tuple[dict[str, float], dict[str, float]]:
+def numeric_suite(
+    prepared: nn.Module, converted: nn.Module, batch: torch.Tensor
+) -> tuple[dict[str, float], dict[str, float]]:
     """Numeric Suite FX's per-layer SQNR: unshadowed (add_loggers) and shadowed (add_shadow_loggers)."""
     a, b = ns.add_loggers("fp32", copy.deepcopy(prepared), "int8", copy.deepcopy(converted), ns.OutputLogger)
     a(batch)
     b(batch)
     plain = ns.extract_logger_info(a, b, ns.OutputLogger, "int8")
-    shadowed_model = ns.add_shadow_loggers("fp32", copy.deepcopy(prepared), "int8", copy.deepcopy(converted), ns.OutputLogger)
+    shadowed_model = ns.add_shadow_loggers(
+        "fp32", copy.deepcopy(prepared), "int8", copy.deepcopy(converted), ns.OutputLogger
+    )
     shadowed_model(batch)
     shadowed = ns.extract_shadow_logger_info(shadowed_model, ns.OutputLogger, "int8")
     out = []
     for results in (plain, shadowed):
         ns.extend_logger_results_with_comparison(results, "fp32", "int8", compute_sqnr, "sqnr")
-        out.append({v["node_output"]["int8"][0]["fqn"]: v["node_output"]["int8"][0]["sqnr"][0].item() for v in results.values()})
+        out.append(
+            {
+                v["node_output"]["int8"][0]["fqn"]: v["node_output"]["int8"][0]["sqnr"][0].item()
+                for v in results.values()
+            }
+        )
     return out[0], out[1]
 
 
@@ -140,8 +171,9 @@ def test_activation_errors_against_numeric_suite_fx(name: str) -> None:
     assert first.metric("sqnr", local=True) == pytest.approx(first.metric("sqnr"), abs=1e-9)
     assert shadowed[first.fqn] > first.metric("sqnr", local=True) + 0.5
     layer_module = converted.get_submodule(first.fqn)
-    scale, zero_point = converted.get_buffer(f"{first.fqn.replace('.', '_')}_input_scale_0"), converted.get_buffer(
-        f"{first.fqn.replace('.', '_')}_input_zero_point_0"
+    scale, zero_point = (
+        converted.get_buffer(f"{first.fqn.replace('.', '_')}_input_scale_0"),
+        converted.get_buffer(f"{first.fqn.replace('.', '_')}_input_zero_point_0"),
     )
     q_in = torch.quantize_per_tensor(data[0], float(scale), int(zero_point), torch.quint8)
     float_layer = prepared.get_submodule(first.fqn)
@@ -158,7 +190,8 @@ def test_activation_comparison_many_batches_and_ratio() -> None:
     assert comparison.layer("conv1").error_ratio == pytest.approx(1.0)  # the first layer inherits no error
     fc = comparison.layer("fc")  # measured 0.98: upstream error can also partly cancel
     assert fc.error_ratio == pytest.approx(fc.metric("relative_l2") / fc.metric("relative_l2", local=True))
-    assert comparison.worst(local=False, count=1)[0].metric("sqnr") == min(l.metric("sqnr") for l in comparison.layers)
+    worst = min(row.metric("sqnr") for row in comparison.layers)
+    assert comparison.worst(local=False, count=1)[0].metric("sqnr") == worst
 
 
 def test_a_layer_called_twice_is_compared_call_by_call() -> None:
@@ -205,7 +238,9 @@ def test_kept_outputs_dequantize_bit_identically(
     x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 4
     if channels_last and x.dim() == 4:
         x = x.contiguous(memory_format=torch.channels_last)
-    q = torch.quantize_per_tensor(x, scale, zero_point - 128 if signed else zero_point, torch.qint8 if signed else torch.quint8)
+    q = torch.quantize_per_tensor(
+        x, scale, zero_point - 128 if signed else zero_point, torch.qint8 if signed else torch.quint8
+    )
     expected = q.dequantize()
     kept = accumulate.KeptOutputs(copied=True)
     kept.keep("", "layer", torch.quantize_per_tensor(torch.ones(256), 1.0, 0, q.dtype))  # an earlier batch
@@ -269,7 +304,9 @@ def test_the_error_sums_read_nothing_on_the_host_per_batch() -> None:
     assert reads[0] == reads[1] and 0 < reads[0] <= 2 * len(comparison.rows)
 
 
-def test_qinsight_compare_traces_the_float_model_once(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_qinsight_compare_traces_the_float_model_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # compare_weights and compare_activations share one reading of the float model's structure
     from qinsight.cli import main
     from qinsight.frontends import LeafTracer

@@ -7,20 +7,34 @@ import pytest
 
 import qinsight
 from qinsight import Advice, QuantPlan, Report, advice_of
-from qinsight.types import QuantSuggestion, ReportMetadata, Target
 from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
 from qinsight.core.smoothing import SmoothingEntry, SmoothingMapping
+from qinsight.types import QuantSuggestion, ReportMetadata, Target
 
 
 def report(**fields: object) -> Report:
     metadata = ReportMetadata(model="m", frontend="fx", backend="x86", batches=1, qinsight_version="", torch_version="")
-    return Report(metadata=metadata, sites=(), observations=(), results=(), suggestions=(QuantSuggestion(fqn="fc1", keep_float=True),), **fields)  # type: ignore[arg-type]
+    return Report(
+        metadata=metadata,
+        sites=(),
+        observations=(),
+        results=(),
+        suggestions=(QuantSuggestion(fqn="fc1", keep_float=True),),
+        **fields,
+    )  # type: ignore[arg-type]
 
 
 def plan(flow: str, **fields: object) -> QuantPlan:
     return QuantPlan(
-        flow=flow, backend="x86", metric="sqnr", target=Target.parse("sqnr>=30"), reached=True, default_score=20.0,
-        verified_score=31.0, suggestions=(QuantSuggestion(fqn="fc2", keep_float=True),), **fields,  # type: ignore[arg-type]
+        flow=flow,
+        backend="x86",
+        metric="sqnr",
+        target=Target.parse("sqnr>=30"),
+        reached=True,
+        default_score=20.0,
+        verified_score=31.0,
+        suggestions=(QuantSuggestion(fqn="fc2", keep_float=True),),
+        **fields,  # type: ignore[arg-type]
     )
 
 
@@ -30,28 +44,47 @@ def test_a_report_gives_its_own_suggestions_and_pt2e_says_it_cannot_equalize() -
     assert (fx.flow, fx.source, fx.verified, fx.notes) == ("fx", "report", False, ())
     assert fx.suggestions == equalizing.suggestions and fx.equalization.fqns == ("fc1",)
     pt2e = advice_of(equalizing, "pt2e")
-    assert pt2e.flow == "pt2e" and pt2e.notes == ("PT2E has no input-weight equalization; these modules stay unequalized: fc1",)
+    assert pt2e.flow == "pt2e" and pt2e.notes == (
+        "PT2E has no input-weight equalization; these modules stay unequalized: fc1",
+    )
 
 
 def test_a_report_carrying_a_plan_gives_the_plan_for_its_flow_and_says_so_for_the_other() -> None:
     carrying = report(plan=plan("fx"))
     fx = advice_of(carrying, "fx")
-    assert (fx.source, fx.verified, fx.suggestions, fx.notes) == ("plan", True, (QuantSuggestion(fqn="fc2", keep_float=True),), ())
+    assert (fx.source, fx.verified, fx.suggestions, fx.notes) == (
+        "plan",
+        True,
+        (QuantSuggestion(fqn="fc2", keep_float=True),),
+        (),
+    )
     pt2e = advice_of(carrying, "pt2e")
     assert pt2e.source == "report" and pt2e.suggestions == carrying.suggestions
-    assert pt2e.notes == ("the attached plan was made for fx, not pt2e: this config applies the report's suggestions, not verified in pt2e",)
+    assert pt2e.notes == (
+        "the attached plan was made for fx, not pt2e: this config applies the report's suggestions, not verified in "
+        "pt2e",
+    )
 
 
 def test_a_plan_is_its_own_flows_advice_and_unverified_in_the_other() -> None:
-    smoothed = plan("pt2e", smoothing=SmoothingMapping(entries=(SmoothingEntry(fqn="fc1", alpha=0.5, factors=(1.0, 2.0), sqnr_before=20.0, sqnr_after=25.0),)))
+    smoothed = plan(
+        "pt2e",
+        smoothing=SmoothingMapping(
+            entries=(SmoothingEntry(fqn="fc1", alpha=0.5, factors=(1.0, 2.0), sqnr_before=20.0, sqnr_after=25.0),)
+        ),
+    )
     own = advice_of(smoothed)
     assert own.flow == "pt2e" and own.verified and own.smoothing == smoothed.smoothing
-    assert own.notes == ("the plan smooths 1 Linears: its config is for the smoothed model, model = qinsight.smoothed(model, plan)",)
+    assert own.notes == (
+        "the plan smooths 1 Linears: its config is for the smoothed model, model = qinsight.smoothed(model, plan)",
+    )
     other = advice_of(smoothed, "fx")
     assert other.flow == "fx" and not other.verified and "the plan was made for pt2e, not fx" in other.notes[-1]
     assert advice_of(own) is own and isinstance(own, Advice)
 
 
 def test_a_flow_qinsight_does_not_know_is_one_error_naming_the_choices() -> None:
-    with pytest.raises(qinsight.errors.InvalidParameterError, match="flow='tflite' is invalid; expected 'fx' or 'pt2e' or 'torchao'"):
+    with pytest.raises(
+        qinsight.errors.InvalidParameterError, match="flow='tflite' is invalid; expected 'fx' or 'pt2e' or 'torchao'"
+    ):
         advice_of(report(), "tflite")  # type: ignore[arg-type]

@@ -62,8 +62,13 @@ def _flow_name_comparisons(tree: ast.AST) -> list[int]:
         if isinstance(node, ast.Compare):
             operands = [node.left, *node.comparators]
             names = [o.value for o in operands if isinstance(o, ast.Constant)]
-            names += [e.value for o in operands if isinstance(o, (ast.Tuple, ast.List, ast.Set)) for e in o.elts
-                      if isinstance(e, ast.Constant)]
+            names += [
+                e.value
+                for o in operands
+                if isinstance(o, (ast.Tuple, ast.List, ast.Set))
+                for e in o.elts
+                if isinstance(e, ast.Constant)
+            ]
             if any(name in FLOWS for name in names):
                 found.append(node.lineno)
     return found

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import pytest
-from _support import MLP, gaussian_batches, seeded
 
 import qinsight
+
+from _support import MLP, gaussian_batches, seeded
 
 
 def test_every_lookup_finds_or_names_what_there_is() -> None:

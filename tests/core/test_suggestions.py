@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from qinsight.types import ActivationMode, QuantSuggestion, WeightScheme
 from qinsight.core.suggestions import Opinion, SuggestionConflict, merge_suggestions
+from qinsight.types import ActivationMode, QuantSuggestion, WeightScheme
 
 
 def s(fqn: str, source: str, **fields: object) -> QuantSuggestion:
@@ -17,7 +17,9 @@ def test_agreeing_opinions_merge_without_conflict() -> None:
         [s("fc", "a", weight=WeightScheme.PER_CHANNEL), s("fc", "b", activation=ActivationMode.STATIC)]
     )
     assert merged == (
-        QuantSuggestion(fqn="fc", activation=ActivationMode.STATIC, weight=WeightScheme.PER_CHANNEL, sources=("a", "b")),
+        QuantSuggestion(
+            fqn="fc", activation=ActivationMode.STATIC, weight=WeightScheme.PER_CHANNEL, sources=("a", "b")
+        ),
     )
     assert conflicts == ()
 

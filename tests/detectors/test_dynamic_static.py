@@ -11,6 +11,10 @@ from torch import nn
 from torch.ao.quantization.fx._model_report.detector import DynamicStaticDetector as TorchDynamicStatic
 
 import qinsight
+from qinsight.detectors import DynamicStaticDetector, DynamicStaticFinding, Stationarity
+from qinsight.errors import InvalidParameterError
+from qinsight.types import DataCondition
+
 from _support import (
     MLP,
     ConvBnReluCNN,
@@ -21,9 +25,6 @@ from _support import (
     torch_model_report,
     torch_name,
 )
-from qinsight.detectors import DynamicStaticDetector, DynamicStaticFinding, Stationarity
-from qinsight.errors import InvalidParameterError
-from qinsight.types import DataCondition
 
 
 def dynamic_static(report: qinsight.Report) -> dict[str, DynamicStaticFinding]:
@@ -68,12 +69,18 @@ def test_differential_against_torch(case: str) -> None:
     assert len(ours) == len(entries) > 0
     for fqn, finding in ours.items():
         theirs = entries[torch_name(fqn, entries)]
-        assert finding.input.statistic == pytest.approx(theirs["input_activation_dynamic_static_comp_stat"].item(), abs=1e-5)
-        assert finding.output.statistic == pytest.approx(theirs["output_activation_dynamic_static_comp_stat"].item(), abs=1e-5)
+        assert finding.input.statistic == pytest.approx(
+            theirs["input_activation_dynamic_static_comp_stat"].item(), abs=1e-5
+        )
+        assert finding.output.statistic == pytest.approx(
+            theirs["output_activation_dynamic_static_comp_stat"].item(), abs=1e-5
+        )
         assert finding.dynamic_recommended == bool(theirs["dynamic_recommended"])
         assert finding.dynamic_supported == theirs["is_dynamic_supported"]
-        classes = ("stationary" if finding.input.stationary(0.5) else "non-stationary",
-                   "stationary" if finding.output.stationary(0.5) else "non-stationary")
+        classes = (
+            "stationary" if finding.input.stationary(0.5) else "non-stationary",
+            "stationary" if finding.output.stationary(0.5) else "non-stationary",
+        )
         assert classes == (
             theirs["input_activation_dynamic_static_data_classification"],
             theirs["output_activation_dynamic_static_data_classification"],
@@ -83,7 +90,12 @@ def test_differential_against_torch(case: str) -> None:
 def test_nested_detection_case() -> None:
     # torch 12: inputs alternating between randint(-10, 0) and randint(0, 10).
     g = torch.Generator().manual_seed(3)
-    data = [torch.randint(-10, 0, (16, 8), generator=g).float() if i % 2 else torch.randint(0, 10, (16, 8), generator=g).float() for i in range(20)]
+    data = [
+        torch.randint(-10, 0, (16, 8), generator=g).float()
+        if i % 2
+        else torch.randint(0, 10, (16, 8), generator=g).float()
+        for i in range(20)
+    ]
     report = qinsight.diagnose(ShiftingInputModel().eval(), data, detectors=[DynamicStaticDetector()])
     fc = dynamic_static(report)["fc"]
     assert fc.input.stationary(fc.tolerance) is False
@@ -133,7 +145,8 @@ def test_variance_statistic_ignores_a_spike_torch_flags() -> None:
 
 def test_variance_statistic_still_sees_shifting_data() -> None:
     report = qinsight.diagnose(
-        ShiftingInputModel().eval(), shifting_batches((16, 8), 12),
+        ShiftingInputModel().eval(),
+        shifting_batches((16, 8), 12),
         detectors=[DynamicStaticDetector(statistic="variance")],  # type: ignore[arg-type]
     )
     fc = dynamic_static(report)["fc"]

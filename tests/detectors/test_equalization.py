@@ -18,11 +18,21 @@ from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 import qinsight
 from qinsight.apply.equalization import equalization_qconfig_mapping
-from qinsight.observe.instrumenter import weight_rows
-from _support import MLP, ConvBnReluCNN, gaussian_batches, outlier_batches, prepared_fx, seeded, torch_model_report, torch_name
 from qinsight.detectors import EqualizationFinding, InputWeightEqualizationDetector
 from qinsight.errors import InvalidParameterError
+from qinsight.observe.instrumenter import weight_rows
 from qinsight.types import DataCondition
+
+from _support import (
+    MLP,
+    ConvBnReluCNN,
+    gaussian_batches,
+    outlier_batches,
+    prepared_fx,
+    seeded,
+    torch_model_report,
+    torch_name,
+)
 
 
 class OutlierMLP(nn.Module):
@@ -42,7 +52,9 @@ def equalization(report: qinsight.Report) -> dict[str, EqualizationFinding]:
     return {f.fqn: f for f in findings if isinstance(f, EqualizationFinding)}
 
 
-def quantized_sqnr(model: nn.Module, calibration: list[torch.Tensor], held_out: list[torch.Tensor], **equalize: object) -> float:
+def quantized_sqnr(
+    model: nn.Module, calibration: list[torch.Tensor], held_out: list[torch.Tensor], **equalize: object
+) -> float:
     prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), (calibration[0],), **equalize)
     for batch in calibration:
         prepared(batch)
@@ -75,7 +87,9 @@ def test_differential_against_torch(case: str) -> None:
     assert len(ours) == len(theirs_all) > 0
     for fqn, finding in ours.items():
         theirs = theirs_all[torch_name(fqn, theirs_all)]
-        input_ranges = (theirs["input_activation_per_channel_max"] - theirs["input_activation_per_channel_min"]).tolist()
+        input_ranges = (
+            theirs["input_activation_per_channel_max"] - theirs["input_activation_per_channel_min"]
+        ).tolist()
         weight_ranges = (theirs["weight_per_channel_max"] - theirs["weight_per_channel_min"]).tolist()
         assert finding.input_ranges == pytest.approx(input_ranges, rel=1e-5, abs=1e-5)
         assert finding.weight_ranges == pytest.approx(weight_ranges, rel=1e-5, abs=1e-5)
@@ -138,7 +152,11 @@ def test_determine_points_and_report_values() -> None:
     report = qinsight.diagnose(model, data, detectors=[detector])
     finding = equalization(report)["block1.3"]
     observation = report.observation("block1.3", qinsight.types.Side.PRE)
-    assert observation is not None and observation.stats.channel_min is not None and observation.stats.channel_max is not None
+    assert (
+        observation is not None
+        and observation.stats.channel_min is not None
+        and observation.stats.channel_max is not None
+    )
     stats = observation.stats
     weight = model.block1[3].weight.detach().double()
     w_ranges = (weight.amax(dim=0) - weight.amin(dim=0)).tolist()
@@ -154,9 +172,14 @@ def test_determine_points_and_report_values() -> None:
 
 def test_model_without_linear_or_conv() -> None:
     # torch 21: a ReLU-only model gives an empty result.
-    report = qinsight.diagnose(nn.Sequential(nn.ReLU()), [torch.randn(2, 3)], detectors=[InputWeightEqualizationDetector()])
+    report = qinsight.diagnose(
+        nn.Sequential(nn.ReLU()), [torch.randn(2, 3)], detectors=[InputWeightEqualizationDetector()]
+    )
     assert equalization(report) == {}
-    assert "qinsight.equalization (ratio_threshold=0.5, channel_fraction=0.4)\n  no applicable modules" in qinsight.to_text(report)
+    assert (
+        "qinsight.equalization (ratio_threshold=0.5, channel_fraction=0.4)\n  no applicable modules"
+        in qinsight.to_text(report)
+    )
 
 
 def test_grouped_conv_pairs_channels_with_their_group() -> None:
@@ -169,7 +192,9 @@ def test_grouped_conv_pairs_channels_with_their_group() -> None:
     assert (rows.amax(1) - rows.amin(1)).tolist() == [2.0, 0.0, 0.0, 10.0] and float(rows.max() - rows.min()) == 10.0
     # torch tiles the (2,) ranges of in_channels/groups to (4,), mixing both groups' outputs.
     depthwise = nn.Sequential(nn.Conv2d(8, 8, 3, groups=8)).eval()
-    report = qinsight.diagnose(depthwise, gaussian_batches((2, 8, 6, 6), 3), detectors=[InputWeightEqualizationDetector()])
+    report = qinsight.diagnose(
+        depthwise, gaussian_batches((2, 8, 6, 6), 3), detectors=[InputWeightEqualizationDetector()]
+    )
     finding = equalization(report)["0"]
     expected = depthwise[0].weight.detach().double().reshape(8, -1)
     assert finding.weight_ranges == pytest.approx((expected.amax(1) - expected.amin(1)).tolist())
@@ -233,8 +258,14 @@ def test_an_equalization_torch_cannot_apply_is_refused_with_the_reason(tmp_path:
     assert "Not equalized (1)" in qinsight.to_text(report) and refused.reason in qinsight.to_text(report)
     # What the refusal spares the user, measured: torch's equalization of conv2, applied as asked.
     plain = quantized_sqnr(model, calibration, held_out)
-    asked = quantized_sqnr(model, calibration, held_out, _equalization_config=equalization_qconfig_mapping(qinsight.EqualizationMapping(
-        entries=(qinsight.types.EqualizationEntry(fqn="conv2"),))))
+    asked = quantized_sqnr(
+        model,
+        calibration,
+        held_out,
+        _equalization_config=equalization_qconfig_mapping(
+            qinsight.EqualizationMapping(entries=(qinsight.types.EqualizationEntry(fqn="conv2"),))
+        ),
+    )
     assert plain > 25.0 and asked < plain - 30.0  # measured: 29.1 dB -> -18.3 dB
     path = f"{tmp_path}/report.json"
     qinsight.save_report(report, path)
@@ -266,8 +297,12 @@ def test_a_plan_measures_each_equalization_for_real_and_keeps_what_helps() -> No
     assert plan.equalization_mapping().fqns == ("fc1",)
     assert "equalized: fc1" in qinsight.to_text(plan)
     # Applied as a user would, the plan's mapping and equalization give the plan's score.
-    prepared = prepare_fx(copy.deepcopy(model), qinsight.qconfig_mapping(plan), (calibration[0],),
-                          _equalization_config=qinsight.equalization_config(plan))
+    prepared = prepare_fx(
+        copy.deepcopy(model),
+        qinsight.qconfig_mapping(plan),
+        (calibration[0],),
+        _equalization_config=qinsight.equalization_config(plan),
+    )
     for batch in calibration:
         prepared(batch)
     quantized = convert_fx(prepared)

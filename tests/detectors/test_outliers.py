@@ -17,9 +17,19 @@ from torch import nn
 from torch.ao.quantization.fx._model_report.detector import OutlierDetector as TorchOutlier
 
 import qinsight
+from qinsight.core.sites import ObserverSpec
+from qinsight.detectors import ChannelStatus, OutlierDetector, OutlierFinding
+from qinsight.errors import InvalidParameterError
+from qinsight.examples import example
+from qinsight.observe import selection
+from qinsight.observe.observers import ActivationObserver
+from qinsight.observe.sampling import BatchClock, ColumnSampler, sampled_view
+from qinsight.observe.selection import candidate_blocks, channel_percentile, channel_view, lower_rank, top_blocks
+from qinsight.types import DataCondition
+
 from _support import (
-    ConvBnReluCNN,
     MLP,
+    ConvBnReluCNN,
     examples,
     gaussian_batches,
     mobilenet_v2_or_skip,
@@ -29,15 +39,6 @@ from _support import (
     torch_model_report,
     torch_name,
 )
-from qinsight.detectors import ChannelStatus, OutlierDetector, OutlierFinding
-from qinsight.errors import InvalidParameterError
-from qinsight.types import DataCondition
-from qinsight.examples import example
-from qinsight.observe import selection
-from qinsight.observe.observers import ActivationObserver
-from qinsight.observe.sampling import BatchClock, ColumnSampler, sampled_view
-from qinsight.observe.selection import candidate_blocks, top_blocks, channel_percentile, channel_view, lower_rank
-from qinsight.core.sites import ObserverSpec
 
 
 def outliers(report: qinsight.Report) -> dict[str, OutlierFinding]:
@@ -140,9 +141,16 @@ def test_sampled_percentile_rank_is_within_the_documented_bound() -> None:
     # 16,384 samples of 200,000: the true rank of the sampled 97.5th percentile is within
     # 1.5 points with probability >= 99.9% (DKW); checked on 40 channels of mixed shapes.
     g = torch.Generator().manual_seed(7)
-    rows = torch.cat([torch.randn(20, 200_000, generator=g), torch.rand(10, 200_000, generator=g) ** 4,
-                      torch.distributions.StudentT(2.0).sample((10, 200_000))])
-    obs = ActivationObserver(ObserverSpec(channel_axis=1, per_channel=True, percentiles=(0.975,), percentile_samples=16384), "x")
+    rows = torch.cat(
+        [
+            torch.randn(20, 200_000, generator=g),
+            torch.rand(10, 200_000, generator=g) ** 4,
+            torch.distributions.StudentT(2.0).sample((10, 200_000)),
+        ]
+    )
+    obs = ActivationObserver(
+        ObserverSpec(channel_axis=1, per_channel=True, percentiles=(0.975,), percentile_samples=16384), "x"
+    )
     columns = obs._sampler.columns(rows.shape[1], rows.device)
     sampled = channel_percentile(sampled_view(channel_view(rows, 0), columns), 0.975, 1)
     ranks = (rows <= sampled[:, None]).float().mean(dim=1)
@@ -208,7 +216,9 @@ def test_the_sampled_statistic_gives_the_exact_verdicts_on_mobilenet_v2() -> Non
     assert {fqn: f.verdict for fqn, f in sampled.items()} == {fqn: f.verdict for fqn, f in exact.items()}
     statuses = [(a, b) for fqn in exact for a, b in zip(exact[fqn].statuses, sampled[fqn].statuses)]
     assert sum(a != b for a, b in statuses) <= len(statuses) // 2000
-    moved = [abs(s - e) / e for fqn in exact for e, s in zip(exact[fqn].ratios, sampled[fqn].ratios) if e > 0 and s != e]
+    moved = [
+        abs(s - e) / e for fqn in exact for e, s in zip(exact[fqn].ratios, sampled[fqn].ratios) if e > 0 and s != e
+    ]
     assert len(moved) > 50, "no layer was sampled: the test no longer tests sampling"
     assert statistics.median(moved) < 0.03 and max(moved) < 0.15
 
@@ -286,7 +296,10 @@ def test_determine_points() -> None:
     model = seeded(LargeBatchModel())
     with qinsight.instrument(model, detectors=[OutlierDetector()]) as session:
         points = OutlierDetector().insert_points(session.view)
-    assert [(p.fqn, p.side.value, p.spec.percentiles) for p in points] == [("conv", "pre", (0.975,)), ("linear", "pre", (0.975,))]
+    assert [(p.fqn, p.side.value, p.spec.percentiles) for p in points] == [
+        ("conv", "pre", (0.975,)),
+        ("linear", "pre", (0.975,)),
+    ]
 
 
 def test_no_outliers_on_gaussian_input() -> None:

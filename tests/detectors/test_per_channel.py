@@ -19,10 +19,11 @@ from torch.ao.quantization import (
 from torch.ao.quantization.fx._model_report.detector import PerChannelDetector as TorchPerChannel
 
 import qinsight
-from qinsight.outputs.serde import report_from_json, report_to_dict
-from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, torch_model_report, torch_name
 from qinsight.detectors import PerChannelDetector, PerChannelFinding
 from qinsight.errors import InvalidParameterError
+from qinsight.outputs.serde import report_from_json, report_to_dict
+
+from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, torch_model_report, torch_name
 
 
 def per_channel(report: qinsight.Report) -> dict[str, PerChannelFinding]:
@@ -30,7 +31,9 @@ def per_channel(report: qinsight.Report) -> dict[str, PerChannelFinding]:
     return {f.fqn: f for f in findings if isinstance(f, PerChannelFinding)}
 
 
-def run(model: nn.Module, data: list[torch.Tensor], backend: str, mapping: QConfigMapping | None = None) -> qinsight.Report:
+def run(
+    model: nn.Module, data: list[torch.Tensor], backend: str, mapping: QConfigMapping | None = None
+) -> qinsight.Report:
     return qinsight.diagnose(
         model, data, detectors=[PerChannelDetector(backend=backend)], backend=backend, qconfig_mapping=mapping
     )
@@ -78,7 +81,9 @@ def test_without_a_plan_per_channel_is_recommended_not_said_missing() -> None:
     assert "no qconfig mapping given" in reason and "not quantized per channel" not in reason
     planned = per_channel(run(seeded(MLP()), [x], "x86", get_default_qconfig_mapping("x86")))
     assert all(f.plan_known and f.used and not f.actionable for f in planned.values())
-    per_tensor = per_channel(run(seeded(MLP()), [x], "x86", QConfigMapping().set_global(get_default_qconfig("qnnpack"))))
+    per_tensor = per_channel(
+        run(seeded(MLP()), [x], "x86", QConfigMapping().set_global(get_default_qconfig("qnnpack")))
+    )
     assert all(f.plan_known and "not quantized per channel" in f.reason() for f in per_tensor.values())
 
 

@@ -79,7 +79,10 @@ def test_int8_dynamic_really_hurts_where_the_detector_says_the_input_starves() -
     model, data = Stack().eval(), [torch.randn(4, 8, 256) for _ in range(2)]
     findings = _findings(model, data)
     quantized = qinsight.quantize(model, _plan_of(model, {fqn: "int8_dynamic" for fqn in findings}))
-    local = {layer.fqn: layer.metric("sqnr", local=True) for layer in qinsight.compare_activations(model, quantized, data).layers}
+    local = {
+        layer.fqn: layer.metric("sqnr", local=True)
+        for layer in qinsight.compare_activations(model, quantized, data).layers
+    }
     starved = [fqn for fqn, f in findings.items() if f.verdict == "input starves per-token int8"]
     assert starved == ["loud"] and min(local, key=local.__getitem__) == "loud"
 
@@ -89,7 +92,16 @@ def _plan_of(model: nn.Module, assignment: dict[str, str]) -> qinsight.FormatPla
 
     layers = tuple(LayerFormat(fqn=fqn, format=name, parameters=1, bits=8.0) for fqn, name in assignment.items())
     point = CurvePoint(label="plan", mean_bits=8.0, state_bytes=0, score=0.0)
-    return FormatPlan(formats=("int8_dynamic",), metric="sqnr", target=None, budget=None, reached=True, layers=layers, chosen=point, float_score=0.0)
+    return FormatPlan(
+        formats=("int8_dynamic",),
+        metric="sqnr",
+        target=None,
+        budget=None,
+        reached=True,
+        layers=layers,
+        chosen=point,
+        float_score=0.0,
+    )
 
 
 def test_it_is_opt_in_and_its_statistics_survive_a_file_and_a_merge(tmp_path: object) -> None:
@@ -102,10 +114,16 @@ def test_it_is_opt_in_and_its_statistics_survive_a_file_and_a_merge(tmp_path: ob
     path = Path(str(tmp_path)) / "r.json"
     qinsight.save_report(report, path)
     assert qinsight.load_report(path) == report
-    halves = [qinsight.diagnose(model, data, detectors=["qinsight.formats"], verify=False, shard=qinsight.types.Shard(rank=i, world_size=2)) for i in (0, 1)]
+    halves = [
+        qinsight.diagnose(
+            model, data, detectors=["qinsight.formats"], verify=False, shard=qinsight.types.Shard(rank=i, world_size=2)
+        )
+        for i in (0, 1)
+    ]
     merged = qinsight.merge_reports(halves)
     assert {f.fqn: f.errors for f in merged.result("qinsight.formats").findings} == {  # type: ignore[attr-defined]
-        f.fqn: f.errors for f in report.result("qinsight.formats").findings  # type: ignore[attr-defined]
+        f.fqn: f.errors
+        for f in report.result("qinsight.formats").findings  # type: ignore[attr-defined]
     }
 
 
@@ -115,15 +133,17 @@ def test_a_bad_format_name_is_one_error() -> None:
 
 
 weights = st.tuples(st.integers(1, 6), st.sampled_from((32, 64, 128))).flatmap(
-    lambda shape: st.lists(st.floats(-1e3, 1e3, allow_subnormal=False), min_size=shape[0] * shape[1], max_size=shape[0] * shape[1]).map(
-        lambda values: torch.tensor(values, dtype=torch.float32).reshape(shape)
-    )
+    lambda shape: st.lists(
+        st.floats(-1e3, 1e3, allow_subnormal=False), min_size=shape[0] * shape[1], max_size=shape[0] * shape[1]
+    ).map(lambda values: torch.tensor(values, dtype=torch.float32).reshape(shape))
 )
 
 
 @settings(deadline=None, max_examples=60)
 @given(weights, st.integers(-8, 8))
-def test_a_weights_errors_do_not_depend_on_its_scale_and_int4s_grid_lies_inside_int8s(weight: torch.Tensor, power: int) -> None:
+def test_a_weights_errors_do_not_depend_on_its_scale_and_int4s_grid_lies_inside_int8s(
+    weight: torch.Tensor, power: int
+) -> None:
     """Scaled by a power of two, every format's SQNR is the same; a row's int4 levels (amax/7.5 apart)
     are every 17th of its int8 levels (amax/127.5), so int8 per row never does worse than int4 per row."""
     names = ("int8", "float8", "int4_g32", f"int4_g{weight.shape[1]}")

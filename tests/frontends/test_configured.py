@@ -76,11 +76,18 @@ def test_the_backend_is_the_one_the_quantizer_is_for_unless_given() -> None:
     with pytest.warns(UserWarning, match="PT2E has no input-weight equalization"):
         assert quantizer_backend(qinsight.pt2e_quantizer(report)) == "xnnpack"  # qinsight's own, seen through
     request = plan_request(
-        target="sqnr>=30", flow=None, backend=None, metric=None, calibration_data=batches, evaluation_data=batches,
+        target="sqnr>=30",
+        flow=None,
+        backend=None,
+        metric=None,
+        calibration_data=batches,
+        evaluation_data=batches,
         quantizer=XNNPACKQuantizer(),
     )
     assert (request.backend, request.flow) == ("xnnpack", "pt2e")
-    with pytest.raises(qinsight.errors.InvalidParameterError, match="'xnnpack', the backend your XNNPACKQuantizer quantizes"):
+    with pytest.raises(
+        qinsight.errors.InvalidParameterError, match="'xnnpack', the backend your XNNPACKQuantizer quantizes"
+    ):
         qinsight.diagnose(model, batches, backend="x86", quantizer=XNNPACKQuantizer())
     with pytest.raises(qinsight.errors.InvalidParameterError, match="a flow your X86InductorQuantizer quantizes in"):
         qinsight.diagnose(model, batches, quantizer=X86InductorQuantizer(), verify="fx")

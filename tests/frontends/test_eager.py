@@ -7,6 +7,12 @@ import copy
 import attrs
 import pytest
 import torch
+from torch import nn
+
+import qinsight
+from qinsight.errors import FrontendError
+from qinsight.examples import example
+
 from _support import (
     MLP,
     ConvBnReluCNN,
@@ -16,11 +22,6 @@ from _support import (
     mobilenet_v2_or_skip,
     seeded,
 )
-from torch import nn
-
-import qinsight
-from qinsight.errors import FrontendError
-from qinsight.examples import example
 
 
 class Branchy(nn.Module):
@@ -50,8 +51,12 @@ def test_untraceable_model_is_diagnosed_eagerly() -> None:
     # sites in first-call order; the first batch (mean < 0) took the negative branch; unused never ran
     assert [s.fqn for s in report.sites if s.kind.is_layer] == ["fc1", "neg"]
     assert {r.detector for r in report.results} == {
-        "qinsight.per_channel", "qinsight.dynamic_static", "qinsight.equalization", "qinsight.outliers",
-        "qinsight.precision", "qinsight.range_conflict",
+        "qinsight.per_channel",
+        "qinsight.dynamic_static",
+        "qinsight.equalization",
+        "qinsight.outliers",
+        "qinsight.precision",
+        "qinsight.range_conflict",
     }
     assert not report.failures and hooks_left(model) == 0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

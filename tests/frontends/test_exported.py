@@ -11,6 +11,14 @@ import attrs
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+import qinsight
+from qinsight.detectors import PerChannelFinding
+from qinsight.errors import FrontendError
+from qinsight.examples import example
+from qinsight.types import OpKind, Side, WeightScheme
+
 from _support import (
     MLP,
     ConvBnReluCNN,
@@ -19,13 +27,6 @@ from _support import (
     mobilenet_v2_or_skip,
     seeded,
 )
-from torch import nn
-
-import qinsight
-from qinsight.detectors import PerChannelFinding
-from qinsight.errors import FrontendError
-from qinsight.types import OpKind, Side, WeightScheme
-from qinsight.examples import example
 
 
 def exported(model: nn.Module, batch: torch.Tensor) -> torch.fx.GraphModule:
@@ -40,7 +41,11 @@ def same_everywhere(model: nn.Module, data: list[torch.Tensor]) -> qinsight.Repo
         "fx": qinsight.diagnose(copy.deepcopy(model), data, frontend="fx", verify=False),
         "eager": qinsight.diagnose(copy.deepcopy(model), data, frontend="eager", verify=False),
     }
-    assert {name: r.metadata.frontend for name, r in reports.items()} == {"export": "export", "fx": "fx", "eager": "eager"}
+    assert {name: r.metadata.frontend for name, r in reports.items()} == {
+        "export": "export",
+        "fx": "fx",
+        "eager": "eager",
+    }
     reference = reports["fx"]
     for report in (reports["export"], reports["eager"]):
         assert [(s.fqn, s.kind, s.calls, s.groups, s.axis) for s in report.sites] == [
@@ -52,8 +57,12 @@ def same_everywhere(model: nn.Module, data: list[torch.Tensor]) -> qinsight.Repo
         assert [(r.detector, r.parameters, tuple(f for f in r.findings if f.fqn in both)) for r in report.results] == [
             (r.detector, r.parameters, tuple(f for f in r.findings if f.fqn in both)) for r in reference.results
         ]
-        assert tuple(s for s in report.suggestions if s.fqn in both) == tuple(s for s in reference.suggestions if s.fqn in both)
-        assert tuple(o for o in report.observations if o.fqn in both) == tuple(o for o in reference.observations if o.fqn in both)
+        assert tuple(s for s in report.suggestions if s.fqn in both) == tuple(
+            s for s in reference.suggestions if s.fqn in both
+        )
+        assert tuple(o for o in report.observations if o.fqn in both) == tuple(
+            o for o in reference.observations if o.fqn in both
+        )
     assert reports["eager"].results == reference.results
     # what feeds a site and which clip reads it are read from FX's graph only
     assert reports["eager"].sites == tuple(attrs.evolve(s, source=None, clip=None) for s in reference.sites)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from torch import nn
@@ -12,9 +11,10 @@ from torch.ao.quantization.fx._model_report.detector import (
 from torch.ao.quantization.fx._model_report.detector import OutlierDetector as TorchOutlier
 
 import qinsight
-from _support import gaussian_batches, prepared_fx, torch_model_report
 from qinsight.detectors import EqualizationFinding, OutlierFinding
 from qinsight.examples import example
+
+from _support import gaussian_batches, prepared_fx, torch_model_report
 
 
 def test_encoder_with_sequence_inputs() -> None:
@@ -32,7 +32,10 @@ def test_encoder_with_sequence_inputs() -> None:
         in_features = model.get_submodule(site.fqn).in_features
         assert len(finding.input_ranges) == len(finding.scores) == in_features  # features, not sequence
     for finding in report.result("qinsight.outliers").findings:
-        assert isinstance(finding, OutlierFinding) and len(finding.statuses) == model.get_submodule(finding.fqn).in_features
+        assert (
+            isinstance(finding, OutlierFinding)
+            and len(finding.statuses) == model.get_submodule(finding.fqn).in_features
+        )
 
 
 class AttentionModel(nn.Module):
@@ -59,7 +62,11 @@ def test_multihead_attention_model() -> None:
     # attention's projections run inside F.multi_head_attention_forward
     assert [s.fqn for s in report.sites if s.kind.is_layer] == ["embed", "head"]
     assert {r.detector for r in report.results} == {
-        "qinsight.per_channel", "qinsight.dynamic_static", "qinsight.equalization", "qinsight.outliers",
-        "qinsight.precision", "qinsight.range_conflict",
+        "qinsight.per_channel",
+        "qinsight.dynamic_static",
+        "qinsight.equalization",
+        "qinsight.outliers",
+        "qinsight.precision",
+        "qinsight.range_conflict",
     }
     assert not report.failures

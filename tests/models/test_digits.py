@@ -100,7 +100,11 @@ def test_a_plan_keeps_the_fp32_accuracy_on_the_test_digits(digits: Digits, flow:
     calibration = _batches(digits.train_images[:512], 64)
     evaluation = _batches(digits.test_images, 90)
     plan = qinsight.plan(
-        digits.model, calibration, evaluation, target=f"accuracy>={fp32}", flow=flow,
+        digits.model,
+        calibration,
+        evaluation,
+        target=f"accuracy>={fp32}",
+        flow=flow,
         metric=_accuracy_metric(digits.test_labels),
     )
     assert plan.reached and plan.verified_score >= fp32 and plan.verified_score >= plan.default_score

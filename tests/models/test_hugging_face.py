@@ -8,12 +8,13 @@ import copy
 
 import pytest
 import torch
-from _support import smollm2_hf_or_skip
 from torch import nn
 
 import qinsight
 from qinsight.detectors import OutlierFinding
 from qinsight.examples.smollm import TEXTS, token_batches
+
+from _support import smollm2_hf_or_skip
 
 pytestmark = pytest.mark.slow
 torchao_quantization = pytest.importorskip("torchao.quantization")
@@ -62,4 +63,3 @@ def test_a_mixed_quantize_d_llama_is_compared_layer_by_layer_with_each_format(hf
     mlp = [weights.layer(f).metric("sqnr") for f in linears if ".mlp." in f]
     attention = [weights.layer(f).metric("sqnr") for f in linears if ".self_attn." in f]
     assert max(mlp) < min(attention) - 12
-

@@ -7,10 +7,11 @@ import torch
 from torch import nn
 
 import qinsight
-from _support import smollm2_or_skip
-from qinsight.types import ActivationMode
 from qinsight.detectors import OutlierFinding, PrecisionFinding
 from qinsight.outputs.html import render_html
+from qinsight.types import ActivationMode
+
+from _support import smollm2_or_skip
 
 pytestmark = pytest.mark.slow  # real weights, or processes of their own: the whole suite's tier
 
@@ -52,7 +53,9 @@ def test_its_massive_activations_are_found(report: qinsight.Report) -> None:
     # what LLM methods read: the same two have the heaviest tails of all down_proj inputs (kurtosis
     # measured 4.7e4 and 5.5e4, next 2.9e4 at layer 9; a Gaussian's is 3), values past LLM.int8()'s 6,
     # and massive tokens (layer 28: every token, peaking in channels 1095 and 678)
-    by_kurtosis = sorted((f for fqn, f in outliers.items() if fqn.endswith("down_proj")), key=lambda f: -(f.kurtosis or 0.0))
+    by_kurtosis = sorted(
+        (f for fqn, f in outliers.items() if fqn.endswith("down_proj")), key=lambda f: -(f.kurtosis or 0.0)
+    )
     assert {f.fqn for f in by_kurtosis[:2]} == {"layers.11.mlp.down_proj", "layers.28.mlp.down_proj"}
     for finding in by_kurtosis[:2]:
         assert finding.tails is not None and len(finding.tails.mean_abs()) == 1536

@@ -4,16 +4,27 @@ as a user would (FX prepare/convert with ``qinsight.qconfig_mapping(report)``), 
 from __future__ import annotations
 
 import collections
-import math
 import copy
-import re
+import math
 import operator
+import re
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 import pytest
 import torch
+from torch import nn
+from torch.ao.quantization import get_default_qconfig_mapping
+from torch.ao.quantization.quantize_fx import prepare_fx
+
+import qinsight
+from qinsight.detectors import RangeConflictFinding
+from qinsight.examples import example
+from qinsight.frontends import resolve_target
+from qinsight.outputs.html import config_code
+from qinsight.types import OpKind
+
 from _support import (
     MLP,
     ConvBnReluCNN,
@@ -30,24 +41,17 @@ from _support import (
     sentence_batches,
     sqnr,
 )
-from torch import nn
-from torch.ao.quantization import get_default_qconfig_mapping
-from torch.ao.quantization.quantize_fx import prepare_fx
-
-import qinsight
-from qinsight.detectors import RangeConflictFinding
-from qinsight.types import OpKind
-from qinsight.examples import example
-from qinsight.frontends import resolve_target
-from qinsight.outputs.html import config_code
-
 
 # --- sites ---------------------------------------------------------------------------------------
 
 
-def fx_call_names(model: nn.Module, example_inputs: tuple[Any, ...], targets: set[object]) -> set[tuple[str, object, int]]:
+def fx_call_names(
+    model: nn.Module, example_inputs: tuple[Any, ...], targets: set[object]
+) -> set[tuple[str, object, int]]:
     """(owning module, target, index) of every call of ``targets`` as prepare_fx numbers them."""
-    prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86").set_object_type(nn.Embedding, None), example_inputs)
+    prepared = prepare_fx(
+        copy.deepcopy(model), get_default_qconfig_mapping("x86").set_object_type(nn.Embedding, None), example_inputs
+    )
     scope = prepared.meta["_observed_graph_module_attrs"].node_name_to_scope
     counts: collections.Counter[tuple[str, object]] = collections.Counter()
     found = set()
@@ -65,7 +69,9 @@ def test_functional_calls_are_named_as_fx_numbers_them() -> None:
     calls = [site.call for site in report.sites if site.call is not None]
     ours = {(c.owner, resolve_target(c.target), c.index) for c in calls}
     assert len(ours) == 40  # 6 layers x (2 matmuls, mask add, softmax, 2 residual adds), 2 embedding adds, 2 muls
-    assert ours == fx_call_names(model, (batch["input_ids"], batch["attention_mask"]), {resolve_target(c.target) for c in calls})
+    assert ours == fx_call_names(
+        model, (batch["input_ids"], batch["attention_mask"]), {resolve_target(c.target) for c in calls}
+    )
 
 
 @pytest.mark.slow
@@ -108,9 +114,13 @@ def test_residual_adds_are_kept_float_and_it_pays() -> None:
     model = ResidualBlock().eval()
     calibration, held_out = residual_stream(4, 0), residual_stream(4, 1)
     report = qinsight.diagnose(model, calibration)
-    conflicts = {f.fqn: f for f in report.result("qinsight.range_conflict").findings if isinstance(f, RangeConflictFinding)}
+    conflicts = {
+        f.fqn: f for f in report.result("qinsight.range_conflict").findings if isinstance(f, RangeConflictFinding)
+    }
     assert conflicts["add#0"].verdict == conflicts["add#1"].verdict == "range conflict"
-    assert conflicts["add#0"].bits_kept is not None and conflicts["add#0"].bits_kept < 0  # the branch drowns in the stream
+    assert (
+        conflicts["add#0"].bits_kept is not None and conflicts["add#0"].bits_kept < 0
+    )  # the branch drowns in the stream
     kept = {s.fqn for s in report.suggestions if s.keep_float}
     assert {"add#0", "add#1"} <= kept
     reference = outputs(model, held_out)
@@ -120,7 +130,10 @@ def test_residual_adds_are_kept_float_and_it_pays() -> None:
     # the page's pasteable code builds the same order entries
     namespace: dict[str, Any] = {}
     exec(config_code(report), namespace)
-    assert namespace["mapping"].module_name_object_type_order_qconfigs == {("", operator.add, 0): None, ("", operator.add, 1): None}
+    assert namespace["mapping"].module_name_object_type_order_qconfigs == {
+        ("", operator.add, 0): None,
+        ("", operator.add, 1): None,
+    }
 
 
 @attrs.frozen
@@ -148,8 +161,12 @@ def test_minilm_with_the_reports_mapping_keeps_its_embeddings(minilm: Diagnosed)
     assert len(report.equalization_mapping) == 0
     assert any(not f.applicable and f.recommended for f in report.result("qinsight.equalization").findings)
     first = calibration[0]
-    prepare_fx(copy.deepcopy(model), qinsight.qconfig_mapping(report), (first["input_ids"], first["attention_mask"]),
-               _equalization_config=qinsight.equalization_config(report))
+    prepare_fx(
+        copy.deepcopy(model),
+        qinsight.qconfig_mapping(report),
+        (first["input_ids"], first["attention_mask"]),
+        _equalization_config=qinsight.equalization_config(report),
+    )
     # every Linear still has int8 weights (static or dynamic): nothing was kept float to get there
     linears = [fqn for fqn, m in model.named_modules() if isinstance(m, nn.Linear)]
     assert all(".quantized" in type(quantized.get_submodule(fqn)).__module__ for fqn in linears)
@@ -162,7 +179,9 @@ def test_minilm_with_the_reports_mapping_keeps_its_embeddings(minilm: Diagnosed)
     text = qinsight.to_text(report)
     kept = next(line for line in text.splitlines() if line.startswith("  keep in float ("))
     assert "bert.mul#0" in kept and "bert.encoder.layer.*.attention.self.add#0 (6)" in kept
-    assert re.search(r"^    bert\.mul#0 +mul: input range 1 and output range 1e\+04 share one scale", text, re.MULTILINE)
+    assert re.search(
+        r"^    bert\.mul#0 +mul: input range 1 and output range 1e\+04 share one scale", text, re.MULTILINE
+    )
     assert re.search(r"^    bert\.encoder\.layer\.0\.attention\.self\.add#0 +add: operand ranges", text, re.MULTILINE)
 
 
@@ -202,7 +221,11 @@ def _split(data: list[Any], calibration: int) -> tuple[list[Any], list[Any]]:
 
 CASES: dict[str, Callable[[], tuple[nn.Module, list[Any], list[Any]]]] = {
     "mlp": lambda: (seeded(MLP()), gaussian_batches((16, 16), 4), gaussian_batches((16, 16), 4, seed=1)),
-    "cnn": lambda: (seeded(ConvBnReluCNN()), gaussian_batches((4, 3, 16, 16), 4), gaussian_batches((4, 3, 16, 16), 4, seed=1)),
+    "cnn": lambda: (
+        seeded(ConvBnReluCNN()),
+        gaussian_batches((4, 3, 16, 16), 4),
+        gaussian_batches((4, 3, 16, 16), 4, seed=1),
+    ),
     "encoder": lambda: (example("encoder").model(), *_split(example("encoder").data(8), 4)),
     "resnet18": lambda: (example("resnet18").model(), *_split(example("resnet18").data(4), 2)),
     "residual": lambda: (ResidualBlock().eval(), residual_stream(4, 0), residual_stream(4, 1)),
@@ -243,7 +266,9 @@ def test_mobilenet_v2_fx_with_the_reports_mapping_beats_fxs_default_and_nears_pt
     reference = outputs(model, held_out)
     default = outputs(quantize(model, get_default_qconfig_mapping("x86"), calibration), held_out)
     advised = outputs(quantize(model, qinsight.qconfig_mapping(report), calibration), held_out)
-    prepared = prepare_pt2e(torch.export.export(copy.deepcopy(model), (calibration[0],)).module(), default_x86_quantizer())
+    prepared = prepare_pt2e(
+        torch.export.export(copy.deepcopy(model), (calibration[0],)).module(), default_x86_quantizer()
+    )
     with torch.no_grad():
         for batch in calibration:
             prepared(batch)
@@ -277,8 +302,12 @@ def test_mobilenet_v2_fx_on_onednn_observes_after_the_clips_and_gains_2_db() -> 
     assert report.fx_activations is not None and report.fx_activations.kernels >= 50
     reference = outputs(model, held_out)
     with quantized_engine("onednn"):
-        default = outputs(quantize(model, get_default_qconfig_mapping("onednn"), calibration, get_onednn_backend_config()), held_out)
-        advised = outputs(quantize(model, qinsight.qconfig_mapping(report), calibration, get_onednn_backend_config()), held_out)
+        default = outputs(
+            quantize(model, get_default_qconfig_mapping("onednn"), calibration, get_onednn_backend_config()), held_out
+        )
+        advised = outputs(
+            quantize(model, qinsight.qconfig_mapping(report), calibration, get_onednn_backend_config()), held_out
+        )
     assert sqnr(reference, advised) >= sqnr(reference, default) + 1.5  # 14.4 -> 16.5 dB
     agreeing = [int((quantized.argmax(1) == reference.argmax(1)).sum()) for quantized in (advised, default)]
     assert agreeing[0] >= agreeing[1] + 2  # 29/32 against 26/32; without VNNI 26 (23 on one thread) against 1
@@ -339,7 +368,10 @@ def test_a_report_with_op_sites_round_trips_and_merges(tmp_path: Any) -> None:
 
     # (a merge runs no model, so it verifies nothing: it equals the unverified run)
     single = qinsight.diagnose(model, data, verify=False)
-    parts = [qinsight.diagnose(model, data[i::2], shard=qinsight.types.Shard(rank=i, world_size=2), verify=False) for i in range(2)]
+    parts = [
+        qinsight.diagnose(model, data[i::2], shard=qinsight.types.Shard(rank=i, world_size=2), verify=False)
+        for i in range(2)
+    ]
     merged = qinsight.merge_reports(parts)
     assert merged.suggestions == single.suggestions
     assert_same_report(merged, single, tmp_path)
@@ -348,7 +380,9 @@ def test_a_report_with_op_sites_round_trips_and_merges(tmp_path: Any) -> None:
 def test_ops_inside_torchs_own_modules_are_not_sites() -> None:
     # FX calls nn.TransformerEncoderLayer whole: its LayerNorms and adds are nothing a mapping can set
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)).eval()
+    model = nn.Sequential(
+        nn.Linear(16, 16), nn.LayerNorm(16), nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+    ).eval()
     report = qinsight.diagnose(model, [torch.randn(2, 5, 16) for _ in range(2)])
     assert [(s.fqn, s.kind) for s in report.sites] == [("0", OpKind.LINEAR), ("1", OpKind.LAYER_NORM)]
 
@@ -366,19 +400,27 @@ from qinsight.plugin import ObserverSpec, Side, activation_bits, bits_kept, side
     ranges=st.lists(st.floats(0.01, 1e4), min_size=1, max_size=16),
     shift=st.floats(-1e3, 1e3),
 )
-def test_the_median_channel_keeps_what_its_share_of_the_scale_gives(bits: int, ranges: list[float], shift: float) -> None:
+def test_the_median_channel_keeps_what_its_share_of_the_scale_gives(
+    bits: int, ranges: list[float], shift: float
+) -> None:
     # channels [shift, shift + r]; the observer's range includes zero
     lows, highs = tuple(shift for _ in ranges), tuple(shift + r for r in ranges)
     stats = qinsight.types.ActivationStats(
-        spec=ObserverSpec(channel_axis=-1, per_channel=True), batches=1,
-        min=min(lows), max=max(highs), channel_min=lows, channel_max=highs,
+        spec=ObserverSpec(channel_axis=-1, per_channel=True),
+        batches=1,
+        min=min(lows),
+        max=max(highs),
+        channel_min=lows,
+        channel_max=highs,
     )
     found = side_bits(Side.PRE, stats, bits)
     assert found is not None
     tensor = max(max(highs), 0.0) - min(min(lows), 0.0)
     spans = sorted(h - lo for lo, h in zip(lows, highs))  # the ranges as floats hold them
     median = spans[len(spans) // 2] if len(spans) % 2 else (spans[len(spans) // 2 - 1] + spans[len(spans) // 2]) / 2
-    assert found.tensor_range == pytest.approx(tensor) and found.median_channel_range == pytest.approx(median, rel=1e-6, abs=1e-9)
+    assert found.tensor_range == pytest.approx(tensor) and found.median_channel_range == pytest.approx(
+        median, rel=1e-6, abs=1e-9
+    )
     assert found.bits_kept == pytest.approx(bits - math.log2(tensor / median), rel=1e-6, abs=1e-6)
     assert found.bits_kept <= bits + 1e-9  # no channel gets more than the activation has
     assert found.widest_channel_range == pytest.approx(spans[-1], rel=1e-6)
@@ -386,5 +428,9 @@ def test_the_median_channel_keeps_what_its_share_of_the_scale_gives(bits: int, r
     step = tensor / (2**bits - 1)
     assert found.channels == len(spans)
     assert found.collapsed_channels == sum(1 for r in spans if r < step)
-    assert bits_kept(bits, tensor, tensor) == bits and activation_bits("x86") == 8 and activation_bits("x86", torch_default=True) == 7
+    assert (
+        bits_kept(bits, tensor, tensor) == bits
+        and activation_bits("x86") == 8
+        and activation_bits("x86", torch_default=True) == 7
+    )
     assert activation_bits("qnnpack", torch_default=True) == 8

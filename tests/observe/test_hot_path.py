@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 import torch
-from _support import HostReads
 
 import qinsight
 from qinsight.examples.stack import llama_stack, stack_batches
 from qinsight.observe import observers
+
+from _support import HostReads
 
 # The aten ops behind a host read (and behind a reading from C++), as the profiler names them.
 SYNC_OPS = {"aten::item", "aten::_local_scalar_dense"}
@@ -26,7 +27,8 @@ def _top_level_ops(profile: torch.profiler.profile) -> list[str]:
     return [
         event.name
         for event in profile.events()
-        if event.name.startswith("aten::") and (event.cpu_parent is None or not event.cpu_parent.name.startswith("aten::"))
+        if event.name.startswith("aten::")
+        and (event.cpu_parent is None or not event.cpu_parent.name.startswith("aten::"))
     ]
 
 
@@ -77,8 +79,15 @@ def test_an_observed_tensor_costs_at_most_15_ops(monkeypatch: pytest.MonkeyPatch
             for batch in batches:
                 model(batch)
     extra = len(_top_level_ops(profile)) - len(_top_level_ops(plain_profile))
-    nested = sum(e.name.startswith("aten::") for e in profile.events()) - sum(e.name.startswith("aten::") for e in plain_profile.events())
-    tensors = len({id(x) for x in measured}) / len(batches)  # an id reused by a freed tensor counts once: fewer, never more
-    print(f"{extra / len(batches):.0f} ops per batch ({nested / len(batches):.0f} with the ops they call) for {tensors:.0f} tensors")
+    nested = sum(e.name.startswith("aten::") for e in profile.events()) - sum(
+        e.name.startswith("aten::") for e in plain_profile.events()
+    )
+    tensors = len({id(x) for x in measured}) / len(
+        batches
+    )  # an id reused by a freed tensor counts once: fewer, never more
+    print(
+        f"{extra / len(batches):.0f} ops per batch ({nested / len(batches):.0f} with the ops they call) for "
+        f"{tensors:.0f} tensors"
+    )
     assert tensors >= 28  # every Linear input at least, and the ops around them
     assert extra / len(batches) / tensors <= 15

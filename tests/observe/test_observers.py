@@ -13,10 +13,10 @@ from torch import nn
 from torch.ao.quantization.fx._model_report.model_report_observer import ModelReportObserver
 
 from qinsight.core.errors import ObserverError
-from qinsight.observe import batch
-from qinsight.observe.observers import ActivationObserver
 from qinsight.core.sites import ObserverSpec
 from qinsight.core.stats import DataCondition
+from qinsight.observe import batch
+from qinsight.observe.observers import ActivationObserver
 
 
 def observer(axis: int = 1, per_channel: bool = True, moments: bool = False) -> ActivationObserver:
@@ -101,19 +101,23 @@ def test_memory_is_flat_in_the_number_of_batches() -> None:
 
 
 def test_state_after_10_and_100_batches_is_the_same_size() -> None:
-    spec = ObserverSpec(channel_axis=1, per_channel=True, moments=True, percentiles=(0.5, 0.975), percentile_samples=256)
+    spec = ObserverSpec(
+        channel_axis=1, per_channel=True, moments=True, percentiles=(0.5, 0.975), percentile_samples=256
+    )
     obs = ActivationObserver(spec, "x")
     sizes = {}
-    for batch in range(1, 101):
+    for seen in range(1, 101):
         obs(torch.randn(4, 6, 30, 30))  # 3,600 values per channel: sampled
-        if batch in (10, 100):
-            sizes[batch] = (obs.state_bytes(), len(pickle.dumps(obs.freeze())))
+        if seen in (10, 100):
+            sizes[seen] = (obs.state_bytes(), len(pickle.dumps(obs.freeze())))
     # float64: per channel min, -max and per percentile three sums; the min, -max, and 3 + 4 (moments) sums
     assert sizes[10] == sizes[100] and sizes[10][0] == 8 * (6 * (2 + 2 * 3) + 2 + 3 + 4)
 
 
 @pytest.mark.parametrize("per_channel_values", [3_000, 40_000])
-def test_chunked_percentile_work_gives_the_unchunked_statistics(per_channel_values: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chunked_percentile_work_gives_the_unchunked_statistics(
+    per_channel_values: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The percentile work runs over groups of channels so its scratch memory stays small;
     # how the channels are grouped must not change a single value.
     x = torch.randn(per_channel_values // 10, 10, 24) * torch.linspace(0.1, 3.0, 24)

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _support import MLP, examples, gaussian_batches, seeded
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +22,9 @@ import qinsight
 from qinsight.detectors.outliers import ChannelStatus
 from qinsight.outputs.arrays import SHORTEST, floats_in, floats_out, ints_in, ints_out
 from qinsight.outputs.serde import report_from_json, report_to_dict
+
+from _support import MLP, examples, gaussian_batches, seeded
+
 
 def same_floats(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
     """Bit for bit, NaN as NaN (its payload aside) and -0.0 as -0.0."""
@@ -69,8 +71,12 @@ def test_a_real_report_round_trips_packed_plain_and_compressed(tmp_path: Path) -
     report = qinsight.diagnose(seeded(MLP((64, 128, 128, 16))), gaussian_batches((8, 64), 3))
     sizes = {}
     for name, keywords in (
-        ("plain.json", {"packed": False}), ("packed.json", {}), ("packed.json.gz", {}), ("packed.json.xz", {}),
-        ("named.json", {"compress": "xz"}), ("plain.json.gz", {"compress": "none"}),
+        ("plain.json", {"packed": False}),
+        ("packed.json", {}),
+        ("packed.json.gz", {}),
+        ("packed.json.xz", {}),
+        ("named.json", {"compress": "xz"}),
+        ("plain.json.gz", {"compress": "none"}),
     ):
         path = tmp_path / name
         qinsight.save_report(report, path, **keywords)
@@ -105,11 +111,17 @@ def _with_first_array(report: qinsight.Report, change: dict[str, Any]) -> str:
     ("change", "problem"),
     [
         ({"array": "f16"}, "type is one of f4, f8, u1, .*, not 'f16'"),
-        ({"array": "u2", "n": 16, "base64": "A" * 43 + "="}, "of this field is one of f4, f8, not 'u2'"),  # a float field
+        (
+            {"array": "u2", "n": 16, "base64": "A" * 43 + "="},
+            "of this field is one of f4, f8, not 'u2'",
+        ),  # a float field
         ({"n": 3}, "at least 16"),
         ({"n": 10**9}, "base64 characters"),
         ({"base64": "!!!!"}, "base64 characters"),
-        ({"array": "u1", "n": 16, "base64": "\x80" + "A" * 23}, "base64 does not decode"),  # not ASCII: found mutating a file
+        (
+            {"array": "u1", "n": 16, "base64": "\x80" + "A" * 23},
+            "base64 does not decode",
+        ),  # not ASCII: found mutating a file
         ({"array": "u2", "n": 16, "base64": "A" * 44}, "decodes to 33 bytes, not 32"),
         ({"extra": 1}, "exactly the keys"),
         ({"n": True}, "whole number"),
@@ -161,13 +173,18 @@ def _array_trees(draw: st.DrawFn) -> tuple[Any, list[tuple[str, tuple[Any, ...]]
         size = draw(st.integers(SHORTEST, 64))
         if kind[0] == "f":
             element = st.floats(width=32) if kind == "f4" else st.floats()
-            values: tuple[Any, ...] = tuple(draw(st.one_of(st.lists(element, min_size=size, max_size=size), st.just([1.5] * size))))
+            values: tuple[Any, ...] = tuple(
+                draw(st.one_of(st.lists(element, min_size=size, max_size=size), st.just([1.5] * size)))
+            )
         else:
             info = {"u1": (0, 255), "u2": (0, 65535), "i4": (-(2**31), 2**31 - 1), "i8": (-(2**63), 2**63 - 1)}[kind]
             values = tuple(draw(st.lists(st.integers(*info), min_size=size, max_size=size)))
         pool.append((kind, values))
     order = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=8))
-    tree = {"a": [{"x": _raw(kind, values), "y": 1} for kind, values in order[::2]], "b": {"z": [_raw(k, v) for k, v in order[1::2]]}}
+    tree = {
+        "a": [{"x": _raw(kind, values), "y": 1} for kind, values in order[::2]],
+        "b": {"z": [_raw(k, v) for k, v in order[1::2]]},
+    }
     return tree, order[::2] + order[1::2]
 
 
@@ -175,12 +192,18 @@ def _raw(kind: str, values: tuple[Any, ...]) -> dict[str, Any]:
     import numpy as np
 
     dtype = {"f4": "<f4", "f8": "<f8", "u1": "<u1", "u2": "<u2", "i4": "<i4", "i8": "<i8"}[kind]
-    return {"array": kind, "n": len(values), "base64": base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode("ascii")}
+    return {
+        "array": kind,
+        "n": len(values),
+        "base64": base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode("ascii"),
+    }
 
 
 @settings(max_examples=examples(200), deadline=None)
 @given(drawn=_array_trees())
-def test_compacted_arrays_come_back_bit_for_bit_and_repeats_share_one_tuple(drawn: tuple[Any, list[tuple[str, tuple[Any, ...]]]]) -> None:
+def test_compacted_arrays_come_back_bit_for_bit_and_repeats_share_one_tuple(
+    drawn: tuple[Any, list[tuple[str, tuple[Any, ...]]]],
+) -> None:
     from qinsight.outputs.arrays import Decoded, compacted, expanded
 
     tree, arrays = drawn
@@ -205,7 +228,9 @@ def test_a_real_reports_file_references_its_repeats_and_deflates_its_arrays(tmp_
     path = tmp_path / "r.json"
     qinsight.save_report(report, path)
     text = path.read_text()
-    assert '"same": ' in text and '"deflate": ' in text and json.loads(text)["schema_version"][0] == 3  # the forms of schema 3
+    assert (
+        '"same": ' in text and '"deflate": ' in text and json.loads(text)["schema_version"][0] == 3
+    )  # the forms of schema 3
     assert qinsight.load_report(path) == report
     standalone = json.dumps(report_to_dict(report), indent=1)  # schema 2's form, which 3.0 readers read too
     assert len(text) < 0.75 * len(standalone)
@@ -238,10 +263,18 @@ def _first(forms: list[dict[str, Any]], form: str) -> dict[str, Any]:
     [
         (lambda forms: _first(forms, "same").update(same=10**6), "names one of the .* arrays before it, not 1000000"),
         (lambda forms: _first(forms, "same").update(same=-1), "before it, not -1"),
-        (lambda forms: (forms[0].clear(), forms[0].update(array="f4", n=16, same=0)), "names one of the 0 arrays before it"),  # itself
+        (
+            lambda forms: (forms[0].clear(), forms[0].update(array="f4", n=16, same=0)),
+            "names one of the 0 arrays before it",
+        ),  # itself
         (lambda forms: _first(forms, "same").update(n=_first(forms, "same")["n"] + 1), "refers to one of"),
         (lambda forms: _first(forms, "deflate").update(deflate="eJw="), "does not inflate|inflates to other than"),
-        (lambda forms: _first(forms, "deflate").update(deflate=base64.b64encode(__import__("zlib").compress(b"\0" * 8)).decode()), "inflates to other than"),
+        (
+            lambda forms: _first(forms, "deflate").update(
+                deflate=base64.b64encode(__import__("zlib").compress(b"\0" * 8)).decode()
+            ),
+            "inflates to other than",
+        ),
         (lambda forms: _first(forms, "deflate").update(deflate="!!"), "deflate does not decode"),
     ],
 )

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import attrs
 import pytest
-from _support import ConvBnReluCNN, gaussian_batches, quantized_fx, seeded
-from _cli import run_cli
 from torch.ao.quantization import QConfig, QConfigMapping, get_default_qconfig
 from torch.ao.quantization.observer import default_weight_observer
 
@@ -16,6 +14,9 @@ import qinsight
 from qinsight.core.comparison import MetricValue
 from qinsight.outputs.html import render_html
 from qinsight.outputs.serde import report_from_json, report_to_dict
+
+from _cli import run_cli
+from _support import ConvBnReluCNN, gaussian_batches, quantized_fx, seeded
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,9 @@ def cnn_comparison() -> tuple[qinsight.Report, qinsight.Comparison]:
     return qinsight.diagnose(model, data, model_name="cnn").with_comparison(comparison), comparison
 
 
-def test_a_report_carries_its_comparison_through_a_file(cnn_comparison: tuple[qinsight.Report, qinsight.Comparison], tmp_path: Path) -> None:
+def test_a_report_carries_its_comparison_through_a_file(
+    cnn_comparison: tuple[qinsight.Report, qinsight.Comparison], tmp_path: Path
+) -> None:
     report, comparison = cnn_comparison
     path = tmp_path / "cnn.json"
     qinsight.save_report(report, path)
@@ -48,12 +51,14 @@ def test_a_report_carries_its_comparison_through_a_file(cnn_comparison: tuple[qi
     assert json.loads(path.read_text())["comparison"]["configs"]["rank_by"] == "sqnr"
 
 
-def test_comparison_text_lists_the_worst_layers_first(cnn_comparison: tuple[qinsight.Report, qinsight.Comparison]) -> None:
+def test_comparison_text_lists_the_worst_layers_first(
+    cnn_comparison: tuple[qinsight.Report, qinsight.Comparison],
+) -> None:
     report, comparison = cnn_comparison
     assert comparison.activations is not None and comparison.configs is not None
     text = qinsight.to_text(report)
     assert "Float vs quantized (convert_fx, x86): cnn" in text
-    section = text[text.index("Activations, worst local SQNR first"):]
+    section = text[text.index("Activations, worst local SQNR first") :]
     worst = comparison.activations.worst(count=1)[0]
     first_row = section.splitlines()[2].split()
     assert first_row[0] == worst.fqn
@@ -63,7 +68,9 @@ def test_comparison_text_lists_the_worst_layers_first(cnn_comparison: tuple[qins
     assert "Weights, worst first" in text and "bn folded" in text
 
 
-def test_qinsight_show_prints_the_comparison(cnn_comparison: tuple[qinsight.Report, qinsight.Comparison], tmp_path: Path) -> None:
+def test_qinsight_show_prints_the_comparison(
+    cnn_comparison: tuple[qinsight.Report, qinsight.Comparison], tmp_path: Path
+) -> None:
     report, _ = cnn_comparison
     path = tmp_path / "cnn.json"
     qinsight.save_report(report, path)
@@ -97,7 +104,9 @@ def test_a_file_may_hold_a_comparison_only(tmp_path: Path) -> None:
     assert report.metadata.batches == 3
 
 
-def test_files_without_comparisons_from_schema_1_0_still_load(cnn_comparison: tuple[qinsight.Report, qinsight.Comparison]) -> None:
+def test_files_without_comparisons_from_schema_1_0_still_load(
+    cnn_comparison: tuple[qinsight.Report, qinsight.Comparison],
+) -> None:
     report, _ = cnn_comparison
     data = report_to_dict(attrs.evolve(report, comparison=None))
     data.pop("comparison", None)
@@ -109,7 +118,12 @@ def test_files_without_comparisons_from_schema_1_0_still_load(cnn_comparison: tu
 def test_tables_stay_short_on_long_models() -> None:
     layers = tuple(
         qinsight.types.LayerActivationComparison(
-            fqn=f"layer{i}", kind="linear", quantized_type="q", quantized=True, compared_at=f"layer{i}", batches=1,
+            fqn=f"layer{i}",
+            kind="linear",
+            quantized_type="q",
+            quantized=True,
+            compared_at=f"layer{i}",
+            batches=1,
             propagated=(MetricValue(name="sqnr", value=40.0 - i), MetricValue(name="relative_l2", value=0.01)),
             local=(MetricValue(name="sqnr", value=float(100 - i)), MetricValue(name="relative_l2", value=0.01)),
         )

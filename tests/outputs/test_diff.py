@@ -9,8 +9,9 @@ from pathlib import Path
 import torch
 
 import qinsight
-from _support import MLP, gaussian_batches, seeded, shifting_batches
 from qinsight import diff_reports
+
+from _support import MLP, gaussian_batches, seeded, shifting_batches
 
 
 def test_same_report_has_no_differences() -> None:
@@ -34,9 +35,13 @@ def test_changed_data_moves_verdicts_numbers_and_suggestions() -> None:
 
 
 def test_modules_and_detectors_added_and_removed() -> None:
-    small = qinsight.diagnose(torch.nn.Sequential(torch.nn.Linear(4, 4)).eval(), [torch.randn(2, 4)], detectors=["qinsight.per_channel"])
+    small = qinsight.diagnose(
+        torch.nn.Sequential(torch.nn.Linear(4, 4)).eval(), [torch.randn(2, 4)], detectors=["qinsight.per_channel"]
+    )
     large = qinsight.diagnose(
-        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).eval(), [torch.randn(2, 4)], detectors=["qinsight.outliers"]
+        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).eval(),
+        [torch.randn(2, 4)],
+        detectors=["qinsight.outliers"],
     )
     changes = diff_reports(small, large)
     assert (changes.modules_added, changes.modules_removed) == (("1",), ())
@@ -46,8 +51,12 @@ def test_modules_and_detectors_added_and_removed() -> None:
 def test_diff_command(tmp_path: Path) -> None:
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     qinsight.save_report(qinsight.diagnose(seeded(MLP()), gaussian_batches((16, 16), 4)), a)
-    qinsight.save_report(qinsight.diagnose(seeded(MLP()), gaussian_batches((16, 16), 4, seed=9) + [torch.zeros(16, 16)]), b)
-    out = subprocess.run([sys.executable, "-m", "qinsight", "diff", str(a), str(b)], capture_output=True, text=True, timeout=120)
+    qinsight.save_report(
+        qinsight.diagnose(seeded(MLP()), gaussian_batches((16, 16), 4, seed=9) + [torch.zeros(16, 16)]), b
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "qinsight", "diff", str(a), str(b)], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert "qinsight.dynamic_static fc1.input.constant_batches: 0 -> 1" in out.stdout
 

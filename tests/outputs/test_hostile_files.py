@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _support import MLP, examples, gaussian_batches, json_paths, quantized_fx, seeded
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +21,8 @@ import qinsight
 from qinsight.outputs.arrays import compacted
 from qinsight.outputs.serde import load_report, report_from_json, report_to_dict
 from qinsight.plugin import discovery
+
+from _support import MLP, examples, gaussian_batches, json_paths, quantized_fx, seeded
 
 
 @cache
@@ -32,7 +33,9 @@ def _real_report() -> qinsight.Report:
     data = gaussian_batches((8, 16), 3)
     _, quantized = quantized_fx(model, data)
     comparison = qinsight.Comparison(
-        quantized="convert_fx", weights=qinsight.compare_weights(model, quantized), activations=qinsight.compare_activations(model, quantized, data)
+        quantized="convert_fx",
+        weights=qinsight.compare_weights(model, quantized),
+        activations=qinsight.compare_activations(model, quantized, data),
     )
     return qinsight.diagnose(model, data, model_name="mlp").with_comparison(comparison)
 
@@ -103,9 +106,13 @@ def _get(data: Any, path: tuple[Any, ...]) -> Any:
     return data
 
 
-@settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(text=mutated())
-def test_mutated_report_files_give_one_clear_error_or_a_valid_report(text: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_mutated_report_files_give_one_clear_error_or_a_valid_report(
+    text: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     path = tmp_path_factory.mktemp("fuzz") / "r.json"
     path.write_text(text, encoding="utf-8")
     tracemalloc.start()
@@ -125,12 +132,30 @@ def test_mutated_report_files_give_one_clear_error_or_a_valid_report(text: str, 
 
 BAD_VALUES = {
     "a NaN token": (lambda d: json.dumps(d).replace('"batches": 3', '"batches": NaN', 1), "NaN is not JSON", None),
-    "an overflowing number": (lambda d: json.dumps(d).replace('"batches": 3', '"batches": 1e400', 1), "does not fit a float", None),
-    "a huge integer": (lambda d: json.dumps(d).replace('"batches": 3', '"batches": ' + "9" * 5000, 1), "not valid JSON", None),
-    "a negative count": (lambda d: json.dumps({**d, "metadata": {**d["metadata"], "batches": -2}}), "'batches' must be >= 0: -2", "$.metadata"),
-    "a duplicate site": (lambda d: json.dumps({**d, "sites": d["sites"] + d["sites"][:1]}), "each site may appear once; repeated: fc1", "$"),
+    "an overflowing number": (
+        lambda d: json.dumps(d).replace('"batches": 3', '"batches": 1e400', 1),
+        "does not fit a float",
+        None,
+    ),
+    "a huge integer": (
+        lambda d: json.dumps(d).replace('"batches": 3', '"batches": ' + "9" * 5000, 1),
+        "not valid JSON",
+        None,
+    ),
+    "a negative count": (
+        lambda d: json.dumps({**d, "metadata": {**d["metadata"], "batches": -2}}),
+        "'batches' must be >= 0: -2",
+        "$.metadata",
+    ),
+    "a duplicate site": (
+        lambda d: json.dumps({**d, "sites": d["sites"] + d["sites"][:1]}),
+        "each site may appear once; repeated: fc1",
+        "$",
+    ),
     "channels of two lengths": (
-        lambda d: json.dumps(replaced(d, ("observations", 0, "stats", "channel_max"), d["observations"][0]["stats"]["channel_max"][:-1])),
+        lambda d: json.dumps(
+            replaced(d, ("observations", 0, "stats", "channel_max"), d["observations"][0]["stats"]["channel_max"][:-1])
+        ),
         "one value per channel",
         "$.observations[0].stats",
     ),
@@ -172,7 +197,10 @@ def test_a_small_file_of_many_bad_elements_reads_in_bounded_memory(tmp_path: Pat
     path.write_text(json.dumps({**real_report(), "sites": [[]] * 500_000}, separators=(",", ":")))
     assert 1_000_000 < path.stat().st_size < 2_000_000
     code, stderr, peak = peak_rss_of_show(path)
-    assert code == 2 and stderr == f"qinsight: error: {path}: invalid OpSite: 'list' object has no attribute 'keys' @ $.sites[0]"
+    assert (
+        code == 2
+        and stderr == f"qinsight: error: {path}: invalid OpSite: 'list' object has no attribute 'keys' @ $.sites[0]"
+    )
     assert peak < 200 * 2**20, f"peak RSS {peak / 2**20:.0f} MiB"
 
 
@@ -180,15 +208,26 @@ def test_reads_are_capped_for_devices_and_pipes() -> None:
     with pytest.raises(qinsight.errors.ReportFileError, match="/dev/zero: larger than the 1000-byte limit"):
         load_report("/dev/zero", max_bytes=1000)
     piped = subprocess.run(
-        f"yes | {sys.executable} -c 'from qinsight.outputs.serde import load_report; load_report(\"/dev/stdin\", max_bytes=10**6)'",
-        shell=True, capture_output=True, text=True, timeout=120,
+        f'yes | {sys.executable} -c \'from qinsight.outputs.serde import load_report; load_report("/dev/stdin", '
+        "max_bytes=10**6)'",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert "ReportFileError: /dev/stdin: larger than the 1000000-byte limit" in piped.stderr
 
 
-def test_results_of_one_unknown_detector_scan_the_installed_plugins_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_results_of_one_unknown_detector_scan_the_installed_plugins_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = real_report()
-    raw = {"detector": "acme.gone", "parameters": [], "findings": [{"fqn": "fc1", "type": "GoneFinding", "summary": {"verdict": "x"}}], "suggestions": []}
+    raw = {
+        "detector": "acme.gone",
+        "parameters": [],
+        "findings": [{"fqn": "fc1", "type": "GoneFinding", "summary": {"verdict": "x"}}],
+        "suggestions": [],
+    }
     results = [{**raw, "detector": f"acme.gone{i}"} for i in range(200)]
     path = tmp_path / "r.json"
     path.write_text(json.dumps({**data, "results": data["results"] + results}))

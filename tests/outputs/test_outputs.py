@@ -14,17 +14,20 @@ import attrs
 import pytest
 
 import qinsight
-from _support import MLP, gaussian_batches, seeded
 from qinsight.examples import example
 from qinsight.outputs.html import config_code, render_html
 from qinsight.outputs.plots import plot_channels, plot_feature, plot_histogram
 from qinsight.outputs.view import ReportView
 
+from _support import MLP, gaussian_batches, seeded
+
 
 @pytest.fixture(scope="module")
 def report() -> qinsight.Report:
     chosen = example("resnet18")
-    return qinsight.diagnose(chosen.model(), chosen.data(2), model_name="resnet18", verify=False)  # the outputs, not the config
+    return qinsight.diagnose(
+        chosen.model(), chosen.data(2), model_name="resnet18", verify=False
+    )  # the outputs, not the config
 
 
 @pytest.mark.slow
@@ -33,7 +36,10 @@ def test_view_is_module_major_and_filterable(report: qinsight.Report) -> None:
     assert [row.fqn for row in view.rows] == [site.fqn for site in report.sites]
     row = view.row("blocks.4.conv1")
     # every detector that judges convs; precision and range conflict judge Linears and the ops between
-    assert {d for d, _ in row.verdicts} == {r.detector for r in report.results} - {"qinsight.precision", "qinsight.range_conflict"}
+    assert {d for d, _ in row.verdicts} == {r.detector for r in report.results} - {
+        "qinsight.precision",
+        "qinsight.range_conflict",
+    }
     add = view.row(next(s.fqn for s in report.sites if s.kind is qinsight.types.OpKind.ADD))
     assert {d for d, _ in add.verdicts} == {"qinsight.precision", "qinsight.range_conflict"}
     ratios = row.feature("outliers.ratios")
@@ -76,7 +82,8 @@ def test_histogram_and_empty_selections(report: qinsight.Report) -> None:
     figure = plot_histogram(view, "equalization.scores", module="fc")
     (axes,) = figure.axes
     assert sum(patch.get_height() for patch in axes.patches) == sum(
-        math.isfinite(v) for v in (view.row("fc").feature("equalization.scores").channels or ())  # type: ignore[union-attr]
+        math.isfinite(v)
+        for v in (view.row("fc").feature("equalization.scores").channels or ())  # type: ignore[union-attr]
     )
     empty = plot_feature(view, "no.such.feature")
     assert "no module has the feature" in empty.axes[0].texts[0].get_text()
@@ -131,19 +138,30 @@ def test_config_code_builds_the_reports_mapping(report: qinsight.Report) -> None
                 continue
             assert type(mine[key].activation()) is type(qconfig.activation())
             weight = mine[key].weight()
-            assert type(weight) is type(qconfig.weight()) and getattr(weight, "qscheme", None) == getattr(qconfig.weight(), "qscheme", None)
+            assert type(weight) is type(qconfig.weight()) and getattr(weight, "qscheme", None) == getattr(
+                qconfig.weight(), "qscheme", None
+            )
 
 
 def test_failures_are_shown() -> None:
-    report = qinsight.diagnose(seeded(MLP()), gaussian_batches((4, 16), 2), detectors=["qinsight.outliers", "acme.missing"])
+    report = qinsight.diagnose(
+        seeded(MLP()), gaussian_batches((4, 16), 2), detectors=["qinsight.outliers", "acme.missing"]
+    )
     page = render_html(report)
     assert 'class="fail"' in page and "acme.missing failed at load" in page
 
 
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--enable-logging=stderr", "--v=0",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--enable-logging=stderr",
+    "--v=0",
 ]
 
 
@@ -158,9 +176,17 @@ def test_page_renders_in_chromium(report: qinsight.Report, tmp_path: Path) -> No
     page.write_text(render_html(report))
     with tempfile.TemporaryDirectory() as profile:
         run = subprocess.run(
-            [browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={shot}",
-             "--window-size=1280,2400", page.as_uri()],
-            capture_output=True, text=True, timeout=180,
+            [
+                browser,
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={profile}",
+                f"--screenshot={shot}",
+                "--window-size=1280,2400",
+                page.as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
         )
     console = [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
     assert console == []  # no script errors, no failed loads reported by the page

@@ -16,13 +16,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import qinsight
-from _support import MLP, examples, gaussian_batches, seeded
+from qinsight.core.comparison import LayerActivationComparison, LayerParity, LoweredComparison, MetricValue, ProgramCost
 from qinsight.core.plan import STAGES
+from qinsight.core.report import ReportMetadata
+from qinsight.core.sites import OpSite
+from qinsight.core.stats import ActivationStats, BatchMoments, FormatError, PercentileStats, TailStats
 from qinsight.examples import example
+from qinsight.outputs.schema import compatibility, schema
 from qinsight.outputs.serde import (
-    STRICT,
     FORMAT,
     SCHEMA_VERSION,
+    STRICT,
     RawFinding,
     ReportFileError,
     ReportVersionError,
@@ -32,13 +36,10 @@ from qinsight.outputs.serde import (
     report_to_json,
     save_report,
 )
-from qinsight.outputs.schema import compatibility, schema
-from qinsight.core.comparison import LayerActivationComparison, LayerParity, LoweredComparison, MetricValue, ProgramCost
-from qinsight.core.report import ReportMetadata
-from qinsight.core.sites import OpSite
-from qinsight.core.stats import ActivationStats, BatchMoments, FormatError, PercentileStats, TailStats
 from qinsight.plugin.testing import write_distribution
+
 from _plugin_sources import WIDTHS
+from _support import MLP, examples, gaussian_batches, seeded
 
 # Values the classes accept: counts are >= 0 and per-channel tuples have one entry per channel, which
 # their validators check; hypothesis cannot read validators, so the valid values are spelled out.
@@ -82,20 +83,33 @@ def _activation_stats(channels: int) -> st.SearchStrategy[ActivationStats]:
         moments=st.none() | st.from_type(BatchMoments),
         percentiles=st.lists(_percentiles(channels), max_size=2).map(tuple),
         tails=st.none() | _tails(channels),
-        formats=st.lists(st.builds(FormatError, format=st.sampled_from(("int8", "int4_g32")), sqnr=FLOATS), max_size=2).map(tuple),
+        formats=st.lists(
+            st.builds(FormatError, format=st.sampled_from(("int8", "int4_g32")), sqnr=FLOATS), max_size=2
+        ).map(tuple),
     )
 
 
 for _cls in (
-    BatchMoments, PercentileStats, TailStats, ActivationStats, OpSite, ReportMetadata, LayerActivationComparison, MetricValue,
-    ProgramCost, LayerParity, LoweredComparison,
+    BatchMoments,
+    PercentileStats,
+    TailStats,
+    ActivationStats,
+    OpSite,
+    ReportMetadata,
+    LayerActivationComparison,
+    MetricValue,
+    ProgramCost,
+    LayerParity,
+    LoweredComparison,
 ):
     attrs.resolve_types(_cls)  # string annotations (from __future__), which builds() must see as types
 st.register_type_strategy(BatchMoments, st.builds(BatchMoments, count=COUNTS))
 st.register_type_strategy(PercentileStats, st.integers(0, 4).flatmap(_percentiles))
 st.register_type_strategy(TailStats, st.integers(0, 4).flatmap(_tails))
 st.register_type_strategy(ActivationStats, st.integers(0, 4).flatmap(_activation_stats))
-st.register_type_strategy(qinsight.types.OpCall, st.builds(qinsight.types.OpCall, owner=st.text(), target=st.text(), index=COUNTS))
+st.register_type_strategy(
+    qinsight.types.OpCall, st.builds(qinsight.types.OpCall, owner=st.text(), target=st.text(), index=COUNTS)
+)
 st.register_type_strategy(OpSite, st.builds(OpSite, calls=COUNTS, groups=st.integers(1, 2**20)))
 st.register_type_strategy(ReportMetadata, st.builds(ReportMetadata, batches=COUNTS))
 METRIC_VALUES = st.lists(st.builds(MetricValue, value=FLOATS, higher_is_better=st.booleans()), max_size=3).map(tuple)
@@ -107,15 +121,24 @@ st.register_type_strategy(ProgramCost, st.builds(ProgramCost, latency_ms=FLOATS,
 st.register_type_strategy(
     LayerParity,
     st.builds(
-        LayerParity, sqnr=FLOATS, propagated=FLOATS, max_abs=FLOATS, step=st.none() | FLOATS, mismatched=FLOATS,
+        LayerParity,
+        sqnr=FLOATS,
+        propagated=FLOATS,
+        max_abs=FLOATS,
+        step=st.none() | FLOATS,
+        mismatched=FLOATS,
         batches=COUNTS,
     ),
 )
 st.register_type_strategy(
     LoweredComparison,
     st.builds(
-        LoweredComparison, batches=COUNTS, lowered_vs_reference=METRIC_VALUES, lowered_vs_float=METRIC_VALUES,
-        reference_vs_float=METRIC_VALUES, layers=st.lists(st.from_type(LayerParity), max_size=2).map(tuple),
+        LoweredComparison,
+        batches=COUNTS,
+        lowered_vs_reference=METRIC_VALUES,
+        lowered_vs_float=METRIC_VALUES,
+        reference_vs_float=METRIC_VALUES,
+        layers=st.lists(st.from_type(LayerParity), max_size=2).map(tuple),
     ),
 )
 
@@ -123,8 +146,13 @@ st.register_type_strategy(
 SCORES = st.floats(-1e6, 1e6)
 FRACTIONS = st.floats(0.0, 1.0)
 for _cls in (
-    qinsight.types.PlanStep, qinsight.types.SuggestionCheck, qinsight.types.SiteSensitivity, qinsight.types.Target, qinsight.QuantPlan,
-    qinsight.types.SmoothingEntry, qinsight.SmoothingMapping,
+    qinsight.types.PlanStep,
+    qinsight.types.SuggestionCheck,
+    qinsight.types.SiteSensitivity,
+    qinsight.types.Target,
+    qinsight.QuantPlan,
+    qinsight.types.SmoothingEntry,
+    qinsight.SmoothingMapping,
 ):
     attrs.resolve_types(_cls)
 st.register_type_strategy(
@@ -175,10 +203,24 @@ st.register_type_strategy(
 )
 
 # a format plan's points and layers: counts never negative, held-out scores drawn (their default is NaN)
-for _cls in (qinsight.types.CurvePoint, qinsight.types.LayerFormat, qinsight.FormatPlan, qinsight.types.OrderCheck, qinsight.types.FormatCost, qinsight.types.Budget):
+for _cls in (
+    qinsight.types.CurvePoint,
+    qinsight.types.LayerFormat,
+    qinsight.FormatPlan,
+    qinsight.types.OrderCheck,
+    qinsight.types.FormatCost,
+    qinsight.types.Budget,
+):
     attrs.resolve_types(_cls)
-st.register_type_strategy(qinsight.types.CurvePoint, st.builds(qinsight.types.CurvePoint, mean_bits=SCORES, state_bytes=COUNTS, score=SCORES, held_out=SCORES, bound=SCORES))
-st.register_type_strategy(qinsight.types.LayerFormat, st.builds(qinsight.types.LayerFormat, parameters=COUNTS, bits=SCORES))
+st.register_type_strategy(
+    qinsight.types.CurvePoint,
+    st.builds(
+        qinsight.types.CurvePoint, mean_bits=SCORES, state_bytes=COUNTS, score=SCORES, held_out=SCORES, bound=SCORES
+    ),
+)
+st.register_type_strategy(
+    qinsight.types.LayerFormat, st.builds(qinsight.types.LayerFormat, parameters=COUNTS, bits=SCORES)
+)
 st.register_type_strategy(qinsight.types.FormatCost, st.builds(qinsight.types.FormatCost, damage=SCORES, score=SCORES))
 st.register_type_strategy(qinsight.types.Budget, st.builds(qinsight.types.Budget, bits=SCORES))
 st.register_type_strategy(
@@ -194,11 +236,14 @@ st.register_type_strategy(
     ),
 )
 
-# a verification's scores: -inf is a config the flow cannot run, so infinities are drawn; NaN (its default) never equals itself
+# a verification's scores: -inf is a config the flow cannot run, so infinities are drawn; NaN (its
+# default) never equals itself
 VERIFIED_SCORES = st.floats(allow_nan=False)
 for _cls in (qinsight.types.KindCheck, qinsight.types.ConfigVerification):
     attrs.resolve_types(_cls)
-st.register_type_strategy(qinsight.types.KindCheck, st.builds(qinsight.types.KindCheck, modules=COUNTS, without=VERIFIED_SCORES))
+st.register_type_strategy(
+    qinsight.types.KindCheck, st.builds(qinsight.types.KindCheck, modules=COUNTS, without=VERIFIED_SCORES)
+)
 st.register_type_strategy(
     qinsight.types.ConfigVerification,
     st.builds(
@@ -222,8 +267,13 @@ st.register_type_strategy(float, st.floats(allow_nan=False))
 st.register_type_strategy(
     qinsight.types.ObserverSpec,  # its invariants: sorted percentiles in (0, 1), which imply per_channel
     st.builds(
-        qinsight.types.ObserverSpec, channel_axis=st.integers(-4, 4), per_channel=st.booleans(), moments=st.booleans(),
-        formats=st.lists(st.sampled_from(("int8", "float8", "int4_g32", "int4_g128")), unique=True).map(lambda fs: tuple(sorted(fs))),
+        qinsight.types.ObserverSpec,
+        channel_axis=st.integers(-4, 4),
+        per_channel=st.booleans(),
+        moments=st.booleans(),
+        formats=st.lists(st.sampled_from(("int8", "float8", "int4_g32", "int4_g128")), unique=True).map(
+            lambda fs: tuple(sorted(fs))
+        ),
     )
     | st.builds(
         qinsight.types.ObserverSpec,
@@ -259,18 +309,36 @@ st.register_type_strategy(
 def all_classes() -> list[type]:
     names = set(schema()["classes"])
     found: dict[str, type] = {}
-    for module in ("qinsight.types", "qinsight.detectors", "qinsight.core.plan", "qinsight.core.activations", "qinsight.detectors.dynamic_static", "qinsight.core.precision", "qinsight.core.stats", "qinsight.core.suggestions", "qinsight.core.report", "qinsight.core.equalization", "qinsight.core.comparison"):
+    for module in (
+        "qinsight.types",
+        "qinsight.detectors",
+        "qinsight.core.plan",
+        "qinsight.core.activations",
+        "qinsight.detectors.dynamic_static",
+        "qinsight.core.precision",
+        "qinsight.core.stats",
+        "qinsight.core.suggestions",
+        "qinsight.core.report",
+        "qinsight.core.equalization",
+        "qinsight.core.comparison",
+    ):
         mod = importlib.import_module(module)
         for name in sorted(names):  # the same order in every run: parametrized ids do not follow set order
             if hasattr(mod, name):
                 found[name] = getattr(mod, name)
     assert set(found) == names
-    return [cls for cls in found.values() if attrs.has(cls) and cls not in (qinsight.Report, qinsight.types.DetectorResult, qinsight.types.Finding)]
+    return [
+        cls
+        for cls in found.values()
+        if attrs.has(cls) and cls not in (qinsight.Report, qinsight.types.DetectorResult, qinsight.types.Finding)
+    ]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cls", all_classes(), ids=lambda c: c.__name__)
-@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(data=st.data())
 def test_every_class_round_trips(cls: type, data: st.DataObject) -> None:
     value = data.draw(st.from_type(cls))
@@ -280,9 +348,15 @@ def test_every_class_round_trips(cls: type, data: st.DataObject) -> None:
 
 def test_nan_inside_tuples_round_trips() -> None:
     finding = qinsight.detectors.EqualizationFinding(
-        fqn="fc", kind=qinsight.types.OpKind.LINEAR, ratio_threshold=0.5, channel_fraction=0.4,
-        condition=qinsight.types.DataCondition.OK, input_ranges=(0.0, 1.0), weight_ranges=(1.0, math.inf),
-        scores=(math.nan, 2.5), recommended_channels=(1,),
+        fqn="fc",
+        kind=qinsight.types.OpKind.LINEAR,
+        ratio_threshold=0.5,
+        channel_fraction=0.4,
+        condition=qinsight.types.DataCondition.OK,
+        input_ranges=(0.0, 1.0),
+        weight_ranges=(1.0, math.inf),
+        scores=(math.nan, 2.5),
+        recommended_channels=(1,),
     )
     text = json.dumps(STRICT.unstructure(finding), allow_nan=False)
     assert '"nan"' in text and '"inf"' in text
@@ -328,7 +402,9 @@ def test_files_are_strict_json_with_non_finite_floats(reports: list[qinsight.Rep
     data = json.loads(text, parse_constant=refuse)
     assert data["format"] == FORMAT and data["schema_version"] == list(SCHEMA_VERSION)
     assert data["observations"][0]["stats"]["min"] == "inf"
-    assert {"metadata", "sites", "observations", "results", "suggestions", "equalization_mapping", "failures"} <= set(data)
+    assert {"metadata", "sites", "observations", "results", "suggestions", "equalization_mapping", "failures"} <= set(
+        data
+    )
     finding = data["results"][0]["findings"][0]
     assert set(finding["summary"]) == {"verdict", "actionable", "reason"} and finding["type"] == "PerChannelFinding"
 
@@ -347,8 +423,16 @@ BAD: dict[str, tuple[Any, str, str | None]] = {
     "truncated": (lambda d: json.dumps(d)[:200], "not valid JSON: ", None),
     "not_json": (lambda d: "report: yes\n", "not valid JSON: Expecting value at line 1, column 1", None),
     "top_level_list": (lambda d: "[1, 2]", "the top level is list, not a JSON object", "$"),
-    "wrong_format": (lambda d: json.dumps({**d, "format": "onnx"}), "not a qinsight report: format is 'onnx'", "$.format"),
-    "bad_version": (lambda d: json.dumps({**d, "schema_version": "1.0"}), "schema_version must be [major, minor]", "$.schema_version"),
+    "wrong_format": (
+        lambda d: json.dumps({**d, "format": "onnx"}),
+        "not a qinsight report: format is 'onnx'",
+        "$.format",
+    ),
+    "bad_version": (
+        lambda d: json.dumps({**d, "schema_version": "1.0"}),
+        "schema_version must be [major, minor]",
+        "$.schema_version",
+    ),
     "wrong_type": (
         lambda d: json.dumps({**d, "metadata": {**d["metadata"], "batches": "three"}}),
         "expected int, not str 'three'",
@@ -366,7 +450,9 @@ BAD: dict[str, tuple[Any, str, str | None]] = {
         "$.sites[0].kind",
     ),
     "bad_float": (
-        lambda d: json.dumps({**d, "observations": [{**d["observations"][0], "stats": {**d["observations"][0]["stats"], "max": "big"}}]}),
+        lambda d: json.dumps(
+            {**d, "observations": [{**d["observations"][0], "stats": {**d["observations"][0]["stats"], "max": "big"}}]}
+        ),
         "expected a number or one of 'nan', 'inf', '-inf', not 'big'",
         "$.observations[0].stats.max",
     ),
@@ -398,7 +484,10 @@ def test_binary_enormous_and_missing_files(tmp_path: Path) -> None:
 def test_newer_major_is_refused_naming_both_versions(reports: list[qinsight.Report]) -> None:
     text = json.dumps({**good_dict(reports), "schema_version": [SCHEMA_VERSION[0] + 1, 0]})
     major, minor = SCHEMA_VERSION
-    expected = rf"written with report schema {major + 1}\.0; this qinsight reads major version {major} \(schema {major}\.{minor}\)"
+    expected = (
+        rf"written with report schema {major + 1}\.0; "
+        rf"this qinsight reads major version {major} \(schema {major}\.{minor}\)"
+    )
     with pytest.raises(ReportVersionError, match=expected):
         report_from_json(text, source="future.json")
 
@@ -440,7 +529,13 @@ def test_compatibility_classifies_changes() -> None:
     }
     assert compatibility(old, old) == ([], [])
     new = {
-        "A": {"fields": {"x": {"type": "int", "required": True}, "y": {"type": "float", "required": False}, "z": {"type": "str", "required": False}}},
+        "A": {
+            "fields": {
+                "x": {"type": "int", "required": True},
+                "y": {"type": "float", "required": False},
+                "z": {"type": "str", "required": False},
+            }
+        },
         "E": {"values": ["a", "b", "c"]},
         "B": {"fields": {}},
     }
@@ -449,7 +544,10 @@ def test_compatibility_classifies_changes() -> None:
     literal = {"A": {"fields": {"f": {"type": "Literal['fx', 'pt2e']", "required": True}}}}
     wider = {"A": {"fields": {"f": {"type": "Literal['fx', 'pt2e', 'torchao']", "required": True}}}}
     assert compatibility(literal, wider) == ([], ["A.f value 'torchao' added"])
-    assert compatibility(wider, literal) == (["A.f retyped Literal['fx', 'pt2e', 'torchao'] -> Literal['fx', 'pt2e']"], [])
+    assert compatibility(wider, literal) == (
+        ["A.f retyped Literal['fx', 'pt2e', 'torchao'] -> Literal['fx', 'pt2e']"],
+        [],
+    )
     broken = {
         "A": {"fields": {"x": {"type": "str", "required": True}, "w": {"type": "int", "required": True}}},
         "E": {"values": ["a"]},
@@ -459,10 +557,14 @@ def test_compatibility_classifies_changes() -> None:
 
 
 def test_plugin_findings_survive_a_reader_without_the_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root = write_distribution(tmp_path / "plugin", "acme-widths", {"acme_widths": WIDTHS}, {"acme.widths": "acme_widths:WidthDetector"})
+    root = write_distribution(
+        tmp_path / "plugin", "acme-widths", {"acme_widths": WIDTHS}, {"acme.widths": "acme_widths:WidthDetector"}
+    )
     with monkeypatch.context() as patch:
         patch.syspath_prepend(str(root))
-        report = qinsight.diagnose(seeded(MLP()), gaussian_batches((4, 16), 2), detectors=["acme.widths", "qinsight.per_channel"])
+        report = qinsight.diagnose(
+            seeded(MLP()), gaussian_batches((4, 16), 2), detectors=["acme.widths", "qinsight.per_channel"]
+        )
         written = report_to_json(report)
         assert report_from_json(written) == report  # with the plugin: typed findings again
     sys.modules.pop("acme_widths", None)

@@ -16,7 +16,9 @@ from qinsight.outputs.text import shared_tail
 @pytest.fixture(scope="module")
 def report() -> qinsight.Report:
     # how the text reads, not whether the config holds: unverified, for speed
-    return qinsight.diagnose(llama_stack(width=32, mlp=88, layers=16, heads=4), stack_batches(width=32, tokens=16, count=2), verify=False)
+    return qinsight.diagnose(
+        llama_stack(width=32, mlp=88, layers=16, heads=4), stack_batches(width=32, tokens=16, count=2), verify=False
+    )
 
 
 def test_role_of_names_a_place_in_a_repeated_block() -> None:
@@ -29,14 +31,18 @@ def test_a_16_block_report_reads_by_role_and_all_lists_every_module(report: qins
     short, every = qinsight.to_text(report), qinsight.to_text(report, everything=True)
     assert len(short.splitlines()) < len(every.splitlines()) / 3
     # the config: one row per role and setting, with how many modules share it; every module with --all
-    config = short[short.index("Suggested config"):]
+    config = short[short.index("Suggested config") :]
     assert re.search(r"^  layers\.\*\.down_proj \(\d+\) +activation \w+, weight per_channel$", config, re.MULTILINE)
     assert all(f"layers.{i}.down_proj " in every for i in range(16))
     # a finding's numbers differ per module: the worst one's stand for its role, the next two named
     grouped = [line for line in short.splitlines() if re.match(r"^    layers\.\*\.", line)]
-    assert grouped and all(re.search(r"\(\d+\) +worst layers\.\d+\.\S+: .*; next layers\.\d+\.", line) for line in grouped)
+    assert grouped and all(
+        re.search(r"\(\d+\) +worst layers\.\d+\.\S+: .*; next layers\.\d+\.", line) for line in grouped
+    )
     # a small report's sections are short: every module keeps its own row
-    small = qinsight.diagnose(llama_stack(width=32, mlp=88, layers=1, heads=4), stack_batches(width=32, tokens=16, count=2), verify=False)
+    small = qinsight.diagnose(
+        llama_stack(width=32, mlp=88, layers=1, heads=4), stack_batches(width=32, tokens=16, count=2), verify=False
+    )
     assert "*" not in qinsight.to_text(small) and "layers.0.down_proj " in qinsight.to_text(small)
 
 
@@ -47,7 +53,9 @@ def test_a_roles_row_names_its_worst_modules_first(report: qinsight.Report) -> N
         by_role.setdefault(role_of(finding.fqn), []).append(finding)
     role, members = max(by_role.items(), key=lambda item: len(item[1]))
     ranked = sorted(members, key=lambda f: -(f.severity() or 0.0))
-    row = next(line for line in qinsight.to_text(report).splitlines() if line.startswith(f"    {role} ({len(members)})"))
+    row = next(
+        line for line in qinsight.to_text(report).splitlines() if line.startswith(f"    {role} ({len(members)})")
+    )
     assert f"worst {ranked[0].fqn}: {ranked[0].reason()}"[:60] in row
     assert f"next {ranked[1].fqn}, {ranked[2].fqn}" in row
 
@@ -55,8 +63,9 @@ def test_a_roles_row_names_its_worst_modules_first(report: qinsight.Report) -> N
 @pytest.mark.slow
 def test_an_llm_report_fits_a_screen_and_names_its_worst_layers() -> None:
     # SmolLM2-135M's real weights: 211 Linears, 545 ops around them, 30 decoder layers
-    from _support import smollm2_or_skip
     from qinsight.examples.smollm import token_batches
+
+    from _support import smollm2_or_skip
 
     report = qinsight.diagnose(smollm2_or_skip(), token_batches(), model_name="SmolLM2-135M", verify=False)
     text = qinsight.to_text(report)
@@ -73,8 +82,10 @@ def test_an_llm_report_fits_a_screen_and_names_its_worst_layers() -> None:
 
 def test_what_every_reason_of_a_verdict_ends_with_is_said_once() -> None:
     reasons = [
-        "269/576 channels with s_c outside [0.5, 2] (median s_c 1.94); FX cannot equalize a Linear on 3-D inputs: not suggested",
-        "323/576 channels with s_c outside [0.5, 2] (median s_c 2.10); FX cannot equalize a Linear on 3-D inputs: not suggested",
+        "269/576 channels with s_c outside [0.5, 2] (median s_c 1.94); FX cannot equalize a Linear on 3-D inputs: not "
+        "suggested",
+        "323/576 channels with s_c outside [0.5, 2] (median s_c 2.10); FX cannot equalize a Linear on 3-D inputs: not "
+        "suggested",
     ]
     assert shared_tail(reasons) == "FX cannot equalize a Linear on 3-D inputs: not suggested"
     assert shared_tail(reasons[:1]) == "" and shared_tail(["a; b", "c; d"]) == ""
@@ -92,7 +103,9 @@ def test_a_report_with_a_plan_leads_with_its_verdict() -> None:
     report = qinsight.diagnose(model, batches[:2])
     plan = qinsight.plan(model, batches[:2], batches[2:], report=report, target="sqnr>=30")
     lines = qinsight.to_text(report.with_plan(plan)).splitlines()
-    verdict = lines.index(next(line for line in lines if line.startswith("Plan (fx, backend x86): target sqnr>=30 reached")))
+    verdict = lines.index(
+        next(line for line in lines if line.startswith("Plan (fx, backend x86): target sqnr>=30 reached"))
+    )
     first_detector = lines.index(next(line for line in lines if line.startswith("qinsight.per_channel")))
     assert verdict == 2 < first_detector
     assert sum(line.startswith("Plan (") for line in lines) == 1

@@ -13,7 +13,6 @@ from typing import Any, ClassVar
 import attrs
 import pytest
 import torch
-from _support import MLP, examples, gaussian_batches, hooks_left, json_paths, seeded
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -22,6 +21,8 @@ import qinsight
 from qinsight.outputs.diff import diff_reports
 from qinsight.outputs.serde import report_from_json, report_to_dict
 from qinsight.plugin import DetectorResult, Finding, ModelView, ObservedStats, result_of
+
+from _support import MLP, examples, gaussian_batches, hooks_left, json_paths, seeded
 
 
 def batch(kind: str, seed: int) -> object:
@@ -43,7 +44,9 @@ def batch(kind: str, seed: int) -> object:
     }[kind]
 
 
-KINDS = st.sampled_from(["good", "unbatched", "none", "nan", "inf", "narrow", "double", "int", "empty", "tuple", "string", "mapping"])
+KINDS = st.sampled_from(
+    ["good", "unbatched", "none", "nan", "inf", "narrow", "double", "int", "empty", "tuple", "string", "mapping"]
+)
 
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -63,7 +66,9 @@ def test_any_calibration_data_gives_a_report_or_a_calibration_error(kinds: list[
     except qinsight.errors.CalibrationError as exc:
         assert exc.batch is None or 0 <= exc.batch <= len(kinds)
         assert "\n" not in str(exc)
-    except qinsight.errors.FrontendError as exc:  # nothing to find the sites with (no batches and not traceable): not the case here
+    except (
+        qinsight.errors.FrontendError
+    ) as exc:  # nothing to find the sites with (no batches and not traceable): not the case here
         raise AssertionError(exc) from exc
     else:
         assert report.metadata.batches >= 1
@@ -96,13 +101,23 @@ def test_bad_batches_name_their_index_and_the_models_message(data: list[object],
 @pytest.mark.parametrize(
     "data,error,message",
     [
-        (None, qinsight.errors.InvalidParameterError, "diagnose: calibration_data='NoneType' is invalid; expected an iterable of batches"),
+        (
+            None,
+            qinsight.errors.InvalidParameterError,
+            "diagnose: calibration_data='NoneType' is invalid; expected an iterable of batches",
+        ),
         ("batches.pt", qinsight.errors.InvalidParameterError, "calibration_data='str' is invalid"),
-        ([torch.randn(0, 16)] * 2, qinsight.errors.CalibrationError, r"calibration batch 0 is empty \(shape \(0, 16\)\): drop batches with zero rows"),
+        (
+            [torch.randn(0, 16)] * 2,
+            qinsight.errors.CalibrationError,
+            r"calibration batch 0 is empty \(shape \(0, 16\)\): drop batches with zero rows",
+        ),
         ([torch.randn(2, 16), torch.randn(0, 16)], qinsight.errors.CalibrationError, "calibration batch 1 is empty"),
     ],
 )
-def test_data_that_is_no_batches_is_one_error_naming_what_to_change(data: object, error: type[Exception], message: str) -> None:
+def test_data_that_is_no_batches_is_one_error_naming_what_to_change(
+    data: object, error: type[Exception], message: str
+) -> None:
     # with the defaults (verification on): the raw TypeError of iter(None) and torch's reshape of zero
     # rows were what a user saw
     with pytest.raises(error, match=message) as info:
@@ -151,7 +166,10 @@ def test_plugin_results_are_checked_where_they_enter_the_report(tmp_path: Path) 
     detectors = [DictDetector(), BrokenReasonDetector(), qinsight.detectors.OutlierDetector()]
     report = qinsight.diagnose(seeded(MLP()), gaussian_batches((4, 16), 2), detectors=detectors)  # type: ignore[list-item]
     failures = {f.detector: (f.stage, f.error) for f in report.failures}
-    assert failures["acme.dict"] == (qinsight.types.FailureStage.ANALYZE, "TypeError: analyze() returned dict, not a DetectorResult")
+    assert failures["acme.dict"] == (
+        qinsight.types.FailureStage.ANALYZE,
+        "TypeError: analyze() returned dict, not a DetectorResult",
+    )
     assert "cannot say its verdict or reason: ZeroDivisionError: no reason" in failures["acme.broken"][1]
     assert [r.detector for r in report.results] == ["qinsight.outliers"]
     qinsight.save_report(report, tmp_path / "r.json")  # nothing left that cannot be written or shown
@@ -180,18 +198,27 @@ def test_a_finding_read_raw_against_a_typed_one_differs(base_report: qinsight.Re
     assert not diff_reports(base_report, other, rel_tol=0, abs_tol=0).empty
 
 
-@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(300),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data())
-def test_any_two_different_reports_differ_and_equal_ones_do_not(base_report: qinsight.Report, data: st.DataObject) -> None:
+def test_any_two_different_reports_differ_and_equal_ones_do_not(
+    base_report: qinsight.Report, data: st.DataObject
+) -> None:
     assert diff_reports(base_report, base_report, rel_tol=0, abs_tol=0).empty
     mutated = report_to_dict(base_report)
-    path = data.draw(st.sampled_from([p for p in json_paths(mutated, leaves=True) if p[0] not in ("format", "schema_version")]))
+    path = data.draw(
+        st.sampled_from([p for p in json_paths(mutated, leaves=True) if p[0] not in ("format", "schema_version")])
+    )
     old = mutated
     for part in path:
         old = old[part]
     new = data.draw(
-        st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers(0, 10**6), st.booleans(), st.text(max_size=8))
-        .filter(lambda v: v != old or type(v) is not type(old))
+        st.one_of(
+            st.floats(allow_nan=False, allow_infinity=False), st.integers(0, 10**6), st.booleans(), st.text(max_size=8)
+        ).filter(lambda v: v != old or type(v) is not type(old))
     )
     _set(mutated, path, new)
     try:

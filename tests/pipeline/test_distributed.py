@@ -21,14 +21,16 @@ import torch
 import torch.multiprocessing as mp
 
 import qinsight
-from _same import assert_same, assert_same_comparison, assert_same_report
 from qinsight.core.comparison import ActivationComparison
 from qinsight.core.report import Report
+
+from _same import assert_same, assert_same_comparison, assert_same_report
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 import _distributed  # noqa: E402
 
 pytestmark = pytest.mark.slow  # real weights, or processes of their own: the whole suite's tier
+
 
 @pytest.fixture(scope="module")
 def one_process() -> dict[str, Any]:
@@ -41,11 +43,15 @@ def spawn(world_size: int, folder: Path, fail: bool = False) -> list[dict[str, A
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_ranks_give_the_one_process_report_and_comparison(world_size: int, one_process: dict[str, Any], tmp_path: Path) -> None:
+def test_ranks_give_the_one_process_report_and_comparison(
+    world_size: int, one_process: dict[str, Any], tmp_path: Path
+) -> None:
     ranks = spawn(world_size, tmp_path, fail=world_size == 2)
     single: Report = one_process["report"]
     assert single.metadata.batches == _distributed.BATCHES
-    sampled = [o for o in single.observations if o.stats.spec.percentile_samples and o.stats.channel_min and o.fqn == "0"]
+    sampled = [
+        o for o in single.observations if o.stats.spec.percentile_samples and o.stats.channel_min and o.fqn == "0"
+    ]
     assert sampled, "the test must cover sampled percentiles"
     for rank, results in enumerate(ranks):
         assert_same_report(results["report"], single, tmp_path)  # every rank holds the whole report
@@ -56,14 +62,20 @@ def test_ranks_give_the_one_process_report_and_comparison(world_size: int, one_p
             for score, wanted in zip(row.scores, want.scores):
                 assert math.isclose(score.metric("sqnr"), wanted.metric("sqnr"), rel_tol=1e-6), (row.fqn, score.config)
         if world_size == 2:
-            expected = "CalibrationError: the calibration data raised at batch 3" if rank == 1 else "ShardError: rank 1: CalibrationError"
+            expected = (
+                "CalibrationError: the calibration data raised at batch 3"
+                if rank == 1
+                else "ShardError: rank 1: CalibrationError"
+            )
             assert results["failure"].startswith(expected), results["failure"]
 
 
 def test_merged_shard_reports_equal_the_one_process_report(one_process: dict[str, Any], tmp_path: Path) -> None:
     batches = _distributed.data()
     shards = [
-        qinsight.diagnose(_distributed.model(), batches[rank::2], shard=qinsight.types.Shard(rank=rank, world_size=2), verify=False)
+        qinsight.diagnose(
+            _distributed.model(), batches[rank::2], shard=qinsight.types.Shard(rank=rank, world_size=2), verify=False
+        )
         for rank in range(2)
     ]
     assert [s.metadata.batches for s in shards] == [4, 3]
@@ -85,7 +97,9 @@ def test_merge_refuses_reports_that_are_not_one_model_diagnosed_one_way() -> Non
     cases = {
         "weight of 0 differs": qinsight.diagnose(other_weights, batches),
         "detectors or their parameters": qinsight.diagnose(
-            _distributed.model(), batches, detectors=["qinsight.per_channel", qinsight.detectors.OutlierDetector(ratio_threshold=9.0)]
+            _distributed.model(),
+            batches,
+            detectors=["qinsight.per_channel", qinsight.detectors.OutlierDetector(ratio_threshold=9.0)],
         ),
         "backend": qinsight.diagnose(_distributed.model(), batches, backend="onednn"),
     }
@@ -108,8 +122,14 @@ def test_distributed_needs_a_process_group_and_shard_excludes_it() -> None:
 
 def _cli(*args: str, cwd: Path, torchrun: int | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent.parent)}
-    prefix = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={torchrun}"] if torchrun else [sys.executable]
-    return subprocess.run([*prefix, "-m", "qinsight", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    prefix = (
+        [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={torchrun}"]
+        if torchrun
+        else [sys.executable]
+    )
+    return subprocess.run(
+        [*prefix, "-m", "qinsight", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_torchrun_diagnose_and_merge_on_the_command_line(tmp_path: Path) -> None:
@@ -136,7 +156,9 @@ def test_torchrun_diagnose_and_merge_on_the_command_line(tmp_path: Path) -> None
     assert_same(json.loads((tmp_path / "one.json").read_text()), json.loads((tmp_path / "merged.json").read_text()))
     bad_shard = _cli("diagnose", *source, "--shard", "2/2", cwd=tmp_path)
     assert bad_shard.returncode == 2 and "--shard must look like I/N" in bad_shard.stderr
-    (tmp_path / "other.json").write_text((tmp_path / "one.json").read_text().replace('"backend": "x86"', '"backend": "fbgemm"'))
+    (tmp_path / "other.json").write_text(
+        (tmp_path / "one.json").read_text().replace('"backend": "x86"', '"backend": "fbgemm"')
+    )
     refused = _cli("merge", "one.json", "other.json", cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.splitlines() == [
         "qinsight: error: report 2 differs from report 1 in its backend: not one model diagnosed one way"
@@ -152,9 +174,20 @@ def test_torchrun_error_on_one_rank_is_one_line(tmp_path: Path) -> None:
         "            raise OSError('shard file 3 is unreadable')\n"
         "        yield batch\n"
     )
-    run = _cli("diagnose", "--model", "_distributed:model", "--data", "broken:data", "--out", "x.json", cwd=tmp_path, torchrun=2)
+    run = _cli(
+        "diagnose",
+        "--model",
+        "_distributed:model",
+        "--data",
+        "broken:data",
+        "--out",
+        "x.json",
+        cwd=tmp_path,
+        torchrun=2,
+    )
     assert run.returncode != 0 and not (tmp_path / "x.json").exists()
     ours = [line for line in run.stderr.splitlines() if line.startswith("qinsight:")]
     assert ours == [
-        "qinsight: error: rank 1: CalibrationError: the calibration data raised at batch 3: OSError: shard file 3 is unreadable"
+        "qinsight: error: rank 1: CalibrationError: the calibration data raised at batch 3: OSError: shard file 3 is "
+        "unreadable"
     ]

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import attrs
 import torch
-from _same import assert_same, report_json
-from _support import MLP, seeded
 
 import qinsight
 from qinsight.core.activations import FxActivations
 from qinsight.core.report import Report
+
+from _same import assert_same, report_json
+from _support import MLP, seeded
 
 
 def test_the_merge_of_a_runs_shards_equals_the_run_field_for_field(tmp_path: Path) -> None:
@@ -22,7 +23,9 @@ def test_the_merge_of_a_runs_shards_equals_the_run_field_for_field(tmp_path: Pat
     batches = [torch.randn(8, 16, generator=generator) for _ in range(4)]
     one = qinsight.diagnose(seeded(MLP()), batches, verify=False)
     shards = [
-        qinsight.diagnose(seeded(MLP()), batches[rank::2], shard=qinsight.types.Shard(rank=rank, world_size=2), verify=False)
+        qinsight.diagnose(
+            seeded(MLP()), batches[rank::2], shard=qinsight.types.Shard(rank=rank, world_size=2), verify=False
+        )
         for rank in range(2)
     ]
     merged = qinsight.merge_reports(shards)

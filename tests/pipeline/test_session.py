@@ -12,13 +12,14 @@ import torch
 from torch import nn
 
 import qinsight
-from _support import TwiceLinear, gaussian_batches, hooks_left, prepared_fx, seeded
-from qinsight.detectors import DynamicStaticDetector, DynamicStaticFinding, PerChannelDetector
-from qinsight.errors import CalibrationError, FrontendError
-from qinsight.types import DataCondition, FailureStage, Side
 from qinsight.core.report import DetectorResult
 from qinsight.core.sites import InsertPoint, ObserverSpec
 from qinsight.core.stats import ObservedStats
+from qinsight.detectors import DynamicStaticDetector, DynamicStaticFinding, PerChannelDetector
+from qinsight.errors import CalibrationError, FrontendError
+from qinsight.types import DataCondition, FailureStage, Side
+
+from _support import TwiceLinear, gaussian_batches, hooks_left, prepared_fx, seeded
 
 
 def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -46,7 +47,10 @@ def test_model_is_unchanged(mlp: nn.Module, prepared: bool) -> None:
 def test_calibration_error_removes_observers_and_names_the_batch(mlp: nn.Module) -> None:
     data: list[object] = [torch.randn(2, 16), torch.randn(2, 16), torch.randn(2, 5)]
     # The model's own error comes first; the per-channel input observer that saw the wrong width is named too.
-    with pytest.raises(CalibrationError, match=r"calibration batch 2 failed: RuntimeError: .*\(and observer fc1:pre: a batch has 5 channels") as info:
+    with pytest.raises(
+        CalibrationError,
+        match=r"calibration batch 2 failed: RuntimeError: .*\(and observer fc1:pre: a batch has 5 channels",
+    ) as info:
         qinsight.diagnose(mlp, data)
     assert info.value.batch == 2
     assert hooks_left(mlp) == 0
@@ -139,7 +143,10 @@ def test_batches_may_be_tuples_or_mappings() -> None:
             return out
 
     model = TwoInputs().eval()
-    batches: Sequence[object] = [(torch.randn(2, 4), torch.tensor(2.0)), {"x": torch.randn(2, 4), "scale": torch.tensor(1.0)}]
+    batches: Sequence[object] = [
+        (torch.randn(2, 4), torch.tensor(2.0)),
+        {"x": torch.randn(2, 4), "scale": torch.tensor(1.0)},
+    ]
     assert qinsight.diagnose(model, batches).metadata.batches == 2
     with pytest.raises(CalibrationError, match="not str"):
         qinsight.diagnose(model, ["nope"])
@@ -161,7 +168,9 @@ def test_instrument_with_own_loop(mlp: nn.Module) -> None:
         for batch in data:
             mlp(batch)
     assert plain.report().results == diagnosed.results
-    assert [s.input_rank for s in plain.report().sites] == [None] * 3 and [s.input_rank for s in diagnosed.sites] == [2] * 3
+    assert [s.input_rank for s in plain.report().sites] == [None] * 3 and [s.input_rank for s in diagnosed.sites] == [
+        2
+    ] * 3
 
 
 def test_one_observer_per_slot_shared_by_detectors(mlp: nn.Module) -> None:
@@ -213,7 +222,9 @@ class PointsAtNothing(Exploding):
 
 
 def test_insert_point_on_unknown_module_fails_only_that_detector(mlp: nn.Module) -> None:
-    report = qinsight.diagnose(mlp, [torch.randn(2, 16)], detectors=[PointsAtNothing(FailureStage.INSERT_POINTS), PerChannelDetector()])
+    report = qinsight.diagnose(
+        mlp, [torch.randn(2, 16)], detectors=[PointsAtNothing(FailureStage.INSERT_POINTS), PerChannelDetector()]
+    )
     (failure,) = report.failures
     assert failure.stage is FailureStage.INSERT_POINTS and "no op site 'no.such'" in failure.error
     assert len(report.result("qinsight.per_channel").findings) == 3
@@ -229,7 +240,9 @@ def test_detector_list_errors(mlp: nn.Module) -> None:
     with pytest.raises(ValueError, match="detectors is empty"):
         qinsight.diagnose(mlp, [torch.randn(2, 16)], detectors=[])
     with pytest.raises(ValueError, match="given more than once: qinsight.dynamic_static"):
-        qinsight.diagnose(mlp, [torch.randn(2, 16)], detectors=[DynamicStaticDetector(), DynamicStaticDetector(tolerance=0.3)])
+        qinsight.diagnose(
+            mlp, [torch.randn(2, 16)], detectors=[DynamicStaticDetector(), DynamicStaticDetector(tolerance=0.3)]
+        )
 
 
 def test_report_records_what_ran(mlp: nn.Module) -> None:

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import torch
-from _support import DataDependent, ShapeBranching, Stream, minilm_or_skip, mobilenet_v2_or_skip, photo_crops, sentence_batches, sqnr
 from torch import nn
 
 import qinsight
@@ -21,13 +20,26 @@ from qinsight.examples.builtin import example
 from qinsight.frontends import run_batch
 from qinsight.outputs.html import render_html
 
+from _support import (
+    DataDependent,
+    ShapeBranching,
+    Stream,
+    minilm_or_skip,
+    mobilenet_v2_or_skip,
+    photo_crops,
+    sentence_batches,
+    sqnr,
+)
+
 
 def outputs(model: nn.Module, batches: list[Any]) -> torch.Tensor:
     with torch.no_grad():
         return torch.cat([output_rows(run_batch(model, batch)) for batch in batches])
 
 
-def unseen_scores(model: nn.Module, report: qinsight.Report, flow: str, calibration: list[Any], unseen: list[Any]) -> tuple[float, float]:
+def unseen_scores(
+    model: nn.Module, report: qinsight.Report, flow: str, calibration: list[Any], unseen: list[Any]
+) -> tuple[float, float]:
     """The report's config and the flow's default (the same sites, nothing suggested), each quantized as
     a user would on ``calibration``, scored on ``unseen`` batches against the float model."""
     reference = outputs(model.eval(), unseen)
@@ -90,7 +102,9 @@ def test_the_default_verifies_the_frontends_flow_and_qinsight_verify_chooses(mon
     assert [v.flow for v in qinsight.diagnose(model, data, frontend="eager").verification] == ["pt2e", "torchao"]
     monkeypatch.setenv("QINSIGHT_VERIFY", "0")
     assert qinsight.diagnose(model, data).verification == ()
-    assert [v.flow for v in qinsight.diagnose(model, data, verify="fx").verification] == ["fx"]  # a call's own word wins
+    assert [v.flow for v in qinsight.diagnose(model, data, verify="fx").verification] == [
+        "fx"
+    ]  # a call's own word wins
     monkeypatch.setenv("QINSIGHT_VERIFY", "pt2e,fx")
     assert [v.flow for v in qinsight.diagnose(model, data).verification] == ["pt2e", "fx"]
     monkeypatch.setenv("QINSIGHT_VERIFY", "tflite")
@@ -165,7 +179,10 @@ EXTENDED = {"mobilenet_v2": 4, "resnet18": 2, "minilm": 2}
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
-    [pytest.param(name, marks=[pytest.mark.extended(EXTENDED[name])] if name in EXTENDED else []) for name in sorted(MODELS)],
+    [
+        pytest.param(name, marks=[pytest.mark.extended(EXTENDED[name])] if name in EXTENDED else [])
+        for name in sorted(MODELS)
+    ],
 )
 def test_the_reports_config_scores_at_least_the_default_on_unseen_inputs(name: str) -> None:
     model, calibration, unseen = MODELS[name]()
@@ -208,7 +225,9 @@ def test_the_defaults_verify_every_built_in_example_in_its_own_flow(name: str) -
     chosen = example(name)
     model, data = chosen.model(), chosen.data(2)  # one batch calibrates, one is scored
     traced = qinsight.diagnose(model, data)
-    exported = qinsight.diagnose(torch.export.export(model, tuple(data[0]) if isinstance(data[0], tuple) else (data[0],)), data)
+    exported = qinsight.diagnose(
+        torch.export.export(model, tuple(data[0]) if isinstance(data[0], tuple) else (data[0],)), data
+    )
     for report, flow in ((traced, "fx"), (exported, "pt2e")):
         assert [v.flow for v in report.verification] == [flow]
         verdict = report.verification[0]
@@ -232,7 +251,10 @@ def test_a_model_fx_cannot_trace_is_verified_in_pt2e_by_default_and_its_config_s
     layers = qinsight.compare_activations(model, quantized, data[:1]).layers
     assert {row.fqn for row in layers if row.quantized} == {"fc1", "fc2"}
     text = qinsight.to_text(report)
-    assert "Verified for real (qinsight.pt2e_quantizer(report) / qinsight.quantize(model, report, data, flow='torchao')" in text
+    assert (
+        "Verified for real (qinsight.pt2e_quantizer(report) / qinsight.quantize(model, report, data, flow='torchao')"
+        in text
+    )
     assert "qinsight.qconfig_mapping(report)" not in text  # no FX mapping its user cannot apply
     assert "FX cannot trace this model; it quantizes through PT2E: <code>qinsight.pt2e_quantizer(report)</code>" in (
         render_html(report)
@@ -274,13 +296,18 @@ def test_the_torchao_verdict_is_the_score_of_the_config_its_user_applies() -> No
     with torch.no_grad():
         assert verdict.score == pytest.approx(sqnr(model(data[3]), quantized(data[3])), abs=1e-4)
     linears = [site.fqn for site in report.sites if site.kind is OpKind.LINEAR]
-    dynamic = {s.fqn for s in qinsight.advice_of(report, "torchao").suggestions if s.activation is ActivationMode.DYNAMIC}
+    dynamic = {
+        s.fqn for s in qinsight.advice_of(report, "torchao").suggestions if s.activation is ActivationMode.DYNAMIC
+    }
     static = [fqn for fqn in linears if fqn not in dynamic]
     assert static and dynamic  # both kinds of Linear in this config
     largest = {fqn: torch.tensor(0.0) for fqn in static}
-    hooks = [model.get_submodule(fqn).register_forward_pre_hook(
-        lambda _m, args, fqn=fqn: largest.__setitem__(fqn, torch.maximum(largest[fqn], args[0].abs().amax()))
-    ) for fqn in static]
+    hooks = [
+        model.get_submodule(fqn).register_forward_pre_hook(
+            lambda _m, args, fqn=fqn: largest.__setitem__(fqn, torch.maximum(largest[fqn], args[0].abs().amax()))
+        )
+        for fqn in static
+    ]
     with torch.no_grad():
         for batch in data[:3]:
             model(batch)

@@ -29,7 +29,9 @@ def test_an_xnnpack_report_is_verified_in_pt2e_and_speaks_that_flow() -> None:
     assert "Verified for real (qinsight.pt2e_quantizer(report) leaves out what was dropped):" in text
     assert "qinsight.qconfig_mapping(report)" not in text
     assert "xnnpack quantizes through PT2E: <code>qinsight.pt2e_quantizer(report)</code>" in render_html(report)
-    with pytest.raises(qinsight.errors.InvalidParameterError, match=r"for flow='fx' \(xnnpack is served by flow='pt2e'\)"):
+    with pytest.raises(
+        qinsight.errors.InvalidParameterError, match=r"for flow='fx' \(xnnpack is served by flow='pt2e'\)"
+    ):
         qinsight.qconfig_mapping(report)
     with pytest.raises(
         qinsight.errors.InvalidParameterError, match="backend='xnnpack' is invalid; expected one of x86, fbgemm"
@@ -119,8 +121,10 @@ def test_verification_starts_from_the_users_quantizer(tmp_path: Path) -> None:
     qinsight.save_report(report, tmp_path / "report.json")
     assert qinsight.load_report(tmp_path / "report.json").verification_for("pt2e") == verdict
     beaten = noting_yours(attrs.evolve(verdict, yours=verdict.score + 1.0))
-    assert beaten.notes[-1] == f"your XNNPACKQuantizer scored {verdict.score + 1.0:.2f} dB, above the report's " \
+    assert (
+        beaten.notes[-1] == f"your XNNPACKQuantizer scored {verdict.score + 1.0:.2f} dB, above the report's "
         f"config ({verdict.score:.2f} dB): keep yours"
+    )
     x86_report = qinsight.diagnose(model, batches, verify=False)
     with pytest.raises(qinsight.errors.InvalidParameterError, match="^verify_report: backend='x86' is invalid"):
         qinsight.verify_report(model, x86_report, batches, quantizer=yours)

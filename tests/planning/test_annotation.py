@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 import torch
-from _support import ConvBnReluCNN
 from torch import fx
 
 from qinsight.planning.annotation import patterns_exported_once
+
+from _support import ConvBnReluCNN
 
 
 def _annotations(quantizer: Any, graph: fx.GraphModule) -> dict[str, tuple[object, ...]]:

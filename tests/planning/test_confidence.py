@@ -70,4 +70,4 @@ def test_a_confidence_the_evaluation_data_cannot_hold_is_one_error(arguments: di
     model, data = chosen.model(), chosen.data(5)
     batches = int(arguments.pop("batches", 2))  # type: ignore[call-overload]
     with pytest.raises(qinsight.errors.InvalidParameterError, match=expected.replace("(", r"\(").replace(")", r"\)")):
-        qinsight.plan(model, data[:3], data[3:3 + batches], **arguments)  # type: ignore[arg-type]
+        qinsight.plan(model, data[:3], data[3 : 3 + batches], **arguments)  # type: ignore[arg-type]

@@ -41,7 +41,9 @@ class TinyLM(nn.Module):
         self.head = nn.Linear(DIM, VOCAB)
         with torch.no_grad():
             self.head.weight.mul_(4.0)  # confident predictions: a perplexity that quantization moves
-            self.blocks[min(1, blocks - 1)].up.weight[:, :4].mul_(12.0)  # a few large input columns: int4 groups lose them
+            self.blocks[min(1, blocks - 1)].up.weight[:, :4].mul_(
+                12.0
+            )  # a few large input columns: int4 groups lose them
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)
@@ -75,17 +77,26 @@ def model() -> nn.Module:
 @pytest.fixture(scope="module")
 def uniform(model: nn.Module) -> dict[str, qinsight.types.CurvePoint]:
     """The uniform formats' real scores, from a budget-only plan (no target)."""
-    found = qinsight.plan_formats(model, _tokens(4, seed=1), budget="bits<=32", target=None, metric="perplexity", compare_orders=False)
+    found = qinsight.plan_formats(
+        model, _tokens(4, seed=1), budget="bits<=32", target=None, metric="perplexity", compare_orders=False
+    )
     return {point.label: point for point in found.uniform}
 
 
-def test_a_plan_between_the_uniform_formats_reaches_its_target_for_real(model: nn.Module, uniform: dict[str, qinsight.types.CurvePoint]) -> None:
+def test_a_plan_between_the_uniform_formats_reaches_its_target_for_real(
+    model: nn.Module, uniform: dict[str, qinsight.types.CurvePoint]
+) -> None:
     int8, int4 = uniform["uniform int8"], uniform["uniform int4_g32"]
     assert int8.score < int4.score  # int4 costs this model more than int8
     threshold = math.sqrt(int8.score * int4.score)
     data = _tokens(4, seed=1)
     plan = qinsight.plan_formats(model, data, target=f"perplexity<={threshold:.6f}")
-    assert plan.reached and plan.target is not None and plan.target.met(plan.chosen.score) and plan.target.met(plan.chosen.held_out)
+    assert (
+        plan.reached
+        and plan.target is not None
+        and plan.target.met(plan.chosen.score)
+        and plan.target.met(plan.chosen.held_out)
+    )
     counts = plan.counts()
     assert counts["int8"] > 0 and counts["int4_g32"] > 0  # mixed: neither uniform format is the answer
     assert int4.mean_bits < plan.mean_bits < int8.mean_bits
@@ -104,7 +115,9 @@ def test_a_plan_between_the_uniform_formats_reaches_its_target_for_real(model: n
     assert cost.score == pytest.approx(_perplexity_ratio(model, alone, data[:1]), rel=1e-9)
     assert not any("one search batch" in note for note in plan.notes)
     single = qinsight.plan_formats(model, data[:2], target=f"perplexity<={threshold:.6f}", compare_orders=False)
-    assert any("one search batch: the layers were ranked and the sizes chosen on the same tokens" in n for n in single.notes)
+    assert any(
+        "one search batch: the layers were ranked and the sizes chosen on the same tokens" in n for n in single.notes
+    )
 
 
 def _alone(model: nn.Module, fqn: str, name: str) -> nn.Module:
@@ -113,7 +126,9 @@ def _alone(model: nn.Module, fqn: str, name: str) -> nn.Module:
     return quantized
 
 
-def test_each_layer_converted_carries_its_planned_format(model: nn.Module, uniform: dict[str, qinsight.types.CurvePoint]) -> None:
+def test_each_layer_converted_carries_its_planned_format(
+    model: nn.Module, uniform: dict[str, qinsight.types.CurvePoint]
+) -> None:
     threshold = math.sqrt(uniform["uniform int8"].score * uniform["uniform int4_g32"].score)
     plan = qinsight.plan_formats(model, _tokens(4, seed=1), target=f"perplexity<={threshold:.6f}", compare_orders=False)
     weights = qinsight.compare_weights(model, qinsight.quantize(model, plan))
@@ -124,7 +139,9 @@ def test_each_layer_converted_carries_its_planned_format(model: nn.Module, unifo
 
 
 def test_a_budget_caps_the_mean_bits_and_the_stored_bytes_are_read_from_the_weights(model: nn.Module) -> None:
-    plan = qinsight.plan_formats(model, _tokens(4, seed=1), target=None, budget="bits<=6", metric="kl", compare_orders=False)
+    plan = qinsight.plan_formats(
+        model, _tokens(4, seed=1), target=None, budget="bits<=6", metric="kl", compare_orders=False
+    )
     assert plan.reached and plan.mean_bits <= 6.0 and plan.metric == "kl"
     quantized = qinsight.quantize(model, plan)
     stored = 0
@@ -161,7 +178,9 @@ def test_a_plan_chosen_on_one_distribution_does_not_claim_a_target_the_held_out_
     assert not plan.reached
     assert any("not on the held-out data" in note for note in plan.notes)
     # the same search data held out too: nothing shifts, and the plan stands
-    steady = qinsight.plan_formats(gated, search, held_out_data=_tokens(2, seed=5, high=32), target="kl<=0.01", compare_orders=False)
+    steady = qinsight.plan_formats(
+        gated, search, held_out_data=_tokens(2, seed=5, high=32), target="kl<=0.01", compare_orders=False
+    )
     assert steady.reached
 
 
@@ -201,7 +220,9 @@ def test_a_tied_output_head_and_layers_no_group_fits_stay_float_with_a_note() ->
     assert any("blocks.0.odd" in note and "divide" in note for note in plan.notes)
 
 
-def test_a_report_carrying_a_format_plan_round_trips_and_leads_with_its_verdict(model: nn.Module, tmp_path: object) -> None:
+def test_a_report_carrying_a_format_plan_round_trips_and_leads_with_its_verdict(
+    model: nn.Module, tmp_path: object
+) -> None:
     from pathlib import Path
 
     data = _tokens(4, seed=1)
@@ -212,12 +233,20 @@ def test_a_report_carrying_a_format_plan_round_trips_and_leads_with_its_verdict(
     loaded = qinsight.load_report(path)
     # the same file again (the curve's unmeasured held-out scores are NaN, which == never equals)
     assert loaded.formats is not None and report_to_json(loaded) == report_to_json(report)
-    assert loaded.formats.layers == plan.layers and loaded.formats.chosen == plan.chosen and loaded.formats.costs == plan.costs
+    assert (
+        loaded.formats.layers == plan.layers
+        and loaded.formats.chosen == plan.chosen
+        and loaded.formats.costs == plan.costs
+    )
     assert len(plan.orders) == 3  # measured, fisher, activation: each at the plan's bits, the plan's own its point
     assert next(o for o in plan.orders if o.order == plan.order).point == plan.chosen
     # the plan is the best of the rankings' own searches: the target met with the fewest bits
     own = {o.order: o.searched for o in plan.orders if o.searched is not None}
-    assert len(own) == 3 and own[plan.order].mean_bits == plan.chosen.mean_bits and own[plan.order].score == plan.chosen.score
+    assert (
+        len(own) == 3
+        and own[plan.order].mean_bits == plan.chosen.mean_bits
+        and own[plan.order].score == plan.chosen.score
+    )
     met = [name for name, point in own.items() if plan.target is not None and plan.target.met(point.score)]
     assert plan.order in met and own[plan.order].mean_bits == min(own[name].mean_bits for name in met)
     text = qinsight.to_text(loaded).splitlines()
@@ -230,7 +259,10 @@ def test_a_report_carrying_a_format_plan_round_trips_and_leads_with_its_verdict(
     theirs = copy.deepcopy(model)
     torchao_quantization.quantize_(theirs, qinsight.fqn_to_config(loaded), filter_fn=None)
     with torch.no_grad():
-        assert all(torch.equal(from_file(b), theirs(b)) and torch.equal(from_file(b), qinsight.quantize(model, plan)(b)) for b in data)
+        assert all(
+            torch.equal(from_file(b), theirs(b)) and torch.equal(from_file(b), qinsight.quantize(model, plan)(b))
+            for b in data
+        )
     # a report without a format plan: its int8 advice in torchao's flow, which calibrates its static Linears
     with pytest.raises(InvalidParameterError, match="calibration_data=None is invalid"):
         qinsight.quantize(model, qinsight.diagnose(model, data[:1]), flow="torchao")
@@ -245,9 +277,9 @@ def test_smollm2_mixes_formats_below_int8_bits_and_reaches_its_target_on_text_it
     to perplexity <= 1.05x fp32 on six paragraphs (231 tokens: three rank the layers, three choose the
     size) and scored on six others it never saw. Measured: 1.011 (95% bound 1.040) on the sizing
     paragraphs, 1.043 held out, at 7.41 bits (36 int4 layers); uniform int4 1.359 held out."""
-    from _support import smollm2_or_skip
-
     from qinsight.examples.smollm import HELD_OUT_TEXTS, TEXTS, token_batches
+
+    from _support import smollm2_or_skip
 
     smollm = smollm2_or_skip()
     paragraphs = token_batches(TEXTS, tokens=1000)
@@ -280,13 +312,19 @@ def _perplexity_ratio_of_texts(model: nn.Module, quantized: nn.Module, texts: li
     return math.exp(loss(quantized) - loss(model))
 
 
-def test_the_search_holds_its_target_at_the_scores_confidence_bound(model: nn.Module, uniform: dict[str, qinsight.types.CurvePoint]) -> None:
+def test_the_search_holds_its_target_at_the_scores_confidence_bound(
+    model: nn.Module, uniform: dict[str, qinsight.types.CurvePoint]
+) -> None:
     """With a confidence, the bound over the search tokens meets the target, not only the score; the
     bound is the batch-means one computed by hand from each token's loss."""
     threshold = math.sqrt(uniform["uniform int8"].score * uniform["uniform int4_g32"].score)
     data = _tokens(4, seed=1)
-    bold = qinsight.plan_formats(model, data, target=f"perplexity<={threshold:.6f}", confidence=None, compare_orders=False)
-    held = qinsight.plan_formats(model, data, target=f"perplexity<={threshold:.6f}", confidence=0.99, compare_orders=False)
+    bold = qinsight.plan_formats(
+        model, data, target=f"perplexity<={threshold:.6f}", confidence=None, compare_orders=False
+    )
+    held = qinsight.plan_formats(
+        model, data, target=f"perplexity<={threshold:.6f}", confidence=0.99, compare_orders=False
+    )
     assert bold.confidence is None and math.isnan(bold.chosen.bound)
     assert held.confidence == 0.99 and held.target is not None and held.target.met(held.chosen.bound)
     assert held.chosen.bound > held.chosen.score and held.mean_bits >= bold.mean_bits
@@ -294,7 +332,9 @@ def test_the_search_holds_its_target_at_the_scores_confidence_bound(model: nn.Mo
     quantized = qinsight.quantize(model, held)
     with torch.no_grad():
         losses = [
-            torch.nn.functional.cross_entropy(m(data[1])[:, :-1].reshape(-1, VOCAB).double(), data[1][:, 1:].reshape(-1), reduction="none")
+            torch.nn.functional.cross_entropy(
+                m(data[1])[:, :-1].reshape(-1, VOCAB).double(), data[1][:, 1:].reshape(-1), reduction="none"
+            )
             for m in (quantized, model)
         ]
     differences = losses[0] - losses[1]
@@ -302,7 +342,9 @@ def test_the_search_holds_its_target_at_the_scores_confidence_bound(model: nn.Mo
     z = 2.3263478740408408  # the standard normal's 99th percentile
     expected = math.exp(float(differences.mean()) + z * float(blocks.std()) / math.sqrt(blocks.numel()))
     assert held.chosen.bound == pytest.approx(expected, rel=1e-9)
-    assert any("bound" in note for note in held.notes) and "(bound " in qinsight.to_text(qinsight.diagnose(model, data[:1]).with_formats(held))
+    assert any("bound" in note for note in held.notes) and "(bound " in qinsight.to_text(
+        qinsight.diagnose(model, data[:1]).with_formats(held)
+    )
 
 
 @pytest.mark.parametrize("confidence", [0.3, 1.0, "high"])
@@ -317,9 +359,13 @@ def test_a_budget_that_forces_a_plan_past_its_targets_bound_says_which_part_held
     from qinsight.outputs.formats import verdict
 
     data = _tokens(4, seed=1)
-    forced = qinsight.plan_formats(model, data, target=None, budget="bits<=6", metric="perplexity", compare_orders=False)
+    forced = qinsight.plan_formats(
+        model, data, target=None, budget="bits<=6", metric="perplexity", compare_orders=False
+    )
     threshold = max(forced.chosen.score, forced.chosen.held_out) * (1 + 1e-6)  # met by both scores, by a hair
-    plan = qinsight.plan_formats(model, data, target=f"perplexity<={threshold!r}", budget="bits<=6", compare_orders=False)
+    plan = qinsight.plan_formats(
+        model, data, target=f"perplexity<={threshold!r}", budget="bits<=6", compare_orders=False
+    )
     assert plan.mean_bits == forced.mean_bits and plan.chosen.score == forced.chosen.score  # the budget's size
     assert plan.target is not None and plan.target.met(plan.chosen.score) and not plan.target.met(plan.chosen.bound)
     assert plan.budget_held and plan.target_by_score and not plan.target_held and not plan.reached

@@ -22,14 +22,24 @@ def measured(draw: st.DrawFn) -> tuple[tuple[Rungs, ...], dict[tuple[str, str], 
         fqn = f"layers.{index}"
         inputs = draw(st.sampled_from((64, 128, 576)))
         formats = tuple(sorted(FORMATS, key=lambda f: -f.bits(inputs, 32)))
-        layers.append(Rungs(fqn=fqn, parameters=draw(st.integers(1, 10_000)) * inputs, in_features=inputs, formats=formats, float_bits=32))
+        layers.append(
+            Rungs(
+                fqn=fqn,
+                parameters=draw(st.integers(1, 10_000)) * inputs,
+                in_features=inputs,
+                formats=formats,
+                float_bits=32,
+            )
+        )
         for fmt in formats:
             damage[(fqn, fmt.name)] = draw(st.floats(0.0, 10.0))
     return tuple(layers), damage
 
 
 @given(measured())
-def test_each_layer_steps_down_its_ladder_in_order_at_prices_that_never_fall(case: tuple[tuple[Rungs, ...], dict[tuple[str, str], float]]) -> None:
+def test_each_layer_steps_down_its_ladder_in_order_at_prices_that_never_fall(
+    case: tuple[tuple[Rungs, ...], dict[tuple[str, str], float]],
+) -> None:
     layers, damage = case
     moves = ladders.ordered_moves(layers, damage)
     assert [m.price for m in moves] == sorted(m.price for m in moves)
@@ -40,7 +50,9 @@ def test_each_layer_steps_down_its_ladder_in_order_at_prices_that_never_fall(cas
 
 
 @given(measured(), st.floats(4.0, 40.0))
-def test_a_budget_takes_the_fewest_moves_that_fit_it(case: tuple[tuple[Rungs, ...], dict[tuple[str, str], float]], bits: float) -> None:
+def test_a_budget_takes_the_fewest_moves_that_fit_it(
+    case: tuple[tuple[Rungs, ...], dict[tuple[str, str], float]], bits: float
+) -> None:
     layers, damage = case
     moves = ladders.ordered_moves(layers, damage)
     taken = ladders.within(layers, moves, bits)

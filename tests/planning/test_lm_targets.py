@@ -1,4 +1,5 @@
-"""A language model planned to targets on its logits: ``kl<=`` (lower is better), ``token_agreement>=``, ``perplexity<=``."""
+"""A language model planned to targets on its logits: ``kl<=`` (lower is better), ``token_agreement>=``,
+``perplexity<=``."""
 
 from __future__ import annotations
 

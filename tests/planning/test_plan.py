@@ -7,29 +7,42 @@ import importlib.util
 import math
 import random
 import re
-
-import attrs
 from typing import Any
 
+import attrs
 import pytest
 import torch
-from _support import MLP, ConvBnReluCNN, DataDependent, ShapeBranching, gaussian_batches, seeded
 from hypothesis import given
 from hypothesis import strategies as st
-from _support import ResidualBlock, cosine, outputs, quantize, residual_stream, sqnr
 from torch import nn
 
 import qinsight
 from qinsight import QuantPlan
-from qinsight.types import SuggestionCheck, Target
 from qinsight.core.sites import WeightScheme
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.examples import example
 from qinsight.planning.flows import flow_for
 from qinsight.planning.scores import Scorer, margin_noise
 from qinsight.planning.search import spearman
-from qinsight.planning.stages import float_outputs, outputs as planned_outputs
+from qinsight.planning.stages import float_outputs
+from qinsight.planning.stages import outputs as planned_outputs
 from qinsight.planning.switches import Mode
+from qinsight.types import SuggestionCheck, Target
+
+from _support import (
+    MLP,
+    ConvBnReluCNN,
+    DataDependent,
+    ResidualBlock,
+    ShapeBranching,
+    cosine,
+    gaussian_batches,
+    outputs,
+    quantize,
+    residual_stream,
+    seeded,
+    sqnr,
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +60,12 @@ def residual_plan(residual: tuple[nn.Module, list[Any], list[Any], qinsight.Repo
 
 @pytest.mark.parametrize(
     ("text", "metric", "threshold", "higher"),
-    [("sqnr>=30", "sqnr", 30.0, True), (" cosine >= 0.995 ", "cosine", 0.995, True), ("float<=5", "float", 5.0, False),
-     ("accuracy>=0.98", "accuracy", 0.98, True)],
+    [
+        ("sqnr>=30", "sqnr", 30.0, True),
+        (" cosine >= 0.995 ", "cosine", 0.995, True),
+        ("float<=5", "float", 5.0, False),
+        ("accuracy>=0.98", "accuracy", 0.98, True),
+    ],
 )
 def test_targets_read_as_the_cli_writes_them(text: str, metric: str, threshold: float, higher: bool) -> None:
     target = Target.parse(text)
@@ -58,11 +75,27 @@ def test_targets_read_as_the_cli_writes_them(text: str, metric: str, threshold: 
 
 @pytest.mark.parametrize(
     "text",
-    ["sqnr", "sqnr>30", "sqnr>=", "float>=3", "sqnr<=30", "sqnr>=inf", ">=3", "top1>=1.5", "cosine>=-2", "float<=-3",
-     "float<=2.5", "mse>=0.1", "max_abs_error<=-1"],
+    [
+        "sqnr",
+        "sqnr>30",
+        "sqnr>=",
+        "float>=3",
+        "sqnr<=30",
+        "sqnr>=inf",
+        ">=3",
+        "top1>=1.5",
+        "cosine>=-2",
+        "float<=-3",
+        "float<=2.5",
+        "mse>=0.1",
+        "max_abs_error<=-1",
+    ],
 )
 def test_a_target_that_does_not_read_is_refused_with_the_forms_that_do(text: str) -> None:
-    with pytest.raises(qinsight.errors.InvalidParameterError, match="target=.* is invalid; expected .*(sqnr>=30|bounded with|finite|between|at least|whole)"):
+    with pytest.raises(
+        qinsight.errors.InvalidParameterError,
+        match="target=.* is invalid; expected .*(sqnr>=30|bounded with|finite|between|at least|whole)",
+    ):
         Target.parse(text)
 
 
@@ -163,9 +196,9 @@ def test_a_plan_reaches_its_target_and_its_mapping_reproduces_the_score(
     assert plan.default_score < 25.0  # torch's default: the residual adds on one scale
     # what a user does with the plan: prepare_fx with its mapping, calibrate, convert
     reference = outputs(model, held_out)
-    assert sqnr(reference, outputs(quantize(model, qinsight.qconfig_mapping(plan), calibration), held_out)) == pytest.approx(
-        plan.verified_score, abs=1e-3
-    )
+    assert sqnr(
+        reference, outputs(quantize(model, qinsight.qconfig_mapping(plan), calibration), held_out)
+    ) == pytest.approx(plan.verified_score, abs=1e-3)
     # most of the weights stay quantized, and the plan says which sites it keeps out
     assert plan.quantized_fraction >= 0.9
     assert set(plan.kept_float) >= {"add#0", "add#1"}
@@ -192,7 +225,9 @@ def test_the_measured_sensitivity_agrees_with_brute_force(
 ) -> None:
     """Each site alone quantized, simulated vs one real prepare/convert per site (FX)."""
     model, calibration, held_out, report = residual
-    planned = flow_for("fx", model, report.sites, "x86", calibration + held_out, residual_plan.fx_activations)  # as the plan observes
+    planned = flow_for(
+        "fx", model, report.sites, "x86", calibration + held_out, residual_plan.fx_activations
+    )  # as the plan observes
     scorer = Scorer(float_outputs(model, held_out), "sqnr", "sqnr")
     names = [s.fqn for s in residual_plan.sensitivities]
     kept = {c.fqn for c in residual_plan.checks if c.kept}
@@ -217,7 +252,9 @@ def _floated_as_simulated_and_for_real(
     """The outputs with ``floats`` kept in float: simulated (started from the all-quantized run
     ``quantized``) and through the real flow (prepare, calibrate, convert)."""
     simulated = sim.run_changed({**quantized.modes, **dict.fromkeys(floats, Mode.FLOAT)}, quantized).outputs
-    real = planned_outputs(planned.quantize(tuple(QuantSuggestion(fqn=s, keep_float=True) for s in floats), calibration), held_out)
+    real = planned_outputs(
+        planned.quantize(tuple(QuantSuggestion(fqn=s, keep_float=True) for s in floats), calibration), held_out
+    )
     return torch.cat(simulated), torch.cat(real)
 
 
@@ -270,7 +307,9 @@ def test_the_fx_simulation_calibrates_observers_fx_shares_otherwise_under_a_conf
     sim = planned.simulation(calibration)
     everything = {site: Mode.STATIC for site in sim.sites}
     quantized = sim.run(everything, held_out)
-    assert torch.equal(torch.cat(quantized.outputs), torch.cat(planned_outputs(planned.quantize((), calibration), held_out)))
+    assert torch.equal(
+        torch.cat(quantized.outputs), torch.cat(planned_outputs(planned.quantize((), calibration), held_out))
+    )
     for site in ("bert.encoder.layer.0.attention.self.key", "bert.encoder.layer.3.intermediate.dense"):
         simulated, real = _floated_as_simulated_and_for_real(planned, sim, quantized, [site], calibration, held_out)
         assert torch.equal(real, simulated), (site, sqnr(real, simulated))
@@ -285,9 +324,13 @@ def test_verification_drops_kept_parts_the_search_cannot_see_where_they_lower_th
     from qinsight.planning.verify import verified
 
     kept = (QuantSuggestion(fqn="conv1", equalize=True), QuantSuggestion(fqn="add#0", keep_float=True))
-    check = SuggestionCheck(fqn="conv1", change="equalize", before=0.7, alone=0.75, kept=True, reason="measured for real")
-    steps = (PlanStep(fqn="", score=0.5, kept=True, quantized_fraction=0.0, stage="start"),
-             PlanStep(fqn="conv1", score=0.95, kept=True, quantized_fraction=1.0))
+    check = SuggestionCheck(
+        fqn="conv1", change="equalize", before=0.7, alone=0.75, kept=True, reason="measured for real"
+    )
+    steps = (
+        PlanStep(fqn="", score=0.5, kept=True, quantized_fraction=0.0, stage="start"),
+        PlanStep(fqn="conv1", score=0.95, kept=True, quantized_fraction=1.0),
+    )
     modes = {"conv1": Mode.STATIC, "add#0": Mode.FLOAT}
     goal = Target.parse("top1>=0.93")
     asked: list[tuple[QuantSuggestion, ...]] = []
@@ -298,13 +341,23 @@ def test_verification_drops_kept_parts_the_search_cannot_see_where_they_lower_th
 
     found = verified(real, goal, kept, (check,), modes, steps, modes, default_score=0.5, higher_is_better=True)
     assert found.score == 0.95 and len(asked) == 2 and not found.default
-    assert not any(s.equalize for s in found.suggestions) and any(s.fqn == "add#0" and s.keep_float for s in found.suggestions)
+    assert not any(s.equalize for s in found.suggestions) and any(
+        s.fqn == "add#0" and s.keep_float for s in found.suggestions
+    )
     assert not found.checks[0].kept and "scored 0.8 with it, 0.95 without" in found.checks[0].reason
     assert found.notes and "dropped" in found.notes[0]
     # where the planned config reaches the target with them, they stay, after one real quantization
     asked.clear()
     same = verified(
-        lambda advice: asked.append(advice) or 0.94, goal, kept, (check,), modes, steps, modes, default_score=0.5, higher_is_better=True
+        lambda advice: asked.append(advice) or 0.94,
+        goal,
+        kept,
+        (check,),
+        modes,
+        steps,
+        modes,
+        default_score=0.5,
+        higher_is_better=True,
     )
     assert (same.checks, same.score, same.notes) == ((check,), 0.94, ()) and len(asked) == 1
     assert {s.fqn: s for s in same.suggestions}["conv1"].equalize
@@ -312,7 +365,7 @@ def test_verification_drops_kept_parts_the_search_cannot_see_where_they_lower_th
 
 @pytest.mark.slow
 def test_a_plan_is_never_worse_than_the_default_and_a_budget_keeps_at_most_n_sites_float(
-    residual: tuple[nn.Module, list[Any], list[Any], qinsight.Report]
+    residual: tuple[nn.Module, list[Any], list[Any], qinsight.Report],
 ) -> None:
     model, calibration, held_out, report = residual
     plan = qinsight.plan(model, calibration, held_out, target="float<=1", report=report)
@@ -396,8 +449,14 @@ def test_what_the_simulation_cannot_apply_is_measured_for_real(flow: str) -> Non
     as_a_plugin_says = tuple(
         attrs.evolve(s, weight=WeightScheme.PER_TENSOR) if s.fqn in ("fc2", "fc3") else s for s in report.suggestions
     )
-    plan = qinsight.plan(model, data[:6], data[6:], target="sqnr>=20", flow=flow,
-                         report=attrs.evolve(report, suggestions=as_a_plugin_says))
+    plan = qinsight.plan(
+        model,
+        data[:6],
+        data[6:],
+        target="sqnr>=20",
+        flow=flow,
+        report=attrs.evolve(report, suggestions=as_a_plugin_says),
+    )
     checks = {c.fqn: c for c in plan.checks if c.change == "weight per_tensor"}
     assert set(checks) == {"fc2", "fc3"} and all(c.measured for c in checks.values())
     assert not checks["fc2"].kept and "measured for real" in checks["fc2"].reason
@@ -433,14 +492,18 @@ def test_a_plan_travels_in_the_report_file_and_shows_in_text_and_html(
     page = render_html(loaded)
     assert "<h2>Plan: sqnr&gt;=50 (fx)</h2>" in page and page.count("<img") >= 1
     # the answer first, the config once (an FX plan's is the page's suggested config), the detail last
-    assert page.index("<h2>Plan: sqnr") < page.index("<h2>Suggested config</h2>") < page.index("<h2>Plan detail (fx)</h2>")
+    assert (
+        page.index("<h2>Plan: sqnr") < page.index("<h2>Suggested config</h2>") < page.index("<h2>Plan detail (fx)</h2>")
+    )
     assert page.count("mapping.set_module_name_object_type_order(&#x27;&#x27;, operator.add, 0, None)") == 1
     # the curve's axis spans the quantized points and the target, not the all-float start's SQNR
     from qinsight.outputs.plots import plot_plan
 
     axes = plot_plan(loaded.plan).axes[0]
     quantized = [s.score for s in loaded.plan.steps if s.quantized_fraction > 0 and math.isfinite(s.score)]
-    assert axes.get_ylim()[1] <= max(quantized + [50.0]) + 0.2 * (max(quantized + [50.0]) - min(quantized + [50.0])) + 1e-6
+    assert (
+        axes.get_ylim()[1] <= max(quantized + [50.0]) + 0.2 * (max(quantized + [50.0]) - min(quantized + [50.0])) + 1e-6
+    )
 
 
 @pytest.mark.slow
@@ -469,10 +532,16 @@ def test_an_equalization_an_fx_plan_measured_and_dropped_leaves_the_reports_mapp
 
     chosen = example("cnn")
     model, data = chosen.model(), chosen.data(3)
-    report = qinsight.diagnose(model, data, verify=False)  # as suggested: the plan's measurement drops it here, not verification's
+    report = qinsight.diagnose(
+        model, data, verify=False
+    )  # as suggested: the plan's measurement drops it here, not verification's
     assert report.equalization_mapping.fqns == ("fc",)
     measured = SuggestionCheck(
-        fqn="fc", change="equalize", before=40.0, alone=31.0, kept=False,
+        fqn="fc",
+        change="equalize",
+        before=40.0,
+        alone=31.0,
+        kept=False,
         reason="not applied: the planned config scored 31 with it, 40 without, measured for real",
     )
     carrying = report.with_plan(attrs.evolve(residual_plan, checks=(measured,)))
@@ -480,7 +549,9 @@ def test_an_equalization_an_fx_plan_measured_and_dropped_leaves_the_reports_mapp
     assert [(r.fqn, r.reason) for r in carrying.equalization_mapping.refused] == [("fc", measured.reason)]
     assert all(not s.equalize for s in carrying.suggestions)
     # PT2E measures no equalization (it has none): a PT2E plan leaves the mapping to FX users
-    unmeasured = attrs.evolve(measured, alone=math.nan, kept=True, reason="not applied: the pt2e flow has no input-weight equalization")
+    unmeasured = attrs.evolve(
+        measured, alone=math.nan, kept=True, reason="not applied: the pt2e flow has no input-weight equalization"
+    )
     pt2e = report.with_plan(attrs.evolve(residual_plan, flow="pt2e", checks=(unmeasured,)))
     assert pt2e.equalization_mapping == report.equalization_mapping
     with pytest.warns(UserWarning, match="made for pt2e, not fx"):
@@ -491,7 +562,9 @@ def test_an_equalization_an_fx_plan_measured_and_dropped_leaves_the_reports_mapp
 def test_a_flow_that_cannot_prepare_the_model_says_so_in_one_error() -> None:
     pytest.importorskip("torchao")
     data = [torch.randn(2, 4), torch.randn(2, 4)]
-    with pytest.raises(qinsight.errors.FrontendError, match="the pt2e flow cannot prepare DataDependent: GuardOnDataDependent"):
+    with pytest.raises(
+        qinsight.errors.FrontendError, match="the pt2e flow cannot prepare DataDependent: GuardOnDataDependent"
+    ):
         qinsight.plan(DataDependent(), data[:1], data[1:], flow="pt2e")
 
 
@@ -506,7 +579,9 @@ def test_a_model_fx_cannot_trace_is_planned_in_pt2e_unless_told() -> None:
         qinsight.plan(model, data[:2], data[2:], flow="fx")  # asked for: FX, which cannot trace it
 
 
-def test_wrong_inputs_are_refused_before_any_work(residual: tuple[nn.Module, list[Any], list[Any], qinsight.Report]) -> None:
+def test_wrong_inputs_are_refused_before_any_work(
+    residual: tuple[nn.Module, list[Any], list[Any], qinsight.Report],
+) -> None:
     model, calibration, held_out, report = residual
     with pytest.raises(qinsight.errors.InvalidParameterError, match="evaluation_data"):
         qinsight.plan(model, calibration, [], report=report)
@@ -546,7 +621,9 @@ def test_minilm_fx_plan_with_smoothing_keeps_nine_tenths_of_the_linear_weights_i
     assert any(step.mode == "dynamic" and step.kept for step in plan.steps)
     smoothed = qinsight.smoothed(model, plan)
     quantized = quantize(smoothed, qinsight.qconfig_mapping(plan), calibration)
-    assert cosine(outputs(model, held_out), outputs(quantized, held_out)) == pytest.approx(plan.verified_score, abs=1e-6)
+    assert cosine(outputs(model, held_out), outputs(quantized, held_out)) == pytest.approx(
+        plan.verified_score, abs=1e-6
+    )
     # the report's advice is checked, not trusted: each suggestion carries its measured effect or why not
     assert all(c.measured or c.reason for c in plan.checks)
     assert {s.kind for s in plan.sensitivities} >= {"linear", "add", "layer_norm", "matmul", "embedding", "mul"}
@@ -557,9 +634,9 @@ def test_minilm_pt2e_plan_keeps_nine_tenths_of_the_linear_weights_int8() -> None
     """The same target through PT2E: reached for real with >= 90% of the Linear weights int8, and the
     plan's quantizer, applied as a user would (export, prepare_pt2e, convert_pt2e), scores it again."""
     pytest.importorskip("torchao")
-    from _support import minilm_or_skip, sentence_batches
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
+    from _support import minilm_or_skip, sentence_batches
 
     model = minilm_or_skip()
     batches = sentence_batches()
@@ -576,7 +653,9 @@ def test_minilm_pt2e_plan_keeps_nine_tenths_of_the_linear_weights_int8() -> None
         for batch in calibration:
             prepared(**batch)
     quantized = convert_pt2e(prepared)
-    assert cosine(outputs(model, held_out), outputs(quantized, held_out)) == pytest.approx(plan.verified_score, abs=1e-5)
+    assert cosine(outputs(model, held_out), outputs(quantized, held_out)) == pytest.approx(
+        plan.verified_score, abs=1e-5
+    )
 
 
 @pytest.mark.slow
@@ -590,8 +669,9 @@ def test_mobilenet_v2_fx_plan_keeps_nine_tenths_of_the_conv_weights_int8() -> No
     the conv weights int8, the default config 23/32."""
     import copy
 
-    from _support import mobilenet_v2_or_skip, photo_crops
     from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+    from _support import mobilenet_v2_or_skip, photo_crops
 
     model = mobilenet_v2_or_skip().eval()
     calibration, held_out = photo_crops(16, seed=1), photo_crops(16, seed=2)
@@ -600,8 +680,12 @@ def test_mobilenet_v2_fx_plan_keeps_nine_tenths_of_the_conv_weights_int8() -> No
     assert plan.reached and plan.verified_score >= 15 / 16 and plan.verified_score >= plan.default_score
     assert _quantized_share(plan, "conv2d") >= 0.75 and plan.fx_activations == report.fx_activations
     assert plan.checks[0].fqn == "(activations)" and plan.checks[0].kept  # measured 12/16 for both: top-1 is coarse
-    prepared = prepare_fx(copy.deepcopy(model), qinsight.qconfig_mapping(report.with_plan(plan)), (calibration[0],),
-                          _equalization_config=qinsight.equalization_config(plan))
+    prepared = prepare_fx(
+        copy.deepcopy(model),
+        qinsight.qconfig_mapping(report.with_plan(plan)),
+        (calibration[0],),
+        _equalization_config=qinsight.equalization_config(plan),
+    )
     assert _top1_agreement(prepared, convert_fx, model, calibration, held_out) == plan.verified_score
 
 
@@ -630,8 +714,9 @@ def test_mobilenet_v2_pt2e_plan_keeps_three_quarters_of_the_conv_weights_int8() 
     pytest.importorskip("torchao")
     import copy
 
-    from _support import mobilenet_v2_or_skip, photo_crops
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from _support import mobilenet_v2_or_skip, photo_crops
 
     model = mobilenet_v2_or_skip().eval()
     calibration, held_out = photo_crops(16, seed=1), photo_crops(32, seed=2)
@@ -639,8 +724,10 @@ def test_mobilenet_v2_pt2e_plan_keeps_three_quarters_of_the_conv_weights_int8() 
     plan = qinsight.plan(model, calibration, held_out, target="top1>=0.93", flow="pt2e", report=report)
     assert plan.reached and plan.verified_score >= 30 / 32 and plan.verified_score >= plan.default_score
     assert _quantized_share(plan, "conv2d") >= 0.75
-    prepared = prepare_pt2e(torch.export.export(copy.deepcopy(model), (calibration[0],)).module(),
-                            qinsight.pt2e_quantizer(report.with_plan(plan)))
+    prepared = prepare_pt2e(
+        torch.export.export(copy.deepcopy(model), (calibration[0],)).module(),
+        qinsight.pt2e_quantizer(report.with_plan(plan)),
+    )
     assert _top1_agreement(prepared, convert_pt2e, model, calibration, held_out) == plan.verified_score
 
 

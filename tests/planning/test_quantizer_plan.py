@@ -42,7 +42,12 @@ def test_a_plan_on_top_of_the_users_quantizer_keeps_float_only_what_it_must() ->
     calibration, evaluation, held_out = batches[:6], batches[6:9], batches[9:]
     quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=False))
     plan = qinsight.plan(
-        model, calibration, evaluation, target="sqnr>=50", backend="xnnpack", quantizer=quantizer,
+        model,
+        calibration,
+        evaluation,
+        target="sqnr>=50",
+        backend="xnnpack",
+        quantizer=quantizer,
         held_out_data=held_out,
     )
     assert plan.flow == "pt2e" and plan.starts_from == "XNNPACKQuantizer" and plan.reached
@@ -56,5 +61,7 @@ def test_a_plan_on_top_of_the_users_quantizer_keeps_float_only_what_it_must() ->
     assert sqnr(reference, quantized) == pytest.approx(plan.held_out_score, abs=1e-6)
     report = qinsight.diagnose(model, calibration, verify=False).with_plan(plan)
     assert "on top of your XNNPACKQuantizer" in qinsight.to_text(report)
-    with pytest.raises(qinsight.errors.InvalidParameterError, match="expected the XNNPACKQuantizer the plan started from"):
+    with pytest.raises(
+        qinsight.errors.InvalidParameterError, match="expected the XNNPACKQuantizer the plan started from"
+    ):
         qinsight.quantize(model, plan, calibration)

@@ -4,14 +4,14 @@ ends the plan, in one error. And its figures are read from the converted model."
 
 from __future__ import annotations
 
-
 import pytest
 import torch
-from _support import Stream, outlier_batches
 from torch import nn
 
 import qinsight
 from qinsight.core.errors import QinsightError
+
+from _support import Stream, outlier_batches
 
 
 def _mlp() -> nn.Module:
@@ -38,7 +38,9 @@ def test_a_config_torch_cannot_run_is_left_out_and_the_plan_goes_on() -> None:
     with torch.no_grad():
         reference = torch.cat([model(b) for b in sequences[4:]])
         actual = torch.cat([quantized(b) for b in sequences[4:]])
-    assert 20 * torch.log10(reference.norm() / (reference - actual).norm()).item() == pytest.approx(plan.verified_score, abs=0.01)
+    assert 20 * torch.log10(reference.norm() / (reference - actual).norm()).item() == pytest.approx(
+        plan.verified_score, abs=0.01
+    )
 
 
 def test_a_default_config_the_flow_cannot_run_ends_the_plan_in_one_error() -> None:
@@ -48,7 +50,9 @@ def test_a_default_config_the_flow_cannot_run_ends_the_plan_in_one_error() -> No
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
     calibration, unbatched = [torch.randn(2, 3, 8, 8) for _ in range(3)], [torch.randn(3, 8, 8) for _ in range(2)]
     assert model(unbatched[0]).shape == (4, 6, 6)
-    with pytest.raises(QinsightError, match=r"default config cannot quantize and run Sequential .*ValueError: Input shape must be"):
+    with pytest.raises(
+        QinsightError, match=r"default config cannot quantize and run Sequential .*ValueError: Input shape must be"
+    ):
         qinsight.plan(model, calibration, unbatched, target="sqnr>=20")
 
 
@@ -116,9 +120,9 @@ def test_a_pt2e_plan_on_an_exported_llm_finishes_and_applies_as_planned() -> Non
     Measured (626 s): perplexity 1.017 for real against the default config's 2.114, 92.2% of the layers'
     parameters quantized; the simulation's path was bisected for real where the two disagreed."""
     pytest.importorskip("torchao")
-    from _support import smollm2_or_skip
-
     from qinsight.examples.smollm import HELD_OUT_TEXTS, TEXTS, token_batches
+
+    from _support import smollm2_or_skip
 
     model = smollm2_or_skip()
     calibration, evaluation = token_batches(TEXTS, tokens=32)[:4], token_batches(HELD_OUT_TEXTS, tokens=32)[:2]

@@ -9,21 +9,30 @@ import pytest
 import torch
 
 import qinsight
-from _plugin_sources import WIDTHS
-from _support import MLP, gaussian_batches, seeded
-from qinsight.types import FailureStage
 from qinsight.core.errors import PluginLoadError
 from qinsight.plugin.discovery import DEFAULT_IDS, installed_detectors, resolve_detectors
 from qinsight.plugin.testing import write_distribution
+from qinsight.types import FailureStage
 
-
+from _plugin_sources import WIDTHS
+from _support import MLP, gaussian_batches, seeded
 
 BROKEN = {
     "acme.import_error": ("acme_import_error", "import not_a_module_anywhere\n", "acme_import_error:X"),
     "acme.not_a_class": ("acme_not_a_class", "X = 42\n", "acme_not_a_class:X"),
-    "acme.old_api": ("acme_old_api", WIDTHS.replace('id = "acme.widths"', 'id = "acme.old_api"').replace("api_version = 1", "api_version = 0"), "acme_old_api:WidthDetector"),
+    "acme.old_api": (
+        "acme_old_api",
+        WIDTHS.replace('id = "acme.widths"', 'id = "acme.old_api"').replace("api_version = 1", "api_version = 0"),
+        "acme_old_api:WidthDetector",
+    ),
     "acme.wrong_id": ("acme_wrong_id", WIDTHS, "acme_wrong_id:WidthDetector"),
-    "acme.explodes": ("acme_explodes", WIDTHS.replace('id = "acme.widths"', 'id = "acme.explodes"').replace("return result_of", "raise RuntimeError('boom'); return result_of"), "acme_explodes:WidthDetector"),
+    "acme.explodes": (
+        "acme_explodes",
+        WIDTHS.replace('id = "acme.widths"', 'id = "acme.explodes"').replace(
+            "return result_of", "raise RuntimeError('boom'); return result_of"
+        ),
+        "acme_explodes:WidthDetector",
+    ),
 }
 EXPECTED = {
     "acme.import_error": "ModuleNotFoundError: No module named 'not_a_module_anywhere'",
@@ -35,7 +44,9 @@ EXPECTED = {
 
 @pytest.fixture
 def plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = write_distribution(tmp_path / "good", "acme-widths", {"acme_widths": WIDTHS}, {"acme.widths": "acme_widths:WidthDetector"})
+    root = write_distribution(
+        tmp_path / "good", "acme-widths", {"acme_widths": WIDTHS}, {"acme.widths": "acme_widths:WidthDetector"}
+    )
     monkeypatch.syspath_prepend(str(root))
     broken_root = tmp_path / "broken"
     write_distribution(
@@ -68,7 +79,9 @@ def test_discovery_imports_nothing(plugins: Path) -> None:
 
 
 def test_plugin_detector_by_id(plugins: Path) -> None:
-    report = qinsight.diagnose(seeded(MLP()), gaussian_batches((4, 16), 2), detectors=["acme.widths", "qinsight.outliers"])
+    report = qinsight.diagnose(
+        seeded(MLP()), gaussian_batches((4, 16), 2), detectors=["acme.widths", "qinsight.outliers"]
+    )
     widths = report.result("acme.widths")
     assert [(f.fqn, f.verdict) for f in widths.findings] == [("fc1", "narrow"), ("fc2", "wide"), ("fc3", "wide")]
     assert "  wide (2): fc2, fc3 -- 32 input features" in qinsight.to_text(report)
@@ -87,9 +100,15 @@ def test_load_failures_are_recorded_and_others_stand(plugins: Path, detector_id:
 
 
 def test_exception_during_analysis_is_recorded(plugins: Path) -> None:
-    report = qinsight.diagnose(seeded(MLP()), gaussian_batches((4, 16), 2), detectors=["acme.explodes", "qinsight.per_channel"])
+    report = qinsight.diagnose(
+        seeded(MLP()), gaussian_batches((4, 16), 2), detectors=["acme.explodes", "qinsight.per_channel"]
+    )
     (failure,) = report.failures
-    assert (failure.detector, failure.stage, failure.error) == ("acme.explodes", FailureStage.ANALYZE, "RuntimeError: boom")
+    assert (failure.detector, failure.stage, failure.error) == (
+        "acme.explodes",
+        FailureStage.ANALYZE,
+        "RuntimeError: boom",
+    )
     assert len(report.result("qinsight.per_channel").findings) == 3
 
 

@@ -68,8 +68,12 @@ class ActivationResolutionDetector:
     api_version: ClassVar[int] = API_VERSION
     finding_type: ClassVar[type[Finding]] = ActivationResolutionFinding
 
-    min_bits: float = attrs.field(default=4.0, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(8.0)))
-    starved_share: float = attrs.field(default=0.25, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(1.0)))
+    min_bits: float = attrs.field(
+        default=4.0, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(8.0))
+    )
+    starved_share: float = attrs.field(
+        default=0.25, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(1.0))
+    )
 
     def insert_points(self, view: ModelView) -> tuple[InsertPoint, ...]:
         return tuple(InsertPoint.at(site, Side.PRE, per_channel=True) for site in view.sites)
@@ -96,5 +100,7 @@ class ActivationResolutionDetector:
                     starved_share=self.starved_share,
                 )
             )
-        suggestions = [QuantSuggestion(fqn=f.fqn, equalize=f.equalize, sources=(self.id,)) for f in findings if f.live_channels]
+        suggestions = [
+            QuantSuggestion(fqn=f.fqn, equalize=f.equalize, sources=(self.id,)) for f in findings if f.live_channels
+        ]
         return result_of(self, findings, suggestions)

@@ -26,7 +26,9 @@ def model() -> nn.Module:
 
 
 def test_wide_channels_starve_the_others_and_ask_for_equalization() -> None:
-    report = qinsight.diagnose(model(), batches(wide=True), detectors=["resolution.activations", "qinsight.equalization"])
+    report = qinsight.diagnose(
+        model(), batches(wide=True), detectors=["resolution.activations", "qinsight.equalization"]
+    )
     finding = report.result("resolution.activations").finding("0")
     assert isinstance(finding, ActivationResolutionFinding)
     assert finding.widest_channel in (3, 11) and len(finding.starved_channels) >= 28

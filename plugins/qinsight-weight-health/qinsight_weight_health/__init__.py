@@ -77,8 +77,12 @@ class WeightHealthDetector:
     api_version: ClassVar[int] = API_VERSION
     finding_type: ClassVar[type[Finding]] = WeightHealthFinding
 
-    min_bits: float = attrs.field(default=4.0, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(8.0)))
-    starved_share: float = attrs.field(default=0.1, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(1.0)))
+    min_bits: float = attrs.field(
+        default=4.0, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(8.0))
+    )
+    starved_share: float = attrs.field(
+        default=0.1, validator=attrs.validators.and_(attrs.validators.gt(0.0), attrs.validators.le(1.0))
+    )
     exploding_factor: float = attrs.field(default=100.0, validator=attrs.validators.gt(1.0))
 
     def insert_points(self, view: ModelView) -> tuple[()]:

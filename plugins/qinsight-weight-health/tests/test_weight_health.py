@@ -30,7 +30,9 @@ def test_effective_bits() -> None:
 
 
 def test_depthwise_conv_starves_under_per_tensor_weights() -> None:
-    report = qinsight.diagnose(depthwise_model(), [torch.randn(2, 16, 8, 8)], detectors=["health.weights", "qinsight.per_channel"])
+    report = qinsight.diagnose(
+        depthwise_model(), [torch.randn(2, 16, 8, 8)], detectors=["health.weights", "qinsight.per_channel"]
+    )
     findings = {f.fqn: f for f in report.result("health.weights").findings}
     depthwise, pointwise = findings["0"], findings["2"]
     assert isinstance(depthwise, WeightHealthFinding) and isinstance(pointwise, WeightHealthFinding)
