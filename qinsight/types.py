@@ -8,7 +8,7 @@ user names most (``Report``, ``QuantPlan``, ``FormatPlan``, the comparisons).
 from __future__ import annotations
 
 from qinsight.core.activations import FxActivations, NarrowedInput
-from qinsight.core.advice import Advice
+from qinsight.core.advice import Advice, AdviceNote, NoteKind
 from qinsight.core.comparison import (
     ActivationComparison,
     Comparison,
@@ -51,6 +51,7 @@ __all__ = [
     "ActivationMode",
     "ActivationStats",
     "Advice",
+    "AdviceNote",
     "BatchMoments",
     "Budget",
     "Comparison",
@@ -80,6 +81,7 @@ __all__ = [
     "MetricSpec",
     "MetricValue",
     "NarrowedInput",
+    "NoteKind",
     "Observation",
     "ObservedStats",
     "ObserverSpec",

@@ -181,6 +181,31 @@ def test_no_module_is_long() -> None:
     assert {name: n for name, n in lengths.items() if n > 500} == {}
 
 
+# Names that hold the words qinsight shows (a note, a check's change, a reason, a suggestion described):
+# code acts on kinds and fields, never on these words, so rewording a message changes no behaviour.
+SHOWN = {"change", "reason", "text", "note", "notes", "said", "error", "message"}
+
+
+def _shown(node: ast.expr) -> bool:
+    if isinstance(node, ast.Attribute | ast.Name):
+        return (node.attr if isinstance(node, ast.Attribute) else node.id) in SHOWN
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "describe"
+
+
+def test_no_code_acts_on_the_words_it_shows() -> None:
+    """No comparison of shown words with a literal (``"smoothed model" in note``, ``check.change ==
+    "equalize"``, ``s.describe() == "keep in float"``): the kinds and fields say it."""
+    found = [
+        f"{name}:{node.lineno}: {ast.unparse(node)}"
+        for name, path in modules().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Compare)
+        and any(_shown(o) for o in (node.left, *node.comparators))
+        and any(isinstance(o, ast.Constant) and isinstance(o.value, str) for o in (node.left, *node.comparators))
+    ]
+    assert found == []
+
+
 HEAVY = ("torch", "numpy", "cattrs", "matplotlib")
 
 

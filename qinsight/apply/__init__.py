@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 def _advice(source: Report | QuantPlan | Advice, flow: FlowName, owner: str) -> Advice:
     advice = advice_of(source, flow, owner=owner)
     for note in advice.notes:
-        warnings.warn(note, stacklevel=3)
+        warnings.warn(note.text, stacklevel=3)
     return advice
 
 

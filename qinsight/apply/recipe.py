@@ -22,7 +22,7 @@ from qinsight.apply.pt2e import DEFAULT_QUANTIZERS, on_top_of, pt2e_quantizer
 from qinsight.apply.smoothing import apply_smoothing
 from qinsight.apply.torchao import int8_dynamic, int8_recipe
 from qinsight.compare.flows import QUANT_FLOWS, QuantFlow, prepare_config
-from qinsight.core.advice import Advice
+from qinsight.core.advice import Advice, NoteKind
 from qinsight.core.errors import FrontendError, InvalidParameterError
 from qinsight.core.flows import check_flow_backend, flow_spec
 from qinsight.core.sites import FlowName
@@ -136,8 +136,8 @@ def quantize_with(
     if not calibration:
         raise InvalidParameterError("quantize", "calibration_data", "no batches", "at least one batch")
     for note in advice.notes:
-        if "smoothed model" not in note:  # quantize smooths the model itself
-            warnings.warn(note, stacklevel=3)
+        if note.kind is not NoteKind.SMOOTHED_MODEL:  # quantize smooths the model itself
+            warnings.warn(note.text, stacklevel=3)
     smoothed = apply_smoothing(model, advice.smoothing)
     spec = flow_spec(advice.flow)
     equalization = equalization_qconfig_mapping(advice.equalization) if spec.equalizes else None

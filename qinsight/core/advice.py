@@ -9,13 +9,14 @@ objects (a ``QConfigMapping``, a PT2E quantizer, prepare_fx's equalization
 config, the smoothed model, the pasteable code) and quantizes a model with
 them (:func:`qinsight.quantize`).
 
-What used to be warnings at the moment a config was built (the attached plan
-is for the other flow, the config is for the smoothed model, PT2E cannot
-equalize) are ``notes``: data that the builders also warn with.
+What a builder of the config must know besides (the attached plan is for the other flow, the config
+is for the smoothed model, PT2E cannot equalize) are ``notes``: each an :class:`AdviceNote` with a
+:class:`NoteKind` that code acts on and a text the builders warn with.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING, Literal
 
 import attrs
@@ -31,6 +32,25 @@ from qinsight.core.verification import ConfigParts, ConfigVerification, without_
 
 if TYPE_CHECKING:
     from qinsight.core.report import Report
+
+
+class NoteKind(enum.Enum):
+    """What an advice's note says, for code to act on: its text may be reworded, its kind stays."""
+
+    OTHER_FLOW = "other_flow"  # a plan made for another flow: its config is not verified in this one
+    SMOOTHED_MODEL = "smoothed_model"  # the config is for the smoothed model (qinsight.smoothed)
+    UNEQUALIZED = "unequalized"  # the flow has no input-weight equalization: those modules stay unequalized
+
+
+@attrs.frozen
+class AdviceNote:
+    """One note of an :class:`Advice`: its ``kind`` and the sentence a builder warns with."""
+
+    kind: NoteKind
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
 
 
 @attrs.frozen(kw_only=True)
@@ -53,7 +73,7 @@ class Advice:
     smoothing: SmoothingMapping = SmoothingMapping()
     source: Literal["report", "plan"] = "report"
     verified: bool = False
-    notes: tuple[str, ...] = ()
+    notes: tuple[AdviceNote, ...] = ()
     starts_from: str = ""  # the user's quantizer a plan's float sites go on top of (its class name)
 
 
@@ -83,9 +103,8 @@ def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None,
     """
     if isinstance(source, Advice):
         if flow is not None and checked_flow(flow, owner) != source.flow:
-            return _for_flow(
-                source, checked_flow(flow, owner), f"this advice was made for {source.flow}, not {flow}", owner
-            )
+            note = AdviceNote(NoteKind.OTHER_FLOW, f"this advice was made for {source.flow}, not {flow}")
+            return _for_flow(source, checked_flow(flow, owner), note, owner)
         return source
     if isinstance(source, QuantPlan):
         wanted = checked_flow(flow if flow is not None else source.flow, owner)
@@ -108,8 +127,11 @@ def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None,
         ()
         if plan is None
         else (
-            f"the attached plan was made for {plan.flow}, not {wanted}: this config applies the report's "
-            f"suggestions, not verified in {wanted}",
+            AdviceNote(
+                NoteKind.OTHER_FLOW,
+                f"the attached plan was made for {plan.flow}, not {wanted}: this config applies the report's "
+                f"suggestions, not verified in {wanted}",
+            ),
         )
     )
     advice = _verified(advice, source.verification_for(wanted))
@@ -147,17 +169,20 @@ def _of_plan(plan: QuantPlan, flow: FlowName, owner: str) -> Advice:
         advice = attrs.evolve(
             advice,
             notes=(
-                f"the plan smooths {len(plan.smoothing)} Linears: its config is for the smoothed model, "
-                "model = qinsight.smoothed(model, plan)",
+                AdviceNote(
+                    NoteKind.SMOOTHED_MODEL,
+                    f"the plan smooths {len(plan.smoothing)} Linears: its config is for the smoothed model, "
+                    "model = qinsight.smoothed(model, plan)",
+                ),
             ),
         )
     if advice.flow != flow:
-        note = f"the plan was made for {advice.flow}, not {flow}: its config is not verified in {flow}"
-        return _for_flow(advice, flow, note, owner)
+        said = f"the plan was made for {advice.flow}, not {flow}: its config is not verified in {flow}"
+        return _for_flow(advice, flow, AdviceNote(NoteKind.OTHER_FLOW, said), owner)
     return advice
 
 
-def _for_flow(advice: Advice, flow: FlowName, note: str, owner: str) -> Advice:
+def _for_flow(advice: Advice, flow: FlowName, note: AdviceNote, owner: str) -> Advice:
     """``advice`` used for the other flow: its suggestions, unverified, with ``note``."""
     spec = flow_spec(flow)
     moved = attrs.evolve(
@@ -172,14 +197,12 @@ def _for_flow(advice: Advice, flow: FlowName, note: str, owner: str) -> Advice:
     return attrs.evolve(moved, notes=moved.notes + _unequalized(moved))
 
 
-def _unequalized(advice: Advice) -> tuple[str, ...]:
+def _unequalized(advice: Advice) -> tuple[AdviceNote, ...]:
     spec = flow_spec(advice.flow)
     if spec.equalizes or not advice.equalization.entries:
         return ()
-    return (
-        f"{spec.title} has no input-weight equalization; these modules stay unequalized: "
-        + ", ".join(advice.equalization.fqns),
-    )
+    said = f"{spec.title} has no input-weight equalization; these modules stay unequalized: "
+    return (AdviceNote(NoteKind.UNEQUALIZED, said + ", ".join(advice.equalization.fqns)),)
 
 
-__all__ = ["Advice", "advice_of"]
+__all__ = ["Advice", "AdviceNote", "NoteKind", "advice_of"]

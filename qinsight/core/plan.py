@@ -32,6 +32,7 @@ from qinsight.core.metrics import spec_of
 from qinsight.core.sites import OpSite
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
+from qinsight.core.verification import SuggestionKind
 
 _TARGET = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
 BUDGET = "float"  # the budget form's name: at most N sites in float
@@ -113,10 +114,14 @@ class SuggestionCheck:
     both ends of a residual stream in float, show it there). ``kept`` says
     whether the plan starts from it; ``reason`` says why not, or why it could
     not be measured (then its scores are NaN and it is kept, marked so).
+
+    ``kinds`` is what the change is, for code to act on; ``change`` says it in words. A change to the
+    whole model rather than one site (how FX observes activations) has no ``fqn``.
     """
 
     fqn: str
     change: str
+    kinds: tuple[SuggestionKind, ...] = ()
     before: float
     alone: float
     together: float = math.nan
@@ -127,6 +132,11 @@ class SuggestionCheck:
     @property
     def measured(self) -> bool:
         return not math.isnan(self.alone)
+
+    @property
+    def site(self) -> str:
+        """Where the change is made, as shown: its site, or the model's activations."""
+        return self.fqn or "(activations)"
 
     @property
     def effect(self) -> float:

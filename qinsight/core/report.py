@@ -139,7 +139,7 @@ class Report:
             check.fqn: check.reason
             for check in plan.checks
             # measured: quantized for real with and without it (a flow without equalization measures none)
-            if check.change == "equalize" and check.measured and not check.kept
+            if SuggestionKind.EQUALIZE in check.kinds and check.measured and not check.kept
         }
         return attrs.evolve(self.with_equalization_refused(measured_and_dropped), plan=plan)
 

@@ -62,7 +62,7 @@ def check_table(plan: QuantPlan, limit: int = DEFAULT_LIMIT) -> Table:
     shown = checks[:limit]
     rows = tuple(
         (
-            c.fqn,
+            c.site,
             c.change,
             _score(c.before),
             _score(c.alone),

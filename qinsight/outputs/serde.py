@@ -35,7 +35,9 @@ from cattrs.v import format_exception
 
 from qinsight.core.errors import InvalidParameterError, ReportFileError, ReportVersionError
 from qinsight.core.findings import Finding, check_finding
+from qinsight.core.plan import SuggestionCheck
 from qinsight.core.report import DetectorResult, ParameterValue, Report
+from qinsight.core.verification import SuggestionKind
 from qinsight.outputs.arrays import (
     ArrayError,
     compacted,
@@ -53,7 +55,7 @@ from qinsight.outputs.files import Compression, compressed, compression_of, deco
 from qinsight.plugin.discovery import finding_type
 
 FORMAT: Final = "qinsight.report"
-SCHEMA_VERSION: Final = (3, 7)
+SCHEMA_VERSION: Final = (3, 8)
 # 2.0 writes long arrays as typed binary (a list-or-object field is a retyping: a 1.x reader refuses
 # 2.0 files with one clear error); every 1.x file is a valid 2.0 file and reads unchanged.
 READABLE_MAJORS: Final = (1, 2, 3)
@@ -210,7 +212,35 @@ def _converter(*, strict: bool, packed: bool = True) -> cattrs.Converter:
     if packed:
         _packed_arrays(converter)
     _register_results(converter, strict=strict)
+    _register_checks(converter, strict=strict)
     return converter
+
+
+# What a check of schema 3.7 or earlier said, read back as its kinds: the words QuantSuggestion.describe
+# and FxActivations.describe wrote then. The one place a change's words are read, for those files only.
+_SAID: Final = {
+    "keep in float": SuggestionKind.KEEP_FLOAT,
+    "activation dynamic": SuggestionKind.DYNAMIC,
+    "weight per_tensor": SuggestionKind.PER_TENSOR,
+    "equalize": SuggestionKind.EQUALIZE,
+}
+
+
+def _register_checks(converter: cattrs.Converter, *, strict: bool) -> None:
+    structure = make_dict_structure_fn(SuggestionCheck, converter, _cattrs_forbid_extra_keys=strict)
+
+    def check_in(data: object, _: object) -> SuggestionCheck:
+        if not isinstance(data, dict):
+            raise TypeError("a suggestion check must be an object")
+        check = structure(data, SuggestionCheck)
+        if "kinds" in data:
+            return check
+        if check.fqn == "(activations)":  # 3.7 named the activation observing check so
+            return attrs.evolve(check, fqn="", kinds=(SuggestionKind.ACTIVATIONS,))
+        said = check.change.split(", ")
+        return attrs.evolve(check, kinds=tuple(kind for words, kind in _SAID.items() if words in said))
+
+    converter.register_structure_hook(SuggestionCheck, check_in)
 
 
 # -- findings: tagged by type, decoded through their detector's finding_type

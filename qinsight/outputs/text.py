@@ -230,10 +230,10 @@ def _config_lines(report: Report, everything: bool) -> list[str]:
     """The suggested config, a row per module (per role in a long section); the modules kept in float
     one line by role in a long section."""
     entries = [(s.fqn, s.describe()) for s in report.suggestions]
-    floats = [fqn for fqn, text in entries if text == "keep in float"]
+    floats = [s.fqn for s in report.suggestions if s.keep_float]
     if everything or len(entries) <= GROUP_ABOVE or len(floats) <= 1:
         return _rows(by_role(entries, everything=everything, same_text=True), "  ") if entries else []
-    quantized = [(fqn, text) for fqn, text in entries if text != "keep in float"]
+    quantized = [(s.fqn, s.describe()) for s in report.suggestions if not s.keep_float]
     rows = _rows(by_role(quantized, everything=False, same_text=True), "  ") if quantized else []
     return [*rows, f"  keep in float ({len(floats)}): {role_counts(floats)}"]
 

@@ -15,6 +15,7 @@ from qinsight.core.metrics import worse
 from qinsight.core.plan import SuggestionCheck
 from qinsight.core.sites import WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion, merge_suggestions
+from qinsight.core.verification import suggestion_kinds
 from qinsight.planning.simulate import Run, Simulation
 from qinsight.planning.switches import Mode
 
@@ -78,7 +79,7 @@ def check_simulated(
     checks: list[SuggestionCheck] = []
     start = dict(default)
     for suggestion in suggestions:
-        fqn, change = suggestion.fqn, suggestion.describe()
+        fqn, change, kinds = suggestion.fqn, suggestion.describe(), suggestion_kinds(suggestion)
         if fqn in measurable:
             kept = not worse(together, without[fqn], higher_is_better)
             reason = (
@@ -87,6 +88,7 @@ def check_simulated(
             check = SuggestionCheck(
                 fqn=fqn,
                 change=change,
+                kinds=kinds,
                 before=before,
                 alone=alone[fqn],
                 together=together,
@@ -100,6 +102,7 @@ def check_simulated(
             check = SuggestionCheck(
                 fqn=fqn,
                 change=change,
+                kinds=kinds,
                 before=before,
                 alone=before,
                 kept=True,
@@ -109,6 +112,7 @@ def check_simulated(
             check = SuggestionCheck(
                 fqn=fqn,
                 change=change,
+                kinds=kinds,
                 before=before,
                 alone=math.nan,
                 kept=True,
@@ -139,6 +143,7 @@ def check_real(
             SuggestionCheck(
                 fqn=part.fqn,
                 change=part.describe(),
+                kinds=suggestion_kinds(part),
                 before=before,
                 alone=real((part,)),
                 together=together,
@@ -181,6 +186,7 @@ def check_all(
         SuggestionCheck(
             fqn=p.fqn,
             change=p.describe(),
+            kinds=suggestion_kinds(p),
             before=default_score,
             alone=math.nan,
             kept=False,

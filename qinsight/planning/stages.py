@@ -34,6 +34,7 @@ from qinsight.core.report import Report
 from qinsight.core.sites import OpKind, OpSite
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
+from qinsight.core.verification import SuggestionKind, suggestion_kinds
 from qinsight.frontends import classify, eval_mode, run_batch
 from qinsight.planning.checks import RealScore, check_all, is_default
 from qinsight.planning.curve import Noise, Search, choose_order, measure_dynamic_noise
@@ -162,8 +163,9 @@ def baseline(request: PlanRequest, model: nn.Module, report: Report, scorer: Sco
     observed = real_score(candidate, request, scorer, failed)(())
     kept = not worse(observed, score, request.higher_is_better)
     check = SuggestionCheck(
-        fqn="(activations)",
+        fqn="",
         change=activations.describe(),
+        kinds=(SuggestionKind.ACTIVATIONS,),
         before=score,
         alone=observed,
         kept=kept,
@@ -240,6 +242,7 @@ def _applicable(
         SuggestionCheck(
             fqn=s.fqn,
             change=s.describe(),
+            kinds=suggestion_kinds(s),
             before=before,
             alone=math.nan,
             kept=False,

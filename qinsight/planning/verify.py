@@ -17,6 +17,7 @@ import attrs
 from qinsight.core.metrics import worse
 from qinsight.core.plan import PlanStep, SuggestionCheck, Target
 from qinsight.core.suggestions import QuantSuggestion
+from qinsight.core.verification import suggestion_kinds
 from qinsight.planning.checks import RealScore, mode_of, split_for_real
 from qinsight.planning.curve import final_score, taken
 from qinsight.planning.flows import mode_suggestions
@@ -125,9 +126,9 @@ def _unseen_parts_checked(
         return kept, checks, score, []
     said = ", ".join(part.describe() + " at " + part.fqn for part in unseen)
     reason = f"not applied: the planned config scored {score:.4g} with it, {without:.4g} without, measured for real"
-    dropped = {(part.fqn, part.describe()) for part in unseen}
+    dropped = {(part.fqn, suggestion_kinds(part)) for part in unseen}
     checks = tuple(
-        attrs.evolve(check, kept=False, reason=reason) if check.kept and (check.fqn, check.change) in dropped else check
+        attrs.evolve(check, kept=False, reason=reason) if check.kept and (check.fqn, check.kinds) in dropped else check
         for check in checks
     )
     return (

@@ -9,7 +9,7 @@ import qinsight
 from qinsight import Advice, QuantPlan, Report, advice_of
 from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
 from qinsight.core.smoothing import SmoothingEntry, SmoothingMapping
-from qinsight.types import QuantSuggestion, ReportMetadata, Target
+from qinsight.types import NoteKind, QuantSuggestion, ReportMetadata, Target
 
 
 def report(**fields: object) -> Report:
@@ -44,9 +44,7 @@ def test_a_report_gives_its_own_suggestions_and_pt2e_says_it_cannot_equalize() -
     assert (fx.flow, fx.source, fx.verified, fx.notes) == ("fx", "report", False, ())
     assert fx.suggestions == equalizing.suggestions and fx.equalization.fqns == ("fc1",)
     pt2e = advice_of(equalizing, "pt2e")
-    assert pt2e.flow == "pt2e" and pt2e.notes == (
-        "PT2E has no input-weight equalization; these modules stay unequalized: fc1",
-    )
+    assert pt2e.flow == "pt2e" and [(n.kind, "fc1" in n.text) for n in pt2e.notes] == [(NoteKind.UNEQUALIZED, True)]
 
 
 def test_a_report_carrying_a_plan_gives_the_plan_for_its_flow_and_says_so_for_the_other() -> None:
@@ -60,10 +58,7 @@ def test_a_report_carrying_a_plan_gives_the_plan_for_its_flow_and_says_so_for_th
     )
     pt2e = advice_of(carrying, "pt2e")
     assert pt2e.source == "report" and pt2e.suggestions == carrying.suggestions
-    assert pt2e.notes == (
-        "the attached plan was made for fx, not pt2e: this config applies the report's suggestions, not verified in "
-        "pt2e",
-    )
+    assert [note.kind for note in pt2e.notes] == [NoteKind.OTHER_FLOW]
 
 
 def test_a_plan_is_its_own_flows_advice_and_unverified_in_the_other() -> None:
@@ -75,11 +70,10 @@ def test_a_plan_is_its_own_flows_advice_and_unverified_in_the_other() -> None:
     )
     own = advice_of(smoothed)
     assert own.flow == "pt2e" and own.verified and own.smoothing == smoothed.smoothing
-    assert own.notes == (
-        "the plan smooths 1 Linears: its config is for the smoothed model, model = qinsight.smoothed(model, plan)",
-    )
+    assert [note.kind for note in own.notes] == [NoteKind.SMOOTHED_MODEL]
+    assert "qinsight.smoothed(model, plan)" in str(own.notes[0])  # the words name what to do
     other = advice_of(smoothed, "fx")
-    assert other.flow == "fx" and not other.verified and "the plan was made for pt2e, not fx" in other.notes[-1]
+    assert other.flow == "fx" and not other.verified and other.notes[-1].kind is NoteKind.OTHER_FLOW
     assert advice_of(own) is own and isinstance(own, Advice)
 
 

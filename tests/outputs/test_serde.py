@@ -580,3 +580,43 @@ def test_plugin_findings_survive_a_reader_without_the_plugin(tmp_path: Path, mon
     assert loaded.result("qinsight.per_channel") == report.result("qinsight.per_channel")
     assert json.loads(report_to_json(loaded)) == json.loads(written)  # written back unchanged
     assert "wide (2): fc2, fc3 -- 32 input features" in qinsight.to_text(loaded)
+
+
+def test_a_plans_checks_of_schema_3_7_are_read_with_their_kinds_from_their_words(tmp_path: Path) -> None:
+    """3.8 added what a check is (``kinds``), which code acts on; a file written before says it only in
+    words, and is read as if it had said the kinds (a dropped equalization still leaves the mapping)."""
+    kinds = qinsight.types.SuggestionKind
+    check = qinsight.types.SuggestionCheck
+    checks = (
+        check(fqn="", change="8 bits, clip-aware", kinds=(kinds.ACTIVATIONS,), before=20.0, alone=21.0, kept=True),
+        check(fqn="fc1", change="equalize", kinds=(kinds.EQUALIZE,), before=20.0, alone=19.0, kept=False),
+        check(
+            fqn="fc2",
+            change="activation dynamic, weight per_tensor",
+            kinds=(kinds.DYNAMIC, kinds.PER_TENSOR),
+            before=20.0,
+            alone=22.0,
+            kept=True,
+        ),
+        check(fqn="fc3", change="keep in float", kinds=(kinds.KEEP_FLOAT,), before=20.0, alone=25.0, kept=True),
+    )
+    plan = qinsight.QuantPlan(
+        flow="fx", backend="x86", metric="sqnr", target=qinsight.types.Target.parse("sqnr>=30"), reached=True,
+        default_score=20.0, verified_score=31.0, checks=checks,
+    )  # fmt: skip
+    metadata = ReportMetadata(model="m", frontend="fx", backend="x86", batches=1, qinsight_version="", torch_version="")
+    report = qinsight.Report(metadata=metadata, sites=(), observations=(), results=(), suggestions=(), plan=plan)
+    path = tmp_path / "r.json"
+    save_report(report, path)
+    data = json.loads(path.read_text())
+    data["schema_version"] = [3, 7]
+    for written in data["plan"]["checks"]:
+        del written["kinds"]
+    data["plan"]["checks"][0]["fqn"] = "(activations)"  # as 3.7 named the activation observing check
+    path.write_text(json.dumps(data))
+    loaded = load_report(path)
+    assert loaded.plan is not None  # NaN scores (together, without) compare unequal: the fields that are read
+    assert [(c.fqn, c.change, c.kinds, c.kept) for c in loaded.plan.checks] == [
+        (c.fqn, c.change, c.kinds, c.kept) for c in checks
+    ]
+    assert [c.site for c in loaded.plan.checks] == ["(activations)", "fc1", "fc2", "fc3"]

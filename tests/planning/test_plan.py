@@ -27,7 +27,7 @@ from qinsight.planning.search import spearman
 from qinsight.planning.stages import float_outputs
 from qinsight.planning.stages import outputs as planned_outputs
 from qinsight.planning.switches import Mode
-from qinsight.types import SuggestionCheck, Target
+from qinsight.types import SuggestionCheck, SuggestionKind, Target
 
 from _support import (
     MLP,
@@ -325,7 +325,13 @@ def test_verification_drops_kept_parts_the_search_cannot_see_where_they_lower_th
 
     kept = (QuantSuggestion(fqn="conv1", equalize=True), QuantSuggestion(fqn="add#0", keep_float=True))
     check = SuggestionCheck(
-        fqn="conv1", change="equalize", before=0.7, alone=0.75, kept=True, reason="measured for real"
+        fqn="conv1",
+        change="equalize",
+        kinds=(SuggestionKind.EQUALIZE,),
+        before=0.7,
+        alone=0.75,
+        kept=True,
+        reason="measured for real",
     )
     steps = (
         PlanStep(fqn="", score=0.5, kept=True, quantized_fraction=0.0, stage="start"),
@@ -539,6 +545,7 @@ def test_an_equalization_an_fx_plan_measured_and_dropped_leaves_the_reports_mapp
     measured = SuggestionCheck(
         fqn="fc",
         change="equalize",
+        kinds=(SuggestionKind.EQUALIZE,),
         before=40.0,
         alone=31.0,
         kept=False,
@@ -679,7 +686,9 @@ def test_mobilenet_v2_fx_plan_keeps_nine_tenths_of_the_conv_weights_int8() -> No
     plan = qinsight.plan(model, calibration, held_out, target="top1>=0.93", flow="fx", report=report)
     assert plan.reached and plan.verified_score >= 15 / 16 and plan.verified_score >= plan.default_score
     assert _quantized_share(plan, "conv2d") >= 0.75 and plan.fx_activations == report.fx_activations
-    assert plan.checks[0].fqn == "(activations)" and plan.checks[0].kept  # measured 12/16 for both: top-1 is coarse
+    assert (
+        plan.checks[0].kinds == (SuggestionKind.ACTIVATIONS,) and plan.checks[0].kept
+    )  # measured 12/16 for both: top-1 is coarse
     prepared = prepare_fx(
         copy.deepcopy(model),
         qinsight.qconfig_mapping(report.with_plan(plan)),
