@@ -85,8 +85,6 @@ def _detector_ids(args: argparse.Namespace) -> list[str] | None:
 
 
 def _diagnose(args: argparse.Namespace) -> int:
-    from qinsight.pipeline import diagnose
-
     detectors = _detector_ids(args)
     for line in check_verdict_gates(args.fail_on, detectors or requested_ids(None)):
         note(line)
@@ -94,6 +92,9 @@ def _diagnose(args: argparse.Namespace) -> int:
     launch, part = ranks.launched(), ranks.parse_shard(args.shard)
     if launch is not None and part is not None:
         raise UsageError("--shard is for runs without torchrun; under torchrun the ranks are the shards")
+    verify = _verify(args)
+    from qinsight.pipeline import diagnose  # torch: once the arguments are known to be right
+
     with ranks.process_group(launch):
         with ranks.checked_together(launch):
             mapping, quantizer = planned_config(args)
@@ -112,7 +113,7 @@ def _diagnose(args: argparse.Namespace) -> int:
                 distributed=launch is not None,
                 lowered=args.lowered,
                 shard=part,
-                verify=_verify(args),
+                verify=verify,
             )
         finally:
             if progress is not None:
@@ -138,16 +139,17 @@ def _verify(args: argparse.Namespace) -> bool | tuple[str, ...] | None:
 def _compare(args: argparse.Namespace) -> int:
     """Quantizes the model with torch's default for the flow, calibrated on the batches, and
     compares it with the float model on the same batches (``--lowered``: its lowered program too)."""
-    from qinsight.compare import compare_activations, compare_lowered, compare_weights, quantize_candidates
-    from qinsight.core.comparison import Comparison
-    from qinsight.frontends import model_structure
-    from qinsight.pipeline import comparison_report
-
     check_targets([args.out, args.html], [])
     flow = compared_flow(args)
     launch = ranks.launched()
     if launch is not None and args.lowered:
         raise UsageError("--lowered runs in one process: run it without torchrun")
+    # torch: once the arguments are known to be right
+    from qinsight.compare import compare_activations, compare_lowered, compare_weights, quantize_candidates
+    from qinsight.core.comparison import Comparison
+    from qinsight.frontends import model_structure
+    from qinsight.pipeline import comparison_report
+
     with ranks.process_group(launch):
         with ranks.checked_together(launch):
             model, data, name = _model_and_data(args, launch, whole=True)
@@ -194,9 +196,6 @@ def _evaluation_data(args: argparse.Namespace) -> list[object]:
 def _plan(args: argparse.Namespace) -> int:
     from qinsight.core.plan import Target
     from qinsight.outputs.formats import verdict
-    from qinsight.pipeline import diagnose
-    from qinsight.planning import plan, plan_formats
-    from qinsight.planning.formats import format_goal
 
     check_targets([args.out, args.html], [])
     # a torchao plan's report says what each format loses on each Linear too (the formats detector)
@@ -210,6 +209,8 @@ def _plan(args: argparse.Namespace) -> int:
     except InvalidParameterError as exc:  # before anything loads or runs
         raise UsageError(f"--target {args.target!r}: expected {exc.expected}") from exc
     if formats:
+        from qinsight.planning.formats import format_goal
+
         confidence = 0.95 if args.confidence is None else args.confidence
         goal = format_goal(args.formats, target, args.budget, None, confidence)  # mistakes before any load
         if args.lowered:
@@ -218,6 +219,9 @@ def _plan(args: argparse.Namespace) -> int:
         raise UsageError("--budget is for --flow torchao (a plan for fx or pt2e takes float<=N as its --target)")
     elif args.confidence is not None and target.metric != "top1":
         raise UsageError("--confidence holds a top1 target at its bound (with --flow torchao: a language-model target)")
+    from qinsight.pipeline import diagnose  # torch: once the arguments are known to be right
+    from qinsight.planning import plan, plan_formats
+
     model, data, name = _model_and_data(args, None, whole=True)
     calibration, evaluation = list(data), _evaluation_data(args)
     if not calibration:

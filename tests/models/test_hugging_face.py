@@ -45,6 +45,7 @@ def test_its_massive_activations_are_found_under_transformers_names(hf: nn.Modul
     assert all(f.verdict == "outlier channels" for f in by_size[:2])
 
 
+@pytest.mark.extended(1)  # quantize_ in three formats of a 135M LLM; MiniLM's quantize_ comparison runs in CI
 def test_a_mixed_quantize_d_llama_is_compared_layer_by_layer_with_each_format(hf: nn.Module) -> None:
     linears = [name for name, module in hf.named_modules() if isinstance(module, nn.Linear) and name != "lm_head"]
     assignment = {name: ("int4_g32" if ".mlp." in name else "int8") for name in linears}

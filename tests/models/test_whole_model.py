@@ -233,7 +233,11 @@ CASES: dict[str, Callable[[], tuple[nn.Module, list[Any], list[Any]]]] = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize(
+    # random-weight resnet18 holds nothing the others do not (MobileNetV2 is the real CNN): the extended tier
+    "name",
+    [pytest.param(name, marks=pytest.mark.extended(1)) if name == "resnet18" else name for name in CASES],
+)
 def test_following_the_report_is_never_worse_than_torchs_default(name: str) -> None:
     torch.manual_seed(0)
     model, calibration, held_out = CASES[name]()

@@ -289,6 +289,7 @@ def test_leave_one_float_simulated_is_the_real_flow_bit_for_bit(flow: str) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.extended(1)  # three real quantizations of MiniLM; the simulation equals the flow in CI on small models
 def test_the_fx_simulation_calibrates_observers_fx_shares_otherwise_under_a_config() -> None:
     """FX shares one observer among an op and the ops that keep its qparams, and which share depends on
     the config: with MiniLM's first key Linear in float, the view after it takes the observer of the
@@ -637,6 +638,9 @@ def test_minilm_fx_plan_with_smoothing_keeps_nine_tenths_of_the_linear_weights_i
 
 
 @pytest.mark.slow
+@pytest.mark.extended(
+    1
+)  # a plan on real weights; PT2E plans of real models in CI: test_lowered_plan, test_quantizer_plan
 def test_minilm_pt2e_plan_keeps_nine_tenths_of_the_linear_weights_int8() -> None:
     """The same target through PT2E: reached for real with >= 90% of the Linear weights int8, and the
     plan's quantizer, applied as a user would (export, prepare_pt2e, convert_pt2e), scores it again."""
