@@ -8,6 +8,7 @@ The core and the plugin contract load no torch, numpy, cattrs or matplotlib.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import warnings
@@ -270,6 +271,27 @@ def test_the_public_names_are_one_list_a_user_can_hold_in_mind() -> None:
     assert len(qinsight.__all__) <= 40
     for home, name in sorted(stub):
         assert getattr(qinsight, name) is getattr(__import__(home, fromlist=[name]), name), name
+
+
+def test_every_top_level_function_names_each_argument_and_what_it_returns() -> None:
+    """A reader of ``help(qinsight.plan)`` finds each argument under ``Args:`` and the result under
+    ``Returns:`` (where there is one)."""
+    import inspect
+
+    import qinsight
+
+    unsaid = {}
+    for name in qinsight.__all__:
+        function = getattr(qinsight, name)
+        if not inspect.isfunction(function):
+            continue
+        doc = inspect.getdoc(function) or ""
+        args = doc.partition("Args:")[2].partition("Returns:")[0]
+        missing = [p for p in inspect.signature(function).parameters if not re.search(rf"\b{p}\b", args)]
+        returns = inspect.signature(function).return_annotation not in (None, "None")
+        if ("Returns:" in doc) != returns or missing:
+            unsaid[name] = missing
+    assert unsaid == {}
 
 
 def test_the_names_the_top_level_gave_up_still_resolve_with_a_warning_naming_their_place() -> None:

@@ -46,16 +46,36 @@ def _advice(source: Report | QuantPlan | Advice, flow: FlowName, owner: str) -> 
 
 
 def qconfig_mapping(source: Report | QuantPlan | Advice, base: QConfigMapping | None = None) -> QConfigMapping:
-    """The FX ``QConfigMapping`` of ``source``'s advice, added to ``base`` (the backend's default mapping)."""
+    """The FX ``QConfigMapping`` of ``source``'s advice.
+
+    Args:
+        source: a report, a plan or an advice (keyed on the float model's module names).
+        base: the mapping the advice is added to (default: the backend's default mapping).
+
+    Returns:
+        The mapping for ``prepare_fx``.
+    """
     return fx.qconfig_mapping(_advice(source, "fx", "qconfig_mapping"), base)
 
 
 def pt2e_quantizer(source: Report | QuantPlan | Advice, backend: str | None = None, *, quantizer: Any = None) -> Any:
-    """A PT2E quantizer applying ``source``'s advice for ``backend``: ``"x86"`` (torchao's
-    X86InductorQuantizer, ``pip install 'qinsight[pt2e]'``) or ``"xnnpack"`` (ExecuTorch's
-    XNNPACKQuantizer, ``pip install 'qinsight[executorch]'``); default: the source's own backend
-    where PT2E serves it, else x86. With ``quantizer`` (yours; a plan made with ``quantizer=`` needs
-    it again), that quantizer with the advice's float sites stripped after it annotates."""
+    """A PT2E quantizer applying ``source``'s advice.
+
+    Args:
+        source: a report, a plan or an advice.
+        backend: ``"x86"`` (torchao's X86InductorQuantizer, ``pip install 'qinsight[pt2e]'``) or
+            ``"xnnpack"`` (ExecuTorch's XNNPACKQuantizer, ``pip install 'qinsight[executorch]'``); default:
+            the source's own backend where PT2E serves it, else x86.
+        quantizer: yours (a plan made with ``quantizer=`` needs it again): that quantizer with the
+            advice's float sites stripped after it annotates.
+
+    Returns:
+        The quantizer for ``prepare_pt2e``; what it cannot honour of the advice it names in
+        ``unhonoured`` and warns about.
+
+    Raises:
+        MissingExtraError: the extra the backend's quantizer needs is not installed.
+    """
     if backend is not None:
         check_flow_backend("pt2e_quantizer", "pt2e", backend)
     advice = _advice(source, "pt2e", "pt2e_quantizer")
@@ -67,7 +87,14 @@ def pt2e_quantizer(source: Report | QuantPlan | Advice, backend: str | None = No
 
 
 def equalization_config(source: Report | QuantPlan | Advice) -> QConfigMapping:
-    """``prepare_fx``'s ``_equalization_config`` for the modules ``source``'s FX advice equalizes."""
+    """``prepare_fx``'s ``_equalization_config`` for the modules ``source``'s FX advice equalizes.
+
+    Args:
+        source: a report, a plan or an advice.
+
+    Returns:
+        The ``QConfigMapping`` to pass as ``prepare_fx(..., _equalization_config=...)``.
+    """
     from torch.ao.quantization import QConfigMapping
 
     mapping = equalization.equalization_qconfig_mapping(
@@ -77,14 +104,28 @@ def equalization_config(source: Report | QuantPlan | Advice) -> QConfigMapping:
 
 
 def smoothed(model: nn.Module, source: Report | QuantPlan | Advice) -> nn.Module:
-    """A copy of ``model`` with the Linears ``source`` smooths smoothed (``model`` itself when none):
-    the model a smoothed plan's config is for."""
+    """The model a smoothed plan's config is for.
+
+    Args:
+        model: the float model; it is not changed.
+        source: a report, a plan or an advice.
+
+    Returns:
+        A copy of ``model`` with the Linears ``source`` smooths smoothed (``model`` itself when none).
+    """
     return smoothing.apply_smoothing(model, advice_of(source).smoothing)
 
 
 def config_code(source: Report | QuantPlan | Advice) -> list[str]:
     """Python lines that build the same FX ``QConfigMapping`` (``mapping``) and equalization config
-    (``equalization``) as :func:`qconfig_mapping` and :func:`equalization_config`."""
+    (``equalization``) as :func:`qconfig_mapping` and :func:`equalization_config`.
+
+    Args:
+        source: a report, a plan or an advice (its FX advice).
+
+    Returns:
+        The lines of the code, to paste into a program (the HTML page shows them).
+    """
     return code.config_code(advice_of(source, "fx", owner="config_code"))
 
 
@@ -96,17 +137,30 @@ def quantize(
     flow: FlowName | None = None,
     quantizer: Any = None,
 ) -> nn.Module:
-    """``model`` quantized as ``source`` advises, in ``flow`` (``"fx"`` or ``"pt2e"``; default: a plan's
-    own flow; for a report, the flow its user quantizes with: FX for a traced model, PT2E for an exported
-    one, for XNNPACK and for a model FX cannot trace; one its verification found could quantize the
-    model where that one could not): smoothed where the advice smooths, prepared (with
-    the equalization in FX),
-    calibrated on every batch of ``calibration_data`` and converted. A :class:`FormatPlan`, or with
-    ``flow="torchao"`` the format plan a report carries, is applied by torchao's ``quantize_`` with
-    :func:`fqn_to_config` (no calibration); a report without one, with ``flow="torchao"``, is its int8
-    advice applied by ``quantize_``, each static Linear's scale calibrated. ``quantizer``: yours, which
-    a plan made with ``quantizer=``
-    starts from (its float sites are stripped from it). ``model`` itself is not changed."""
+    """``model`` quantized as ``source`` advises, as a user's flow would: smoothed where the advice
+    smooths, prepared (with the equalization in FX), calibrated and converted.
+
+    Args:
+        model: the float model; it is not changed.
+        source: a report, a plan, an :class:`Advice` or a :class:`FormatPlan`. A format plan (or with
+            ``flow="torchao"`` the one a report carries) is applied by torchao's ``quantize_`` with
+            :func:`fqn_to_config`, no calibration; a report without one, with ``flow="torchao"``, is
+            its int8 advice applied by ``quantize_``, each static Linear's scale calibrated.
+        calibration_data: the batches every observer is calibrated on (all of them).
+        flow: ``"fx"``, ``"pt2e"`` or ``"torchao"``; default: a plan's own flow; for a report, the flow
+            its user quantizes with (FX for a traced model, PT2E for an exported one, for XNNPACK and for
+            a model FX cannot trace; one its verification found could quantize the model where that one
+            could not).
+        quantizer: yours, which a plan made with ``quantizer=`` starts from (its float sites are stripped
+            from it).
+
+    Returns:
+        The converted model (an FX or PT2E ``GraphModule``, or a copy with torchao's quantized weights).
+
+    Raises:
+        InvalidParameterError: no calibration data for a flow that calibrates, or a flow it cannot use.
+        FrontendError: the flow cannot prepare the model (tracing, export, a quantizer refusing it).
+    """
     if isinstance(source, FormatPlan):
         return torchao.quantize_formats(model, source)
     chosen = checked_flow(flow, "quantize") if flow is not None else None
@@ -122,10 +176,20 @@ def quantize(
 
 
 def fqn_to_config(source: FormatPlan | Report | Mapping[str, str]) -> Any:
-    """torchao's ``FqnToConfig`` giving each Linear of ``source`` (a plan, the plan a report carries, or
-    Linear name → format name such as ``{"model.layers.0.mlp.down_proj": "int4_g32"}``) its format:
-    ``quantize_(model, fqn_to_config(plan), filter_fn=None)`` quantizes ``model`` as the plan says
-    (``pip install 'qinsight[pt2e]'``)."""
+    """torchao's ``FqnToConfig`` giving each Linear of ``source`` its format: ``quantize_(model,
+    fqn_to_config(plan), filter_fn=None)`` quantizes ``model`` as the plan says (``pip install
+    'qinsight[pt2e]'``).
+
+    Args:
+        source: a format plan, the plan a report carries, or Linear name → format name such as
+            ``{"model.layers.0.mlp.down_proj": "int4_g32"}``.
+
+    Returns:
+        The ``FqnToConfig``.
+
+    Raises:
+        InvalidParameterError: a report that carries no format plan.
+    """
     return torchao.fqn_to_config(source if isinstance(source, Mapping) else _format_plan(source))
 
 

@@ -78,18 +78,26 @@ def compare_activations(
     structure: ModelStructure | None = None,
     distributed: bool = False,
 ) -> ActivationComparison:
-    """Per Linear/Conv, and per op around them: the propagated and the local error of
-    ``quantized_model`` against ``float_model``.
+    """Per Linear/Conv, and per op around them: the propagated and the local error of ``quantized_model``
+    against ``float_model``.
 
-    ``quantized_model`` comes from ``convert_fx`` (or eager conversion), or is a
-    ``convert_pt2e`` graph of ``float_model``. The ops (adds, matmuls, softmax,
-    norms...: :mod:`qinsight.compare.ops`) are compared in both graphs, named as
-    the report names their sites; an eagerly converted model has layer rows
-    only. Both models run on every batch of ``data`` (eval mode, no gradients,
-    hooks and taps removed afterwards).
-    Memory is O(layers) whatever the number of batches. With ``distributed=True``
-    every rank of the process group passes its own batches and gets the
-    comparison of all of them (docs/scale.md).
+    The ops (adds, matmuls, softmax, norms...: :mod:`qinsight.compare.ops`) are compared in both graphs,
+    named as the report names their sites; an eagerly converted model has layer rows only. Both models
+    run on every batch of ``data`` (eval mode, no gradients, hooks and taps removed afterwards); memory
+    is O(layers) whatever the number of batches.
+
+    Args:
+        float_model: the model as it was before quantization.
+        quantized_model: from ``convert_fx`` (or eager conversion), or a ``convert_pt2e`` graph of
+            ``float_model``.
+        data: the batches both run on.
+        metrics: names of built-in or plugin metrics (default: all built-ins).
+        structure: :func:`qinsight.frontends.model_structure` of ``float_model``, where the caller has it.
+        distributed: every rank of the process group passes its own batches and gets the comparison of
+            all of them (docs/scale.md).
+
+    Returns:
+        The :class:`ActivationComparison`: a row per layer and op, worst first on request.
     """
     return measure_activations(
         float_model, {"": quantized_model}, data, metrics=metrics, structure=structure, distributed=distributed

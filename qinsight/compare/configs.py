@@ -102,17 +102,22 @@ def compare_configs(
 ) -> ConfigComparison:
     """Every Linear/Conv of ``float_model`` under each of ``configs``, and the best config per layer.
 
-    ``configs`` maps a name to a ``QConfigMapping`` or a torchao ``Quantizer``.
-    They calibrate on ``calibration``; errors are measured on ``data``
-    (default: the calibration batches again, which must then be a sequence,
-    not a one-shot iterator). ``rank_by`` is the local metric that picks the
-    best config (SQNR: the highest).
+    Args:
+        float_model: the model as it was before quantization.
+        configs: a name for each ``QConfigMapping`` or torchao ``Quantizer`` to compare.
+        calibration: the batches every config calibrates on.
+        data: the batches errors are measured on (default: the calibration batches again, which must then
+            be a sequence, not a one-shot iterator).
+        example_inputs: the inputs prepare traces with (default: the first calibration batch).
+        metrics: names of built-in or plugin metrics (default: all built-ins).
+        rank_by: the local metric that picks each layer's best config (SQNR: the highest).
+        distributed: every rank calibrates on all of ``calibration`` (torch's histogram observers do not
+            merge, so the candidates must be calibrated alike) and measures its own ``data`` batches
+            (default: its stride of the calibration batches); every rank gets the comparison of all
+            ranks' batches.
 
-    With ``distributed=True`` every rank calibrates on all of ``calibration``
-    (torch's histogram observers do not merge, so the candidates must be
-    calibrated alike) and measures its own ``data`` batches (default: its
-    stride of the calibration batches); every rank gets the comparison of all
-    ranks' batches.
+    Returns:
+        The :class:`ConfigComparison`: each layer's row per config and the config that serves it best.
     """
     if not configs:
         raise InvalidParameterError("compare_configs", "configs", {}, "at least one config")

@@ -57,10 +57,18 @@ def compare_weights(
 ) -> WeightComparison:
     """Every Linear/Conv weight of ``float_model`` against its quantized version in ``quantized_model``.
 
-    ``quantized_model`` comes from ``convert_fx`` (or eager conversion), or is a
-    ``convert_pt2e`` graph. ``metrics`` are names of built-in or plugin metrics
-    (default: all built-ins). ``structure`` is :func:`qinsight.frontends.model_structure`
-    of ``float_model`` when the caller has it already (it traces the model).
+    Args:
+        float_model: the model as it was before quantization.
+        quantized_model: from ``convert_fx`` (or eager conversion), or a ``convert_pt2e`` graph.
+        metrics: names of built-in or plugin metrics (default: all built-ins).
+        structure: :func:`qinsight.frontends.model_structure` of ``float_model``, where the caller has it
+            already (it traces the model).
+
+    Returns:
+        The :class:`WeightComparison`: a row per layer with a quantized weight.
+
+    Raises:
+        InvalidParameterError: ``quantized_model`` is no quantized version of ``float_model``.
     """
     chosen = load_metrics(metrics)
     structure = structure if structure is not None else model_structure(float_model)

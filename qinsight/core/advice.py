@@ -89,17 +89,27 @@ def _report_default(report: Report) -> str:
 
 
 def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None, *, owner: str = "advice_of") -> Advice:
-    """The advice ``source`` gives for ``flow`` (default: a plan's own flow; for a report, the flow its
-    user quantizes with, :func:`~qinsight.core.flows.report_flow`: FX for a traced model, PT2E for an
-    exported one, for XNNPACK and for a model FX cannot trace, or the flow its verification found
-    could quantize the model where that one could not), for the backend the flow serves
-    (:meth:`~qinsight.core.flows.FlowSpec.backend_for`; ``owner``: the function named in its error).
+    """The advice ``source`` gives for ``flow``: what a torch config for that flow is built from.
 
-    A report carrying a plan made for ``flow`` gives the plan's verified config;
-    a plan made for the other flow is not applied (its measurements say
-    nothing about this one), and a note says so. A report verified in ``flow``
-    (:mod:`qinsight.core.verification`) leaves out the kinds of suggestion
-    its verification dropped.
+    A report carrying a plan made for ``flow`` gives the plan's verified config; a plan made for another
+    flow is not applied (its measurements say nothing about this one), and a note says so. A report
+    verified in ``flow`` (:mod:`qinsight.core.verification`) leaves out the kinds of suggestion its
+    verification dropped.
+
+    Args:
+        source: a report, a plan, or an advice already (returned as it is for its own flow).
+        flow: default: a plan's own flow; for a report, the flow its user quantizes with
+            (:func:`~qinsight.core.flows.report_flow`: FX for a traced model, PT2E for an exported one, for
+            XNNPACK and for a model FX cannot trace), or the flow its verification found could quantize the
+            model where that one could not.
+        owner: the function named in its errors.
+
+    Returns:
+        The :class:`Advice`, for the backend the flow serves (:meth:`~qinsight.core.flows.FlowSpec.backend_for`),
+        its notes saying what a builder must know besides.
+
+    Raises:
+        InvalidParameterError: a flow qinsight does not know, or one that cannot serve the backend.
     """
     if isinstance(source, Advice):
         if flow is not None and checked_flow(flow, owner) != source.flow:

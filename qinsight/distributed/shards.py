@@ -26,6 +26,15 @@ def current_shard(owner: str) -> Shard:
 
 
 def shard(data: Iterable[T]) -> Iterator[T]:
-    """This rank's batches of ``data``, for ``diagnose(..., distributed=True)``: batches ``rank``,
-    ``rank + world_size``, ..."""
+    """This rank's batches of ``data``, for ``diagnose(..., distributed=True)``.
+
+    Args:
+        data: every rank's batches, in the same order on each.
+
+    Returns:
+        Batches ``rank``, ``rank + world_size``, ... of the current process group, lazily.
+
+    Raises:
+        InvalidParameterError: no process group is initialized.
+    """
     return current_shard("shard").of(data)

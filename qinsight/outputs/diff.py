@@ -198,7 +198,17 @@ def _metric_changes(a: Comparison | None, b: Comparison | None, rel_tol: float, 
 
 
 def diff_reports(a: Report, b: Report, *, rel_tol: float = 0.05, abs_tol: float = 1e-6) -> ReportDiff:
-    """How ``b`` differs from ``a``; numbers count as moved beyond ``rel_tol`` (and ``abs_tol``)."""
+    """How ``b`` differs from ``a``: findings, verdicts, suggestions and measured numbers.
+
+    Args:
+        a: the report before.
+        b: the report after.
+        rel_tol: a number counts as moved beyond this relative change.
+        abs_tol: and beyond this absolute one (numbers near zero).
+
+    Returns:
+        The :class:`ReportDiff`, every difference typed.
+    """
     sites_a, sites_b = [s.fqn for s in a.sites], [s.fqn for s in b.sites]
     detectors_a, detectors_b = [r.detector for r in a.results], [r.detector for r in b.results]
     verdicts, numbers = _finding_changes(a, b, rel_tol, abs_tol)

@@ -329,10 +329,13 @@ def save_report(
 ) -> None:
     """Write ``report`` to ``path`` as JSON; the file is replaced whole or not at all.
 
-    Arrays of 16 values or more are typed binary inside the JSON, losslessly, unless ``packed=False``
-    (every number a JSON number, for tools that read the file as plain JSON: about 3 times larger).
-    ``compress`` is ``"xz"`` (about 4 times smaller again), ``"gzip"`` (3 times) or ``"none"``;
-    by default what the name asks for (``.xz``, ``.gz``, else none). :func:`load_report` reads any.
+    Args:
+        report: the report to write.
+        path: where; :func:`load_report` reads it back.
+        packed: arrays of 16 values or more typed binary inside the JSON, losslessly; ``False``: every
+            number a JSON number, for tools that read the file as plain JSON (about 3 times larger).
+        compress: ``"xz"`` (about 4 times smaller again), ``"gzip"`` (3 times) or ``"none"``; default:
+            what the name asks for (``.xz``, ``.gz``, else none).
     """
     if compress not in (None, "none", "gzip", "xz"):
         raise InvalidParameterError(
@@ -428,8 +431,19 @@ def report_from_json(text: str, *, source: str = "<string>", max_bytes: int = MA
 
 
 def load_report(path: str | os.PathLike[str], *, max_bytes: int = MAX_BYTES) -> Report:
-    """Read a report file written by :func:`save_report` (compressed or not); any file, pipe or device,
-    read up to ``max_bytes``, and decompressed up to ``max_bytes`` too."""
+    """Read a report file written by :func:`save_report`, compressed or not.
+
+    Args:
+        path: any file, pipe or device.
+        max_bytes: read at most this many bytes, and decompress at most as many.
+
+    Returns:
+        The :class:`Report`; a finding of a detector not installed here is kept as a ``RawFinding``.
+
+    Raises:
+        ReportFileError: the file is not a report, or a field of it is wrong (its JSON path named).
+        ReportVersionError: written by a schema of another major version.
+    """
     source = os.fspath(path)
     try:
         text = decompressed(read_capped(source, max_bytes), max_bytes).decode("utf-8")

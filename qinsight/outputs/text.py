@@ -190,8 +190,16 @@ def comparison_text(comparison: Comparison, limit: int = 10) -> str:
 def to_text(
     value: Report | QuantPlan | FormatPlan | Comparison | ReportDiff, *, everything: bool = False, limit: int = 10
 ) -> str:
-    """Any of qinsight's results for people: a report (``everything`` names every module instead of the
-    first few per line), a plan, a format plan, a comparison (``limit`` rows per table) or a diff of two reports."""
+    """Any of qinsight's results as text for people.
+
+    Args:
+        value: a report, a plan, a format plan, a comparison or a diff of two reports.
+        everything: (a report) name every module instead of the first few per line.
+        limit: (a comparison) rows per table.
+
+    Returns:
+        The text, one string of lines.
+    """
     if isinstance(value, Report):
         return render_text(value, everything=everything)
     if isinstance(value, QuantPlan):

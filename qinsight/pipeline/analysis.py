@@ -109,6 +109,13 @@ def comparison_report(comparison: Comparison, *, model_name: str = "model") -> R
     """A report file's worth holding only ``comparison``, for when no diagnosis ran.
 
     To keep a comparison with a diagnosis instead: ``report.with_comparison(comparison)``.
+
+    Args:
+        comparison: what :func:`qinsight.compare_weights` and the others measured.
+        model_name: the name the report gives the model.
+
+    Returns:
+        A :class:`Report` with no findings and the comparison, to save and show.
     """
     measured = comparison.activations.layers if comparison.activations is not None else ()
     return Report(

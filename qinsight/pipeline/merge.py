@@ -123,11 +123,19 @@ def _check_mergeable(reports: Sequence[Report]) -> None:
 def merge_reports(reports: Sequence[Report]) -> Report:
     """The report of all the data of ``reports``: one model, diagnosed the same way, on disjoint batches.
 
-    Statistics merge as in a distributed run (exact for counts, minima, maxima
-    and per-batch percentiles; sums to float rounding), then each detector that
-    made the reports runs again, with its recorded parameters, on the merged
-    statistics. :class:`MergeError` when the reports are of different models,
-    weights, sites, backends or detector settings, or hold comparisons.
+    Statistics merge as in a distributed run (exact for counts, minima, maxima and per-batch
+    percentiles; sums to float rounding), then each detector that made the reports runs again, with its
+    recorded parameters, on the merged statistics.
+
+    Args:
+        reports: the parts (``qinsight diagnose --shard i/n``, ``diagnose(..., shard=...)``).
+
+    Returns:
+        The merged :class:`Report`.
+
+    Raises:
+        MergeError: the reports are of different models, weights, sites, backends or detector settings, or
+            hold comparisons.
     """
     _check_mergeable(reports)
     first = reports[0]

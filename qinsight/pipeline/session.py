@@ -306,18 +306,26 @@ def instrument(
     shard: Shard | None = None,
     quantizer: object | None = None,
 ) -> Iterator[Session]:
-    """Observe ``model`` inside a ``with`` block; call ``session.report()`` inside or after it.
+    """Observe ``model`` inside a ``with`` block, for your own calibration loop; call ``session.report()``
+    inside or after it.
 
     >>> with qinsight.instrument(model) as session:       # doctest: +SKIP
     ...     for batch in loader:
     ...         model(batch)
     >>> report = session.report()                          # doctest: +SKIP
 
-    A model FX cannot trace needs ``example_inputs`` (one batch) for the eager frontend; so does
-    ``quantizer=`` (as :func:`diagnose`'s).
-    With ``distributed=True`` every rank runs this block on its own batches and
-    calls ``report()``; an error in the block on one rank ends the others'
-    ``report()`` with a :class:`ShardError` naming it. ``shard``: as for :func:`diagnose`.
+    Args:
+        model: as for :func:`diagnose`.
+        detectors, backend, qconfig_mapping, model_name, strict, frontend, shard, quantizer: as for
+            :func:`diagnose`.
+        example_inputs: one batch: a model FX cannot trace needs it for the eager frontend; so does
+            ``quantizer=``.
+        distributed: every rank runs the block on its own batches and calls ``report()``; an error in the
+            block on one rank ends the others' ``report()`` with a :class:`ShardError` naming it.
+
+    Returns:
+        The :class:`Session`, whose ``report()`` gives the :class:`Report` (not verified: call
+        :func:`verify_report` on it).
     """
     exchange = Exchange.of("instrument", distributed)
     with sharing_failures(exchange):
@@ -348,38 +356,49 @@ def diagnose(
 ) -> Report:
     """Instrument ``model``, calibrate it on ``calibration_data``, and return the :class:`Report`.
 
-    ``model`` is any ``nn.Module`` or a ``torch.export`` ExportedProgram. With
-    ``frontend="auto"``: exported graphs (``ep.module()``, ``prepare_pt2e``)
-    through the exported-graph frontend, FX-traceable models and ``prepare_fx``
-    graphs through FX, anything else through the eager frontend, which finds
-    its sites by running the first batch. ``calibration_data`` is any iterable of batches (a tensor, a
-    tuple of positional arguments, or a mapping of keyword arguments), read once, lazily.
-    ``detectors`` holds detector instances or ids (``"qinsight.outliers"``,
-    or a plugin's); ``None`` means the ``QINSIGHT_DETECTORS`` allowlist if set,
-    else the six built-ins. A detector that fails to load is recorded in
-    ``report.failures`` and the others run.
-    ``qconfig_mapping`` is the mapping you plan to quantize with; it tells the
-    detectors what each module would get. ``quantizer`` is its PT2E counterpart: the torchao
-    ``Quantizer`` you plan to apply (``XNNPACKQuantizer``, ``X86InductorQuantizer``, a
-    ``ComposableQuantizer`` of several), asked on the exported first batch which layers it quantizes
-    with which weight scheme and which ops around them (:mod:`qinsight.frontends.configured`);
-    ``backend`` (``None``: your quantizer's, else x86) must be the one it is for. With ``strict=True`` a failing
-    detector raises instead of being recorded in ``report.failures``.
-    With ``distributed=True`` (inside an initialized process group) this is
-    called on every rank with that rank's batches, ``qinsight.shard(data)``:
-    every rank returns the report of all ranks' batches (docs/scale.md).
-    Without a process group, ``shard=qinsight.types.Shard(rank=i, world_size=n)``
-    says this run calibrates batches ``i, i + n, ...`` of the data (batches
-    are numbered as in the whole data), for reports that
-    :func:`~qinsight.pipeline.merge.merge_reports` combines later.
-    ``verify``: the report's config is quantized for real and scored in the frontend's flow (FX for a
-    traced model, PT2E for an exported one, PT2E and torchao for one FX cannot trace; flows among ``"fx"``,
-    ``"pt2e"``, ``"torchao"`` to choose), and each kind of
-    suggestion that lowers the score is dropped (:mod:`qinsight.pipeline.verification`, on the first
-    :data:`VERIFY_BATCHES` batches); ``False`` for speed, the report then says its config is unverified;
-    ``None``: as the ``QINSIGHT_VERIFY`` environment variable says, else ``True``.
-    With ``lowered=True`` (PT2E) each config is scored as the program lowered for the backend.
-    Distributed runs are not verified: ``qinsight.verify_report`` on one rank does it.
+    Args:
+        model: any ``nn.Module`` or a ``torch.export`` ExportedProgram, read by ``frontend``.
+        calibration_data: an iterable of batches (a tensor, a tuple of positional arguments, or a mapping
+            of keyword arguments), read once, lazily.
+        detectors: detector instances or ids (``"qinsight.outliers"``, or a plugin's); ``None``: the
+            ``QINSIGHT_DETECTORS`` allowlist if set, else the six built-ins. One that fails to load is
+            recorded in ``report.failures`` and the others run.
+        backend: the backend you quantize for; ``None``: your quantizer's, else x86.
+        qconfig_mapping: the FX mapping you plan to quantize with: it tells the detectors what each
+            module would get.
+        model_name: the name the report gives the model (default: its class).
+        strict: a failing detector raises instead of being recorded in ``report.failures``.
+        progress: called at each stage (the command line's progress line).
+        frontend: ``"auto"``: exported graphs (``ep.module()``, ``prepare_pt2e``) through the
+            exported-graph frontend, FX-traceable models and ``prepare_fx`` graphs through FX, anything
+            else through the eager frontend, which finds its sites by running the first batch.
+        distributed: inside an initialized process group, called on every rank with that rank's batches
+            (``qinsight.shard(data)``): every rank returns the report of all ranks' batches
+            (docs/scale.md). Distributed runs are not verified: ``qinsight.verify_report`` on one rank
+            does it.
+        shard: without a process group, ``qinsight.types.Shard(rank=i, world_size=n)`` calibrates batches
+            ``i, i + n, ...`` of the data (numbered as in the whole data), for reports that
+            :func:`~qinsight.pipeline.merge.merge_reports` combines later.
+        verify: the report's config quantized for real and scored in the frontend's flow (FX for a traced
+            model, PT2E for an exported one, PT2E and torchao for one FX cannot trace; or the flows named
+            among ``"fx"``, ``"pt2e"``, ``"torchao"``), each kind of suggestion that lowers the score
+            dropped (:mod:`qinsight.pipeline.verification`, on the first :data:`VERIFY_BATCHES` batches).
+            ``False`` for speed: the report then says its config is unverified. ``None``: as the
+            ``QINSIGHT_VERIFY`` environment variable says, else ``True``.
+        quantizer: the PT2E counterpart of ``qconfig_mapping``: the torchao ``Quantizer`` you plan to
+            apply (``XNNPACKQuantizer``, ``X86InductorQuantizer``, a ``ComposableQuantizer``), asked on
+            the exported first batch which layers it quantizes with which weight scheme and which ops
+            around them (:mod:`qinsight.frontends.configured`); ``backend`` must be the one it is for.
+        lowered: (PT2E) each config scored as the program lowered for the backend.
+
+    Returns:
+        The report: each detector's findings, the suggested config, the equalization mapping and, where
+        verified, each flow's verdict on the config.
+
+    Raises:
+        InvalidParameterError: an argument outside what it takes, before any batch runs.
+        CalibrationError: the calibration data raised, or a batch is empty.
+        FrontendError: no frontend can read the model.
     """
     if not isinstance(calibration_data, Iterable) or isinstance(calibration_data, (str, bytes)):
         expected = "an iterable of batches (a list of tensors, a DataLoader...)"

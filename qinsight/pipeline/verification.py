@@ -125,15 +125,31 @@ def verify_report(
     lowered: bool = False,
     quantizer: object | None = None,
 ) -> Report:
-    """``report`` carrying each flow's verdict on its config (:class:`ConfigVerification`): quantized
-    for real with ``model`` on ``data`` (its first :data:`VERIFY_BATCHES` batches), the kinds of
-    suggestion that lower the score dropped. ``flows``: ``True`` the report's own
-    (:func:`~qinsight.core.flows.verifying_flows`), or flows among ``"fx"``, ``"pt2e"``, ``"torchao"``.
-    With ``lowered=True`` (PT2E) each config is scored as the program lowered from it for the report's
-    backend, as it ships (XNNPACK run by the ExecuTorch runtime, x86 compiled by inductor). With the
-    user's ``quantizer`` (PT2E, what the report was diagnosed against) verification starts from it: it
-    is scored beside the flow's default, and where it beats the report's config the verdict says to
-    keep it."""
+    """``report`` carrying each flow's verdict on its config, quantized for real.
+
+    Each flow quantizes ``model`` with the report's config on ``data`` (its first :data:`VERIFY_BATCHES`
+    batches, calibrated on some and scored on the others), and the kinds of suggestion that lower the
+    score are dropped.
+
+    Args:
+        model: the float model the report was made of; it is not changed.
+        report: the report to verify.
+        data: the batches to quantize and score on.
+        flows: ``True``: the report's own (:func:`~qinsight.core.flows.verifying_flows`); or flows among
+            ``"fx"``, ``"pt2e"``, ``"torchao"``.
+        progress: called at each stage (the command line's progress line).
+        lowered: (PT2E) each config scored as the program lowered from it for the report's backend, as it
+            ships (XNNPACK run by the ExecuTorch runtime, x86 compiled by inductor).
+        quantizer: yours (PT2E, what the report was diagnosed against): verification starts from it; it
+            is scored beside the flow's default, and where it beats the report's config the verdict says
+            to keep it.
+
+    Returns:
+        The report with a :class:`ConfigVerification` per flow.
+
+    Raises:
+        InvalidParameterError: a flow qinsight does not know, or one that cannot serve the backend.
+    """
     if isinstance(model, torch.export.ExportedProgram):
         model = model.module()
     planned_backend("verify_report", report.metadata.backend, quantizer)  # one error if q is another backend's

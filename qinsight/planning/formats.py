@@ -196,21 +196,37 @@ def plan_formats(
     confidence: float | None = 0.95,
     progress: Progress | None = None,
 ) -> FormatPlan:
-    """The torchao format of every Linear of ``model`` (:class:`FormatPlan`): the fewest bits per weight
-    whose real score meets ``target`` (``"perplexity<=1.05"``: the perplexity ratio to the float model on
-    the batches' own next tokens; ``"kl<=0.02"``, ``"sqnr>=30"``...), within ``budget`` (``"bits<=6"``,
-    the mean bits per weight, scales included) where given; with a budget alone, the best score within it.
+    """The torchao format of every Linear of ``model``: the fewest bits per weight whose real score meets
+    ``target``, within ``budget`` where given; with a budget alone, the best score within it.
 
-    ``formats`` are names (:class:`~qinsight.core.formats.WeightFormat`: ``int8``, ``int8_dynamic``,
-    ``float8``, ``int4_g32``, ``int4_dynamic_g32``, ``float``). The search chooses on
-    ``evaluation_data`` and the plan is scored again on ``held_out_data`` (default: the second half of
-    ``evaluation_data``'s batches, the search keeping the first). The search's batches alternate between
-    ranking the layers (each one's cost) and choosing the sizes, so that the scores it keeps are of
-    tokens the ranking never saw (with one batch, both are chosen on it, and a note says so). With a
-    language-model metric the search holds the target at the pessimistic end of the score's one-sided
-    ``confidence`` interval over the sizing tokens (``None``: at the score itself, which text the
-    search did not see often misses). ``qinsight.quantize(model, plan)``, or
-    ``quantize_(model, qinsight.fqn_to_config(plan))``, applies it. The model itself is not changed.
+    The search's batches alternate between ranking the layers (each one's cost) and choosing the sizes,
+    so that the scores it keeps are of tokens the ranking never saw (with one batch, both are chosen on
+    it, and a note says so). ``qinsight.quantize(model, plan)``, or ``quantize_(model,
+    qinsight.fqn_to_config(plan))``, applies it.
+
+    Args:
+        model: the float model; it is not changed.
+        evaluation_data: the batches the search chooses on.
+        formats: names (:class:`~qinsight.core.formats.WeightFormat`: ``int8``, ``int8_dynamic``,
+            ``float8``, ``int4_g32``, ``int4_dynamic_g32``, ``float``).
+        target: ``"perplexity<=1.05"`` (the perplexity ratio to the float model on the batches' own next
+            tokens), ``"kl<=0.02"``, ``"sqnr>=30"``...
+        budget: ``"bits<=6"``: the mean bits per weight, scales included.
+        metric: the score's metric where ``target`` names none.
+        held_out_data: the batches the plan is scored on again (default: the second half of
+            ``evaluation_data``'s batches, the search keeping the first).
+        compare_orders: the measured ranking compared with the Fisher and activation-weighted ones
+            (:mod:`.proxies`), the best on the search data kept.
+        confidence: with a language-model metric the search holds the target at the pessimistic end of
+            the score's one-sided interval over the sizing tokens (``None``: at the score itself, which
+            text the search did not see often misses).
+        progress: called at each stage (the command line's progress line).
+
+    Returns:
+        The :class:`FormatPlan`: a format per Linear, its mean bits, the search and held-out scores.
+
+    Raises:
+        InvalidParameterError: an argument outside what it takes, checked before the model runs.
     """
     goal = format_goal(formats, target, budget, metric, confidence)
     request = format_request(goal, evaluation_data, held_out_data, compare_orders)

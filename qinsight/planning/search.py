@@ -52,38 +52,44 @@ def plan(
     confidence: float | None = None,
 ) -> QuantPlan:
     """The sites to keep in float so that ``model``, quantized with ``flow``, reaches ``target`` on
-    ``evaluation_data``, starting from the report's verified suggestions (:class:`QuantPlan`).
+    ``evaluation_data``, starting from the report's verified suggestions; verified by quantizing for real.
 
-    ``flow`` (default: the first serving ``backend``: FX for x86 and FX's engines, PT2E for
-    ``"xnnpack"``, where it quantizes with XNNPACKQuantizer; PT2E for a model FX cannot trace) quantizes
-    for ``backend`` (default: the
-    one your ``quantizer`` is for, else x86). With
-    ``lowered=True`` (PT2E) every real score is of the program lowered from the config as the user
-    ships it (XNNPACK run by the ExecuTorch runtime, x86 compiled by inductor; ``plan.lowered``
-    names it), so the target holds for what runs; the search between them stays on the reference
-    model. A program runs one input shape: each shape among the batches is lowered once per config.
-    With ``quantizer`` (yours, PT2E: any torchao Quantizer, a ``ComposableQuantizer`` too) every config
-    is that quantizer with the plan's float sites stripped after it annotates: the plan only chooses
-    what to keep in float (your quantizer decides weight schemes and dynamic activations; the report's
-    other suggestions are checks saying so). ``plan.starts_from`` names it; apply the plan with
-    ``qinsight.pt2e_quantizer(plan, quantizer=q)`` or ``qinsight.quantize(model, plan, data, quantizer=q)``.
+    Args:
+        model: the float model; it is not changed.
+        calibration_data: the batches each config is calibrated on.
+        evaluation_data: the batches each config is scored on, none of them a calibration batch.
+        target: ``"sqnr>=30"``, ``"cosine>=0.995"``, ``"top1>=0.94"``, or ``"float<=N"`` (the best score
+            with at most N sites in float, by ``metric``); a function ``metric`` is named in the target
+            (``"accuracy>=0.98"``).
+        flow: ``"fx"`` or ``"pt2e"``; default: the first serving ``backend`` (FX for x86 and FX's
+            engines, PT2E for ``"xnnpack"`` with XNNPACKQuantizer; PT2E for a model FX cannot trace).
+        backend: default: the one your ``quantizer`` is for, else x86.
+        metric: a metric's name, or a function of (float outputs, quantized outputs); default SQNR.
+        report: the diagnosis to start from; default: :func:`qinsight.diagnose` on the calibration data.
+        progress: called at each stage (the command line's progress line).
+        smoothing: the inputs of the Linears whose measured error it lowers are smoothed first
+            (:mod:`.smoothing`) and the plan is made for ``qinsight.smoothed(model, plan)``; its
+            ``default_score`` stays that of the model as given.
+        held_out_data: batches the search never chose on: the config as converted is scored again on
+            them (``held_out_score``), and ``reached`` holds only where they meet the target too.
+        lowered: (PT2E) every real score is of the program lowered from the config as the user ships it
+            (XNNPACK run by the ExecuTorch runtime, x86 compiled by inductor; ``plan.lowered`` names it);
+            the search between them stays on the reference model. Each input shape among the batches is
+            lowered once per config.
+        quantizer: yours (PT2E: any torchao Quantizer, a ``ComposableQuantizer`` too): every config is
+            it with the plan's float sites stripped after it annotates, so the plan only chooses what to
+            keep in float (``plan.starts_from`` names it; apply with ``qinsight.pt2e_quantizer(plan,
+            quantizer=q)`` or ``qinsight.quantize(model, plan, data, quantizer=q)``).
+        confidence: with a ``top1`` target, the search and its verification hold the target at the lower
+            end of Wilson's one-sided interval over the evaluation rows (``plan.confidence``).
 
-    ``target`` is ``"sqnr>=30"``, ``"cosine>=0.995"``, ``"top1>=0.94"``, or
-    ``"float<=N"`` (the best score with at most N sites in float, by
-    ``metric``, default SQNR); with ``metric`` a function of (float outputs,
-    quantized outputs), name it in the target (``"accuracy>=0.98"``).
-    ``report`` is the diagnosis to start from (default: :func:`qinsight.diagnose`
-    on the calibration data). With ``smoothing``, the inputs of the Linears
-    whose measured error it lowers are smoothed first (:mod:`.smoothing`) and
-    the plan is made for the smoothed model: ``qinsight.smoothed(model, plan)``
-    is what its config quantizes, while its ``default_score`` stays that of
-    the model as given. With ``held_out_data``, the plan's config as converted is scored again on
-    batches the search never chose on (``held_out_score``), and the plan claims ``reached`` only where
-    those meet the target too. With ``confidence`` (a ``top1`` target), the search and its verification
-    hold the target at the lower end of Wilson's one-sided interval over the evaluation rows: enough
-    rows must agree for rows like them to reach it (``plan.confidence``; too few rows is one error
-    naming how many). Every argument is checked before the model runs
-    (:class:`~qinsight.core.errors.InvalidParameterError`); the model itself is not changed.
+    Returns:
+        The :class:`QuantPlan`: the sites kept in float, its verified score and whether it reached the
+        target, each report suggestion's check, each site's sensitivity and the steps of the search.
+
+    Raises:
+        InvalidParameterError: an argument outside what it takes (among them too few rows for
+            ``confidence``, naming how many), checked before the model runs.
     """
     request = plan_request(
         target=target,
