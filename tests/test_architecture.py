@@ -294,6 +294,36 @@ def test_every_top_level_function_names_each_argument_and_what_it_returns() -> N
     assert unsaid == {}
 
 
+def _resolves(target: str) -> bool:
+    """Whether ``qinsight.a.b.C.d`` names a module and the attributes below it."""
+    import importlib
+
+    parts = target.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for name in parts[split:]:
+            if not hasattr(found, name):
+                return False
+            found = getattr(found, name)
+        return True
+    return False
+
+
+def test_every_cross_reference_in_a_docstring_names_what_is_there() -> None:
+    """``:func:`qinsight.core.sites.checked_flow``` and the like: a renamed or moved name leaves none stale."""
+    pattern = re.compile(r":(?:func|class|meth|mod|data|attr):`~?(qinsight(?:\.\w+)+)`")
+    stale = [
+        f"{name}: {target}"
+        for name, path in modules().items()
+        for target in pattern.findall(path.read_text())
+        if not _resolves(target)
+    ]
+    assert stale == []
+
+
 def test_the_names_the_top_level_gave_up_still_resolve_with_a_warning_naming_their_place() -> None:
     import qinsight
 

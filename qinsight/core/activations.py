@@ -6,7 +6,7 @@ inputs can saturate those sums. Every backend's default (onednn's and qnnpack's
 too) also observes a layer before the ReLU6 that reads it. On MobileNetV2 the
 two together cost 7 dB at the output under x86 (9.5 against PT2E's 16.9), the
 second alone 2 dB under onednn. qinsight's config observes with all 8 bits, and
-a layer that a clip alone reads as the clip leaves it (:mod:`qinsight.pipeline.clipped`),
+a layer that a clip alone reads as the clip leaves it (:mod:`qinsight.apply.clipped`),
 where the layer's input is observed by its quantized producer.
 
 Whether 8 bits saturate depends on the kernels and the data, so it is

@@ -3,7 +3,8 @@
 Every decision that differs by flow reads it: which backends a flow takes, whether it has
 input-weight equalization, whether the report's FX activation observing applies, which frontend's
 graph it prepares, which call gives a user its config. A flow's torch side (its config builder,
-prepare and convert) is registered under the same name in :mod:`qinsight.apply.flows`; how a
+prepare and convert) is registered under the same name in :mod:`qinsight.compare.flows` and
+:mod:`qinsight.apply.recipe`; how a
 backend's program is lowered, in :mod:`qinsight.compare.lowering`. PT2E is one flow with a
 quantizer per backend, as torchao has it: X86InductorQuantizer (x86) and ExecuTorch's
 XNNPACKQuantizer (xnnpack). torchao's ``quantize_`` is the third: it takes the model as it is (no

@@ -11,7 +11,7 @@ outliers. torch gives them a ratio of inf or 3.4e38 and flags them: 1,311
 channels of a random ResNet-18. The statuses are ``dead`` (zero in every batch),
 ``constant`` (one value throughout) and ``sparse``. A channel is sparse when
 it was measurable (reference percentile non-zero, at least half its values
-non-zero: :data:`qinsight.observe.observers.MIN_NONZERO_SHARE`) in fewer than
+non-zero: :data:`qinsight.observe.batch.MIN_NONZERO_SHARE`) in fewer than
 ``fraction_batches_used_threshold`` of the informative batches, as behind a
 ReLU; there a low reference makes ``max / percentile`` huge without any
 outlier. Informative batches are those where the activation

@@ -263,7 +263,7 @@ def tap_each(model: fx.GraphModule, taps: Sequence[tuple[fx.Node, Callable[[torc
 
 
 class ExportedView(ModelViewBase):
-    """The :class:`~qinsight.frontends.base.ModelView` of an exported GraphModule."""
+    """The :class:`~qinsight.plugin.ModelView` of an exported GraphModule."""
 
     _frontend = "export"
     _model: fx.GraphModule

@@ -409,7 +409,7 @@ def flow_for(
     lowering: Lowering | None = None,
     quantizer: Any = None,
 ) -> Flow:
-    """The flow called ``name`` (checked by :func:`qinsight.core.advice.checked_flow`), whole."""
+    """The flow called ``name`` (checked by :func:`qinsight.core.sites.checked_flow`), whole."""
     return FLOW_CLASSES[name](model, sites, backend, batches, activations, lowering, quantizer)
 
 
