@@ -43,8 +43,8 @@ def _finite(_instance: object, _attribute: object, value: float) -> None:
         raise InvalidValueError(f"a target's threshold must be finite, not {value}")
 
 
-def _target_error(text: str, expected: str) -> InvalidParameterError:
-    return InvalidParameterError("plan", "target", text, expected)
+def _target_error(owner: str, text: str, expected: str) -> InvalidParameterError:
+    return InvalidParameterError(owner, "target", text, expected)
 
 
 @attrs.frozen(kw_only=True)
@@ -60,33 +60,34 @@ class Target:
     higher_is_better: bool = True
 
     @classmethod
-    def parse(cls, text: str) -> Target:
+    def parse(cls, text: str, owner: str = "plan") -> Target:
         """``"sqnr>=30"``, ``"cosine>=0.995"``, ``"top1>=0.94"``, ``"float<=5"`` (the CLI's form too); a
         metric of your own by its name (``"accuracy>=0.98"``). A known metric is bounded its way and
-        within its range (:data:`qinsight.core.metrics.METRICS`), else :class:`InvalidParameterError`."""
+        within its range (:data:`qinsight.core.metrics.METRICS`), else :class:`InvalidParameterError` naming
+        ``owner``, the function the user called."""
         match = _TARGET.match(text)
         if match is None:
-            raise _target_error(text, "a target like 'sqnr>=30', 'cosine>=0.995', 'top1>=0.94' or 'float<=5'")
+            raise _target_error(owner, text, "a target like 'sqnr>=30', 'cosine>=0.995', 'top1>=0.94' or 'float<=5'")
         metric, operator, number = match.groups()
         higher = operator == ">="
         try:
             threshold = float(number)
         except ValueError:
-            raise _target_error(text, f"a number after {operator}, not {number!r}") from None
+            raise _target_error(owner, text, f"a number after {operator}, not {number!r}") from None
         if not math.isfinite(threshold):
-            raise _target_error(text, "a finite number")
+            raise _target_error(owner, text, "a finite number")
         spec = spec_of(metric)
         if metric == BUDGET:
             if higher:
-                raise _target_error(text, f"float<={number}: the budget is bounded with <=")
+                raise _target_error(owner, text, f"float<={number}: the budget is bounded with <=")
             if threshold < 0 or threshold != int(threshold):
-                raise _target_error(text, "float<=N with N a whole number of sites, 0 or more")
+                raise _target_error(owner, text, "float<=N with N a whole number of sites, 0 or more")
         elif spec is not None:
             wanted = ">=" if spec.higher_is_better else "<="
             if higher != spec.higher_is_better:
-                raise _target_error(text, f"{metric}{wanted}{number}: {metric} is bounded with {wanted}")
+                raise _target_error(owner, text, f"{metric}{wanted}{number}: {metric} is bounded with {wanted}")
             if not spec.admits(threshold):
-                raise _target_error(text, f"a {metric} threshold {spec.describe_range()}")
+                raise _target_error(owner, text, f"a {metric} threshold {spec.describe_range()}")
         return cls(metric=metric, threshold=threshold, higher_is_better=higher)
 
     @property

@@ -71,7 +71,7 @@ def format_goal(
     parsed = tuple(WeightFormat.parse(f) for f in (formats.split(",") if isinstance(formats, str) else formats))
     if not parsed or len(set(parsed)) != len(parsed):
         raise InvalidParameterError("plan_formats", "formats", [str(f) for f in parsed], "one or more distinct formats")
-    goal = Target.parse(target) if isinstance(target, str) else target
+    goal = Target.parse(target, "plan_formats") if isinstance(target, str) else target
     limit = Budget.parse(budget) if budget is not None else None
     if goal is None and limit is None:
         raise InvalidParameterError(

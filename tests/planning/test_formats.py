@@ -197,7 +197,7 @@ def test_a_plan_chosen_on_one_distribution_does_not_claim_a_target_the_held_out_
     ],
 )
 def test_a_mistaken_argument_is_one_error_naming_it(model: nn.Module, arguments: dict[str, object], named: str) -> None:
-    with pytest.raises(InvalidParameterError, match=f"{named}="):
+    with pytest.raises(InvalidParameterError, match=f"^plan_formats: {named}="):  # the function called
         qinsight.plan_formats(model, _tokens(2, seed=1), **arguments)  # type: ignore[arg-type]
 
 
