@@ -248,46 +248,54 @@ def _planned(qconfig_mapping: QConfigMapping | None, quantizer: object | None) -
     return quantizer if quantizer is not None else qconfig_mapping
 
 
-def _session(
-    model: nn.Module,
-    detectors: Sequence[DetectorChoice] | None,
-    backend: str,
-    planned: QConfigMapping | object | None,
-    model_name: str | None,
-    strict: bool,
-    frontend: Frontend,
-    example: object | None,
-    shard: Shard | None,
-    exchange: Exchange | None,
-) -> Session:
+@attrs.frozen(kw_only=True)
+class SessionOptions:
+    """What :func:`diagnose` and :func:`instrument` set a session up with, checked and resolved
+    (``owner``: the one the user called, named in its errors; ``planned``: the QConfigMapping or PT2E
+    quantizer the findings are judged against; ``example``: the batch the model is read with, from the
+    argument ``example_from`` names)."""
+
+    owner: str
+    detectors: Sequence[DetectorChoice] | None
+    backend: str
+    planned: object | None
+    model_name: str | None
+    strict: bool
+    frontend: Frontend
+    example: object | None
+    example_from: str
+    shard: Shard | None
+    exchange: Exchange | None
+
+
+def _session(model: nn.Module, options: SessionOptions) -> Session:
+    owner = options.owner
     if isinstance(model, torch.export.ExportedProgram):
         model = model.module()  # the program's own graph cannot run; its module can
     if not isinstance(model, nn.Module):
-        raise InvalidParameterError(
-            "diagnose", "model", type(model).__name__, "a torch.nn.Module or an ExportedProgram"
-        )
-    if shard is not None and exchange is not None:
-        raise InvalidParameterError(
-            "diagnose", "shard", shard, "None with distributed=True (the process group says which shard)"
-        )
-    check_backend("diagnose", backend)
-    chosen, load_failures = choose_detectors(detectors, backend, strict)
+        raise InvalidParameterError(owner, "model", type(model).__name__, "a torch.nn.Module or an ExportedProgram")
+    if options.shard is not None and options.exchange is not None:
+        expected = "None with distributed=True (the process group says which shard)"
+        raise InvalidParameterError(owner, "shard", options.shard, expected)
+    check_backend(owner, options.backend)
+    chosen, load_failures = choose_detectors(options.detectors, options.backend, options.strict)
+    planned = options.planned
     mapping = planned if planned is None or isinstance(planned, QConfigMapping) else None
-    view = view_of(model, frontend, mapping, example, backend)
+    view = view_of(model, options.frontend, mapping, options.example, options.backend)
     if planned is not None and mapping is None:  # a PT2E quantizer: asked on the exported graph
-        if example is None:
-            raise InvalidParameterError("instrument", "example_inputs", None, "a batch, for the quantizer= to annotate")
-        configure_by_quantizer(view, planned, example_inputs(example))
-    name = model_name or type(model).__name__
+        if options.example is None:
+            expected = "a batch, for the quantizer= to annotate"
+            raise InvalidParameterError(owner, options.example_from, None, expected)
+        configure_by_quantizer(view, planned, example_inputs(options.example))
     return Session(
         view,
         chosen,
-        backend=backend,
-        model_name=name,
-        strict=strict,
+        backend=options.backend,
+        model_name=options.model_name or type(model).__name__,
+        strict=options.strict,
         load_failures=load_failures,
-        shard=shard,
-        exchange=exchange,
+        shard=options.shard,
+        exchange=options.exchange,
     )
 
 
@@ -331,8 +339,20 @@ def instrument(
     with sharing_failures(exchange):
         planned = _planned(qconfig_mapping, quantizer)
         chosen = planned_backend("instrument", backend, quantizer)
-        args = (detectors, chosen, planned, model_name, strict, frontend, example_inputs, shard, exchange)
-        session = _session(model, *args)
+        options = SessionOptions(
+            owner="instrument",
+            detectors=detectors,
+            backend=chosen,
+            planned=planned,
+            model_name=model_name,
+            strict=strict,
+            frontend=frontend,
+            example=example_inputs,
+            example_from="example_inputs",
+            shard=shard,
+            exchange=exchange,
+        )
+        session = _session(model, options)
         with session._attached():
             yield session
 
@@ -411,8 +431,20 @@ def diagnose(
         first = _next_batch(batches, mine.batch_index(0) if mine is not None else 0)
         example = None if first is _NOTHING else first
         planned = _planned(qconfig_mapping, quantizer)
-        args = (detectors, backend, planned, model_name, strict, frontend, example, shard, exchange)
-        session = _session(model, *args)
+        options = SessionOptions(
+            owner="diagnose",
+            detectors=detectors,
+            backend=backend,
+            planned=planned,
+            model_name=model_name,
+            strict=strict,
+            frontend=frontend,
+            example=example,
+            example_from="calibration_data",
+            shard=shard,
+            exchange=exchange,
+        )
+        session = _session(model, options)
         flows = chosen_flows("diagnose", verify, session.view.frontend, backend, quantizer) if exchange is None else ()
         if lowered:  # checked before calibration: a flow whose model is not lowered is one error now
             lowering_of("diagnose", flows, backend)

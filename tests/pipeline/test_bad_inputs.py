@@ -228,3 +228,18 @@ def test_any_two_different_reports_differ_and_equal_ones_do_not(
     if json.dumps(report_to_dict(other)) == json.dumps(report_to_dict(base_report)):
         return  # the same report after all (e.g. 1 read as 1.0)
     assert not diff_reports(base_report, other, rel_tol=0, abs_tol=0).empty, path
+
+
+@pytest.mark.parametrize(
+    ("call", "named"),
+    [
+        (lambda: qinsight.diagnose("a model", [torch.randn(2, 4)]), "diagnose: model="),  # type: ignore[arg-type]
+        (lambda: qinsight.instrument("a model").__enter__(), "instrument: model="),  # type: ignore[arg-type]
+        (lambda: qinsight.instrument(MLP(), backend="tpu").__enter__(), "instrument: backend="),
+        (lambda: qinsight.diagnose(MLP(), [], quantizer=object()), "diagnose: calibration_data="),
+    ],
+    ids=["diagnose", "instrument", "instrument backend", "diagnose quantizer without data"],
+)
+def test_a_mistake_names_the_function_the_user_called(call: Any, named: str) -> None:
+    with pytest.raises(qinsight.errors.InvalidParameterError, match=f"^{named}"):
+        call()
