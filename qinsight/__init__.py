@@ -22,11 +22,13 @@ from pathlib import Path
 
 from qinsight._version import __version__ as __version__  # re-exported
 
+_HERE = Path(__file__).parent
+
 
 def _homes() -> dict[str, str]:
     """Each top-level name and the module it comes from, read from the stub type checkers see
     (``__init__.pyi``): the names are written once, there."""
-    stub = ast.parse(Path(__file__).with_suffix(".pyi").read_text(encoding="utf-8"))
+    stub = ast.parse((_HERE / "__init__.pyi").read_text(encoding="utf-8"))
     return {
         alias.asname or alias.name: node.module
         for node in stub.body
@@ -126,23 +128,10 @@ _MOVED: dict[str, tuple[str, ...]] = {
 }
 _MOVED_TO: dict[str, str] = {name: home for home, names in _MOVED.items() for name in names}
 
-_SUBPACKAGES = (
-    "core",
-    "plugin",
-    "observe",
-    "distributed",
-    "frontends",
-    "detectors",
-    "compare",
-    "apply",
-    "pipeline",
-    "outputs",
-    "planning",
-    "examples",
-    "cli",
-    "types",
-    "errors",
-)
+
+def _is_submodule(name: str) -> bool:
+    """A public subpackage or module of qinsight (``qinsight.compare``, ``qinsight.types``...)."""
+    return not name.startswith("_") and ((_HERE / name / "__init__.py").is_file() or (_HERE / f"{name}.py").is_file())
 
 
 def __getattr__(name: str) -> object:
@@ -151,7 +140,7 @@ def __getattr__(name: str) -> object:
         value = getattr(importlib.import_module(home), name)
         globals()[name] = value  # later lookups skip __getattr__
         return value
-    if name in _SUBPACKAGES:  # qinsight.compare.compare_weights and the like work without an import
+    if _is_submodule(name):  # qinsight.compare.compare_weights and the like work without an import
         return importlib.import_module(f"qinsight.{name}")
     moved = _MOVED_TO.get(name)
     if moved is not None:
