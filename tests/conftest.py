@@ -52,12 +52,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # The whole suite's longest tests outside the extended tier (seconds on 2 cores of an AVX2 CPU, two
-# workers: about 160, 50, 65, 130; torchrun's processes wait on each other, so it goes early). Each
+# workers: about 160, 40, 65, 130). Each
 # worker starts one of them at once (``--dist worksteal`` gives each worker a half of the collection,
 # in order) instead of both being left to the end.
 LONGEST = (
     "test_every_documented_command_runs_as_written[cli.md]",
-    "test_torchrun_diagnose_and_merge_on_the_command_line",
+    "test_a_lowered_xnnpack_plan_scores_the_program_executorch_runs",
     "test_the_xnnpack_reports_advice_holds_in_the_program_executorch_runs",
     "test_mobilenet_v2_fx_with_the_reports_mapping_beats_fxs_default_and_nears_pt2es",
 )

@@ -271,6 +271,7 @@ def test_the_grouped_quantizer_annotates_node_for_node_as_torchaos_per_module_pa
         assert annotations[1] == annotations[0]
 
 
+@pytest.mark.slow  # ExecuTorch or a command's subprocesses: tens of seconds, the whole suite's tier
 def test_the_advice_comes_back_as_an_xnnpack_quantizer_that_honours_every_override() -> None:
     xnnpack = pytest.importorskip("executorch.backends.xnnpack.quantizer.xnnpack_quantizer")
     torch.manual_seed(0)

@@ -247,6 +247,7 @@ def test_plan_reaches_a_target_writes_the_plan_and_exits_one_when_it_cannot(tmp_
     assert plan is not None and plan.confidence == 0.95 and "95% lower bound over the 40 evaluation rows" in held.stdout
 
 
+@pytest.mark.slow  # ExecuTorch or a command's subprocesses: tens of seconds, the whole suite's tier
 def test_plan_with_the_torchao_flow_gives_a_format_per_linear_under_a_budget(tmp_path: Path) -> None:
     pytest.importorskip("torchao.quantization")
     out = tmp_path / "formats.json"
@@ -351,6 +352,7 @@ def test_diagnose_and_plan_judge_one_model_against_the_same_default_plan(tmp_pat
     assert "per-channel recommended" not in planned.stdout
 
 
+@pytest.mark.slow  # ExecuTorch or a command's subprocesses: tens of seconds, the whole suite's tier
 def test_diagnose_for_xnnpack_judges_the_findings_against_xnnpacks_default_quantizer(tmp_path: Path) -> None:
     """--qconfig default is the backend's first flow's default config: for xnnpack, XNNPACKQuantizer's
     symmetric per-channel one, asked on the exported graph (weights per channel already)."""
@@ -373,6 +375,7 @@ def test_diagnose_for_xnnpack_judges_the_findings_against_xnnpacks_default_quant
     assert {f.verdict for f in findings} == {"per-channel in use"} and len(findings) == 3
 
 
+@pytest.mark.slow  # ExecuTorch or a command's subprocesses: tens of seconds, the whole suite's tier
 def test_diagnose_takes_its_backend_from_the_qconfig_quantizer(tmp_path: Path) -> None:
     """--qconfig module:factory returning XNNPACKQuantizer (per-tensor), no --backend: the report is
     for xnnpack, judged against that quantizer; --backend x86 beside it is the one-line error."""

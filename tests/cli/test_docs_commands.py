@@ -71,8 +71,15 @@ def test_the_docs_show_the_commands_a_user_starts_with() -> None:
     assert sum(runnable(line) for line in shown["cli.md"]) >= 12  # the examples of every command
 
 
+# README.md's commands in the fast tier; every other page's (minutes of subprocesses) in the whole suite's
 @pytest.mark.parametrize(
-    "doc", [doc for doc in DOCS if any(runnable(line) for line in commands(doc))], ids=lambda doc: doc.name
+    "doc",
+    [
+        doc if doc.name == "README.md" else pytest.param(doc, marks=pytest.mark.slow)
+        for doc in DOCS
+        if any(runnable(line) for line in commands(doc))
+    ],
+    ids=lambda doc: doc.name,
 )
 def test_every_documented_command_runs_as_written(doc: Path, tmp_path: Path) -> None:
     env = user_environment()

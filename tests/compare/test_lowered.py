@@ -70,6 +70,7 @@ def xnnpack_lowered(net: nn.Module) -> qinsight.LoweredComparison:
     return qinsight.compare_lowered(net, reference, _batches(3, seed=1), backend="xnnpack", layer_batches=3)
 
 
+@pytest.mark.slow  # ExecuTorch or a command's subprocesses: tens of seconds, the whole suite's tier
 def test_the_xnnpack_program_is_measured_against_its_reference_and_the_float_model(
     xnnpack_lowered: qinsight.LoweredComparison,
 ) -> None:
@@ -85,6 +86,7 @@ def test_the_xnnpack_program_is_measured_against_its_reference_and_the_float_mod
     assert lowered.program.latency_ms > 0.0 and lowered.float_program.latency_ms > 0.0
 
 
+@pytest.mark.slow  # ExecuTorch or a command's subprocesses: tens of seconds, the whole suite's tier
 def test_every_quantized_layer_and_op_is_lowered_alone_and_within_a_step_of_its_reference(
     xnnpack_lowered: qinsight.LoweredComparison,
 ) -> None:
@@ -99,6 +101,7 @@ def test_every_quantized_layer_and_op_is_lowered_alone_and_within_a_step_of_its_
     assert [layer.sqnr for layer in worst] == sorted(layer.sqnr for layer in worst)
 
 
+@pytest.mark.slow  # ExecuTorch or a command's subprocesses: tens of seconds, the whole suite's tier
 def test_the_lowered_kernels_inside_the_reference_reproduce_the_programs_output(
     xnnpack_lowered: qinsight.LoweredComparison,
 ) -> None:
@@ -143,6 +146,7 @@ class _SevenBitBody:
         self.inner.validate(model)
 
 
+@pytest.mark.slow  # ExecuTorch or a command's subprocesses: tens of seconds, the whole suite's tier
 def test_a_planted_departure_is_named_by_its_layer(net: nn.Module) -> None:
     reference = _reference(net, _SevenBitBody(), _batches(4, seed=0))
     # held-out inputs twice as large: body's output exceeds its 7-bit range, which only the reference clamps
@@ -159,6 +163,7 @@ def test_a_planted_departure_is_named_by_its_layer(net: nn.Module) -> None:
     assert lowered.float_program is None and lowered.speedup is None
 
 
+@pytest.mark.slow  # ExecuTorch or a command's subprocesses: tens of seconds, the whole suite's tier
 def test_a_lowered_comparison_is_kept_in_the_report_file_and_shown(
     xnnpack_lowered: qinsight.LoweredComparison, tmp_path: Any
 ) -> None:

@@ -120,6 +120,7 @@ def test_pt2e_leaves_attention_float_and_its_rows_say_so() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended(1)  # ops compared in CI on the built-in models and MobileNetV2 (tests/compare)
 def test_minilm_ops_are_compared_and_the_worst_error_is_made_in_them() -> None:
     """The rows the issue asked for: MiniLM's adds, matmuls and softmax, in FX and PT2E alike,
     and under FX's default the worst local error is the attention mask's mul and add (measured

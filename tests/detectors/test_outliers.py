@@ -379,6 +379,7 @@ def test_no_data() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended(1)  # a short text on real weights in CI: SmolLM2's (tests/outputs/test_text_roles.py)
 def test_random_resnet18_text_is_short_and_flags_few_channels() -> None:
     # torch: 1,311 channels flagged in 40 modules, 1,696 lines of outlier text (PEER.md (c) 6).
     chosen = example("resnet18")

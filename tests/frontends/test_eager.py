@@ -91,6 +91,7 @@ def test_same_verdicts_as_fx(name: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended(1)  # MobileNetV2's verdicts across frontends in CI: tests/frontends/test_exported.py
 def test_real_mobilenet_v2_same_verdicts() -> None:
     model = mobilenet_v2_or_skip()
     same_verdicts(model, gaussian_batches((2, 3, 224, 224), 2))

@@ -33,6 +33,7 @@ def test_transformers_reads_the_same_model_as_the_plain_torch_loader(hf: nn.Modu
         assert torch.equal(hf(tokens).logits, load_smollm2()(tokens))
 
 
+@pytest.mark.extended(1)  # the same findings as our own loader's (tests/models/test_smollm.py), named as HF names them
 def test_its_massive_activations_are_found_under_transformers_names(hf: nn.Module) -> None:
     # verify=False (speed): the findings alone; tests/cli's --hf test verifies it in PT2E (minutes)
     report = qinsight.diagnose(hf, token_batches(TEXTS)[:2], model_name="SmolLM2-135M (transformers)", verify=False)

@@ -42,7 +42,8 @@ def spawn(world_size: int, folder: Path, fail: bool = False) -> list[dict[str, A
     return [pickle.loads((folder / f"rank{rank}.pkl").read_bytes()) for rank in range(world_size)]
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+# three ranks: the extended tier (two show the exchange; three only more of it)
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.extended(1))])
 def test_ranks_give_the_one_process_report_and_comparison(
     world_size: int, one_process: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -132,6 +133,7 @@ def _cli(*args: str, cwd: Path, torchrun: int | None = None) -> subprocess.Compl
     )
 
 
+@pytest.mark.extended(1)  # torchrun's ranks run in CI through test_torchrun_error_on_one_rank_is_one_line
 def test_torchrun_diagnose_and_merge_on_the_command_line(tmp_path: Path) -> None:
     # unverified: ranks and merges verify nothing, so the one-process run they must equal does not either
     source = ["--model", "_distributed:model", "--data", "_distributed:data", "--quiet", "--no-verify"]

@@ -218,8 +218,10 @@ def test_a_prepared_model_is_not_verified_and_says_why() -> None:
     assert not verdict.verified and "prepared already" in verdict.error and "diagnose the float model" in verdict.error
 
 
-# resnet18 takes half a minute on 2 cores: the whole suite's tier
-@pytest.mark.parametrize("name", ["cnn", "encoder", pytest.param("resnet18", marks=pytest.mark.slow)])
+# resnet18 takes half a minute on 2 cores: the extended tier
+@pytest.mark.parametrize(
+    "name", ["cnn", "encoder", pytest.param("resnet18", marks=[pytest.mark.slow, pytest.mark.extended(1)])]
+)
 def test_the_defaults_verify_every_built_in_example_in_its_own_flow(name: str) -> None:
     """What a user's first call does: ``diagnose`` with nothing but the model and data verifies the
     config for real, in FX for the module and in PT2E for its exported program."""

@@ -63,6 +63,7 @@ def test_the_xnnpack_reports_advice_holds_in_the_program_executorch_runs() -> No
     assert shipped["ours"].metric("lowered_vs_float") > 35.0
 
 
+@pytest.mark.extended(1)  # lowered scores in CI: the XNNPACK advice and plan tests, each on the runtime's program
 def test_verify_report_lowered_scores_the_program_executorch_runs() -> None:
     """Each config scored as its XNNPACK program: the verdict's score is that program's SQNR against
     fp32 on the held-out quarter, as compare_lowered measures it after calibrating on the rest."""
@@ -89,6 +90,7 @@ def test_verify_report_lowered_scores_the_program_executorch_runs() -> None:
     assert lowered is not None and lowered.lowered == verdict.lowered and lowered.score == verdict.score
 
 
+@pytest.mark.slow  # ExecuTorch or a command's subprocesses: tens of seconds, the whole suite's tier
 def test_verification_starts_from_the_users_quantizer(tmp_path: Path) -> None:
     """diagnose(quantizer=q) without a backend: the report is for q's backend, verified in q's flow, and
     q itself is scored beside the flow's default: its score is q applied by hand (export,

@@ -423,6 +423,9 @@ def test_a_top1_plan_searches_in_both_orders_and_keeps_the_one_that_quantizes_mo
 
 
 @pytest.mark.slow
+@pytest.mark.extended(
+    1
+)  # a plan to a target in CI: test_a_plan_reaches_its_target_and_its_mapping_reproduces_the_score
 def test_ops_that_are_no_sites_follow_the_float_ones_in_fx() -> None:
     """The encoder example's last op is ``x.mean(dim=1)``, no site, which FX quantizes under the
     global qconfig; its evaluation batch is 4x wider than calibration, so quantized it clips the
