@@ -39,7 +39,8 @@ def _homes() -> dict[str, str]:
 
 _HOMES = _homes()
 
-# Names the top level held before 0.2; each still resolves, with a DeprecationWarning naming its place.
+# Names the top level held in 0.1.0 before it shrank; each still resolves for one release, with a
+# DeprecationWarning naming its place.
 _MOVED: dict[str, tuple[str, ...]] = {
     "qinsight.types": (
         "ActivationMode",
