@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import attrs
 
@@ -32,7 +33,7 @@ from qinsight.core.metrics import spec_of
 from qinsight.core.sites import OpSite
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
-from qinsight.core.verification import SuggestionKind
+from qinsight.core.verification import SuggestionKind, suggestion_kinds
 
 _TARGET = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
 BUDGET = "float"  # the budget form's name: at most N sites in float
@@ -129,6 +130,12 @@ class SuggestionCheck:
     without: float = math.nan
     kept: bool
     reason: str = ""
+
+    @classmethod
+    def of(cls, suggestion: QuantSuggestion, **measured: Any) -> SuggestionCheck:
+        """The check of ``suggestion``: its site, its change in words and its kinds, with ``measured``
+        (``before``, ``alone``, ``kept``...)."""
+        return cls(fqn=suggestion.fqn, change=suggestion.describe(), kinds=suggestion_kinds(suggestion), **measured)
 
     @property
     def measured(self) -> bool:

@@ -15,7 +15,6 @@ from qinsight.core.metrics import worse
 from qinsight.core.plan import SuggestionCheck
 from qinsight.core.sites import WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion, merge_suggestions
-from qinsight.core.verification import suggestion_kinds
 from qinsight.planning.simulate import Run, Simulation
 from qinsight.planning.switches import Mode
 
@@ -79,16 +78,14 @@ def check_simulated(
     checks: list[SuggestionCheck] = []
     start = dict(default)
     for suggestion in suggestions:
-        fqn, change, kinds = suggestion.fqn, suggestion.describe(), suggestion_kinds(suggestion)
+        fqn = suggestion.fqn
         if fqn in measurable:
             kept = not worse(together, without[fqn], higher_is_better)
             reason = (
                 "" if kept else f"not applied: {together - without[fqn]:+.3g} on the output among the other suggestions"
             )
-            check = SuggestionCheck(
-                fqn=fqn,
-                change=change,
-                kinds=kinds,
+            check = SuggestionCheck.of(
+                suggestion,
                 before=before,
                 alone=alone[fqn],
                 together=together,
@@ -99,20 +96,16 @@ def check_simulated(
             if kept:
                 start[fqn] = measurable[fqn]
         elif is_default(suggestion):
-            check = SuggestionCheck(
-                fqn=fqn,
-                change=change,
-                kinds=kinds,
+            check = SuggestionCheck.of(
+                suggestion,
                 before=before,
                 alone=before,
                 kept=True,
                 reason="what the flow's default config does already",
             )
         else:
-            check = SuggestionCheck(
-                fqn=fqn,
-                change=change,
-                kinds=kinds,
+            check = SuggestionCheck.of(
+                suggestion,
                 before=before,
                 alone=math.nan,
                 kept=True,
@@ -140,10 +133,8 @@ def check_real(
         without = real(tuple(s for s in together_config if s is not part))
         kept = not worse(together, without, higher_is_better)
         checks.append(
-            SuggestionCheck(
-                fqn=part.fqn,
-                change=part.describe(),
-                kinds=suggestion_kinds(part),
+            SuggestionCheck.of(
+                part,
                 before=before,
                 alone=real((part,)),
                 together=together,
@@ -183,10 +174,8 @@ def check_all(
     real_checks = check_real(real, kept, measurable, default_score, higher_is_better)
     kept += [p for p, check in zip(measurable, real_checks) if check.kept]
     refused = [
-        SuggestionCheck(
-            fqn=p.fqn,
-            change=p.describe(),
-            kinds=suggestion_kinds(p),
+        SuggestionCheck.of(
+            p,
             before=default_score,
             alone=math.nan,
             kept=False,

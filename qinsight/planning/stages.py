@@ -34,7 +34,7 @@ from qinsight.core.report import Report
 from qinsight.core.sites import OpKind, OpSite
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
-from qinsight.core.verification import SuggestionKind, suggestion_kinds
+from qinsight.core.verification import SuggestionKind
 from qinsight.frontends import classify, eval_mode, run_batch
 from qinsight.planning.checks import RealScore, check_all, is_default
 from qinsight.planning.curve import Noise, Search, choose_order, measure_dynamic_noise
@@ -239,10 +239,8 @@ def _applicable(
         return suggestions, ()
     name = type(request.quantizer).__name__
     decided = tuple(
-        SuggestionCheck(
-            fqn=s.fqn,
-            change=s.describe(),
-            kinds=suggestion_kinds(s),
+        SuggestionCheck.of(
+            s,
             before=before,
             alone=math.nan,
             kept=False,
