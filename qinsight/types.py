@@ -23,9 +23,9 @@ from qinsight.core.comparison import (
 )
 from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
 from qinsight.core.findings import Finding
-from qinsight.core.formats import Budget, CurvePoint, FormatCost, FormatPlan, LayerFormat, OrderCheck, WeightFormat
+from qinsight.core.formats import CurvePoint, FormatCost, FormatPlan, LayerFormat, OrderCheck, WeightFormat
 from qinsight.core.metrics import MetricSpec
-from qinsight.core.plan import PlanStep, QuantPlan, SiteSensitivity, SuggestionCheck, Target
+from qinsight.core.plan import Budget, PlanStep, QuantPlan, SiteSensitivity, SuggestionCheck, Target
 from qinsight.core.precision import SideBits
 from qinsight.core.progress import Progress
 from qinsight.core.report import DetectorFailure, DetectorResult, FailureStage, Parameter, Report, ReportMetadata

@@ -207,6 +207,25 @@ def test_no_code_acts_on_the_words_it_shows() -> None:
     assert found == []
 
 
+def _calls(name: str) -> set[str]:
+    """The modules whose code calls a function called ``name`` (``name(...)`` or ``x.name(...)``)."""
+    return {
+        module
+        for module, path in modules().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and (node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")) == name
+    }
+
+
+def test_one_trial_quantizes_a_config_for_real() -> None:
+    """torch's convert is called by the flow registry alone; the recipe ``qinsight.quantize`` follows is
+    called by it and by the one trial, which verification and plans score every config through."""
+    assert _calls("convert_fx") | _calls("convert_pt2e") == {"qinsight.compare.flows"}
+    assert _calls("quantize_with") == {"qinsight.apply", "qinsight.apply.trial"}
+    assert _calls("run_trial") == {"qinsight.pipeline.verification", "qinsight.planning.flows"}
+
+
 HEAVY = ("torch", "numpy", "cattrs", "matplotlib")
 
 

@@ -101,9 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     planned.add_argument(
         "--target",
-        default="sqnr>=30",
-        help="sqnr>=DB, cosine>=X, top1>=X, kl<=NATS, token_agreement>=X, perplexity<=RATIO (logits) "
-        "or float<=N (default sqnr>=30)",
+        help="sqnr>=DB, cosine>=X, top1>=X, kl<=NATS, token_agreement>=X, perplexity<=RATIO (logits), "
+        "a plugin metric's NAME>=X or NAME<=X (default sqnr>=30 without a --budget)",
     )
     planned.add_argument(
         "--flow",
@@ -128,7 +127,10 @@ def _parser() -> argparse.ArgumentParser:
         help="with --flow torchao: the formats to choose from (default int8,int4_g32)",
     )
     planned.add_argument(
-        "--budget", metavar="bits<=N", help="with --flow torchao: the mean bits per weight at most (scales included)"
+        "--budget",
+        metavar="float<=N|bits<=N",
+        help="what the plan may spend: fx and pt2e float<=N (at most N sites in float, the best score within it, "
+        "instead of a --target); --flow torchao bits<=N (the mean bits per weight, scales included)",
     )
     planned.add_argument(
         "--confidence",

@@ -16,6 +16,7 @@ from qinsight.cli.gates import check_verdict_gates, parse_diff_gates, tripped_di
 from qinsight.cli.output import Progress, check_targets, note, write, wrote
 from qinsight.core.errors import InvalidParameterError, PluginLoadError, UsageError
 from qinsight.core.flows import flow_spec
+from qinsight.core.plan import BUDGET_UNITS, Budget, BudgetUnit, Target
 from qinsight.core.report import Report
 from qinsight.core.shards import Shard
 from qinsight.core.sites import FLOWS
@@ -193,8 +194,30 @@ def _evaluation_data(args: argparse.Namespace) -> list[object]:
     return list(data)
 
 
+def _goal(args: argparse.Namespace, unit: BudgetUnit) -> tuple[Target | None, Budget | None]:
+    """``--target`` and ``--budget`` read, for a planner spending ``unit`` (float sites in fx and pt2e,
+    bits in torchao); neither: ``sqnr>=30``. fx and pt2e take one or the other, torchao both."""
+    budget = None
+    if args.budget is not None:
+        try:
+            budget = Budget.parse(args.budget, unit, "plan")
+        except InvalidParameterError as exc:
+            flow = "--flow torchao" if unit == "bits" else "--flow fx or pt2e"
+            raise UsageError(f"--budget {args.budget!r}: expected {exc.expected} with {flow}") from exc
+        if unit == "float" and args.target is not None:
+            raise UsageError("--target and --budget: a plan for fx or pt2e takes one (the best score within a budget)")
+    text = args.target if args.target is not None else (None if budget is not None and unit == "float" else "sqnr>=30")
+    if text is None:
+        return None, budget
+    if text.replace(" ", "").startswith(tuple(f"{name}<=" for name in BUDGET_UNITS)):
+        raise UsageError(f"--target {text!r} is a size: --budget {text.strip()}")
+    try:
+        return Target.parse(text), budget
+    except InvalidParameterError as exc:
+        raise UsageError(f"--target {text!r}: expected {exc.expected}") from exc
+
+
 def _plan(args: argparse.Namespace) -> int:
-    from qinsight.core.plan import Target
     from qinsight.outputs.formats import verdict
 
     check_targets([args.out, args.html], [])
@@ -204,20 +227,15 @@ def _plan(args: argparse.Namespace) -> int:
     detectors = [*requested, *(d for d in OPT_IN_IDS if d not in requested)] if formats else None
     for line in check_verdict_gates(args.fail_on, detectors or requested):
         note(line)
-    try:
-        target = Target.parse(args.target)
-    except InvalidParameterError as exc:  # before anything loads or runs
-        raise UsageError(f"--target {args.target!r}: expected {exc.expected}") from exc
+    target, budget = _goal(args, "bits" if formats else "float")  # before anything loads or runs
     if formats:
         from qinsight.planning.formats import format_goal
 
         confidence = 0.95 if args.confidence is None else args.confidence
-        goal = format_goal(args.formats, target, args.budget, None, confidence)  # mistakes before any load
+        goal = format_goal(args.formats, target, budget, None, confidence)  # mistakes before any load
         if args.lowered:
             raise UsageError("--lowered is for PT2E plans: torchao's quantize_ model is not lowered")
-    elif args.budget is not None:
-        raise UsageError("--budget is for --flow torchao (a plan for fx or pt2e takes float<=N as its --target)")
-    elif args.confidence is not None and target.metric != "top1":
+    elif args.confidence is not None and (target is None or target.metric != "top1"):
         raise UsageError("--confidence holds a top1 target at its bound (with --flow torchao: a language-model target)")
     from qinsight.pipeline import diagnose  # torch: once the arguments are known to be right
     from qinsight.planning import plan, plan_formats
@@ -248,7 +266,7 @@ def _plan(args: argparse.Namespace) -> int:
                     evaluation,
                     formats=[f.name for f in goal.formats],
                     target=target,
-                    budget=args.budget,
+                    budget=budget,
                     confidence=confidence,
                     progress=progress,
                 )
@@ -260,6 +278,7 @@ def _plan(args: argparse.Namespace) -> int:
                     calibration,
                     evaluation,
                     target=target,
+                    budget=budget,
                     flow=args.flow,
                     backend=args.backend,
                     report=report,
@@ -269,7 +288,7 @@ def _plan(args: argparse.Namespace) -> int:
                     confidence=args.confidence,
                 )
                 report, reached = report.with_plan(found), found.reached
-                missed = f"the plan does not reach {target}"
+                missed = f"the plan does not reach {found.target}"
     finally:
         if progress is not None:
             progress.finish()

@@ -11,10 +11,8 @@ config that makes the least local error per layer.
 from __future__ import annotations
 
 import contextlib
-import io
 import itertools
-import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -41,16 +39,6 @@ def _example_inputs(batch: object) -> tuple[Any, ...]:
             "compare_configs", "example_inputs", None, "example inputs as a tuple for keyword-argument batches"
         )
     return args
-
-
-@contextlib.contextmanager
-def trial() -> Iterator[None]:
-    """A candidate config quantized and run as a measurement: its warnings (the advice's own, said with
-    the report) ignored, and the traceback an FX graph prints to stderr before it raises kept off the
-    terminal: a failure there is a result (the config cannot run), which the caller says."""
-    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
-        warnings.simplefilter("ignore")
-        yield
 
 
 def release_fx_graphs() -> None:
@@ -162,4 +150,4 @@ def compare_configs(
     return ConfigComparison(configs=tuple(configs), rank_by=rank_by, rows=tuple(rows))
 
 
-__all__ = ["compare_configs", "quantize_candidates", "release_fx_graphs", "trial"]
+__all__ = ["compare_configs", "quantize_candidates", "release_fx_graphs"]

@@ -22,7 +22,7 @@ import re
 import attrs
 
 from qinsight.core.errors import InvalidParameterError, NotFoundError
-from qinsight.core.plan import Target
+from qinsight.core.plan import Budget, Target
 
 _FORMAT = re.compile(r"^(float|int8|int8_dynamic|float8|int4_g(\d+)|int4_dynamic_g(\d+))$")
 SCALE_BITS, ZERO_BITS = 32, 8  # torchao stores a float32 scale per row or group, and an int8 zero point for integers
@@ -81,29 +81,6 @@ class WeightFormat:
 
     def __str__(self) -> str:
         return self.name
-
-
-@attrs.frozen(kw_only=True)
-class Budget:
-    """The size a plan may take: a mean of at most ``bits`` bits per weight of the planned Linears."""
-
-    bits: float
-
-    @classmethod
-    def parse(cls, text: str | float) -> Budget:
-        value: float | None = float(text) if isinstance(text, (int, float)) else None
-        if isinstance(text, str):
-            match = re.match(r"^\s*bits\s*<=\s*([0-9.eE+-]+)\s*$", text)
-            try:
-                value = float(match.group(1)) if match else None
-            except ValueError:
-                value = None
-        if value is None or not math.isfinite(value) or value <= 0:
-            raise InvalidParameterError("plan_formats", "budget", text, "'bits<=N' with N > 0 (mean bits per weight)")
-        return cls(bits=value)
-
-    def __str__(self) -> str:
-        return f"bits<={self.bits:g}"
 
 
 @attrs.frozen(kw_only=True)
@@ -193,7 +170,7 @@ class FormatPlan:
     @property
     def budget_held(self) -> bool:
         """The plan's bits within the budget (no budget: held)."""
-        return self.budget is None or self.chosen.mean_bits <= self.budget.bits + 1e-9
+        return self.budget is None or self.chosen.mean_bits <= self.budget.limit + 1e-9
 
     @property
     def target_by_score(self) -> bool:
@@ -231,7 +208,6 @@ def mean_bits(layers: tuple[LayerFormat, ...] | list[LayerFormat]) -> float:
 
 
 __all__ = [
-    "Budget",
     "CurvePoint",
     "FORMAT_NAMES",
     "FormatCost",

@@ -17,19 +17,26 @@ direction themselves (:class:`~qinsight.plugin.Metric`) and have no range.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import attrs
 
 
 @attrs.frozen(kw_only=True)
 class MetricSpec:
-    """A metric's name, its direction and the values it can take (``lower`` to ``upper``)."""
+    """A metric's name, its direction, the values it can take (``lower`` to ``upper``) and what a model's
+    outputs are read as to compute it (``reads``): ``"rows"`` one row per sample, ``"positions"`` a
+    language model's logits one row per token position, ``"labels"`` those positions and the inputs'
+    next tokens as labels. ``margins``: it counts agreeing argmaxes, so a plan may order its sites by the
+    noise in the top-1 margins too."""
 
     name: str
     higher_is_better: bool
     lower: float = -math.inf
     upper: float = math.inf
     meaning: str = ""
+    reads: Literal["rows", "positions", "labels"] = "rows"
+    margins: bool = False
 
     def admits(self, value: float) -> bool:
         return self.lower <= value <= self.upper
@@ -51,7 +58,12 @@ METRICS: dict[str, MetricSpec] = {
         MetricSpec(name="max_abs_error", higher_is_better=False, lower=0.0, meaning="max |x - y|"),
         MetricSpec(name="mse", higher_is_better=False, lower=0.0, meaning="mean (x - y)^2"),
         MetricSpec(
-            name="top1", higher_is_better=True, lower=0.0, upper=1.0, meaning="share of rows whose argmax agrees"
+            name="top1",
+            higher_is_better=True,
+            lower=0.0,
+            upper=1.0,
+            meaning="share of rows whose argmax agrees",
+            margins=True,
         ),
         # A language model's logits: the last dimension is the vocabulary, every other one a token position.
         MetricSpec(
@@ -60,6 +72,7 @@ METRICS: dict[str, MetricSpec] = {
             lower=0.0,
             meaning="mean KL divergence of the quantized from the float next-token distribution "
             "(softmax of the last dim), nats",
+            reads="positions",
         ),
         MetricSpec(
             name="token_agreement",
@@ -67,6 +80,7 @@ METRICS: dict[str, MetricSpec] = {
             lower=0.0,
             upper=1.0,
             meaning="share of positions whose most likely next token (argmax of the last dim) agrees",
+            reads="positions",
         ),
     )
 }
@@ -78,6 +92,7 @@ LABELLED: dict[str, MetricSpec] = {
         lower=0.0,
         meaning="the quantized model's perplexity on the evaluation tokens' own next tokens "
         "over the float model's (a ratio)",
+        reads="labels",
     ),
 }
 # What comparisons measure unless told otherwise; top1 is for a model's outputs (plans), not a layer's.

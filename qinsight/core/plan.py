@@ -5,8 +5,8 @@ The plan is built by :func:`qinsight.plan` (``qinsight/planning/``); here are
 only its immutable results, saved in report files like everything else:
 
 - :class:`Target`: what "good enough" means (``sqnr>=30``, ``cosine>=0.995``,
-  ``top1>=0.94``, a user's metric, or "the best score with at most N sites
-  in float");
+  ``top1>=0.94``, a user's metric); :class:`Budget`: what a plan may spend instead
+  (``float<=5``: the best score with at most 5 sites in float; ``bits<=6`` for format plans);
 - :class:`SuggestionCheck`: a report suggestion applied alone, its measured
   effect, and whether the plan kept it (and why not);
 - :class:`SiteSensitivity`: the output metric with only this site in float,
@@ -22,38 +22,54 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
 from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.errors import InvalidParameterError, InvalidValueError, NotFoundError
-from qinsight.core.metrics import spec_of
+from qinsight.core.metrics import higher_is_better, spec_of
 from qinsight.core.sites import OpSite
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.core.verification import SuggestionKind, suggestion_kinds
 
-_TARGET = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
-BUDGET = "float"  # the budget form's name: at most N sites in float
+_BOUND = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")  # name, operator, number
+BudgetUnit = Literal["float", "bits"]
+# What each unit of a budget counts, and the planner that spends it.
+BUDGET_UNITS: dict[str, str] = {
+    "float": "sites kept in float (qinsight.plan)",
+    "bits": "mean bits per weight of the planned Linears (qinsight.plan_formats)",
+}
 
 
 def _finite(_instance: object, _attribute: object, value: float) -> None:
     if not math.isfinite(value):
-        raise InvalidValueError(f"a target's threshold must be finite, not {value}")
+        raise InvalidValueError(f"a target's threshold or a budget's limit must be finite, not {value}")
 
 
-def _target_error(owner: str, text: str, expected: str) -> InvalidParameterError:
-    return InvalidParameterError(owner, "target", text, expected)
+def _bound(owner: str, argument: str, text: str, expected: str) -> tuple[str, bool, float]:
+    """``text`` read as ``name>=number`` or ``name<=number``: the name, whether it is ``>=``, the number."""
+    match = _BOUND.match(text)
+    if match is None:
+        raise InvalidParameterError(owner, argument, text, expected)
+    name, operator, number = match.groups()
+    try:
+        value = float(number)
+    except ValueError:
+        raise InvalidParameterError(owner, argument, text, f"a number after {operator}, not {number!r}") from None
+    if not math.isfinite(value):
+        raise InvalidParameterError(owner, argument, text, "a finite number")
+    return name, operator == ">=", value
 
 
 @attrs.frozen(kw_only=True)
 class Target:
-    """What the plan must reach: ``metric >= threshold`` (or ``<=`` for lower-is-better metrics).
+    """A quality the plan must reach: ``metric >= threshold``, or ``<=`` for a lower-is-better metric.
 
-    ``metric == "float"`` is the budget form: at most ``threshold`` sites in
-    float, the best score of the plan's metric within it (best in that metric's direction).
+    The direction is the metric's own, from the one table (:data:`qinsight.core.metrics.METRICS`); a
+    metric of your own (a function, or a plugin's) is bounded the way its target is written.
     """
 
     metric: str
@@ -62,38 +78,25 @@ class Target:
 
     @classmethod
     def parse(cls, text: str, owner: str = "plan") -> Target:
-        """``"sqnr>=30"``, ``"cosine>=0.995"``, ``"top1>=0.94"``, ``"float<=5"`` (the CLI's form too); a
-        metric of your own by its name (``"accuracy>=0.98"``). A known metric is bounded its way and
-        within its range (:data:`qinsight.core.metrics.METRICS`), else :class:`InvalidParameterError` naming
-        ``owner``, the function the user called."""
-        match = _TARGET.match(text)
-        if match is None:
-            raise _target_error(owner, text, "a target like 'sqnr>=30', 'cosine>=0.995', 'top1>=0.94' or 'float<=5'")
-        metric, operator, number = match.groups()
-        higher = operator == ">="
-        try:
-            threshold = float(number)
-        except ValueError:
-            raise _target_error(owner, text, f"a number after {operator}, not {number!r}") from None
-        if not math.isfinite(threshold):
-            raise _target_error(owner, text, "a finite number")
+        """``"sqnr>=30"``, ``"cosine>=0.995"``, ``"top1>=0.94"`` (the CLI's form too); a metric of your own
+        by its name (``"accuracy>=0.98"``). A known metric is bounded its way and within its range, else
+        :class:`InvalidParameterError` naming ``owner``, the function the user called. A size
+        (``"float<=5"``, ``"bits<=6"``) is a :class:`Budget`, not a target."""
+        expected = "a target like 'sqnr>=30', 'cosine>=0.995' or 'top1>=0.94'"
+        metric, higher, threshold = _bound(owner, "target", text, expected)
+        if metric in BUDGET_UNITS:
+            raise InvalidParameterError(owner, "target", text, f"a quality target: {text.strip()} is a budget=")
         spec = spec_of(metric)
-        if metric == BUDGET:
-            if higher:
-                raise _target_error(owner, text, f"float<={number}: the budget is bounded with <=")
-            if threshold < 0 or threshold != int(threshold):
-                raise _target_error(owner, text, "float<=N with N a whole number of sites, 0 or more")
-        elif spec is not None:
+        if spec is not None:
             wanted = ">=" if spec.higher_is_better else "<="
             if higher != spec.higher_is_better:
-                raise _target_error(owner, text, f"{metric}{wanted}{number}: {metric} is bounded with {wanted}")
+                number = text.split(">=" if higher else "<=")[1].strip()
+                raise InvalidParameterError(
+                    owner, "target", text, f"{metric}{wanted}{number}: {metric} is bounded with {wanted}"
+                )
             if not spec.admits(threshold):
-                raise _target_error(owner, text, f"a {metric} threshold {spec.describe_range()}")
+                raise InvalidParameterError(owner, "target", text, f"a {metric} threshold {spec.describe_range()}")
         return cls(metric=metric, threshold=threshold, higher_is_better=higher)
-
-    @property
-    def is_budget(self) -> bool:
-        return self.metric == BUDGET
 
     def met(self, score: float) -> bool:
         """Whether ``score`` reaches the target (never for a NaN score)."""
@@ -103,6 +106,52 @@ class Target:
 
     def __str__(self) -> str:
         return f"{self.metric}{'>=' if self.higher_is_better else '<='}{self.threshold:g}"
+
+
+@attrs.frozen(kw_only=True)
+class Budget:
+    """What a plan may spend, where a :class:`Target` is what it must reach: at most ``limit`` of ``unit``.
+
+    ``"float"``: sites kept in float (:func:`qinsight.plan` takes the best score of its metric within
+    it); ``"bits"``: a mean of bits per weight of the planned Linears, scales included
+    (:func:`qinsight.plan_formats`).
+    """
+
+    unit: BudgetUnit
+    limit: float = attrs.field(validator=_finite)
+
+    @classmethod
+    def parse(cls, value: str | float | Budget, unit: BudgetUnit, owner: str) -> Budget:
+        """``"float<=5"`` or ``"bits<=6"``, or a number in ``unit`` (the one ``owner``, the planner the user
+        called, spends); a budget of another unit, or a limit it cannot take, is one
+        :class:`InvalidParameterError`."""
+        expected = f"'{unit}<=N': at most N {BUDGET_UNITS[unit]}" + (", N a whole number" if unit == "float" else "")
+        found: str
+        if isinstance(value, Budget):
+            found, limit = value.unit, value.limit
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            found, limit = unit, float(value)
+        elif isinstance(value, str):
+            found, higher, limit = _bound(owner, "budget", value, expected)
+            if higher:
+                raise InvalidParameterError(owner, "budget", value, expected)
+        else:
+            raise InvalidParameterError(owner, "budget", type(value).__name__, expected)
+        if found != unit:
+            other = f" ({found}<=N is {BUDGET_UNITS[found]})" if found in BUDGET_UNITS else ""
+            raise InvalidParameterError(owner, "budget", str(value), expected + other)
+        fits = limit >= 0 and limit == int(limit) if unit == "float" else limit > 0
+        if not (math.isfinite(limit) and fits):
+            raise InvalidParameterError(owner, "budget", str(value), expected)
+        return cls(unit=unit, limit=limit)
+
+    @property
+    def sites(self) -> int:
+        """A float budget's sites (kept in float, at most)."""
+        return int(self.limit)
+
+    def __str__(self) -> str:
+        return f"{self.unit}<={self.limit:g}"
 
 
 @attrs.frozen(kw_only=True)
@@ -200,6 +249,10 @@ class PlanStep:
     mode: str = attrs.field(default="", validator=attrs.validators.in_(STEP_MODES))
 
 
+def _direction(plan: QuantPlan) -> bool:
+    return plan.target.higher_is_better if isinstance(plan.target, Target) else higher_is_better(plan.metric)
+
+
 @attrs.frozen(kw_only=True)
 class QuantPlan:
     """The sites to keep in float so that the quantized model reaches ``target``, and the evidence.
@@ -231,7 +284,7 @@ class QuantPlan:
     flow: str
     backend: str
     metric: str
-    target: Target
+    target: Target | Budget  # what the plan had to reach, or what it could spend (the best score within it)
     reached: bool
     default_score: float
     verified_score: float
@@ -252,6 +305,9 @@ class QuantPlan:
     confidence: float | None = (
         None  # the top1 target held at this one-sided bound over the evaluation rows; None: the score
     )
+    # the direction of the plan's scores, as it compared them (a plugin metric's own, which a file keeps
+    # where the plugin is not installed); absent before 4.0: the target's, or the one table's for a budget
+    higher_is_better: bool = attrs.field(default=attrs.Factory(lambda plan: _direction(plan), takes_self=True))
 
     @property
     def kept_float(self) -> tuple[str, ...]:

@@ -83,9 +83,7 @@ def check_table(plan: QuantPlan, limit: int = DEFAULT_LIMIT) -> Table:
 
 def sensitivity_table(plan: QuantPlan, limit: int = DEFAULT_LIMIT) -> Table:
     """The sites whose quantization alone costs most: where precision matters."""
-    ranked = sorted(
-        plan.sensitivities, key=lambda s: s.quantized_only if plan.target.higher_is_better else -s.quantized_only
-    )
+    ranked = sorted(plan.sensitivities, key=lambda s: s.quantized_only if plan.higher_is_better else -s.quantized_only)
     shown = ranked[:limit]
     rows = tuple(
         (s.fqn, s.kind, str(s.parameters), _score(s.quantized_only), _score(s.float_only), _delta(s.gain))

@@ -16,7 +16,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from qinsight.core.comparison import ActivationComparison
-from qinsight.core.plan import QuantPlan
+from qinsight.core.plan import QuantPlan, Target
 from qinsight.outputs.view import ReportView
 
 
@@ -165,13 +165,14 @@ def plot_plan(plan: QuantPlan) -> Figure:
         axes.plot(*zip(*kept), "o", color="tab:green", markersize=4, label="tried after the prefix: kept")
     if missed:
         axes.plot(*zip(*missed), "x", color="tab:red", label="tried after the prefix: missed, kept in float")
-    if not plan.target.is_budget:
-        axes.axhline(plan.target.threshold, color="gray", linestyle="--", label=f"target {plan.target}")
+    threshold = [plan.target.threshold] if isinstance(plan.target, Target) else []  # a budget has none
+    for line in threshold:
+        axes.axhline(line, color="gray", linestyle="--", label=f"target {plan.target}")
     _focus(
         axes,
         [score for fraction, score in curve if fraction > 0]
         + [s.score for s in plan.steps if s.stage == "refine"]
-        + ([] if plan.target.is_budget else [plan.target.threshold]),
+        + threshold,
     )
     axes.set_xlabel("fraction of layer parameters quantized")
     axes.set_ylabel(f"{plan.metric} (simulated)")

@@ -30,11 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.ao.quantization import QConfigAny, QConfigMapping
-from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+from torch.ao.quantization.quantize_fx import prepare_fx
 from torch.ao.quantization.utils import activation_is_dynamically_quantized
 
 from qinsight.apply.fx import advice_mapping
 from qinsight.compare.configs import release_fx_graphs
+from qinsight.compare.flows import QUANT_FLOWS
 from qinsight.core.activations import FxActivations, NarrowedInput
 from qinsight.core.report import Report
 from qinsight.frontends import eval_mode, example_inputs, hookless_copy, run_batch, shared_copy
@@ -197,7 +198,7 @@ def checked_activations(
                 prepared = prepare_fx(shared_copy(model), static_only(mapping_for(activations)), inputs)
                 with torch.no_grad():
                     run_batch(prepared, example)
-                off, kernels = saturated(convert_fx(prepared), example)
+                off, kernels = saturated(QUANT_FLOWS["fx"].convert(prepared), example)
             release_fx_graphs()
         except Exception:
             return None  # FX cannot quantize it: its config stays torch's

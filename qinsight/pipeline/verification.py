@@ -29,15 +29,13 @@ import torch
 from torch import nn
 
 from qinsight.apply.pt2e import planned_backend
-from qinsight.apply.recipe import quantize_with
-from qinsight.compare.configs import release_fx_graphs, trial
+from qinsight.apply.trial import Trial, model_outputs, run_trial, weighted_layers
 from qinsight.compare.flows import QUANT_FLOWS, flow_of
-from qinsight.compare.layers import quantized_layers
-from qinsight.compare.lowering import Lowering, lowering_for, shipped
+from qinsight.compare.lowering import Lowering, lowering_for
 from qinsight.compare.metrics import sqnr
 from qinsight.compare.outputs import output_rows
 from qinsight.core.advice import Advice, advice_of
-from qinsight.core.errors import InvalidParameterError, describe
+from qinsight.core.errors import InvalidParameterError
 from qinsight.core.flows import flow_spec, verifying_flows
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
@@ -51,7 +49,6 @@ from qinsight.core.verification import (
     suggestion_kinds,
     without_kinds,
 )
-from qinsight.frontends import eval_mode, quantizable_modules, run_batch
 from qinsight.pipeline.saturation import kernels_checked
 
 ENV_VERIFY: Final = "QINSIGHT_VERIFY"
@@ -188,35 +185,31 @@ def _prepared(model: nn.Module) -> bool:
 
 
 class _Scorer:
-    """A config's SQNR for real: quantized on the calibrating batches, run on the scored ones. Per config,
-    the layers the converted model quantizes (:attr:`quantized`); the flow's error, where it cannot build
-    or run a config, kept for the reason."""
+    """A config's SQNR for real (:func:`~qinsight.apply.trial.run_trial`): quantized on the calibrating
+    batches, run on the scored ones. Per config, the layers the converted model quantizes
+    (:attr:`quantized`); the flow's error, where it cannot build or run a config, kept for the reason."""
 
     def __init__(self, model: nn.Module, batches: Sequence[Any], lowering: Lowering | None = None) -> None:
         self.model, self.lowering = model, lowering
         self.calibrating, self.scored = split(batches)
-        with eval_mode(model), torch.no_grad():
-            self.reference = torch.cat([output_rows(run_batch(model, b), owner="verify_report") for b in self.scored])
+        self.reference = _rows(model_outputs(model, self.scored))
         self.last_error = ""
         self.quantized: dict[Advice, frozenset[str]] = {}
 
     def __call__(self, advice: Advice, quantizer: object | None = None) -> float:
-        try:
-            with trial():
-                quantized = quantize_with(self.model, advice, self.calibrating, quantizer, runs_on=self.scored)
-                program = shipped(quantized, self.lowering)
-                with eval_mode(program), torch.no_grad():
-                    rows = torch.cat([output_rows(run_batch(program, b), owner="verify_report") for b in self.scored])
-        except Exception as exc:  # torch's errors have no common base: prepare, convert and the run alike
-            self.last_error = describe(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        found = run_trial(
+            self.model, advice, self.calibrating, self.scored, quantizer=quantizer, lowering=self.lowering
+        )
+        if found.failed:
+            self.last_error = found.error
             return -math.inf
-        finally:
-            release_fx_graphs()
-        if quantizer is not None:  # the user's config: what it quantizes is not the report's to name
-            return sqnr(self.reference, rows)
-        layers = quantized_layers(self.model, quantized)
-        self.quantized[advice] = frozenset(fqn for fqn, layer in layers.items() if layer.quantized)
-        return sqnr(self.reference, rows)
+        if quantizer is None:  # the user's config: what it quantizes is not the report's to name
+            self.quantized[advice] = found.quantized
+        return sqnr(self.reference, _rows(found.outputs))
+
+
+def _rows(outputs: Iterable[Any]) -> torch.Tensor:
+    return torch.cat([output_rows(output, owner="verify_report") for output in outputs])
 
 
 def lowering_of(owner: str, flows: Sequence[FlowName], backend: str) -> Lowering | None:
@@ -347,12 +340,13 @@ def _left_float(
     """``verdict`` naming the layers with weights that the offered config quantizes and the flow, as
     converted, left in float (read from the converted model); a note where it left every one."""
     kept = {s.fqn for s in offered.suggestions if s.keep_float}
-    weighted = quantizable_modules(model)
-    meant = [site.fqn for site in report.sites if site.kind.is_layer and site.fqn in weighted and site.fqn not in kept]
-    left = tuple(fqn for fqn in meant if fqn not in quantized)
+    weighted = weighted_layers(model, report.sites)
+    meant = [fqn for fqn in weighted if fqn not in kept]
+    left = Trial(quantized=quantized).left_float(meant)
     if not left:
         return verdict
-    kinds = sorted({type(weighted[fqn].module).__name__ for fqn in left})
+    modules = dict(model.named_modules())
+    kinds = sorted({type(modules[fqn]).__name__ for fqn in left})
     said = (
         f"the {verdict.flow} flow quantizes none of this model's {' / '.join(kinds)} layers: the config changes nothing"
         if len(left) == len(meant)

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import attrs
 
 from qinsight.core.metrics import worse
-from qinsight.core.plan import PlanStep, Target
+from qinsight.core.plan import Budget, PlanStep, Target
 from qinsight.core.progress import Progress
 from qinsight.planning.scores import Scorer
 from qinsight.planning.simulate import Run, Simulation
@@ -79,7 +79,7 @@ def measure_dynamic_noise(search: Search, start: dict[str, Mode], float_run: Run
 
 def choose_order(
     search: Search,
-    goal: Target,
+    goal: Target | Budget,
     start: dict[str, Mode],
     float_run: Run,
     quantized_run: Run,
@@ -94,8 +94,10 @@ def choose_order(
     found = []
     for order, by_site in noise.items():
         steps, modes = choose(search, goal, start, float_run, quantized_run, by_site, dynamic_noise[order])
-        score = search.best(step.score for step in steps) if goal.is_budget else final_score(steps)
-        found.append(_Searched(order, steps, modes, goal.is_budget or goal.met(score), search.fraction(modes), score))
+        budget = isinstance(goal, Budget)
+        score = search.best(step.score for step in steps) if budget else final_score(steps)
+        met = isinstance(goal, Budget) or goal.met(score)
+        found.append(_Searched(order, steps, modes, met, search.fraction(modes), score))
     sign = 1.0 if search.higher_is_better else -1.0
     best = max(found, key=lambda s: (s.met, s.fraction, sign * s.score))  # the first of equals: the output's noise
     if len(found) == 1:
@@ -147,7 +149,7 @@ def steps_down(
 
 def choose(
     search: Search,
-    goal: Target,
+    goal: Target | Budget,
     start: dict[str, Mode],
     float_run: Run,
     quantized_run: Run,
@@ -157,8 +159,8 @@ def choose(
     """The curve, then the refinement: the steps of :func:`steps_down` are taken one by one from all in
     float, each prefix scored; the longest prefix that meets the target is kept, and each step after
     it is tried alone on top and kept if the target still holds, in passes until one takes none."""
-    if goal.is_budget:
-        return within_budget(search, int(goal.threshold), start, quantized_run, noise)
+    if isinstance(goal, Budget):
+        return within_budget(search, goal.sites, start, quantized_run, noise)
     moves = steps_down(search, start, noise, dynamic_noise)
     modes = search.everything_float()
     run = float_run

@@ -30,12 +30,12 @@ from torch.ao.quantization.quantize_fx import prepare_fx
 
 from qinsight.apply.equalization import equalization_qconfig_mapping
 from qinsight.apply.fx import advice_mapping
-from qinsight.apply.pt2e import backend_quantizer, on_top_of
-from qinsight.apply.recipe import calibrate, prepared, varying_shapes
-from qinsight.compare.configs import release_fx_graphs
+from qinsight.apply.recipe import calibrate, prepared, torch_config, varying_shapes
+from qinsight.apply.trial import Trial, run_trial
 from qinsight.compare.flows import QUANT_FLOWS
-from qinsight.compare.lowering import Lowering, shipped
+from qinsight.compare.lowering import Lowering
 from qinsight.core.activations import FxActivations
+from qinsight.core.advice import Advice
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.errors import FrontendError
 from qinsight.core.flows import FlowSpec, check_flow_backend, flow_spec
@@ -95,6 +95,7 @@ class Flow:
         self.lowering = lowering  # where configs are scored as the program the backend runs (plan(lowered=True))
         self.quantizer = quantizer  # the user's, every config starts from (plan(quantizer=)); None: qinsight's
         self.names = {site.fqn for site in sites}
+        self.batches = batches  # every batch the flow's models run on: an exported model takes their shapes
         self.dynamic_shapes = self.shapes(batches)
 
     @property
@@ -114,8 +115,9 @@ class Flow:
         return activation_bits(self.backend)
 
     def config(self, suggestions: tuple[QuantSuggestion, ...]) -> object:
-        """The torch config applying ``suggestions``: a QConfigMapping (FX) or a quantizer (PT2E)."""
-        raise NotImplementedError
+        """The torch config applying ``suggestions``: a QConfigMapping (FX), or a quantizer (PT2E: the
+        backend's, or the user's with the float sites stripped), as ``qinsight.quantize`` builds it."""
+        return torch_config(self.advice(suggestions), self.quantizer, owner="plan")
 
     def owners(self, model: fx.GraphModule) -> Callable[[fx.Node], Owners]:
         raise NotImplementedError
@@ -124,22 +126,38 @@ class Flow:
         return {}
 
     def equalization(self, suggestions: tuple[QuantSuggestion, ...]) -> QConfigMapping | None:
-        """The flow's own form of the suggested input-weight equalizations; ``None``: it has none."""
-        return None
+        """prepare_fx's ``_equalization_config`` for the suggestions that say equalize; ``None``: the flow
+        has no input-weight equalization."""
+        equalization = self.advice(suggestions).equalization
+        return equalization_qconfig_mapping(equalization) if self.spec.equalizes else None
 
-    def quantize(self, suggestions: tuple[QuantSuggestion, ...], calibration: Sequence[object]) -> nn.Module:
-        """What a user does with the advice: prepare, calibrate, convert."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the advice's own warnings were shown with the report
-            prepared = self._prepared(suggestions, example_inputs(calibration[0]))
-            calibrate(prepared, calibration)
-            converted = QUANT_FLOWS[self.name].convert(prepared)
-            release_fx_graphs()  # a plan quantizes for real dozens of times
-            return converted
+    def advice(self, suggestions: tuple[QuantSuggestion, ...]) -> Advice:
+        """The advice a user would quantize with for ``suggestions`` in this flow: its config is
+        :meth:`config`'s, quantized for real through :func:`~qinsight.apply.trial.run_trial`."""
+        return Advice(
+            flow=self.name,
+            backend=self.backend,
+            sites=self.sites,
+            suggestions=suggestions,
+            fx_activations=self.observing(self.activations),
+            equalization=EqualizationMapping.of(suggestions) if self.spec.equalizes else EqualizationMapping(),
+            source="plan",
+        )
 
-    def shipped(self, converted: nn.Module) -> nn.Module:
-        """What the user runs of ``converted``: itself, or its program where the flow is scored lowered."""
-        return shipped(converted, self.lowering)
+    def trial(
+        self, suggestions: tuple[QuantSuggestion, ...], calibration: Sequence[object], scored: Sequence[object]
+    ) -> Trial:
+        """``suggestions``' config quantized for real (prepare, calibrate, convert) on ``calibration`` and
+        run on ``scored`` as the user ships it (the reference, or the program lowered from it)."""
+        return run_trial(
+            self.model,
+            self.advice(suggestions),
+            calibration,
+            scored,
+            quantizer=self.quantizer,
+            lowering=self.lowering,
+            shaped_for=self.batches,
+        )
 
     def _prepared(self, suggestions: tuple[QuantSuggestion, ...], example: tuple[Any, ...]) -> fx.GraphModule:
         """:meth:`prepare`, its failures (tracing, export, a quantizer that refuses a pattern) said as one."""
@@ -191,13 +209,6 @@ class FxFlow(Flow):
     def dynamic_max(self) -> int:  # type: ignore[override]
         """fbgemm's dynamic Linear reduces its input to 7 bits (x86 and fbgemm backends)."""
         return 127 if self.backend in ("x86", "fbgemm") else 255
-
-    def config(self, suggestions: tuple[QuantSuggestion, ...]) -> object:
-        return advice_mapping(self.sites, suggestions, self.backend, None, self.activations)
-
-    def equalization(self, suggestions: tuple[QuantSuggestion, ...]) -> QConfigMapping | None:
-        """prepare_fx's ``_equalization_config`` for the suggestions that say equalize."""
-        return equalization_qconfig_mapping(EqualizationMapping.of(suggestions))
 
     def _site_of(self, model: fx.GraphModule) -> Callable[[fx.Node], str | None]:
         scope = model.meta["_observed_graph_module_attrs"].node_name_to_scope
@@ -299,12 +310,6 @@ class Pt2eFlow(Flow):
     def shapes(self, batches: Sequence[object]) -> Any:
         """Export with every input dimension that differs between ``batches`` dynamic (token counts)."""
         return varying_shapes(batches)
-
-    def config(self, suggestions: tuple[QuantSuggestion, ...]) -> object:
-        """The backend's quantizer applying ``suggestions``, or the user's with their float sites stripped."""
-        if self.quantizer is not None:
-            return on_top_of(self.quantizer, self.sites, suggestions)
-        return backend_quantizer(self.backend, self.sites, suggestions)
 
     def observed(self, prepared: fx.GraphModule, calibration: Sequence[object]) -> tuple[EdgeRule, None]:
         """The quantizer itself, asked again for each config: whether an edge is quantized depends on

@@ -34,16 +34,16 @@ import attrs
 from torch import nn
 
 from qinsight.apply.torchao import applied, state_bytes, torchao_config
+from qinsight.apply.trial import model_outputs
 from qinsight.core.errors import InvalidParameterError
-from qinsight.core.formats import Budget, CurvePoint, FormatCost, FormatPlan, OrderCheck, WeightFormat, mean_bits
+from qinsight.core.formats import CurvePoint, FormatCost, FormatPlan, OrderCheck, WeightFormat, mean_bits
 from qinsight.core.metrics import higher_is_better
-from qinsight.core.plan import Target
+from qinsight.core.plan import Budget, Target
 from qinsight.core.progress import Progress
 from qinsight.frontends.base import eval_mode
 from qinsight.planning import ladders, proxies
 from qinsight.planning.ladders import Move, Rungs
-from qinsight.planning.scores import PER_POSITION, SCORES, Scorer
-from qinsight.planning.stages import float_outputs, outputs
+from qinsight.planning.scores import PER_POSITION, SCORES, Scorer, held_out_miss
 
 CURVE_POINTS = 6  # sizes along the plan's order quantized for real, besides the plan itself
 MEASURED = "measured (end to end)"  # the order of each layer's own measured damage
@@ -64,7 +64,7 @@ class FormatGoal:
 def format_goal(
     formats: Iterable[str] | str,
     target: str | Target | None,
-    budget: str | float | None,
+    budget: str | float | Budget | None,
     metric: str | None,
     confidence: float | None = None,
 ) -> FormatGoal:
@@ -72,14 +72,10 @@ def format_goal(
     if not parsed or len(set(parsed)) != len(parsed):
         raise InvalidParameterError("plan_formats", "formats", [str(f) for f in parsed], "one or more distinct formats")
     goal = Target.parse(target, "plan_formats") if isinstance(target, str) else target
-    limit = Budget.parse(budget) if budget is not None else None
+    limit = Budget.parse(budget, "bits", "plan_formats") if budget is not None else None
     if goal is None and limit is None:
         raise InvalidParameterError(
             "plan_formats", "target", None, "a target ('perplexity<=1.05'), a budget ('bits<=6') or both"
-        )
-    if goal is not None and goal.is_budget:
-        raise InvalidParameterError(
-            "plan_formats", "target", str(goal), "a quality target; the size is the budget ('bits<=6')"
         )
     name = metric or (goal.metric if goal is not None else "sqnr")
     if name not in SCORES or (goal is not None and name != goal.metric):
@@ -142,7 +138,7 @@ class _Measure:
 
     def _scorer(self, batches: tuple[Any, ...]) -> Scorer:
         """The goal's metric against the float model's outputs of ``batches``."""
-        return Scorer(float_outputs(self.model, batches), self.request.goal.metric, self.request.goal.metric, batches)
+        return Scorer(model_outputs(self.model, batches), self.request.goal.metric, self.request.goal.metric, batches)
 
     def outputs(self, formats: dict[str, str], batches: Sequence[Any]) -> list[Any]:
         return self._run(formats, batches, None)
@@ -167,7 +163,7 @@ class _Measure:
             self.runs += 1
             if assignment is not None and assignment not in self._stored:
                 self._stored[assignment] = state_bytes(self.model, [layer.fqn for layer in self.layers])
-            return outputs(self.model, batches)
+            return model_outputs(self.model, batches)
 
     def point(self, label: str, formats: dict[str, str], held_out: bool = False) -> CurvePoint:
         score, bound = self.score(formats)
@@ -189,7 +185,7 @@ def plan_formats(
     *,
     formats: Iterable[str] = ("int8", "int4_g32"),
     target: str | Target | None = "perplexity<=1.05",
-    budget: str | float | None = None,
+    budget: str | float | Budget | None = None,
     metric: str | None = None,
     held_out_data: Iterable[Any] | None = None,
     compare_orders: bool = True,
@@ -267,7 +263,7 @@ def _searched(measure: _Measure, moves: Sequence[Move], report: Progress) -> tup
     """How many moves the plan takes: the most whose real score meets the target (bisection over the
     order: the score falls along it), no fewer than the budget needs."""
     request, layers = measure.request, measure.layers
-    fewest = ladders.within(layers, moves, request.goal.budget.bits) if request.goal.budget is not None else 0
+    fewest = ladders.within(layers, moves, request.goal.budget.limit) if request.goal.budget is not None else 0
     if request.goal.target is None:
         return fewest, ()
     report("searching", 0, 0)
@@ -300,7 +296,7 @@ def _best_order(
 
     def rank(name: str) -> tuple[bool, float, float]:
         point = measure.point(name, ladders.assignment(measure.layers, orders[name], searched[name][0]))
-        fits = goal.budget is None or point.mean_bits <= goal.budget.bits + 1e-9
+        fits = goal.budget is None or point.mean_bits <= goal.budget.limit + 1e-9
         better = point.score if higher else -point.score
         if fits and measure.met(point):
             return (True, -point.mean_bits, better) if goal.target is not None else (True, better, -point.mean_bits)
@@ -418,12 +414,9 @@ def _measured_notes(measure: _Measure, chosen: CurvePoint) -> tuple[str, ...]:
 def _held_out_note(request: FormatRequest, measure: _Measure, chosen: CurvePoint) -> tuple[str, ...]:
     if measure.held is None:
         return ("no held-out data (one evaluation batch): the plan's score is the one it was chosen on",)
-    if request.goal.target is not None and measure.met(chosen) and not request.goal.target.met(chosen.held_out):
-        return (
-            f"the plan meets {request.goal.target} on the search data ({chosen.score:.4g}) but not on the held-out "
-            f"data ({chosen.held_out:.4g})",
-        )
-    return ()
+    if request.goal.target is None:
+        return ()
+    return held_out_miss(request.goal.target, "search", measure.met(chosen), chosen.score, chosen.held_out)
 
 
 def _proxy_orders(measure: _Measure) -> dict[str, Sequence[Move]]:

@@ -4,6 +4,7 @@ not a whole diagnosis and a float pass later."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -12,20 +13,23 @@ import attrs
 from qinsight.apply.pt2e import planned_backend
 from qinsight.compare.flows import QUANT_FLOWS, flow_of
 from qinsight.compare.lowering import Lowering, lowering_for
-from qinsight.core import metrics
-from qinsight.core.errors import InvalidParameterError
+from qinsight.compare.metrics import load_metric
+from qinsight.core.errors import InvalidParameterError, QinsightError
 from qinsight.core.flows import check_flow_backend, flow_spec, flows_serving
-from qinsight.core.plan import Target
+from qinsight.core.plan import Budget, Target
 from qinsight.core.sites import FlowName, checked_flow
-from qinsight.planning.scores import SCORES, MetricFunction, agreeing_needed, rows_needed
+from qinsight.planning.scores import SCORES, MetricFunction, agreeing_needed, metric_direction, rows_needed
+
+DEFAULT_TARGET = "sqnr>=30"  # what a plan reaches where it is given neither a target nor a budget
 
 
 @attrs.frozen(kw_only=True)
 class PlanRequest:
-    """What :func:`qinsight.plan` was asked, checked: ``metric`` scores the outputs (a built-in's name
-    or a function), ``metric_name`` is what the plan calls it."""
+    """What :func:`qinsight.plan` was asked, checked: ``goal`` is the target to reach or the budget to
+    spend; ``metric`` scores the outputs (a built-in's or a plugin's name, or a function),
+    ``metric_name`` is what the plan calls it."""
 
-    goal: Target
+    goal: Target | Budget
     flow: FlowName
     backend: str
     metric: str | MetricFunction
@@ -38,11 +42,11 @@ class PlanRequest:
     quantizer: Any = None  # the user's quantizer every config starts from (quantizer=): float sites stripped from it
     confidence: float | None = None  # a top1 target held at this one-sided bound over the evaluation rows
 
-    def held_goal(self, rows: int) -> Target:
+    def held_goal(self, rows: int) -> Target | Budget:
         """The goal the search and its verification hold on ``rows`` evaluation rows: the target, or with
         ``confidence`` the agreement whose Wilson bound meets it (half a row under: a score is a mean of
         rows); too few rows for that is one :class:`InvalidParameterError`."""
-        if self.confidence is None:
+        if self.confidence is None or isinstance(self.goal, Budget):
             return self.goal
         needed = agreeing_needed(self.goal.threshold, rows, self.confidence)
         if needed is None:
@@ -60,8 +64,10 @@ class PlanRequest:
     @property
     def higher_is_better(self) -> bool:
         """The direction scores are compared in: the target's; for a budget, its metric's (the one
-        metric table; a function of one's own: higher is better)."""
-        return self.goal.higher_is_better if not self.goal.is_budget else metrics.higher_is_better(self.metric_name)
+        metric table, a plugin's own; a function of one's own: higher is better)."""
+        if isinstance(self.goal, Target):
+            return self.goal.higher_is_better
+        return metric_direction(self.metric_name)
 
     @property
     def everything(self) -> list[Any]:
@@ -71,7 +77,8 @@ class PlanRequest:
 
 def plan_request(
     *,
-    target: str | Target,
+    target: str | Target | None,
+    budget: str | float | Budget | None,
     flow: FlowName | None,
     backend: str | None,
     metric: str | MetricFunction | None,
@@ -107,10 +114,13 @@ def plan_request(
     if lowered and not flow_spec(name).lowers:
         raise InvalidParameterError("plan", "lowered", True, f"flow='pt2e' (the {name} flow's model is not lowered)")
     lowering = lowering_for("plan", backend) if lowered else None
-    goal = Target.parse(target) if isinstance(target, str) else target
+    goal = _goal(target, budget)
     chosen, metric_name = _metric(goal, metric)
     if confidence is not None and not (
-        metric_name == "top1" and not goal.is_budget and isinstance(confidence, (int, float)) and 0.5 <= confidence < 1
+        metric_name == "top1"
+        and isinstance(goal, Target)
+        and isinstance(confidence, (int, float))
+        and 0.5 <= confidence < 1
     ):
         expected = "a one-sided confidence in [0.5, 1) (0.95) for a top1 target, or None"
         raise InvalidParameterError("plan", "confidence", confidence, expected)
@@ -143,31 +153,67 @@ def _serving(backend: str, lowered: bool) -> str:
     return (*flows_serving(backend, lowered=lowered), "fx")[0]
 
 
-def _metric(goal: Target, metric: str | MetricFunction | None) -> tuple[str | MetricFunction, str]:
-    """The metric that scores the outputs and its name: the target's, unless a budget target (SQNR
-    by default) or a function of one's own (named as the target names it)."""
-    if metric is None:
-        if goal.is_budget:
-            return "sqnr", "sqnr"
-        if goal.metric not in SCORES:
+def _goal(target: str | Target | None, budget: str | float | Budget | None) -> Target | Budget:
+    """The target to reach (``sqnr>=30`` where neither is given), or the budget to spend; not both."""
+    if budget is not None:
+        parsed = Budget.parse(budget, "float", "plan")
+        if target is not None:
             raise InvalidParameterError(
-                "plan",
-                "metric",
-                None,
-                f"a function scoring the outputs for the target's {goal.metric!r} (built in: {', '.join(SCORES)})",
+                "plan", "target", str(target), "None with a budget: a plan takes the best score within it"
             )
+        return parsed
+    if isinstance(target, str) and target.replace(" ", "").startswith("float<="):
+        warnings.warn(
+            f"plan(target={target!r}) is now plan(budget={target!r}); the target form goes in the next release",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+        return Budget.parse(target, "float", "plan")
+    return Target.parse(target if target is not None else DEFAULT_TARGET) if not isinstance(target, Target) else target
+
+
+def _metric(goal: Target | Budget, metric: str | MetricFunction | None) -> tuple[str | MetricFunction, str]:
+    """The metric that scores the outputs and its name: the target's (a built-in's or a plugin's), unless
+    a budget (SQNR by default) or a function of one's own (named as the target names it)."""
+    if metric is None:
+        if isinstance(goal, Budget):
+            return "sqnr", "sqnr"
+        _scored(goal.metric, goal, given=False)
         return goal.metric, goal.metric
     if isinstance(metric, str):
-        if metric not in SCORES:
-            raise InvalidParameterError("plan", "metric", metric, f"one of {', '.join(SCORES)} or a function")
-        if not goal.is_budget and metric != goal.metric:
+        _scored(metric, goal, given=True)
+        if isinstance(goal, Target) and metric != goal.metric:
             raise InvalidParameterError("plan", "metric", metric, f"the target's own metric, {goal.metric!r}")
         return metric, metric
     if not callable(metric):
         raise InvalidParameterError(
-            "plan", "metric", type(metric).__name__, f"one of {', '.join(SCORES)} or a function"
+            "plan", "metric", type(metric).__name__, f"one of {', '.join(SCORES)}, a plugin metric or a function"
         )
-    return metric, goal.metric if not goal.is_budget else getattr(metric, "__name__", "metric")
+    return metric, goal.metric if isinstance(goal, Target) else getattr(metric, "__name__", "metric")
+
+
+def _scored(name: str, goal: Target | Budget, given: bool) -> None:
+    """``name`` checked as a metric a plan can score: a built-in, or a plugin's (``qinsight.metrics``)
+    bounded the way it says is better; else one :class:`InvalidParameterError` (``given``: the user
+    named it as ``metric``; else it is the target's)."""
+    if name in SCORES:
+        return
+    try:
+        plugin = load_metric(name)
+    except QinsightError:
+        if given:
+            expected = f"one of {', '.join(SCORES)}, a plugin metric (qinsight.metrics) or a function"
+            raise InvalidParameterError("plan", "metric", name, expected) from None
+        expected = (
+            f"a function scoring the outputs for the target's {name!r} (built in: {', '.join(SCORES)}; "
+            "or a plugin metric, qinsight.metrics)"
+        )
+        raise InvalidParameterError("plan", "metric", None, expected) from None
+    if isinstance(goal, Target) and goal.metric == name and goal.higher_is_better != plugin.higher_is_better:
+        wanted = ">=" if plugin.higher_is_better else "<="
+        raise InvalidParameterError(
+            "plan", "target", str(goal), f"{name}{wanted}N: the plugin says {name} is bounded so"
+        )
 
 
 __all__ = ["PlanRequest", "plan_request"]

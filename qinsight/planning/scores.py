@@ -20,11 +20,32 @@ from typing import Any
 
 import torch
 
-from qinsight.compare.metrics import BUILTIN, sqnr
+from qinsight.compare.metrics import load_metric, sqnr
 from qinsight.compare.outputs import floating_leaves, output_rows
-from qinsight.core.errors import InvalidParameterError
+from qinsight.core.errors import InvalidParameterError, QinsightError
+from qinsight.core.metrics import higher_is_better, spec_of
+from qinsight.core.plan import Target
 
 MetricFunction = Callable[[Sequence[Any], Sequence[Any]], float]
+
+
+def spec_reads(name: str) -> str:
+    """What a metric reads a model's outputs as (:attr:`MetricSpec.reads`); a plugin's: rows."""
+    spec = spec_of(name)
+    return spec.reads if spec is not None else "rows"
+
+
+def metric_direction(name: str) -> bool:
+    """Whether higher is better for the metric called ``name``: the one table's word, a plugin metric's
+    own; a function of one's own: higher."""
+    if spec_of(name) is not None:
+        return higher_is_better(name)
+    try:
+        return load_metric(name).higher_is_better
+    except QinsightError:
+        return True
+
+
 OUTPUT_NOISE, MARGIN_NOISE = "output noise", "top-1 margins"  # the orders a search can take sites in
 
 
@@ -35,11 +56,9 @@ SCORES: tuple[str, ...] = (
     "kl",
     "token_agreement",
     "perplexity",
-)  # a plan's metrics, from the one table
-PER_POSITION = (
-    "kl",
-    "token_agreement",
-    "perplexity",
+)  # a plan's built-in metrics, from the one table; a plugin's (qinsight.metrics) are scored on rows
+PER_POSITION = tuple(
+    name for name in SCORES if spec_reads(name) != "rows"
 )  # read a language model's logits: per position over the last dimension
 
 
@@ -94,21 +113,23 @@ class Scorer:
     def __init__(
         self, reference: Sequence[Any], metric: str | MetricFunction, name: str, inputs: Sequence[Any] = ()
     ) -> None:
-        if isinstance(metric, str) and metric not in SCORES:
-            raise InvalidParameterError("plan", "metric", metric, f"one of {', '.join(SCORES)} or a function")
+        spec = spec_of(metric) if isinstance(metric, str) else None
+        self.reads = spec.reads if spec is not None else "rows"
+        # a metric computed on the output rows: a built-in's or a plugin's (a labelled one reads its labels)
+        self._computed = load_metric(metric) if isinstance(metric, str) and self.reads != "labels" else None
         self.reference = list(reference)
         self.metric, self.name = metric, name
         self.rows = self._matrix(reference)  # a language model's: one row per position
-        self._margins = TopMargins(self.rows) if metric == "top1" else None
+        self._margins = TopMargins(self.rows) if spec is not None and spec.margins else None
         self._reference_log: torch.Tensor | None = None
         self._reference_positions: torch.Tensor | None = None  # the float model's side of _per_position, once
-        self._labels = next_tokens(self.rows, inputs) if metric == "perplexity" else None
+        self._labels = next_tokens(self.rows, inputs) if self.reads == "labels" else None
         self._loss = _loss(self.rows, self._labels) if self._labels is not None else 0.0
 
     def _matrix(self, outputs: Sequence[Any]) -> torch.Tensor:
         """``outputs`` as one matrix: a language model's logits one row per position (batches of any
         length), else one row per sample (:func:`output_rows`)."""
-        if self.metric in PER_POSITION:
+        if self.reads != "rows":
             return torch.cat([logits_of(output) for output in outputs])
         return torch.cat([output_rows(output) for output in outputs])
 
@@ -121,7 +142,7 @@ class Scorer:
         """What a quantization does to ``outputs``, in a unit that adds up over layers whose errors are
         independent: a language model's mean KL of the next-token distributions (nats), else the output
         error's power over the output's."""
-        if self.metric in PER_POSITION:
+        if self.reads != "rows":
             if self._reference_log is None:  # the float distributions, once: a plan takes hundreds of damages
                 self._reference_log = torch.log_softmax(self.rows, dim=1)
             q_log = torch.log_softmax(self._matrix(outputs), dim=1)
@@ -139,19 +160,21 @@ class Scorer:
         rows = self._matrix(outputs) if rows is None else rows
         if self._labels is not None:
             return math.exp(_loss(rows, self._labels) - self._loss)
-        return BUILTIN[self.metric].on_tensors(self.rows, rows)
+        if self._computed is None:
+            raise InvalidParameterError("plan", "metric", self.name, "a metric the plan can compute")
+        return self._computed.on_tensors(self.rows, rows)
 
     def bounded(self, outputs: Sequence[Any], confidence: float | None) -> tuple[float, float]:
         """The score of ``outputs`` and the pessimistic end of its one-sided ``confidence`` interval
         (:func:`pessimistic_bound`) over the positions a language-model metric averages; NaN where the
         metric is not such a mean, or ``confidence`` is ``None``."""
-        if confidence is None or self.metric not in PER_POSITION:
+        if confidence is None or self.reads == "rows":
             return self(outputs), math.nan
         rows = self._matrix(outputs)
         score, values = self._score(outputs, rows), self._per_position(rows)
         if self._labels is not None:  # perplexity: the ratio is exp(mean difference of the token losses)
             return score, math.exp(pessimistic_bound(values, confidence, higher_is_better=False))
-        return score, pessimistic_bound(values, confidence, higher_is_better=self.metric == "token_agreement")
+        return score, pessimistic_bound(values, confidence, higher_is_better=metric_direction(str(self.metric)))
 
     def _per_position(self, rows: torch.Tensor) -> torch.Tensor:
         """The per-position values a language-model metric is the mean of, in token order: each next
@@ -175,7 +198,7 @@ class Scorer:
     @property
     def orders(self) -> tuple[str, ...]:
         """The noises the search may order sites by: the output's, and for ``top1`` the margins' too."""
-        return (OUTPUT_NOISE, MARGIN_NOISE) if self.metric == "top1" else (OUTPUT_NOISE,)
+        return (OUTPUT_NOISE, MARGIN_NOISE) if self._margins is not None else (OUTPUT_NOISE,)
 
     def noise(self, outputs: Sequence[Any]) -> dict[str, float]:
         """Each of :attr:`orders`' noise in ``outputs``: the output error's power over the output's,
@@ -264,9 +287,20 @@ def margin_noise(reference: torch.Tensor, candidate: torch.Tensor) -> float:
     return TopMargins(reference).noise(candidate)
 
 
+def held_out_miss(goal: Target, data: str, met: bool, score: float, held_out: float) -> tuple[str, ...]:
+    """The note of a config that meets ``goal`` on the ``data`` it was chosen on (``met``, at ``score``)
+    but not on the held-out data; none otherwise."""
+    if not met or goal.met(held_out):
+        return ()
+    return (f"the config meets {goal} on the {data} data ({score:.4g}) but not on the held-out data ({held_out:.4g})",)
+
+
 __all__ = [
+    "held_out_miss",
     "MARGIN_NOISE",
     "PER_POSITION",
+    "metric_direction",
+    "spec_reads",
     "agreeing_needed",
     "pessimistic_bound",
     "rows_needed",

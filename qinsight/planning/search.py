@@ -16,9 +16,10 @@ from typing import Any
 import attrs
 from torch import nn
 
+from qinsight.apply.trial import model_outputs
 from qinsight.core.activations import FxActivations
 from qinsight.core.flows import check_flow_backend, flow_spec, reads_as_is, report_flow
-from qinsight.core.plan import QuantPlan, Target
+from qinsight.core.plan import Budget, QuantPlan, Target
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
 from qinsight.core.sites import FlowName, OpSite
@@ -26,8 +27,7 @@ from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.planning import stages, verify
 from qinsight.planning.request import PlanRequest, plan_request
-from qinsight.planning.scores import MetricFunction, Scorer
-from qinsight.planning.stages import float_outputs
+from qinsight.planning.scores import MetricFunction, Scorer, held_out_miss
 
 
 def _quiet(_stage: str, _done: int, _total: int) -> None:
@@ -39,7 +39,8 @@ def plan(
     calibration_data: Iterable[Any],
     evaluation_data: Iterable[Any],
     *,
-    target: str | Target = "sqnr>=30",
+    target: str | Target | None = None,
+    budget: str | int | Budget | None = None,
     flow: FlowName | None = None,
     backend: str | None = None,
     metric: str | MetricFunction | None = None,
@@ -58,9 +59,10 @@ def plan(
         model: the float model; it is not changed.
         calibration_data: the batches each config is calibrated on.
         evaluation_data: the batches each config is scored on, none of them a calibration batch.
-        target: ``"sqnr>=30"``, ``"cosine>=0.995"``, ``"top1>=0.94"``, or ``"float<=N"`` (the best score
-            with at most N sites in float, by ``metric``); a function ``metric`` is named in the target
-            (``"accuracy>=0.98"``).
+        target: ``"sqnr>=30"`` (the default, without a budget), ``"cosine>=0.995"``, ``"top1>=0.94"``; a
+            plugin metric's by its name; a function ``metric`` is named in the target (``"accuracy>=0.98"``).
+        budget: ``"float<=N"`` (or N) instead of a target: the best score by ``metric`` with at most N
+            sites in float.
         flow: ``"fx"`` or ``"pt2e"``; default: the first serving ``backend`` (FX for x86 and FX's
             engines, PT2E for ``"xnnpack"`` with XNNPACKQuantizer; PT2E for a model FX cannot trace).
         backend: default: the one your ``quantizer`` is for, else x86.
@@ -93,6 +95,7 @@ def plan(
     """
     request = plan_request(
         target=target,
+        budget=budget,
         flow=flow,
         backend=backend,
         metric=metric,
@@ -115,7 +118,7 @@ def plan(
         check_flow_backend("plan", request.flow, request.backend)  # as plan_request checks a flow given
     if flow_spec(request.flow).observes_activations:  # the FX config's kernels, checked as a verification checks them
         report = kernels_checked(model, report, request.calibration[0])
-    scorer = Scorer(float_outputs(model, request.evaluation), request.metric, request.metric_name, request.evaluation)
+    scorer = Scorer(model_outputs(model, request.evaluation), request.metric, request.metric_name, request.evaluation)
     asked, request = (
         request,
         attrs.evolve(request, goal=request.held_goal(len(scorer.rows))),
@@ -139,7 +142,7 @@ def plan(
     )
     final = base.flow if real.default else chosen.flow
     held = (
-        Scorer(float_outputs(model, request.held_out), request.metric, request.metric_name, request.held_out)
+        Scorer(model_outputs(model, request.held_out), request.metric, request.metric_name, request.held_out)
         if request.held_out
         else None
     )
@@ -163,13 +166,18 @@ def _assembled(
     flow = base.flow if real.default else chosen.flow
     held = request.held_goal(rows)
     sensitivities = measured.sites
+    missed: tuple[str, ...]
+    reached, missed = True, ()  # a budget is spent, not reached: the best score within it is the plan
+    if isinstance(request.goal, Target) and isinstance(held, Target):
+        goal = request.goal
+        reached = held.met(real.score) and (not request.held_out or goal.met(applied.held_out))
+        missed = held_out_miss(goal, "evaluation", goal.met(real.score), real.score, applied.held_out)
     return QuantPlan(
         flow=flow.name,
         backend=request.backend,
         metric=request.metric_name,
         target=request.goal,
-        reached=request.goal.is_budget
-        or (held.met(real.score) and (not request.held_out or request.goal.met(applied.held_out))),
+        reached=reached,
         default_score=base.score,
         verified_score=real.score,
         held_out_score=applied.held_out,
@@ -185,28 +193,19 @@ def _assembled(
         + real.notes
         + chosen.failed.notes(flow.name)
         + applied.notes(flow.name)
-        + _held_out_note(request, real.score, applied.held_out)
+        + (missed if request.held_out else ())
         + _bound_note(request, held, rows),
         smoothing=SmoothingMapping() if real.default else chosen.smoothing,
         fx_activations=flow.activations,
         lowered=request.lowering.runtime() if request.lowering is not None else "",
         starts_from=type(request.quantizer).__name__ if request.quantizer is not None else "",
         confidence=request.confidence,
+        higher_is_better=request.higher_is_better,
     )
 
 
-def _held_out_note(request: PlanRequest, verified: float, held_out: float) -> tuple[str, ...]:
-    goal = request.goal
-    if request.held_out and not goal.is_budget and goal.met(verified) and not goal.met(held_out):
-        return (
-            f"the config meets {goal} on the evaluation data ({verified:.4g}) but not on the held-out data "
-            f"({held_out:.4g})",
-        )
-    return ()
-
-
-def _bound_note(request: PlanRequest, held: Target, rows: int) -> tuple[str, ...]:
-    if request.confidence is None:
+def _bound_note(request: PlanRequest, held: Target | Budget, rows: int) -> tuple[str, ...]:
+    if request.confidence is None or not isinstance(held, Target):
         return ()
     needed = round(held.threshold * rows + 0.5)
     return (

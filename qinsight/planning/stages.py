@@ -15,16 +15,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
 
 import attrs
-import torch
 from torch import nn
 
 from qinsight.apply.smoothing import apply_smoothing
-from qinsight.compare.configs import trial
-from qinsight.compare.layers import quantized_layers
+from qinsight.apply.trial import Trial, weight_counts, weighted_layers
 from qinsight.core.activations import FxActivations
 from qinsight.core.errors import FrontendError, MissingExtraError, describe
 from qinsight.core.metrics import worse
@@ -35,7 +31,6 @@ from qinsight.core.sites import OpKind, OpSite
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.core.verification import SuggestionKind
-from qinsight.frontends import classify, eval_mode, run_batch
 from qinsight.planning.checks import RealScore, check_all, is_default
 from qinsight.planning.curve import Noise, Search, choose_order, measure_dynamic_noise
 from qinsight.planning.flows import Flow, flow_for
@@ -60,14 +55,13 @@ class Baseline:
 
 class FailedConfigs:
     """The configs a flow could not build or run: each scores the worst there is, so no stage can choose
-    it and the search goes on; the plan's notes say each distinct error once (issue: no config kills a plan)."""
+    it and the search goes on; the plan's notes say each distinct error once (no config kills a plan)."""
 
     def __init__(self) -> None:
         self._errors: dict[str, int] = {}
 
-    def record(self, exc: Exception) -> None:
-        said = describe(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        self._errors[said] = self._errors.get(said, 0) + 1
+    def record(self, trial: Trial) -> None:
+        self._errors[trial.error] = self._errors.get(trial.error, 0) + 1
 
     def notes(self, flow: str) -> tuple[str, ...]:
         return tuple(
@@ -78,18 +72,17 @@ class FailedConfigs:
 
 
 def real_score(flow: Flow, request: PlanRequest, scorer: Scorer, failed: FailedConfigs) -> RealScore:
-    """A config's score quantized for real through ``flow`` (prepare, calibrate, convert, run); the worst
-    score there is where the flow cannot build or run it (a metric's own error is not caught)."""
+    """A config's score quantized for real through ``flow`` (:meth:`Flow.trial`: prepare, calibrate,
+    convert, run); the worst score there is where the flow cannot build or run it (a metric's own error
+    is not caught)."""
     worst = -math.inf if request.higher_is_better else math.inf
 
     def score(advice: tuple[QuantSuggestion, ...]) -> float:
-        try:
-            with trial():
-                results = _quantized_outputs(flow, advice, request)
-        except Exception as exc:  # torch's errors have no common base: prepare, convert and the run alike
-            failed.record(exc)
+        found = flow.trial(advice, request.calibration, request.evaluation)
+        if found.failed:
+            failed.record(found)
             return worst
-        return scorer(results)
+        return scorer(list(found.outputs))
 
     return score
 
@@ -209,7 +202,7 @@ def checked(request: PlanRequest, chosen: Subject, base: Baseline, scorer: Score
     divisions = {site: Mode.FLOAT for site in chosen.smoothing.divisions if site in sim.sites}
     candidates = [site for site in sim.sites if site in names and site not in divisions]
     kinds = {site.fqn: site.kind.value for site in chosen.report.sites}
-    parameters = _parameters(chosen.model, candidates)
+    parameters = weight_counts(chosen.model, candidates)
     search = Search(sim, scorer, candidates, parameters, kinds, progress, divisions, request.higher_is_better)
     default = {**{site: Mode.STATIC for site in candidates}, **divisions}
     real = chosen.real(request, scorer)
@@ -329,57 +322,28 @@ def converted(
     """What ``flow`` really quantizes of ``advice``'s config, over every layer of ``report`` (prepare,
     calibrate, convert, then the converted model's layers read: quantized modules in FX, weights
     dequantized in the PT2E graph), and that converted model's score on the held-out data."""
-    model = flow.quantize(advice, request.calibration)
-    held = held_out(outputs(flow.shipped(model), request.held_out)) if held_out is not None else math.nan
-    layers = quantized_layers(flow.model, model)
-    quantized = {fqn for fqn, layer in layers.items() if layer.quantized}
-    kept = {s.fqn for s in advice if s.keep_float}
-    parameters = _parameters(flow.model, [site.fqn for site in report.sites if site.kind.is_layer])
-    weighted = {fqn: n for fqn, n in parameters.items() if n > 0}
+    found = flow.trial(advice, request.calibration, request.held_out if held_out is not None else ())
+    if found.failed:
+        raise FrontendError(f"the {flow.name} flow cannot quantize the plan's config again: {found.error}")
+    held = held_out(list(found.outputs)) if held_out is not None else math.nan
+    weighted = weighted_layers(flow.model, report.sites)
     total = sum(weighted.values())
-    fraction = sum(n for fqn, n in weighted.items() if fqn in quantized) / total if total else 1.0
-    return Converted(fraction, tuple(fqn for fqn in weighted if fqn not in quantized and fqn not in kept), held)
+    fraction = sum(n for fqn, n in weighted.items() if fqn in found.quantized) / total if total else 1.0
+    kept = {s.fqn for s in advice if s.keep_float}
+    return Converted(fraction, found.left_float(fqn for fqn in weighted if fqn not in kept), held)
 
 
 def _score(flow: Flow, request: PlanRequest, scorer: Scorer) -> float:
     """The flow's config without suggestions, quantized for real: what every plan starts from."""
-    try:
-        results = _quantized_outputs(flow, (), request)
-    except (FrontendError, MissingExtraError):
-        raise
-    except Exception as exc:
+    found = flow.trial((), request.calibration, request.evaluation)
+    if isinstance(found.failure, (FrontendError, MissingExtraError)):
+        raise found.failure
+    if found.failure is not None:
         raise FrontendError(
             f"the {flow.name} flow's default config cannot quantize and run {type(flow.model).__name__} on these "
-            f"calibration and evaluation batches, and every plan starts from it: {describe(exc)}"
-        ) from exc
-    return scorer(results)
-
-
-def _quantized_outputs(flow: Flow, advice: tuple[QuantSuggestion, ...], request: PlanRequest) -> list[Any]:
-    """``advice``'s config quantized for real through ``flow`` (prepare, calibrate, convert), run on the
-    evaluation data as the flow ships it (the reference, or the program lowered from it)."""
-    return outputs(flow.shipped(flow.quantize(advice, request.calibration)), request.evaluation)
-
-
-def float_outputs(model: nn.Module, batches: Sequence[object]) -> list[Any]:
-    with eval_mode(model), torch.no_grad():
-        return [run_batch(model, batch) for batch in batches]
-
-
-def outputs(model: nn.Module, batches: Sequence[object]) -> list[Any]:
-    with torch.no_grad():
-        return [run_batch(model, batch) for batch in batches]
-
-
-def _parameters(model: nn.Module, sites: list[str]) -> dict[str, int]:
-    counts = {}
-    modules = dict(model.named_modules())
-    for site in sites:
-        module = modules.get(site)
-        found = classify(module) if module is not None else None
-        weight = getattr(found[1] if found else module, "weight", None)
-        counts[site] = int(weight.numel()) if isinstance(weight, torch.Tensor) else 0
-    return counts
+            f"calibration and evaluation batches, and every plan starts from it: {describe(found.failure)}"
+        ) from found.failure
+    return scorer(list(found.outputs))
 
 
 __all__ = [
@@ -392,9 +356,7 @@ __all__ = [
     "Subject",
     "baseline",
     "checked",
-    "float_outputs",
     "converted",
-    "outputs",
     "searched",
     "sensitivity",
     "subject",

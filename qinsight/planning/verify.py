@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 import attrs
 
 from qinsight.core.metrics import worse
-from qinsight.core.plan import PlanStep, SuggestionCheck, Target
+from qinsight.core.plan import Budget, PlanStep, SuggestionCheck, Target
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.core.verification import suggestion_kinds
 from qinsight.planning.checks import RealScore, mode_of, split_for_real
@@ -40,7 +40,7 @@ class Verified:
 
 def verified(
     real: RealScore,
-    goal: Target,
+    goal: Target | Budget,
     kept: tuple[QuantSuggestion, ...],
     checks: tuple[SuggestionCheck, ...],
     start: dict[str, Mode],
@@ -64,7 +64,7 @@ def verified(
 
 def _bisected(
     real_score: Callable[[tuple[QuantSuggestion, ...]], float],
-    goal: Target,
+    goal: Target | Budget,
     kept: tuple[QuantSuggestion, ...],
     start: dict[str, Mode],
     steps: tuple[PlanStep, ...],
@@ -78,7 +78,7 @@ def _bisected(
     def real(prefix_modes: Mapping[str, Mode]) -> float:
         return real_score(advice(kept, prefix_modes))
 
-    if goal.is_budget or goal.met(as_searched) or not goal.met(final_score(steps)):
+    if isinstance(goal, Budget) or goal.met(as_searched) or not goal.met(final_score(steps)):
         return modes, as_searched, []
     path = [(step.fqn, Mode(step.mode) if step.mode else start[step.fqn]) for step in steps if step.fqn and step.kept]
     floats = {site: Mode.FLOAT for site, _ in path}
@@ -105,7 +105,7 @@ def _bisected(
 
 def _unseen_parts_checked(
     real_score: Callable[[tuple[QuantSuggestion, ...]], float],
-    goal: Target,
+    goal: Target | Budget,
     kept: tuple[QuantSuggestion, ...],
     checks: tuple[SuggestionCheck, ...],
     steps: tuple[PlanStep, ...],
@@ -118,7 +118,7 @@ def _unseen_parts_checked(
     scores better those parts are dropped, their checks saying why."""
     score = real_score(advice(kept, modes))
     as_searched, unseen = split_for_real(kept)
-    if not unseen or goal.is_budget or goal.met(score) or not goal.met(final_score(steps)):
+    if not unseen or isinstance(goal, Budget) or goal.met(score) or not goal.met(final_score(steps)):
         return kept, checks, score, []
     searched = tuple(as_searched)  # one part per kept suggestion, as ``kept`` has one per site
     without = real_score(advice(searched, modes))

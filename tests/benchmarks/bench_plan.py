@@ -30,11 +30,11 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import qinsight  # noqa: E402
+from qinsight.apply.trial import model_outputs  # noqa: E402
 from qinsight.core.suggestions import QuantSuggestion  # noqa: E402
 from qinsight.planning.flows import flow_for  # noqa: E402
 from qinsight.planning.scores import Scorer  # noqa: E402
 from qinsight.planning.search import spearman  # noqa: E402
-from qinsight.planning.stages import float_outputs, outputs  # noqa: E402
 from qinsight.planning.switches import Mode  # noqa: E402
 
 
@@ -63,7 +63,7 @@ def main() -> None:
     flow = flow_for(
         args.flow, model, report.sites, "x86", calibration + evaluation, report.fx_activations
     )  # as a plan observes
-    scorer = Scorer(float_outputs(model, evaluation), metric, metric)
+    scorer = Scorer(model_outputs(model, evaluation), metric, metric)
     layers = [site.fqn for site in report.sites if site.kind.is_layer]
 
     began = time.perf_counter()
@@ -76,11 +76,11 @@ def main() -> None:
     sim_seconds, sim_forwards = time.perf_counter() - began, sim.evaluations
 
     began = time.perf_counter()
-    default = scorer(outputs(flow.quantize((), calibration), evaluation))
+    default = scorer(list(flow.trial((), calibration, evaluation).outputs))
     real = []
     for done, site in enumerate(sites):
         keep = (QuantSuggestion(fqn=site, keep_float=True, sources=("bench",)),)
-        real.append(scorer(outputs(flow.quantize(keep, calibration), evaluation)) - default)
+        real.append(scorer(list(flow.trial(keep, calibration, evaluation).outputs)) - default)
         print(f"\rbrute force {done + 1}/{len(sites)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     brute_seconds = time.perf_counter() - began

@@ -220,8 +220,14 @@ def test_plan_reaches_a_target_writes_the_plan_and_exits_one_when_it_cannot(tmp_
     assert plan is not None and plan.smoothing.fqns == ("fc",) and "fc.linear" in {s.fqn for s in plan.sensitivities}
     bad = qinsight("plan", "--example", "cnn", "--target", "sqnr>30")
     assert bad.returncode == 2 and bad.stderr.startswith("qinsight: error: --target 'sqnr>30': expected a target like")
-    for text, expected in (("top1>=1.5", "between 0 and 1"), ("float<=-3", "whole number of sites, 0 or more")):
-        bad = qinsight("plan", "--example", "cnn", "--target", text)
+    for args, expected in (
+        (("--target", "top1>=1.5"), "between 0 and 1"),
+        (("--target", "float<=2"), "--target 'float<=2' is a size: --budget float<=2"),
+        (("--budget", "float<=-3"), "at most N sites kept in float (qinsight.plan), N a whole number"),
+        (("--budget", "bits<=6"), "(bits<=N is mean bits per weight"),
+        (("--budget", "float<=2", "--target", "sqnr>=30"), "a plan for fx or pt2e takes one"),
+    ):
+        bad = qinsight("plan", "--example", "cnn", *args)
         assert bad.returncode == 2 and expected in bad.stderr and bad.stdout == "", bad.stderr
     bad = qinsight("plan", "--example", "cnn", "--target", "sqnr>=30", "--confidence", "0.95")
     assert bad.returncode == 2 and "--confidence holds a top1 target" in bad.stderr and bad.stdout == ""
@@ -264,7 +270,7 @@ def test_plan_with_the_torchao_flow_gives_a_format_per_linear_under_a_budget(tmp
     assert "\nqinsight.formats (margin_db=3.0, min_bits=4.0)\n" in result.stdout  # what each format loses, per Linear
     for option, value, named in (
         ("--formats", "int8,int3", "formats='int3'"),
-        ("--budget", "bytes<=5", "budget='bytes<=5'"),
+        ("--budget", "bytes<=5", "--budget 'bytes<=5': expected 'bits<=N'"),
         ("--confidence", "1.5", "confidence=1.5"),
     ):
         refused = qinsight(*args, option, value)

@@ -222,7 +222,10 @@ st.register_type_strategy(
     qinsight.types.LayerFormat, st.builds(qinsight.types.LayerFormat, parameters=COUNTS, bits=SCORES)
 )
 st.register_type_strategy(qinsight.types.FormatCost, st.builds(qinsight.types.FormatCost, damage=SCORES, score=SCORES))
-st.register_type_strategy(qinsight.types.Budget, st.builds(qinsight.types.Budget, bits=SCORES))
+st.register_type_strategy(
+    qinsight.types.Budget,
+    st.builds(qinsight.types.Budget, unit=st.sampled_from(["float", "bits"]), limit=st.floats(0, 1e6)),
+)
 st.register_type_strategy(
     qinsight.FormatPlan,
     st.builds(
@@ -620,3 +623,26 @@ def test_a_plans_checks_of_schema_3_7_are_read_with_their_kinds_from_their_words
         (c.fqn, c.change, c.kinds, c.kept) for c in checks
     ]
     assert [c.site for c in loaded.plan.checks] == ["(activations)", "fc1", "fc2", "fc3"]
+
+
+@pytest.mark.parametrize("metric", ["sqnr", "kl"])
+def test_a_budget_of_a_file_before_4_0_reads_as_a_budget(tmp_path: Path, metric: str) -> None:
+    """3.x wrote a sites budget as the target ``float<=N`` and a format plan's as ``{"bits": N}``: both read
+    back as a :class:`Budget`, the plan's direction its metric's from the one table."""
+    plan = qinsight.QuantPlan(
+        flow="fx", backend="x86", metric=metric, target=qinsight.types.Budget(unit="float", limit=2.0), reached=True,
+        default_score=20.0, verified_score=31.0,
+    )  # fmt: skip
+    metadata = ReportMetadata(model="m", frontend="fx", backend="x86", batches=1, qinsight_version="", torch_version="")
+    report = qinsight.Report(metadata=metadata, sites=(), observations=(), results=(), suggestions=(), plan=plan)
+    path = tmp_path / "r.json"
+    save_report(report, path)
+    data = json.loads(path.read_text())
+    assert data["plan"]["target"] == {"unit": "float", "limit": 2.0}
+    data["schema_version"] = [3, 8]
+    data["plan"]["target"] = {"metric": "float", "threshold": 2.0, "higher_is_better": False}
+    del data["plan"]["higher_is_better"]
+    path.write_text(json.dumps(data))
+    loaded = load_report(path).plan
+    assert loaded is not None and loaded.target == plan.target and loaded.higher_is_better == (metric == "sqnr")
+    assert STRICT.structure({"bits": 6.0}, qinsight.types.Budget) == qinsight.types.Budget(unit="bits", limit=6.0)

@@ -138,7 +138,7 @@ def test_a_config_the_flow_cannot_run_drops_the_kind_that_breaks_it(monkeypatch:
             raise RuntimeError("promoteTypes with quantized numbers is not handled yet")  # what convert_fx gave MiniLM
         return real(model, advice, calibration, quantizer, runs_on)
 
-    monkeypatch.setattr("qinsight.pipeline.verification.quantize_with", breaks_on_float_sites)
+    monkeypatch.setattr("qinsight.apply.trial.quantize_with", breaks_on_float_sites)
     verdict = qinsight.verify_report(model, unverified, data, flows="fx").verification[0]
     assert verdict.suggested == -math.inf and SuggestionKind.KEEP_FLOAT in verdict.dropped
     check = next(c for c in verdict.checks if c.kind is SuggestionKind.KEEP_FLOAT)

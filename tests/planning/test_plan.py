@@ -18,16 +18,15 @@ from torch import nn
 
 import qinsight
 from qinsight import QuantPlan
+from qinsight.apply.trial import model_outputs
 from qinsight.core.sites import WeightScheme
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.examples import example
 from qinsight.planning.flows import flow_for
 from qinsight.planning.scores import Scorer, margin_noise
 from qinsight.planning.search import spearman
-from qinsight.planning.stages import float_outputs
-from qinsight.planning.stages import outputs as planned_outputs
 from qinsight.planning.switches import Mode
-from qinsight.types import SuggestionCheck, SuggestionKind, Target
+from qinsight.types import Budget, SuggestionCheck, SuggestionKind, Target
 
 from _support import (
     MLP,
@@ -63,7 +62,6 @@ def residual_plan(residual: tuple[nn.Module, list[Any], list[Any], qinsight.Repo
     [
         ("sqnr>=30", "sqnr", 30.0, True),
         (" cosine >= 0.995 ", "cosine", 0.995, True),
-        ("float<=5", "float", 5.0, False),
         ("accuracy>=0.98", "accuracy", 0.98, True),
     ],
 )
@@ -79,14 +77,13 @@ def test_targets_read_as_the_cli_writes_them(text: str, metric: str, threshold: 
         "sqnr",
         "sqnr>30",
         "sqnr>=",
-        "float>=3",
         "sqnr<=30",
         "sqnr>=inf",
         ">=3",
         "top1>=1.5",
         "cosine>=-2",
-        "float<=-3",
-        "float<=2.5",
+        "float<=5",
+        "bits<=6",
         "mse>=0.1",
         "max_abs_error<=-1",
     ],
@@ -94,9 +91,38 @@ def test_targets_read_as_the_cli_writes_them(text: str, metric: str, threshold: 
 def test_a_target_that_does_not_read_is_refused_with_the_forms_that_do(text: str) -> None:
     with pytest.raises(
         qinsight.errors.InvalidParameterError,
-        match="target=.* is invalid; expected .*(sqnr>=30|bounded with|finite|between|at least|whole)",
+        match="target=.* is invalid; expected .*(sqnr>=30|bounded with|finite|between|at least|budget=)",
     ):
         Target.parse(text)
+
+
+@pytest.mark.parametrize(
+    ("value", "unit", "limit"),
+    [("float<=5", "float", 5.0), (" float <= 0 ", "float", 0.0), (3, "float", 3.0), ("bits<=6.5", "bits", 6.5)],
+)
+def test_a_budget_reads_as_the_cli_writes_it(value: Any, unit: Any, limit: float) -> None:
+    budget = Budget.parse(value, unit, "plan")
+    assert (budget.unit, budget.limit) == (unit, limit)
+    assert Budget.parse(str(budget), unit, "plan") == budget
+
+
+@pytest.mark.parametrize(
+    ("value", "unit", "expected"),
+    [
+        ("float<=-3", "float", "whole number"),
+        ("float<=2.5", "float", "whole number"),
+        ("float>=3", "float", "'float<=N'"),
+        ("bits<=6", "float", "(bits<=N is mean bits per weight of the planned Linears (qinsight.plan_formats))"),
+        ("float<=3", "bits", "(float<=N is sites kept in float (qinsight.plan))"),
+        ("bits<=0", "bits", "'bits<=N'"),
+        ("sqnr>=30", "float", "'float<=N'"),
+    ],
+)
+def test_a_budget_that_does_not_read_is_refused_with_the_form_its_planner_takes(
+    value: str, unit: Any, expected: str
+) -> None:
+    with pytest.raises(qinsight.errors.InvalidParameterError, match=re.escape(expected)):
+        Budget.parse(value, unit, "plan")
 
 
 @given(st.lists(st.floats(-1e6, 1e6), min_size=3, max_size=30), st.randoms(use_true_random=False))
@@ -163,7 +189,7 @@ def test_a_run_started_from_a_cached_one_is_the_full_run(flow: str) -> None:
     # every site in float is the float model, simulated and real: in FX too, whose global qconfig would
     # quantize the attention's transposes, which are no sites, had the config not kept them float
     everything = tuple(QuantSuggestion(fqn=site, keep_float=True) for site in sim.sites)
-    real = planned.quantize(everything, batches[:1])(batches[1])
+    (real,) = _real(planned, everything, batches[:1], batches[1:2])
     assert sqnr(real, start.outputs[0]) > 60.0
     assert torch.allclose(start.outputs[0], model(batches[1]), atol=1e-4)
     assert torch.allclose(real, model(batches[1]), atol=1e-4)
@@ -179,8 +205,8 @@ def test_the_simulated_default_config_scores_what_the_real_flow_does(flow: str) 
     planned = flow_for(flow, model, report.sites, "x86", calibration + held_out)
     sim = planned.simulation(calibration)
     simulated = sim.run({site: Mode.STATIC for site in sim.sites}, held_out).outputs
-    real = planned_outputs(planned.quantize((), calibration), held_out)
-    scorer = Scorer(float_outputs(model, held_out), "sqnr", "sqnr")
+    real = _real(planned, (), calibration, held_out)
+    scorer = Scorer(model_outputs(model, held_out), "sqnr", "sqnr")
     # FX: fbgemm's kernels run in the simulation where FX runs them; PT2E's quantize rounds as fake quantization
     assert torch.equal(torch.cat(simulated), torch.cat(real)), (scorer(simulated), scorer(real))
     assert scorer.noise(simulated)["output noise"] > 0  # it is quantized
@@ -228,14 +254,14 @@ def test_the_measured_sensitivity_agrees_with_brute_force(
     planned = flow_for(
         "fx", model, report.sites, "x86", calibration + held_out, residual_plan.fx_activations
     )  # as the plan observes
-    scorer = Scorer(float_outputs(model, held_out), "sqnr", "sqnr")
+    scorer = Scorer(model_outputs(model, held_out), "sqnr", "sqnr")
     names = [s.fqn for s in residual_plan.sensitivities]
     kept = {c.fqn for c in residual_plan.checks if c.kept}
     brute = []
     for name in names:  # the site quantized as the plan measured it: with its kept suggestion (dynamic, say)
         others = tuple(QuantSuggestion(fqn=other, keep_float=True) for other in names if other != name)
         own = tuple(s for s in report.suggestions if s.fqn == name and s.fqn in kept and not s.keep_float)
-        brute.append(scorer(planned_outputs(planned.quantize(others + own, calibration), held_out)))
+        brute.append(scorer(_real(planned, others + own, calibration, held_out)))
     simulated = [s.quantized_only for s in residual_plan.sensitivities]
     # measured 0.983 (13 sites; 0.84 when FX's edges were guessed from the graph, not asked of prepare_fx):
     # every score is brute force's (to 1e-3 dB) but mul#0's (68.6 simulated, 70.5 real), a mul by a number, which FX
@@ -246,15 +272,20 @@ def test_the_measured_sensitivity_agrees_with_brute_force(
     assert worst == names[min(range(len(names)), key=simulated.__getitem__)]  # the residual adds
 
 
+def _real(planned: Any, advice: tuple[QuantSuggestion, ...], calibration: list[Any], held_out: list[Any]) -> list[Any]:
+    """The outputs of ``held_out`` through ``advice``'s config quantized for real (prepare, calibrate, convert)."""
+    found = planned.trial(advice, calibration, held_out)
+    assert not found.failed, found.error
+    return list(found.outputs)
+
+
 def _floated_as_simulated_and_for_real(
     planned: Any, sim: Any, quantized: Any, floats: list[str], calibration: list[Any], held_out: list[Any]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The outputs with ``floats`` kept in float: simulated (started from the all-quantized run
     ``quantized``) and through the real flow (prepare, calibrate, convert)."""
     simulated = sim.run_changed({**quantized.modes, **dict.fromkeys(floats, Mode.FLOAT)}, quantized).outputs
-    real = planned_outputs(
-        planned.quantize(tuple(QuantSuggestion(fqn=s, keep_float=True) for s in floats), calibration), held_out
-    )
+    real = _real(planned, tuple(QuantSuggestion(fqn=s, keep_float=True) for s in floats), calibration, held_out)
     return torch.cat(simulated), torch.cat(real)
 
 
@@ -308,9 +339,7 @@ def test_the_fx_simulation_calibrates_observers_fx_shares_otherwise_under_a_conf
     sim = planned.simulation(calibration)
     everything = {site: Mode.STATIC for site in sim.sites}
     quantized = sim.run(everything, held_out)
-    assert torch.equal(
-        torch.cat(quantized.outputs), torch.cat(planned_outputs(planned.quantize((), calibration), held_out))
-    )
+    assert torch.equal(torch.cat(quantized.outputs), torch.cat(_real(planned, (), calibration, held_out)))
     for site in ("bert.encoder.layer.0.attention.self.key", "bert.encoder.layer.3.intermediate.dense"):
         simulated, real = _floated_as_simulated_and_for_real(planned, sim, quantized, [site], calibration, held_out)
         assert torch.equal(real, simulated), (site, sqnr(real, simulated))
@@ -375,8 +404,8 @@ def test_a_plan_is_never_worse_than_the_default_and_a_budget_keeps_at_most_n_sit
     residual: tuple[nn.Module, list[Any], list[Any], qinsight.Report],
 ) -> None:
     model, calibration, held_out, report = residual
-    plan = qinsight.plan(model, calibration, held_out, target="float<=1", report=report)
-    assert plan.target.is_budget and plan.reached
+    plan = qinsight.plan(model, calibration, held_out, budget="float<=1", report=report)
+    assert plan.target == Budget(unit="float", limit=1) and plan.reached
     suggested = {s.fqn for s in report.suggestions if s.keep_float}
     assert len(set(plan.kept_float) - suggested) <= 1
     assert plan.verified_score >= plan.default_score
@@ -387,7 +416,7 @@ def test_a_budget_keeps_the_best_score_in_its_metrics_direction() -> None:
     with the lowest KL, not the highest; its real score beats the default's the same way."""
     chosen = example("cnn")
     model, data = chosen.model(), chosen.data(8)
-    plan = qinsight.plan(model, data[:4], data[4:], target="float<=2", metric="kl", flow="fx")
+    plan = qinsight.plan(model, data[:4], data[4:], budget=2, metric="kl", flow="fx")
     taken = [step for step in plan.steps if step.stage == "budget"]
     scores = [plan.steps[0].score, *(step.score for step in taken)]
     best = scores.index(min(scores))
@@ -770,7 +799,9 @@ class CountingMLP(MLP):
         ({"target": "accuracy>=0.9"}, "metric=None"),
         ({"target": "top1>=1.5"}, "target='top1>=1.5'"),
         ({"target": "cosine>=0.99", "metric": "top1"}, "metric='top1'"),
-        ({"target": "float<=-3"}, "target='float<=-3'"),
+        ({"budget": "float<=-3"}, "budget='float<=-3'"),
+        ({"budget": "bits<=6"}, "budget='bits<=6'"),
+        ({"budget": 2}, "target='sqnr>=30' is invalid; expected None with a budget"),
         ({"evaluation_data": []}, "evaluation_data='no batches'"),
     ],
 )

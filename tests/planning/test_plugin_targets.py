@@ -1,0 +1,71 @@
+"""A third party's metric (a ``qinsight.metrics`` entry point) as a plan's target: scored on the output
+rows, bounded the way the plugin says is better, and the plan's verified score is the plugin's own
+number for the config quantized as a user would."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import qinsight
+from qinsight.examples import example
+from qinsight.plugin.testing import write_distribution
+
+from _support import outputs
+
+CLOSENESS = """
+from qinsight.plugin import Metric
+
+def _close(x, y):
+    return float(((x - y).abs() <= 0.1 * x.abs().amax()).double().mean())
+
+def _worst(x, y):
+    return float((x - y).abs().amax() / x.abs().amax())
+
+close = Metric(name="close", higher_is_better=True, on_tensors=_close)
+worst = Metric(name="worst", higher_is_better=False, on_tensors=_worst)
+"""
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> object:
+    root = write_distribution(tmp_path, "acme-closeness", {"acme_closeness": CLOSENESS}, {})
+    entries = "close = acme_closeness:close\nworst = acme_closeness:worst\n"
+    (next(root.glob("*.dist-info")) / "entry_points.txt").write_text(f"[qinsight.metrics]\n{entries}")
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.delitem(sys.modules, "acme_closeness", raising=False)
+    import acme_closeness  # type: ignore[import-not-found]
+
+    return acme_closeness
+
+
+def test_a_plugin_metric_is_a_plan_target_scored_as_the_plugin_computes_it(plugin: object) -> None:
+    chosen = example("cnn")
+    model, data = chosen.model(), chosen.data(8)
+    calibration, evaluation = data[:4], data[4:]
+    plan = qinsight.plan(model, calibration, evaluation, target="close>=0.9")
+    assert (plan.metric, str(plan.target), plan.higher_is_better) == ("close", "close>=0.9", True)
+    quantized = qinsight.quantize(model, plan, calibration)
+    rows = [outputs(m, evaluation) for m in (model, quantized)]
+    assert plan.verified_score == pytest.approx(plugin.close.on_tensors(*rows), abs=1e-9)  # type: ignore[attr-defined]
+    assert plan.reached == (plan.verified_score >= 0.9)
+
+
+def test_a_plugin_metric_is_bounded_its_own_way_and_directs_a_budget(plugin: object) -> None:
+    chosen = example("cnn")
+    model, data = chosen.model(), chosen.data(8)
+    with pytest.raises(qinsight.errors.InvalidParameterError, match=r"target='close<=0.9'.*close>=N"):
+        qinsight.plan(model, data[:4], data[4:], target="close<=0.9")
+    plan = qinsight.plan(model, data[:4], data[4:], budget=1, metric="worst")
+    assert plan.metric == "worst" and not plan.higher_is_better  # the plugin's word: lower is better
+    assert plan.reached and plan.verified_score <= plan.default_score
+
+
+def test_the_target_form_of_a_budget_still_plans_for_one_release() -> None:
+    chosen = example("cnn")
+    model, data = chosen.model(), chosen.data(6)
+    with pytest.warns(DeprecationWarning, match=r"plan\(target='float<=1'\) is now plan\(budget='float<=1'\)"):
+        plan = qinsight.plan(model, data[:3], data[3:], target="float<=1")
+    assert plan.target == qinsight.types.Budget(unit="float", limit=1.0) and plan.reached
