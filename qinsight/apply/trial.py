@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from qinsight.apply.recipe import quantize_with
-from qinsight.compare.configs import release_fx_graphs
+from qinsight.compare.flows import release_fx_graphs
 from qinsight.compare.layers import quantized_layers
 from qinsight.compare.lowering import Lowering, shipped
 from qinsight.core.advice import Advice

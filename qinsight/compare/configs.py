@@ -41,19 +41,6 @@ def _example_inputs(batch: object) -> tuple[Any, ...]:
     return args
 
 
-def release_fx_graphs() -> None:
-    """Let go of the graphs torch's FX quantization remembers. torch 2.13 caches the device of every
-    module ``prepare_fx``/``convert_fx`` asks about (``assert_and_get_unique_device`` is a
-    ``functools.cache``), so each prepared and converted graph, its folded weights and observers
-    included, stays alive: a MobileNetV2 FX plan, which prepares hundreds of configs, held 677 of them
-    and 20 GB. Called after each prepare or convert a search makes."""
-    from torch.ao.quantization.fx import utils
-
-    clear = getattr(getattr(utils, "assert_and_get_unique_device", None), "cache_clear", None)
-    if clear is not None:
-        clear()
-
-
 def quantize_candidates(
     model: nn.Module,
     configs: Mapping[str, object],
@@ -150,4 +137,4 @@ def compare_configs(
     return ConfigComparison(configs=tuple(configs), rank_by=rank_by, rows=tuple(rows))
 
 
-__all__ = ["compare_configs", "quantize_candidates", "release_fx_graphs"]
+__all__ = ["compare_configs", "quantize_candidates"]

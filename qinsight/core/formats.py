@@ -1,7 +1,7 @@
 """A mixed-format plan: which torchao ``quantize_`` format each Linear gets so that the model reaches a
 quality target under a size budget, every number measured by quantizing for real.
 
-The plan is built by :func:`qinsight.plan_formats` (``qinsight/planning/formats.py``); here are its
+The plan is built by :func:`qinsight.plan_formats` (``qinsight/planning/formats/``); here are its
 immutable results, torch-free:
 
 - :class:`WeightFormat`: a format by name (``int8``, ``int8_dynamic``, ``int4_g32``, ``float8``...),

@@ -29,7 +29,7 @@ from torch.ao.quantization.fx._equalize import (
 )
 from torch.ao.quantization.quantize_fx import prepare_fx
 
-from qinsight.compare.configs import release_fx_graphs
+from qinsight.compare.flows import release_fx_graphs
 from qinsight.compare.metrics import relative_l2
 from qinsight.core.errors import describe
 from qinsight.core.flows import fx_engine

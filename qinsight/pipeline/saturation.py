@@ -34,8 +34,7 @@ from torch.ao.quantization.quantize_fx import prepare_fx
 from torch.ao.quantization.utils import activation_is_dynamically_quantized
 
 from qinsight.apply.fx import advice_mapping
-from qinsight.compare.configs import release_fx_graphs
-from qinsight.compare.flows import QUANT_FLOWS
+from qinsight.compare.flows import QUANT_FLOWS, release_fx_graphs
 from qinsight.core.activations import FxActivations, NarrowedInput
 from qinsight.core.report import Report
 from qinsight.frontends import eval_mode, example_inputs, hookless_copy, run_batch, shared_copy

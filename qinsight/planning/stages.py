@@ -8,7 +8,7 @@
    the others (:mod:`.checks`).
 4. :func:`sensitivity`: per candidate site, the score with only it in float and with only it
    quantized, and the noise it adds alone (static, and dynamic for Linears).
-5. :func:`searched`: the quality-vs-fraction curve and its refinement (:mod:`.curve`).
+5. :func:`searched`: the quality-vs-fraction curve and its refinement (:mod:`.search`).
 6. :func:`verified` (:mod:`.verify`): the config quantized for real.
 """
 
@@ -32,10 +32,10 @@ from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.core.verification import SuggestionKind
 from qinsight.planning.checks import RealScore, check_all, is_default
-from qinsight.planning.curve import Noise, Search, choose_order, measure_dynamic_noise
 from qinsight.planning.flows import Flow, flow_for
 from qinsight.planning.request import PlanRequest
 from qinsight.planning.scores import Scorer
+from qinsight.planning.search import Noise, Search, choose_order, measure_dynamic_noise
 from qinsight.planning.simulate import Run
 from qinsight.planning.smoothing import choose_smoothing
 from qinsight.planning.switches import Mode
@@ -280,7 +280,7 @@ def sensitivity(request: PlanRequest, found: Checked) -> Sensitivity:
 
 
 def searched(request: PlanRequest, found: Checked, measured: Sensitivity) -> Searched:
-    """The curve and its refinement, in each order the noise was measured in (:func:`.curve.choose_order`)."""
+    """The curve and its refinement, in each order the noise was measured in (:func:`.search.choose_order`)."""
     steps, modes, notes = choose_order(
         found.search,
         request.goal,

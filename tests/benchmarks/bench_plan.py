@@ -33,8 +33,8 @@ import qinsight  # noqa: E402
 from qinsight.apply.trial import model_outputs  # noqa: E402
 from qinsight.core.suggestions import QuantSuggestion  # noqa: E402
 from qinsight.planning.flows import flow_for  # noqa: E402
+from qinsight.planning.planner import spearman  # noqa: E402
 from qinsight.planning.scores import Scorer  # noqa: E402
-from qinsight.planning.search import spearman  # noqa: E402
 from qinsight.planning.switches import Mode  # noqa: E402
 
 

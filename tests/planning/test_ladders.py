@@ -1,4 +1,4 @@
-"""The mixed-format plan's order of moves (:mod:`qinsight.planning.ladders`), as properties over any
+"""The mixed-format plan's order of moves (:mod:`qinsight.planning.formats.ladders`), as properties over any
 measured damages: each layer steps down its ladder in order, the prices never fall, and a budget takes
 the fewest moves that fit it."""
 
@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qinsight.core.formats import WeightFormat, mean_bits
-from qinsight.planning import ladders
-from qinsight.planning.ladders import Rungs
+from qinsight.planning.formats import ladders
+from qinsight.planning.formats.ladders import Rungs
 
 FORMATS = tuple(WeightFormat(name) for name in ("float", "int8", "int4_g64", "int4_g32"))
 

@@ -23,8 +23,8 @@ from qinsight.core.sites import WeightScheme
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.examples import example
 from qinsight.planning.flows import flow_for
+from qinsight.planning.planner import spearman
 from qinsight.planning.scores import Scorer, margin_noise
-from qinsight.planning.search import spearman
 from qinsight.planning.switches import Mode
 from qinsight.types import Budget, SuggestionCheck, SuggestionKind, Target
 

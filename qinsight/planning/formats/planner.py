@@ -41,8 +41,8 @@ from qinsight.core.metrics import higher_is_better
 from qinsight.core.plan import Budget, Target
 from qinsight.core.progress import Progress
 from qinsight.frontends.base import eval_mode
-from qinsight.planning import ladders, proxies
-from qinsight.planning.ladders import Move, Rungs
+from qinsight.planning.formats import ladders, proxies
+from qinsight.planning.formats.ladders import Move, Rungs
 from qinsight.planning.scores import PER_POSITION, SCORES, Scorer, held_out_miss
 
 CURVE_POINTS = 6  # sizes along the plan's order quantized for real, besides the plan itself

@@ -25,7 +25,7 @@ from qinsight.apply.torchao import torchao_config
 from qinsight.compare.outputs import output_rows
 from qinsight.compare.torchao_weights import dequantized
 from qinsight.frontends.base import run_batch
-from qinsight.planning.ladders import Rungs
+from qinsight.planning.formats.ladders import Rungs
 from qinsight.planning.scores import logits_of, next_tokens
 
 Damages = dict[tuple[str, str], float]

@@ -1,0 +1,255 @@
+"""``qinsight.plan``: from a diagnosis to a config that reaches a quality target, every step measured.
+
+:func:`plan` reads as its stages (:mod:`.stages`, :mod:`.verify`): the arguments checked before
+any forward (:mod:`.request`), the flow's default config for real (the baseline), the model the plan
+quantizes (smoothed or not), the report's suggestions checked, each site's sensitivity, the search,
+and the verification for real. Each stage returns a frozen record; whatever differs between flows
+is the flow's (:mod:`.flows`), so another flow is one more :class:`~qinsight.planning.flows.Flow`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+from torch import nn
+
+from qinsight.apply.trial import model_outputs
+from qinsight.core.activations import FxActivations
+from qinsight.core.flows import check_flow_backend, flow_spec, reads_as_is, report_flow
+from qinsight.core.plan import Budget, QuantPlan, Target
+from qinsight.core.progress import Progress
+from qinsight.core.report import Report
+from qinsight.core.sites import FlowName, OpSite
+from qinsight.core.smoothing import SmoothingMapping
+from qinsight.core.suggestions import QuantSuggestion
+from qinsight.planning import stages, verify
+from qinsight.planning.request import PlanRequest, plan_request
+from qinsight.planning.scores import MetricFunction, Scorer, held_out_miss
+
+
+def _quiet(_stage: str, _done: int, _total: int) -> None:
+    return None
+
+
+def plan(
+    model: nn.Module,
+    calibration_data: Iterable[Any],
+    evaluation_data: Iterable[Any],
+    *,
+    target: str | Target | None = None,
+    budget: str | int | Budget | None = None,
+    flow: FlowName | None = None,
+    backend: str | None = None,
+    metric: str | MetricFunction | None = None,
+    report: Report | None = None,
+    progress: Progress | None = None,
+    smoothing: bool = False,
+    held_out_data: Iterable[Any] | None = None,
+    lowered: bool = False,
+    quantizer: Any = None,
+    confidence: float | None = None,
+) -> QuantPlan:
+    """The sites to keep in float so that ``model``, quantized with ``flow``, reaches ``target`` on
+    ``evaluation_data``, starting from the report's verified suggestions; verified by quantizing for real.
+
+    Args:
+        model: the float model; it is not changed.
+        calibration_data: the batches each config is calibrated on.
+        evaluation_data: the batches each config is scored on, none of them a calibration batch.
+        target: ``"sqnr>=30"`` (the default, without a budget), ``"cosine>=0.995"``, ``"top1>=0.94"``; a
+            plugin metric's by its name; a function ``metric`` is named in the target (``"accuracy>=0.98"``).
+        budget: ``"float<=N"`` (or N) instead of a target: the best score by ``metric`` with at most N
+            sites in float.
+        flow: ``"fx"`` or ``"pt2e"``; default: the first serving ``backend`` (FX for x86 and FX's
+            engines, PT2E for ``"xnnpack"`` with XNNPACKQuantizer; PT2E for a model FX cannot trace).
+        backend: default: the one your ``quantizer`` is for, else x86.
+        metric: a metric's name, or a function of (float outputs, quantized outputs); default SQNR.
+        report: the diagnosis to start from; default: :func:`qinsight.diagnose` on the calibration data.
+        progress: called at each stage (the command line's progress line).
+        smoothing: the inputs of the Linears whose measured error it lowers are smoothed first
+            (:mod:`.smoothing`) and the plan is made for ``qinsight.smoothed(model, plan)``; its
+            ``default_score`` stays that of the model as given.
+        held_out_data: batches the search never chose on: the config as converted is scored again on
+            them (``held_out_score``), and ``reached`` holds only where they meet the target too.
+        lowered: (PT2E) every real score is of the program lowered from the config as the user ships it
+            (XNNPACK run by the ExecuTorch runtime, x86 compiled by inductor; ``plan.lowered`` names it);
+            the search between them stays on the reference model. Each input shape among the batches is
+            lowered once per config.
+        quantizer: yours (PT2E: any torchao Quantizer, a ``ComposableQuantizer`` too): every config is
+            it with the plan's float sites stripped after it annotates, so the plan only chooses what to
+            keep in float (``plan.starts_from`` names it; apply with ``qinsight.pt2e_quantizer(plan,
+            quantizer=q)`` or ``qinsight.quantize(model, plan, data, quantizer=q)``).
+        confidence: with a ``top1`` target, the search and its verification hold the target at the lower
+            end of Wilson's one-sided interval over the evaluation rows (``plan.confidence``).
+
+    Returns:
+        The :class:`QuantPlan`: the sites kept in float, its verified score and whether it reached the
+        target, each report suggestion's check, each site's sensitivity and the steps of the search.
+
+    Raises:
+        InvalidParameterError: an argument outside what it takes (among them too few rows for
+            ``confidence``, naming how many), checked before the model runs.
+    """
+    request = plan_request(
+        target=target,
+        budget=budget,
+        flow=flow,
+        backend=backend,
+        metric=metric,
+        calibration_data=calibration_data,
+        evaluation_data=evaluation_data,
+        smoothing=smoothing,
+        held_out_data=held_out_data,
+        lowered=lowered,
+        quantizer=quantizer,
+        confidence=confidence,
+    )
+    progress = progress or _quiet
+    from qinsight.pipeline import diagnose
+    from qinsight.pipeline.saturation import kernels_checked
+
+    if report is None:
+        report = diagnose(model, list(request.calibration), backend=request.backend, verify=False)  # the plan verifies
+    if flow is None and not reads_as_is(report.metadata.frontend):  # FX cannot trace it: the flow that exports it
+        request = attrs.evolve(request, flow=report_flow(report.metadata.frontend, request.backend))
+        check_flow_backend("plan", request.flow, request.backend)  # as plan_request checks a flow given
+    if flow_spec(request.flow).observes_activations:  # the FX config's kernels, checked as a verification checks them
+        report = kernels_checked(model, report, request.calibration[0])
+    scorer = Scorer(model_outputs(model, request.evaluation), request.metric, request.metric_name, request.evaluation)
+    asked, request = (
+        request,
+        attrs.evolve(request, goal=request.held_goal(len(scorer.rows))),
+    )  # the search holds the bound
+    failed = stages.FailedConfigs()
+    base = stages.baseline(request, model, report, scorer, failed)
+    chosen = stages.subject(request, model, report, base, failed, progress)
+    found = stages.checked(request, chosen, base, scorer, progress)
+    measured = stages.sensitivity(request, found)
+    search = stages.searched(request, found, measured)
+    real = verify.verified(
+        chosen.real(request, scorer),
+        request.goal,
+        found.kept,
+        found.checks,
+        found.start,
+        search.steps,
+        search.modes,
+        base.score,
+        request.higher_is_better,
+    )
+    final = base.flow if real.default else chosen.flow
+    held = (
+        Scorer(model_outputs(model, request.held_out), request.metric, request.metric_name, request.held_out)
+        if request.held_out
+        else None
+    )
+    applied = stages.converted(request, final, real.suggestions, chosen.report, held)
+    return _assembled(asked, len(scorer.rows), base, chosen, found, measured, search, real, applied)
+
+
+def _assembled(
+    request: PlanRequest,
+    rows: int,
+    base: stages.Baseline,
+    chosen: stages.Subject,
+    found: stages.Checked,
+    measured: stages.Sensitivity,
+    search: stages.Searched,
+    real: verify.Verified,
+    applied: stages.Converted,
+) -> QuantPlan:
+    """The stages' records as one :class:`QuantPlan` (the default config's flow where it replaced the plan's),
+    for the plan as asked; the search held its goal on the ``rows`` evaluation rows (:meth:`PlanRequest.held_goal`)."""
+    flow = base.flow if real.default else chosen.flow
+    held = request.held_goal(rows)
+    sensitivities = measured.sites
+    missed: tuple[str, ...]
+    reached, missed = True, ()  # a budget is spent, not reached: the best score within it is the plan
+    if isinstance(request.goal, Target) and isinstance(held, Target):
+        goal = request.goal
+        reached = held.met(real.score) and (not request.held_out or goal.met(applied.held_out))
+        missed = held_out_miss(goal, "evaluation", goal.met(real.score), real.score, applied.held_out)
+    return QuantPlan(
+        flow=flow.name,
+        backend=request.backend,
+        metric=request.metric_name,
+        target=request.goal,
+        reached=reached,
+        default_score=base.score,
+        verified_score=real.score,
+        held_out_score=applied.held_out,
+        steps=search.steps,
+        quantized_fraction=applied.fraction,  # read from the converted model, not from the modes planned
+        checks=real.checks,
+        sensitivities=sensitivities,
+        agreement=spearman([-s.quantized_only for s in sensitivities], [s.gain for s in sensitivities]),
+        suggestions=real.suggestions,
+        sites=_named_sites(chosen.report.sites, real.suggestions, flow.activations),
+        evaluations=math.ceil(found.search.sim.evaluations),
+        notes=search.notes
+        + real.notes
+        + chosen.failed.notes(flow.name)
+        + applied.notes(flow.name)
+        + (missed if request.held_out else ())
+        + _bound_note(request, held, rows),
+        smoothing=SmoothingMapping() if real.default else chosen.smoothing,
+        fx_activations=flow.activations,
+        lowered=request.lowering.runtime() if request.lowering is not None else "",
+        starts_from=type(request.quantizer).__name__ if request.quantizer is not None else "",
+        confidence=request.confidence,
+        higher_is_better=request.higher_is_better,
+    )
+
+
+def _bound_note(request: PlanRequest, held: Target | Budget, rows: int) -> tuple[str, ...]:
+    if request.confidence is None or not isinstance(held, Target):
+        return ()
+    needed = round(held.threshold * rows + 0.5)
+    return (
+        f"{request.goal} held at its {request.confidence:.0%} lower bound over the {rows} evaluation rows (Wilson's): "
+        f"the config had to agree on {needed} of them",
+    )
+
+
+def _named_sites(
+    sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...], activations: FxActivations | None
+) -> tuple[OpSite, ...]:
+    """The sites the plan's config is rebuilt from: those its suggestions name and the embeddings;
+    every site where FX observes activations its way (whose observers follow the graph's edges)."""
+    if activations is not None:
+        return sites
+    named = {s.fqn for s in suggestions}
+    return tuple(site for site in sites if site.fqn in named or site.kind.value == "embedding")
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties); NaN with fewer than three finite pairs."""
+    pairs = [(a, b) for a, b in zip(x, y) if math.isfinite(a) and math.isfinite(b)]
+    if len(pairs) < 3:
+        return math.nan
+
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=values.__getitem__)
+        result = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                result[order[k]] = (i + j) / 2.0
+            i = j + 1
+        return result
+
+    rx, ry = ranks([a for a, _ in pairs]), ranks([b for _, b in pairs])
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sx = math.sqrt(sum((a - mx) ** 2 for a in rx))
+    sy = math.sqrt(sum((b - my) ** 2 for b in ry))
+    return cov / (sx * sy) if sx > 0 and sy > 0 else math.nan
+
+
+__all__ = ["Progress", "plan", "spearman"]
