@@ -8,7 +8,7 @@ user names most (``Report``, ``QuantPlan``, ``FormatPlan``, the comparisons).
 from __future__ import annotations
 
 from qinsight.core.activations import FxActivations, NarrowedInput
-from qinsight.core.advice import Advice, AdviceNote, NoteKind
+from qinsight.core.advice import Advice
 from qinsight.core.comparison import (
     ActivationComparison,
     Comparison,
@@ -25,6 +25,7 @@ from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
 from qinsight.core.findings import Finding
 from qinsight.core.formats import CurvePoint, FormatCost, FormatPlan, LayerFormat, OrderCheck, WeightFormat
 from qinsight.core.metrics import MetricSpec
+from qinsight.core.notes import Note, NoteKind
 from qinsight.core.plan import Budget, PlanStep, QuantPlan, SiteSensitivity, SuggestionCheck, Target
 from qinsight.core.precision import SideBits
 from qinsight.core.progress import Progress
@@ -51,7 +52,6 @@ __all__ = [
     "ActivationMode",
     "ActivationStats",
     "Advice",
-    "AdviceNote",
     "BatchMoments",
     "Budget",
     "Comparison",
@@ -81,6 +81,7 @@ __all__ = [
     "MetricSpec",
     "MetricValue",
     "NarrowedInput",
+    "Note",
     "NoteKind",
     "Observation",
     "ObservedStats",

@@ -22,9 +22,10 @@ from qinsight.apply.pt2e import DEFAULT_QUANTIZERS, on_top_of, pt2e_quantizer
 from qinsight.apply.smoothing import apply_smoothing
 from qinsight.apply.torchao import int8_dynamic, int8_recipe
 from qinsight.compare.flows import QUANT_FLOWS, QuantFlow, prepare_config
-from qinsight.core.advice import Advice, NoteKind
+from qinsight.core.advice import Advice
 from qinsight.core.errors import FrontendError, InvalidParameterError
 from qinsight.core.flows import check_flow_backend, flow_spec
+from qinsight.core.notes import NoteKind
 from qinsight.core.sites import FlowName
 from qinsight.frontends import eval_mode, example_inputs, run_batch
 

@@ -10,13 +10,12 @@ config, the smoothed model, the pasteable code) and quantizes a model with
 them (:func:`qinsight.quantize`).
 
 What a builder of the config must know besides (the attached plan is for the other flow, the config
-is for the smoothed model, PT2E cannot equalize) are ``notes``: each an :class:`AdviceNote` with a
-:class:`NoteKind` that code acts on and a text the builders warn with.
+is for the smoothed model, PT2E cannot equalize) are ``notes``: each an :class:`~qinsight.core.notes.Note` with a
+:class:`~qinsight.core.notes.NoteKind` that code acts on and a text the builders warn with.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import TYPE_CHECKING, Literal
 
 import attrs
@@ -24,6 +23,7 @@ import attrs
 from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.flows import flow_spec, report_flow
+from qinsight.core.notes import Note, NoteKind
 from qinsight.core.plan import QuantPlan
 from qinsight.core.sites import FlowName, OpSite, checked_flow
 from qinsight.core.smoothing import SmoothingMapping
@@ -32,25 +32,6 @@ from qinsight.core.verification import ConfigParts, ConfigVerification, without_
 
 if TYPE_CHECKING:
     from qinsight.core.report import Report
-
-
-class NoteKind(enum.Enum):
-    """What an advice's note says, for code to act on: its text may be reworded, its kind stays."""
-
-    OTHER_FLOW = "other_flow"  # a plan made for another flow: its config is not verified in this one
-    SMOOTHED_MODEL = "smoothed_model"  # the config is for the smoothed model (qinsight.smoothed)
-    UNEQUALIZED = "unequalized"  # the flow has no input-weight equalization: those modules stay unequalized
-
-
-@attrs.frozen
-class AdviceNote:
-    """One note of an :class:`Advice`: its ``kind`` and the sentence a builder warns with."""
-
-    kind: NoteKind
-    text: str
-
-    def __str__(self) -> str:
-        return self.text
 
 
 @attrs.frozen(kw_only=True)
@@ -73,7 +54,7 @@ class Advice:
     smoothing: SmoothingMapping = SmoothingMapping()
     source: Literal["report", "plan"] = "report"
     verified: bool = False
-    notes: tuple[AdviceNote, ...] = ()
+    notes: tuple[Note, ...] = ()
     starts_from: str = ""  # the user's quantizer a plan's float sites go on top of (its class name)
 
 
@@ -113,7 +94,7 @@ def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None,
     """
     if isinstance(source, Advice):
         if flow is not None and checked_flow(flow, owner) != source.flow:
-            note = AdviceNote(NoteKind.OTHER_FLOW, f"this advice was made for {source.flow}, not {flow}")
+            note = Note(NoteKind.OTHER_FLOW, f"this advice was made for {source.flow}, not {flow}")
             return _for_flow(source, checked_flow(flow, owner), note, owner)
         return source
     if isinstance(source, QuantPlan):
@@ -137,7 +118,7 @@ def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None,
         ()
         if plan is None
         else (
-            AdviceNote(
+            Note(
                 NoteKind.OTHER_FLOW,
                 f"the attached plan was made for {plan.flow}, not {wanted}: this config applies the report's "
                 f"suggestions, not verified in {wanted}",
@@ -179,7 +160,7 @@ def _of_plan(plan: QuantPlan, flow: FlowName, owner: str) -> Advice:
         advice = attrs.evolve(
             advice,
             notes=(
-                AdviceNote(
+                Note(
                     NoteKind.SMOOTHED_MODEL,
                     f"the plan smooths {len(plan.smoothing)} Linears: its config is for the smoothed model, "
                     "model = qinsight.smoothed(model, plan)",
@@ -188,11 +169,11 @@ def _of_plan(plan: QuantPlan, flow: FlowName, owner: str) -> Advice:
         )
     if advice.flow != flow:
         said = f"the plan was made for {advice.flow}, not {flow}: its config is not verified in {flow}"
-        return _for_flow(advice, flow, AdviceNote(NoteKind.OTHER_FLOW, said), owner)
+        return _for_flow(advice, flow, Note(NoteKind.OTHER_FLOW, said), owner)
     return advice
 
 
-def _for_flow(advice: Advice, flow: FlowName, note: AdviceNote, owner: str) -> Advice:
+def _for_flow(advice: Advice, flow: FlowName, note: Note, owner: str) -> Advice:
     """``advice`` used for the other flow: its suggestions, unverified, with ``note``."""
     spec = flow_spec(flow)
     moved = attrs.evolve(
@@ -207,12 +188,12 @@ def _for_flow(advice: Advice, flow: FlowName, note: AdviceNote, owner: str) -> A
     return attrs.evolve(moved, notes=moved.notes + _unequalized(moved))
 
 
-def _unequalized(advice: Advice) -> tuple[AdviceNote, ...]:
+def _unequalized(advice: Advice) -> tuple[Note, ...]:
     spec = flow_spec(advice.flow)
     if spec.equalizes or not advice.equalization.entries:
         return ()
     said = f"{spec.title} has no input-weight equalization; these modules stay unequalized: "
-    return (AdviceNote(NoteKind.UNEQUALIZED, said + ", ".join(advice.equalization.fqns)),)
+    return (Note(NoteKind.UNEQUALIZED, said + ", ".join(advice.equalization.fqns)),)
 
 
-__all__ = ["Advice", "AdviceNote", "NoteKind", "advice_of"]
+__all__ = ["Advice", "advice_of"]

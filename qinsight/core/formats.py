@@ -22,6 +22,7 @@ import re
 import attrs
 
 from qinsight.core.errors import InvalidParameterError, NotFoundError
+from qinsight.core.notes import Note
 from qinsight.core.plan import Budget, Target
 
 _FORMAT = re.compile(r"^(float|int8|int8_dynamic|float8|int4_g(\d+)|int4_dynamic_g(\d+))$")
@@ -157,7 +158,7 @@ class FormatPlan:
     costs: tuple[FormatCost, ...] = ()
     orders: tuple[OrderCheck, ...] = ()
     evaluations: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
     # the ranking the plan's moves follow: the one that scored best on the search data (absent before 2.2)
     order: str = "measured (end to end)"
     # the one-sided confidence of the points' ``bound`` the search holds to the target (absent before 2.3: none)

@@ -30,6 +30,7 @@ from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.errors import InvalidParameterError, InvalidValueError, NotFoundError
 from qinsight.core.metrics import higher_is_better, spec_of
+from qinsight.core.notes import Note
 from qinsight.core.sites import OpSite
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
@@ -297,7 +298,7 @@ class QuantPlan:
     suggestions: tuple[QuantSuggestion, ...] = ()
     sites: tuple[OpSite, ...] = ()
     evaluations: int = attrs.field(default=0, validator=attrs.validators.ge(0))
-    notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
     smoothing: SmoothingMapping = SmoothingMapping()
     fx_activations: FxActivations | None = None
     lowered: str = ""  # what ran the real scores: the lowered program's runtime; empty: the reference model

@@ -26,6 +26,7 @@ import attrs
 
 from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
+from qinsight.core.notes import Note
 from qinsight.core.sites import FlowName, WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 
@@ -140,7 +141,7 @@ class ConfigVerification:
     scored: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     held_out: bool = False
     error: str = ""
-    notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
     # layers with weights the offered config quantizes that the flow, as converted, left in float
     left_float: tuple[str, ...] = ()
     lowered: str = ""  # the runtime of the programs scored (verify_report(lowered=True)); empty: the reference

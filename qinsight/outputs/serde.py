@@ -35,9 +35,7 @@ from cattrs.v import format_exception
 
 from qinsight.core.errors import InvalidParameterError, ReportFileError, ReportVersionError
 from qinsight.core.findings import Finding, check_finding
-from qinsight.core.plan import Budget, SuggestionCheck, Target
 from qinsight.core.report import DetectorResult, ParameterValue, Report
-from qinsight.core.verification import SuggestionKind
 from qinsight.outputs.arrays import (
     ArrayError,
     compacted,
@@ -52,13 +50,15 @@ from qinsight.outputs.arrays import (
     standalone,
 )
 from qinsight.outputs.files import Compression, compressed, compression_of, decompressed, read_capped, write_atomically
+from qinsight.outputs.upgrades import register_changed_records
 from qinsight.plugin.discovery import finding_type
 
 FORMAT: Final = "qinsight.report"
 SCHEMA_VERSION: Final = (4, 0)
 # 2.0 writes long arrays as typed binary (a list-or-object field is a retyping: a 1.x reader refuses
 # 2.0 files with one clear error); every 1.x file is a valid 2.0 file and reads unchanged.
-# 4.0 writes a budget as its own type (a plan's target is a Target or a Budget): 3.x files read unchanged.
+# 4.0 writes a budget as its own type (a plan's target is a Target or a Budget) and notes as their kind and
+# text: 3.x files read unchanged, their notes of kind "other".
 READABLE_MAJORS: Final = (1, 2, 3, 4)
 MAX_BYTES: Final = 256 * 1024 * 1024
 _RESERVED: Final = ("type", "summary")  # keys a finding's own fields may not use
@@ -213,62 +213,8 @@ def _converter(*, strict: bool, packed: bool = True) -> cattrs.Converter:
     if packed:
         _packed_arrays(converter)
     _register_results(converter, strict=strict)
-    _register_checks(converter, strict=strict)
-    _register_goals(converter, strict=strict)
+    register_changed_records(converter, strict=strict)
     return converter
-
-
-def _register_goals(converter: cattrs.Converter, *, strict: bool) -> None:
-    """A plan's target is a :class:`Target` or a :class:`Budget`, told apart by their fields. Files before
-    4.0 wrote a sites budget as the target ``float<=N`` and a bits budget as ``{"bits": N}``."""
-    target = make_dict_structure_fn(Target, converter, _cattrs_forbid_extra_keys=strict)
-    budget = make_dict_structure_fn(Budget, converter, _cattrs_forbid_extra_keys=strict)
-
-    def budget_in(data: object, _: object) -> Budget:
-        if not isinstance(data, dict):
-            raise TypeError("a budget must be an object")
-        if set(data) == {"bits"}:  # before 4.0
-            return budget({"unit": "bits", "limit": data["bits"]}, Budget)
-        return budget(data, Budget)
-
-    def goal_in(data: object, _: object) -> Target | Budget:
-        if not isinstance(data, dict):
-            raise TypeError("a plan's target must be an object")
-        if "unit" in data:
-            return budget(data, Budget)
-        if data.get("metric") == "float":  # before 4.0: at most N sites in float
-            return Budget(unit="float", limit=converter.structure(data.get("threshold"), float))
-        return target(data, Target)
-
-    converter.register_structure_hook(Budget, budget_in)
-    converter.register_structure_hook(Target | Budget, goal_in)
-
-
-# What a check of schema 3.7 or earlier said, read back as its kinds: the words QuantSuggestion.describe
-# and FxActivations.describe wrote then. The one place a change's words are read, for those files only.
-_SAID: Final = {
-    "keep in float": SuggestionKind.KEEP_FLOAT,
-    "activation dynamic": SuggestionKind.DYNAMIC,
-    "weight per_tensor": SuggestionKind.PER_TENSOR,
-    "equalize": SuggestionKind.EQUALIZE,
-}
-
-
-def _register_checks(converter: cattrs.Converter, *, strict: bool) -> None:
-    structure = make_dict_structure_fn(SuggestionCheck, converter, _cattrs_forbid_extra_keys=strict)
-
-    def check_in(data: object, _: object) -> SuggestionCheck:
-        if not isinstance(data, dict):
-            raise TypeError("a suggestion check must be an object")
-        check = structure(data, SuggestionCheck)
-        if "kinds" in data:
-            return check
-        if check.fqn == "(activations)":  # 3.7 named the activation observing check so
-            return attrs.evolve(check, fqn="", kinds=(SuggestionKind.ACTIVATIONS,))
-        said = check.change.split(", ")
-        return attrs.evolve(check, kinds=tuple(kind for words, kind in _SAID.items() if words in said))
-
-    converter.register_structure_hook(SuggestionCheck, check_in)
 
 
 # -- findings: tagged by type, decoded through their detector's finding_type

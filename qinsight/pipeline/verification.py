@@ -37,6 +37,7 @@ from qinsight.compare.outputs import output_rows
 from qinsight.core.advice import Advice, advice_of
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.flows import flow_spec, verifying_flows
+from qinsight.core.notes import Note, NoteKind
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
 from qinsight.core.sites import FLOWS, FlowName
@@ -271,7 +272,10 @@ def verify_flow(
             default=default,
             suggested=default,
             score=default,
-            notes=(*blank.notes, "the report suggests nothing the flow's default does not do"),
+            notes=(
+                *blank.notes,
+                Note(NoteKind.NOTHING_SUGGESTED, "the report suggests nothing the flow's default does not do"),
+            ),
         )
         return _left_float(noting_yours(verdict), model, report, base, score.quantized[base])
     suggested = score(config(()))
@@ -291,9 +295,11 @@ def verify_flow(
     reason = _reason(suggested, final, dropped, error)
     notes = (
         (
-            f"the report's config scored {_said(suggested)}, the flow's default {_said(default)} better: the default "
-            "is "
-            "offered",
+            Note(
+                NoteKind.DEFAULT_OFFERED,
+                f"the report's config scored {_said(suggested)}, the flow's default {_said(default)} better: the "
+                "default is offered",
+            ),
         )
         if dropped == frozenset(kinds) and default > suggested
         else ()
@@ -318,8 +324,8 @@ def verify_flow(
 def _beside_yours(blank: ConfigVerification, yours: float, name: str, error: str) -> ConfigVerification:
     """``blank`` with the user's quantizer's score; a note where the flow cannot run it."""
     failed = yours == -math.inf
-    said = (f"your {name} cannot quantize this model in the {blank.flow} flow: {error}",) if failed else ()
-    return attrs.evolve(blank, yours=yours, yours_from=name, notes=blank.notes + said)
+    said = Note(NoteKind.YOURS_FAILED, f"your {name} cannot quantize this model in the {blank.flow} flow: {error}")
+    return attrs.evolve(blank, yours=yours, yours_from=name, notes=blank.notes + ((said,) if failed else ()))
 
 
 def noting_yours(verdict: ConfigVerification) -> ConfigVerification:
@@ -331,7 +337,7 @@ def noting_yours(verdict: ConfigVerification) -> ConfigVerification:
         f"your {verdict.yours_from} scored {_said(verdict.yours)}, above the report's config "
         f"({_said(verdict.score)}): keep yours"
     )
-    return attrs.evolve(verdict, notes=verdict.notes + (said,))
+    return attrs.evolve(verdict, notes=verdict.notes + (Note(NoteKind.KEEP_YOURS, said),))
 
 
 def _left_float(
@@ -354,7 +360,7 @@ def _left_float(
         + ", ".join(left[:5])
         + (", ..." if len(left) > 5 else "")
     )
-    return attrs.evolve(verdict, left_float=left, notes=verdict.notes + (said,))
+    return attrs.evolve(verdict, left_float=left, notes=verdict.notes + (Note(NoteKind.LEFT_FLOAT, said),))
 
 
 def _reason(suggested: float, final: float, dropped: frozenset[SuggestionKind], error: str) -> str:

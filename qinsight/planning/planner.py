@@ -19,6 +19,7 @@ from torch import nn
 from qinsight.apply.trial import model_outputs
 from qinsight.core.activations import FxActivations
 from qinsight.core.flows import check_flow_backend, flow_spec, reads_as_is, report_flow
+from qinsight.core.notes import Note, NoteKind
 from qinsight.core.plan import Budget, QuantPlan, Target
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
@@ -166,7 +167,7 @@ def _assembled(
     flow = base.flow if real.default else chosen.flow
     held = request.held_goal(rows)
     sensitivities = measured.sites
-    missed: tuple[str, ...]
+    missed: tuple[Note, ...]
     reached, missed = True, ()  # a budget is spent, not reached: the best score within it is the plan
     if isinstance(request.goal, Target) and isinstance(held, Target):
         goal = request.goal
@@ -204,14 +205,15 @@ def _assembled(
     )
 
 
-def _bound_note(request: PlanRequest, held: Target | Budget, rows: int) -> tuple[str, ...]:
+def _bound_note(request: PlanRequest, held: Target | Budget, rows: int) -> tuple[Note, ...]:
     if request.confidence is None or not isinstance(held, Target):
         return ()
     needed = round(held.threshold * rows + 0.5)
-    return (
+    said = (
         f"{request.goal} held at its {request.confidence:.0%} lower bound over the {rows} evaluation rows (Wilson's): "
-        f"the config had to agree on {needed} of them",
+        f"the config had to agree on {needed} of them"
     )
+    return (Note(NoteKind.AT_BOUND, said),)
 
 
 def _named_sites(

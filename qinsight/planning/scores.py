@@ -24,6 +24,7 @@ from qinsight.compare.metrics import load_metric, sqnr
 from qinsight.compare.outputs import floating_leaves, output_rows
 from qinsight.core.errors import InvalidParameterError, QinsightError
 from qinsight.core.metrics import higher_is_better, spec_of
+from qinsight.core.notes import Note, NoteKind
 from qinsight.core.plan import Target
 
 MetricFunction = Callable[[Sequence[Any], Sequence[Any]], float]
@@ -287,12 +288,13 @@ def margin_noise(reference: torch.Tensor, candidate: torch.Tensor) -> float:
     return TopMargins(reference).noise(candidate)
 
 
-def held_out_miss(goal: Target, data: str, met: bool, score: float, held_out: float) -> tuple[str, ...]:
+def held_out_miss(goal: Target, data: str, met: bool, score: float, held_out: float) -> tuple[Note, ...]:
     """The note of a config that meets ``goal`` on the ``data`` it was chosen on (``met``, at ``score``)
     but not on the held-out data; none otherwise."""
     if not met or goal.met(held_out):
         return ()
-    return (f"the config meets {goal} on the {data} data ({score:.4g}) but not on the held-out data ({held_out:.4g})",)
+    said = f"the config meets {goal} on the {data} data ({score:.4g}) but not on the held-out data ({held_out:.4g})"
+    return (Note(NoteKind.HELD_OUT_MISS, said),)
 
 
 __all__ = [

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import attrs
 
 from qinsight.core.metrics import worse
+from qinsight.core.notes import Note, NoteKind
 from qinsight.core.plan import Budget, PlanStep, Target
 from qinsight.core.progress import Progress
 from qinsight.planning.scores import Scorer
@@ -85,7 +86,7 @@ def choose_order(
     quantized_run: Run,
     noise: Noise,
     dynamic_noise: Noise,
-) -> tuple[tuple[PlanStep, ...], dict[str, Mode], list[str]]:
+) -> tuple[tuple[PlanStep, ...], dict[str, Mode], list[Note]]:
     """:func:`choose` in each order the noise was measured in. With several (top-1: the output's
     noise and the margins'), neither is better everywhere (MobileNetV2 at 30/32: PT2E kept 73% of
     the conv weights int8 by the output's, 90% by the margins'; FX 78% and 63%), so both run and
@@ -103,7 +104,11 @@ def choose_order(
     if len(found) == 1:
         return best.steps, best.modes, []
     said = "; ".join(f"by {s.order}, {s.fraction:.1%} of the weights quantized at {s.score:.4g}" for s in found)
-    return best.steps, best.modes, [f"sites taken in order of {best.order}, of two searches ({said}, simulated)"]
+    return (
+        best.steps,
+        best.modes,
+        [Note(NoteKind.SEARCH_ORDER, f"sites taken in order of {best.order}, of two searches ({said}, simulated)")],
+    )
 
 
 class _Searched(NamedTuple):

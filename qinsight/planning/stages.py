@@ -24,6 +24,7 @@ from qinsight.apply.trial import Trial, weight_counts, weighted_layers
 from qinsight.core.activations import FxActivations
 from qinsight.core.errors import FrontendError, MissingExtraError, describe
 from qinsight.core.metrics import worse
+from qinsight.core.notes import Note, NoteKind
 from qinsight.core.plan import PlanStep, SiteSensitivity, SuggestionCheck
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
@@ -63,10 +64,13 @@ class FailedConfigs:
     def record(self, trial: Trial) -> None:
         self._errors[trial.error] = self._errors.get(trial.error, 0) + 1
 
-    def notes(self, flow: str) -> tuple[str, ...]:
+    def notes(self, flow: str) -> tuple[Note, ...]:
         return tuple(
-            f"{count} candidate config{'s' if count > 1 else ''} the {flow} flow could not build or run, "
-            f"left out: {error}"
+            Note(
+                NoteKind.FAILED_CONFIGS,
+                f"{count} candidate config{'s' if count > 1 else ''} the {flow} flow could not build or run, "
+                f"left out: {error}",
+            )
             for error, count in self._errors.items()
         )
 
@@ -132,7 +136,7 @@ class Searched:
 
     steps: tuple[PlanStep, ...]
     modes: dict[str, Mode]
-    notes: tuple[str, ...]
+    notes: tuple[Note, ...]
 
 
 def _flow(
@@ -302,14 +306,14 @@ class Converted:
     left_float: tuple[str, ...]
     held_out: float = math.nan  # the converted model scored on the held-out data (NaN: none given)
 
-    def notes(self, flow: str) -> tuple[str, ...]:
+    def notes(self, flow: str) -> tuple[Note, ...]:
         if not self.left_float:
             return ()
         if self.fraction == 0.0:
-            return (
-                f"the {flow} flow quantizes none of this model's layers: {', '.join(self.left_float)} stay in float",
-            )
-        return (f"the {flow} flow leaves in float what the config quantizes: {', '.join(self.left_float)}",)
+            said = f"the {flow} flow quantizes none of this model's layers: {', '.join(self.left_float)} stay in float"
+        else:
+            said = f"the {flow} flow leaves in float what the config quantizes: {', '.join(self.left_float)}"
+        return (Note(NoteKind.LEFT_FLOAT, said),)
 
 
 def converted(

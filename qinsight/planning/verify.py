@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 import attrs
 
 from qinsight.core.metrics import worse
+from qinsight.core.notes import Note, NoteKind
 from qinsight.core.plan import Budget, PlanStep, SuggestionCheck, Target
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.core.verification import suggestion_kinds
@@ -34,7 +35,7 @@ class Verified:
     modes: dict[str, Mode]
     checks: tuple[SuggestionCheck, ...]
     score: float
-    notes: tuple[str, ...]
+    notes: tuple[Note, ...]
     default: bool = False
 
 
@@ -56,7 +57,11 @@ def verified(
     notes += more
     if worse(score, default_score, higher_is_better):
         notes.append(
-            f"the plan ({score:.4g}) scored below the default config ({default_score:.4g}): the default is returned"
+            Note(
+                NoteKind.DEFAULT_RETURNED,
+                f"the plan ({score:.4g}) scored below the default config ({default_score:.4g}): the default is "
+                "returned",
+            )
         )
         return Verified((), {site: Mode.STATIC for site in modes}, checks, default_score, tuple(notes), default=True)
     return Verified(advice(kept, modes), modes, checks, score, tuple(notes))
@@ -70,7 +75,7 @@ def _bisected(
     steps: tuple[PlanStep, ...],
     modes: dict[str, Mode],
     as_searched: float,
-) -> tuple[dict[str, Mode], float, list[str]]:
+) -> tuple[dict[str, Mode], float, list[Note]]:
     """The plan's config as quantized for real scored ``as_searched``. Where it misses a target the
     simulation reached, the longest prefix of the quantized sites (in the order they were taken)
     that reaches it for real is found by bisection: each probe is one real quantization."""
@@ -96,9 +101,10 @@ def _bisected(
             high = middle
     if math.isnan(best):
         best = real(prefix(low))
-    note = (
+    note = Note(
+        NoteKind.BISECTED,
         f"the real flow scored {as_searched:.6g} where the simulation reached the target: "
-        f"{len(path) - low} of the {len(path)} steps the search took are undone after bisecting for real"
+        f"{len(path) - low} of the {len(path)} steps the search took are undone after bisecting for real",
     )
     return prefix(low), best, [note]
 
@@ -111,7 +117,7 @@ def _unseen_parts_checked(
     steps: tuple[PlanStep, ...],
     modes: dict[str, Mode],
     higher_is_better: bool,
-) -> tuple[tuple[QuantSuggestion, ...], tuple[SuggestionCheck, ...], float, list[str]]:
+) -> tuple[tuple[QuantSuggestion, ...], tuple[SuggestionCheck, ...], float, list[Note]]:
     """The plan's config quantized for real, with the kept parts the search cannot see (equalization,
     per-tensor weights: they were measured on the default config, not on this one). Where that
     misses a target the simulation reached, the config as searched is quantized too, and where it
@@ -135,7 +141,12 @@ def _unseen_parts_checked(
         searched,
         checks,
         without,
-        [f"{said}: dropped, the planned config scored {score:.4g} with them, {without:.4g} without"],
+        [
+            Note(
+                NoteKind.UNSEEN_DROPPED,
+                f"{said}: dropped, the planned config scored {score:.4g} with them, {without:.4g} without",
+            )
+        ],
     )
 
 

@@ -626,9 +626,10 @@ def test_a_plans_checks_of_schema_3_7_are_read_with_their_kinds_from_their_words
 
 
 @pytest.mark.parametrize("metric", ["sqnr", "kl"])
-def test_a_budget_of_a_file_before_4_0_reads_as_a_budget(tmp_path: Path, metric: str) -> None:
+def test_a_budget_and_the_notes_of_a_file_before_4_0_read_as_their_types(tmp_path: Path, metric: str) -> None:
     """3.x wrote a sites budget as the target ``float<=N`` and a format plan's as ``{"bits": N}``: both read
-    back as a :class:`Budget`, the plan's direction its metric's from the one table."""
+    back as a :class:`Budget`, the plan's direction its metric's from the one table; a note, its text alone,
+    reads back as a note of kind ``other``."""
     plan = qinsight.QuantPlan(
         flow="fx", backend="x86", metric=metric, target=qinsight.types.Budget(unit="float", limit=2.0), reached=True,
         default_score=20.0, verified_score=31.0,
@@ -642,7 +643,9 @@ def test_a_budget_of_a_file_before_4_0_reads_as_a_budget(tmp_path: Path, metric:
     data["schema_version"] = [3, 8]
     data["plan"]["target"] = {"metric": "float", "threshold": 2.0, "higher_is_better": False}
     del data["plan"]["higher_is_better"]
+    data["plan"]["notes"] = ["a note as 3.x wrote it"]
     path.write_text(json.dumps(data))
     loaded = load_report(path).plan
     assert loaded is not None and loaded.target == plan.target and loaded.higher_is_better == (metric == "sqnr")
+    assert loaded.notes == (qinsight.types.Note(qinsight.types.NoteKind.OTHER, "a note as 3.x wrote it"),)
     assert STRICT.structure({"bits": 6.0}, qinsight.types.Budget) == qinsight.types.Budget(unit="bits", limit=6.0)

@@ -12,6 +12,7 @@ import torch
 import qinsight
 from qinsight.examples.builtin import example
 from qinsight.outputs.html import render_html
+from qinsight.types import NoteKind
 
 pytest.importorskip("executorch")
 
@@ -118,15 +119,12 @@ def test_verification_starts_from_the_users_quantizer(tmp_path: Path) -> None:
         by_hand = sqnr(torch.cat([model(b) for b in batches[6:]]), torch.cat([quantized(b) for b in batches[6:]]))
     assert verdict.yours == pytest.approx(by_hand, abs=1e-6)
     assert f"(your XNNPACKQuantizer {verdict.yours:.1f} dB, the flow's default" in verdict.describe()
-    said = any(note.endswith("keep yours") for note in verdict.notes)
+    said = NoteKind.KEEP_YOURS in [note.kind for note in verdict.notes]
     assert said == (verdict.yours > verdict.score)
     qinsight.save_report(report, tmp_path / "report.json")
     assert qinsight.load_report(tmp_path / "report.json").verification_for("pt2e") == verdict
     beaten = noting_yours(attrs.evolve(verdict, yours=verdict.score + 1.0))
-    assert (
-        beaten.notes[-1] == f"your XNNPACKQuantizer scored {verdict.score + 1.0:.2f} dB, above the report's "
-        f"config ({verdict.score:.2f} dB): keep yours"
-    )
+    assert beaten.notes[-1].kind is NoteKind.KEEP_YOURS and "XNNPACKQuantizer" in beaten.notes[-1].text
     x86_report = qinsight.diagnose(model, batches, verify=False)
     with pytest.raises(qinsight.errors.InvalidParameterError, match="^verify_report: backend='x86' is invalid"):
         qinsight.verify_report(model, x86_report, batches, quantizer=yours)

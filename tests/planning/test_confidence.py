@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import qinsight
 from qinsight.examples import example
 from qinsight.planning.scores import agreeing_needed, rows_needed, wilson_lower
+from qinsight.types import NoteKind
 
 
 @given(st.integers(1, 400), st.sampled_from((0.8, 0.9, 0.95, 0.99)))
@@ -50,7 +51,8 @@ def test_a_top1_target_held_at_its_bound_makes_the_config_agree_on_more_rows(tmp
     agreeing = round(plan.verified_score * rows)
     assert plan.reached == (agreeing >= needed)
     assert plan.reached or plan.quantized_fraction == 0.0  # what misses keeps everything it can in float
-    assert any(str(needed) in note and "95%" in note for note in plan.notes)
+    (bound,) = [note.text for note in plan.notes if note.kind is NoteKind.AT_BOUND]
+    assert str(needed) in bound and "95%" in bound  # the words say how many rows had to agree
     qinsight.save_report(report.with_plan(plan), tmp_path / "plan.json")
     loaded = qinsight.load_report(tmp_path / "plan.json").plan
     assert loaded is not None and loaded.confidence == 0.95

@@ -14,6 +14,7 @@ import qinsight
 from qinsight.core.errors import InvalidParameterError
 from qinsight.outputs.html import render_html
 from qinsight.outputs.serde import report_to_json
+from qinsight.types import NoteKind
 
 torchao_quantization = pytest.importorskip("torchao.quantization")
 
@@ -113,11 +114,9 @@ def test_a_plan_between_the_uniform_formats_reaches_its_target_for_real(
     cost = max(plan.costs, key=lambda c: c.damage)
     alone = _alone(model, cost.fqn, cost.format)
     assert cost.score == pytest.approx(_perplexity_ratio(model, alone, data[:1]), rel=1e-9)
-    assert not any("one search batch" in note for note in plan.notes)
+    assert NoteKind.ONE_SEARCH_BATCH not in [note.kind for note in plan.notes]
     single = qinsight.plan_formats(model, data[:2], target=f"perplexity<={threshold:.6f}", compare_orders=False)
-    assert any(
-        "one search batch: the layers were ranked and the sizes chosen on the same tokens" in n for n in single.notes
-    )
+    assert NoteKind.ONE_SEARCH_BATCH in [note.kind for note in single.notes]
 
 
 def _alone(model: nn.Module, fqn: str, name: str) -> nn.Module:
@@ -176,7 +175,7 @@ def test_a_plan_chosen_on_one_distribution_does_not_claim_a_target_the_held_out_
     assert plan.format_of("blocks.2.up") == "int4_g32"  # free on the search tokens: the first move down
     assert plan.target is not None and plan.target.met(plan.chosen.score) and not plan.target.met(plan.chosen.held_out)
     assert not plan.reached
-    assert any("not on the held-out data" in note for note in plan.notes)
+    assert NoteKind.HELD_OUT_MISS in [note.kind for note in plan.notes]
     # the same search data held out too: nothing shifts, and the plan stands
     steady = qinsight.plan_formats(
         gated, search, held_out_data=_tokens(2, seed=5, high=32), target="kl<=0.01", compare_orders=False
@@ -216,8 +215,8 @@ def test_a_tied_output_head_and_layers_no_group_fits_stay_float_with_a_note() ->
     tied.blocks[0].add_module("odd", odd)
     plan = qinsight.plan_formats(tied, _tokens(2, seed=1), formats=["int4_g32"], target="kl<=10", compare_orders=False)
     assert [layer.fqn for layer in plan.layers] == ["blocks.0.up", "blocks.0.down"]
-    assert any("head" in note and "shared" in note for note in plan.notes)
-    assert any("blocks.0.odd" in note and "divide" in note for note in plan.notes)
+    said = {note.kind: note.text for note in plan.notes}
+    assert "head" in said[NoteKind.TIED_WEIGHTS] and "blocks.0.odd" in said[NoteKind.NO_FORMAT_FITS]  # named
 
 
 def test_a_report_carrying_a_format_plan_round_trips_and_leads_with_its_verdict(
@@ -342,7 +341,7 @@ def test_the_search_holds_its_target_at_the_scores_confidence_bound(
     z = 2.3263478740408408  # the standard normal's 99th percentile
     expected = math.exp(float(differences.mean()) + z * float(blocks.std()) / math.sqrt(blocks.numel()))
     assert held.chosen.bound == pytest.approx(expected, rel=1e-9)
-    assert any("bound" in note for note in held.notes) and "(bound " in qinsight.to_text(
+    assert NoteKind.AT_BOUND in [note.kind for note in held.notes] and "(bound " in qinsight.to_text(
         qinsight.diagnose(model, data[:1]).with_formats(held)
     )
 

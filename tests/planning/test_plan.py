@@ -26,7 +26,7 @@ from qinsight.planning.flows import flow_for
 from qinsight.planning.planner import spearman
 from qinsight.planning.scores import Scorer, margin_noise
 from qinsight.planning.switches import Mode
-from qinsight.types import Budget, SuggestionCheck, SuggestionKind, Target
+from qinsight.types import Budget, NoteKind, SuggestionCheck, SuggestionKind, Target
 
 from _support import (
     MLP,
@@ -381,7 +381,7 @@ def test_verification_drops_kept_parts_the_search_cannot_see_where_they_lower_th
         s.fqn == "add#0" and s.keep_float for s in found.suggestions
     )
     assert not found.checks[0].kept and "scored 0.8 with it, 0.95 without" in found.checks[0].reason
-    assert found.notes and "dropped" in found.notes[0]
+    assert [note.kind for note in found.notes] == [NoteKind.UNSEEN_DROPPED]
     # where the planned config reaches the target with them, they stay, after one real quantization
     asked.clear()
     same = verified(
@@ -443,7 +443,7 @@ def test_a_top1_plan_searches_in_both_orders_and_keeps_the_one_that_quantizes_mo
     chosen = example("cnn")
     model, data = chosen.model(), chosen.data(8)
     plan = qinsight.plan(model, data[:3], data[3:], target="top1>=0.9")
-    searches = [note for note in plan.notes if "of two searches" in note]
+    searches = [note.text for note in plan.notes if note.kind is NoteKind.SEARCH_ORDER]
     assert len(searches) == 1 and "by output noise, " in searches[0] and "by top-1 margins, " in searches[0]
     said = [float(part) for part in re.findall(r"([0-9.]+)% of the weights quantized", searches[0])]
     kept = "top-1 margins" if searches[0].startswith("sites taken in order of top-1 margins") else "output noise"

@@ -10,6 +10,7 @@ from torch import nn
 
 import qinsight
 from qinsight.core.errors import QinsightError
+from qinsight.types import NoteKind, SuggestionKind
 
 from _support import Stream, outlier_batches
 
@@ -28,10 +29,10 @@ def test_a_config_torch_cannot_run_is_left_out_and_the_plan_goes_on() -> None:
     assert [s.fqn for s in report.suggestions if s.equalize] == ["0"]
     sequences = [batch.reshape(8, 8, 32) for batch in rows]
     plan = qinsight.plan(model, sequences[:4], sequences[4:], target="sqnr>=20", report=report)
-    (check,) = [c for c in plan.checks if c.change == "equalize"]
+    (check,) = [c for c in plan.checks if SuggestionKind.EQUALIZE in c.kinds]
     assert not check.kept and "cannot build or run" in check.reason
-    (note,) = [n for n in plan.notes if "could not build or run" in n]
-    assert "ValueError" in note and "fx flow" in note
+    (note,) = [n.text for n in plan.notes if n.kind is NoteKind.FAILED_CONFIGS]
+    assert "ValueError" in note and "fx flow" in note  # the flow's error, named
     assert plan.equalization_mapping().fqns == () and plan.reached and plan.verified_score >= 20
     # the plan's config, applied as a user would, runs on the sequences and scores what the plan says
     quantized = qinsight.quantize(model, plan, sequences[:4])
@@ -66,7 +67,7 @@ def test_a_model_the_flow_leaves_float_is_said_and_its_fraction_is_zero() -> Non
     model, batches = Stream().eval(), [torch.randn(4, 8, 20) for _ in range(4)]
     plan = qinsight.plan(model, batches[:3], batches[3:], target="sqnr>=25", flow="pt2e")
     assert plan.quantized_fraction == 0.0
-    assert "the pt2e flow quantizes none of this model's layers: conv stay in float" in plan.notes
+    assert [note.kind for note in plan.notes] == [NoteKind.LEFT_FLOAT] and "conv" in plan.notes[0].text
     assert "0.0% of the layers' parameters quantized" in qinsight.to_text(plan)
 
 
@@ -102,7 +103,7 @@ def test_a_plan_does_not_claim_a_target_its_held_out_data_misses() -> None:
     wild = [8 * torch.randn(16, 32, generator=generator) for _ in range(2)]
     plan = qinsight.plan(model, calm[:4], calm[4:6], target="sqnr>=25", held_out_data=wild)
     assert plan.target.met(plan.verified_score) and not plan.target.met(plan.held_out_score) and not plan.reached
-    assert any("not on the held-out data" in note for note in plan.notes)
+    assert NoteKind.HELD_OUT_MISS in [note.kind for note in plan.notes]
     # the held-out score is the plan's config, quantized as a user would, on the held-out batches
     quantized = qinsight.quantize(model, plan, calm[:4])
     with torch.no_grad():

@@ -18,6 +18,7 @@ import attrs
 from torch import nn
 
 from qinsight.core.formats import LayerFormat, WeightFormat
+from qinsight.core.notes import Note, NoteKind
 
 
 @attrs.frozen(kw_only=True)
@@ -43,7 +44,7 @@ class Move:
     price: float
 
 
-def ladders(model: nn.Module, formats: Sequence[WeightFormat]) -> tuple[tuple[Rungs, ...], tuple[str, ...]]:
+def ladders(model: nn.Module, formats: Sequence[WeightFormat]) -> tuple[tuple[Rungs, ...], tuple[Note, ...]]:
     """Every Linear of ``model`` with the formats it can take, and notes on those left out: a weight shared
     with another module (a tied output head: quantizing it would untie it) or one no format fits."""
     owners: dict[int, list[str]] = {}
@@ -74,11 +75,12 @@ def ladders(model: nn.Module, formats: Sequence[WeightFormat]) -> tuple[tuple[Ru
         )
     notes = []
     if tied:
-        notes.append(
-            f"left float, their weights shared with another module (quantizing would untie them): {', '.join(tied)}"
-        )
+        said = f"left float, their weights shared with another module (quantizing would untie them): {', '.join(tied)}"
+        notes.append(Note(NoteKind.TIED_WEIGHTS, said))
     if unfit:
-        notes.append(f"left float, no format's groups divide their inputs: {', '.join(unfit)}")
+        notes.append(
+            Note(NoteKind.NO_FORMAT_FITS, f"left float, no format's groups divide their inputs: {', '.join(unfit)}")
+        )
     return tuple(found), tuple(notes)
 
 

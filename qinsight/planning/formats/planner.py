@@ -38,6 +38,7 @@ from qinsight.apply.trial import model_outputs
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.formats import CurvePoint, FormatCost, FormatPlan, OrderCheck, WeightFormat, mean_bits
 from qinsight.core.metrics import higher_is_better
+from qinsight.core.notes import Note, NoteKind
 from qinsight.core.plan import Budget, Target
 from qinsight.core.progress import Progress
 from qinsight.frontends.base import eval_mode
@@ -259,7 +260,7 @@ def _costs(measure: _Measure, report: Progress) -> tuple[FormatCost, ...]:
     return tuple(found)
 
 
-def _searched(measure: _Measure, moves: Sequence[Move], report: Progress) -> tuple[int, tuple[str, ...]]:
+def _searched(measure: _Measure, moves: Sequence[Move], report: Progress) -> tuple[int, tuple[Note, ...]]:
     """How many moves the plan takes: the most whose real score meets the target (bisection over the
     order: the score falls along it), no fewer than the budget needs."""
     request, layers = measure.request, measure.layers
@@ -272,9 +273,8 @@ def _searched(measure: _Measure, moves: Sequence[Move], report: Progress) -> tup
         return measure.met(measure.point("", ladders.assignment(layers, moves, taken)))
 
     if not meets(0):
-        return fewest, (
-            f"every layer on its format with the most bits misses {request.goal.target}: no plan reaches it",
-        )
+        said = f"every layer on its format with the most bits misses {request.goal.target}: no plan reaches it"
+        return fewest, (Note(NoteKind.UNREACHABLE, said),)
     low, high = 0, len(moves)  # low meets; the answer lies in [low, high]
     if meets(high):
         low = high
@@ -282,12 +282,13 @@ def _searched(measure: _Measure, moves: Sequence[Move], report: Progress) -> tup
         middle = (low + high) // 2
         low, high = (middle, high) if meets(middle) else (low, middle)
     if low < fewest:
-        return fewest, (f"the budget {request.goal.budget} needs {fewest} moves down; the target holds for {low} only",)
+        said = f"the budget {request.goal.budget} needs {fewest} moves down; the target holds for {low} only"
+        return fewest, (Note(NoteKind.BUDGET_OVER_TARGET, said),)
     return low, ()
 
 
 def _best_order(
-    measure: _Measure, orders: Mapping[str, Sequence[Move]], searched: Mapping[str, tuple[int, tuple[str, ...]]]
+    measure: _Measure, orders: Mapping[str, Sequence[Move]], searched: Mapping[str, tuple[int, tuple[Note, ...]]]
 ) -> str:
     """The order whose searched size scored best on the search data: the target met within the budget
     with the fewest bits (then the better score), else the better score (then the fewer bits)."""
@@ -311,8 +312,8 @@ def _assembled(
     costs: tuple[FormatCost, ...],
     orders: Mapping[str, Sequence[Move]],
     order: str,
-    searched_all: Mapping[str, tuple[int, tuple[str, ...]]],
-    notes: tuple[str, ...],
+    searched_all: Mapping[str, tuple[int, tuple[Note, ...]]],
+    notes: tuple[Note, ...],
     report: Progress,
 ) -> FormatPlan:
     report("verifying", 0, 0)
@@ -325,11 +326,8 @@ def _assembled(
     sizes = sorted({round(len(moves) * i / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)} - {taken})
     curve = tuple(measure.point(f"{k} of {len(moves)} moves", ladders.assignment(layers, moves, k)) for k in sizes)
     checks = _orders(measure, orders, searched_all, order, chosen) if request.orders else ()
-    followed = (
-        (f"the plan follows the {order} ranking: quantized along each ranking, it scored best on the search data",)
-        if order != MEASURED
-        else ()
-    )
+    said = f"the plan follows the {order} ranking: quantized along each ranking, it scored best on the search data"
+    followed = (Note(NoteKind.RANKING, said),) if order != MEASURED else ()
     plan = FormatPlan(
         formats=tuple(f.name for f in request.goal.formats),
         metric=request.goal.metric,
@@ -362,58 +360,64 @@ def _assembled(
     return attrs.evolve(plan, reached=plan.target_held and plan.budget_held)
 
 
-def _fitting_note(request: FormatRequest) -> tuple[str, ...]:
+def _fitting_note(request: FormatRequest) -> tuple[Note, ...]:
     if request.cross_fitted:
         return ()
-    return (
+    said = (
         "one search batch: the layers were ranked and the sizes chosen on the same tokens, so the search score "
-        "flatters "
-        "the plan (two or more search batches keep them apart)",
+        "flatters the plan (two or more search batches keep them apart)"
     )
+    return (Note(NoteKind.ONE_SEARCH_BATCH, said),)
 
 
-def _bound_note(request: FormatRequest, chosen: CurvePoint) -> tuple[str, ...]:
+def _bound_note(request: FormatRequest, chosen: CurvePoint) -> tuple[Note, ...]:
     """How the search held the target: at the score's bound, what the search tokens' own spread allows."""
     target = request.goal.target
     if request.goal.confidence is None or math.isnan(chosen.bound) or target is None:
         return ()
     if not target.met(chosen.bound):
-        return (
+        said = (
             f"{target} does not hold at the {request.goal.confidence:.0%} bound of the score over the search tokens "
-            f"({chosen.bound:.4g}; the score itself {chosen.score:.4g})",
+            f"({chosen.bound:.4g}; the score itself {chosen.score:.4g})"
         )
-    return (
+        return (Note(NoteKind.MISSED_AT_BOUND, said),)
+    said = (
         f"the search held {request.goal.target} at the {request.goal.confidence:.0%} bound of the score over its "
-        "tokens "
-        f"({chosen.bound:.4g}; the score itself {chosen.score:.4g}): the margin is what the search text's own spread "
-        "says "
-        "other text may lose",
+        f"tokens ({chosen.bound:.4g}; the score itself {chosen.score:.4g}): the margin is what the search text's "
+        "own spread says other text may lose"
     )
+    return (Note(NoteKind.AT_BOUND, said),)
 
 
-def _measured_notes(measure: _Measure, chosen: CurvePoint) -> tuple[str, ...]:
+def _measured_notes(measure: _Measure, chosen: CurvePoint) -> tuple[Note, ...]:
     """What the scores are relative to, and where torchao stores more than the mean bits count."""
     notes = []
     if not math.isnan(measure.search.float_perplexity):
-        notes.append(
+        said = (
             f"the float model's perplexity: {measure.search.float_perplexity:.4g} on the search tokens (the scores "
             "are ratios to it)"
         )
+        notes.append(Note(NoteKind.FLOAT_PERPLEXITY, said))
     parameters = sum(layer.parameters for layer in measure.layers)
     stored = 8 * chosen.state_bytes / parameters
     if stored > chosen.mean_bits + 0.5:
-        notes.append(
+        said = (
             f"stored as torchao lays the weights out here: {stored:.2f} bits per weight against "
-            f"{chosen.mean_bits:.2f} counted "
-            "(its int4 weights on CPU, IntxUnpackedToInt8Tensor, hold one value per byte; packed int4 kernels store 4 "
-            "bits)"
+            f"{chosen.mean_bits:.2f} counted (its int4 weights on CPU, IntxUnpackedToInt8Tensor, hold one value per "
+            "byte; packed int4 kernels store 4 bits)"
         )
+        notes.append(Note(NoteKind.STORED_BITS, said))
     return tuple(notes)
 
 
-def _held_out_note(request: FormatRequest, measure: _Measure, chosen: CurvePoint) -> tuple[str, ...]:
+def _held_out_note(request: FormatRequest, measure: _Measure, chosen: CurvePoint) -> tuple[Note, ...]:
     if measure.held is None:
-        return ("no held-out data (one evaluation batch): the plan's score is the one it was chosen on",)
+        return (
+            Note(
+                NoteKind.NO_HELD_OUT,
+                "no held-out data (one evaluation batch): the plan's score is the one it was chosen on",
+            ),
+        )
     if request.goal.target is None:
         return ()
     return held_out_miss(request.goal.target, "search", measure.met(chosen), chosen.score, chosen.held_out)
@@ -435,7 +439,7 @@ def _proxy_orders(measure: _Measure) -> dict[str, Sequence[Move]]:
 def _orders(
     measure: _Measure,
     orders: Mapping[str, Sequence[Move]],
-    searched: Mapping[str, tuple[int, tuple[str, ...]]],
+    searched: Mapping[str, tuple[int, tuple[Note, ...]]],
     order: str,
     chosen: CurvePoint,
 ) -> tuple[OrderCheck, ...]:
