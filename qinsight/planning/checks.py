@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
+from qinsight.core.flows import FlowSpec
 from qinsight.core.metrics import worse
 from qinsight.core.plan import SuggestionCheck
 from qinsight.core.sites import WeightScheme
@@ -20,6 +21,18 @@ from qinsight.planning.switches import Mode
 
 Score = Callable[[Run], float]
 RealScore = Callable[[tuple[QuantSuggestion, ...]], float]  # a config quantized by the flow, scored
+
+
+@attrs.frozen
+class Measuring:
+    """How a suggestion is measured: in ``sim``, run on ``evaluation`` and scored by ``score``; or for real
+    (``real``), where the simulation cannot express it. Scores compare in the metric's direction."""
+
+    sim: Simulation
+    score: Score
+    real: RealScore
+    evaluation: Sequence[object]
+    higher_is_better: bool
 
 
 def is_default(suggestion: QuantSuggestion) -> bool:
@@ -57,16 +70,12 @@ def mode_of(suggestion: QuantSuggestion) -> Mode:
 
 
 def check_simulated(
-    sim: Simulation,
-    score: Score,
-    suggestions: Sequence[QuantSuggestion],
-    default: Mapping[str, Mode],
-    evaluation: Sequence[object],
-    higher_is_better: bool,
+    measuring: Measuring, suggestions: Sequence[QuantSuggestion], default: Mapping[str, Mode]
 ) -> tuple[tuple[SuggestionCheck, ...], dict[str, Mode]]:
     """Every suggestion checked in the simulation; the modes the search starts from (the default
     with the kept ones)."""
-    base = sim.run(default, evaluation)
+    sim, score = measuring.sim, measuring.score
+    base = sim.run(default, measuring.evaluation)
     before = score(base)
     measurable = {s.fqn: mode_of(s) for s in suggestions if not is_default(s) and s.fqn in default}
     alone = {fqn: score(sim.run_changed({**default, fqn: mode}, base)) for fqn, mode in measurable.items()}
@@ -80,7 +89,7 @@ def check_simulated(
     for suggestion in suggestions:
         fqn = suggestion.fqn
         if fqn in measurable:
-            kept = not worse(together, without[fqn], higher_is_better)
+            kept = not worse(together, without[fqn], measuring.higher_is_better)
             reason = (
                 "" if kept else f"not applied: {together - without[fqn]:+.3g} on the output among the other suggestions"
             )
@@ -116,22 +125,19 @@ def check_simulated(
 
 
 def check_real(
-    real: RealScore,
-    others: Sequence[QuantSuggestion],
-    parts: Sequence[QuantSuggestion],
-    before: float,
-    higher_is_better: bool,
+    measuring: Measuring, others: Sequence[QuantSuggestion], parts: Sequence[QuantSuggestion], before: float
 ) -> list[SuggestionCheck]:
     """Each part quantized for real: alone on the default config, and with the ``others`` (the kept
     suggestions) and the other parts, with and without it."""
     if not parts:
         return []
+    real = measuring.real
     together_config = (*others, *parts)
     together = real(together_config)
     checks = []
     for part in parts:
         without = real(tuple(s for s in together_config if s is not part))
-        kept = not worse(together, without, higher_is_better)
+        kept = not worse(together, without, measuring.higher_is_better)
         checks.append(
             SuggestionCheck.of(
                 part,
@@ -152,26 +158,21 @@ def check_real(
 
 
 def check_all(
-    sim: Simulation,
-    score: Score,
-    real: RealScore,
+    measuring: Measuring,
     suggestions: Sequence[QuantSuggestion],
     default: Mapping[str, Mode],
-    evaluation: Sequence[object],
-    higher_is_better: bool,
-    flow: str,
-    equalizes: bool,
+    flow: FlowSpec,
     default_score: float,
 ) -> tuple[tuple[SuggestionCheck, ...], dict[str, Mode], tuple[QuantSuggestion, ...]]:
-    """Every suggestion checked, in the simulation or for real (``real``; ``default_score`` is the
-    default config's real score; an equalization in a flow that has none is not applied, and says
-    so). Returns the checks, the modes the search starts from and the kept suggestions (a
-    suggestion's kept parts merged again)."""
+    """Every suggestion checked, in the simulation or for real (``default_score`` is the default
+    config's real score; an equalization in a ``flow`` that has none is not applied, and says so).
+    Returns the checks, the modes the search starts from and the kept suggestions (a suggestion's
+    kept parts merged again)."""
     simulated, for_real = split_for_real(suggestions)
-    checks, start = check_simulated(sim, score, simulated, default, evaluation, higher_is_better)
+    checks, start = check_simulated(measuring, simulated, default)
     kept = [s for s, check in zip(simulated, checks) if check.kept]
-    measurable = [p for p in for_real if equalizes or not p.equalize]
-    real_checks = check_real(real, kept, measurable, default_score, higher_is_better)
+    measurable = [p for p in for_real if flow.equalizes or not p.equalize]
+    real_checks = check_real(measuring, kept, measurable, default_score)
     kept += [p for p, check in zip(measurable, real_checks) if check.kept]
     refused = [
         SuggestionCheck.of(
@@ -179,7 +180,7 @@ def check_all(
             before=default_score,
             alone=math.nan,
             kept=False,
-            reason=f"not applied: the {flow} flow has no input-weight equalization",
+            reason=f"not applied: the {flow.name} flow has no input-weight equalization",
         )
         for p in for_real
         if p not in measurable
@@ -188,4 +189,13 @@ def check_all(
     return checks + tuple(real_checks) + tuple(refused), start, merged
 
 
-__all__ = ["RealScore", "check_all", "check_real", "check_simulated", "is_default", "mode_of", "split_for_real"]
+__all__ = [
+    "Measuring",
+    "RealScore",
+    "check_all",
+    "check_real",
+    "check_simulated",
+    "is_default",
+    "mode_of",
+    "split_for_real",
+]

@@ -32,7 +32,7 @@ from qinsight.core.sites import OpKind, OpSite
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.core.verification import SuggestionKind
-from qinsight.planning.checks import RealScore, check_all, is_default
+from qinsight.planning.checks import Measuring, RealScore, check_all, is_default
 from qinsight.planning.flows import Flow, flow_for
 from qinsight.planning.request import PlanRequest
 from qinsight.planning.scores import Scorer
@@ -212,18 +212,10 @@ def checked(request: PlanRequest, chosen: Subject, base: Baseline, scorer: Score
     real = chosen.real(request, scorer)
     start_score = base.start_score if not chosen.smoothing.entries else real(())
     applicable, decided = _applicable(request, chosen.report.suggestions, start_score)
-    checks, start, kept = check_all(
-        sim,
-        lambda run: scorer(run.outputs),
-        real,
-        applicable,
-        default,
-        list(request.evaluation),
-        request.higher_is_better,
-        chosen.flow.name,
-        chosen.flow.spec.equalizes,
-        start_score,
+    measuring = Measuring(
+        sim, lambda run: scorer(run.outputs), real, list(request.evaluation), request.higher_is_better
     )
+    checks, start, kept = check_all(measuring, applicable, default, chosen.flow.spec, start_score)
     return Checked(search, base.checks + checks + decided, start, kept)
 
 
