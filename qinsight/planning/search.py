@@ -169,15 +169,7 @@ def choose(
     moves = steps_down(search, start, noise, dynamic_noise)
     modes = search.everything_float()
     run = float_run
-    steps = [
-        PlanStep(
-            fqn="",
-            score=search.scorer(run.outputs),
-            kept=True,
-            quantized_fraction=search.fraction(modes),
-            stage="start",
-        )
-    ]
+    steps = [_start(search, modes, run)]
     curve = []
     for done, (site, mode) in enumerate(moves):
         search.progress("scoring the curve", done, len(moves))
@@ -212,6 +204,13 @@ def choose(
     return tuple(steps), modes
 
 
+def _start(search: Search, modes: Mapping[str, Mode], run: Run) -> PlanStep:
+    """The step every search starts from: ``modes`` as ``run`` scores them, no site taken yet."""
+    return PlanStep(
+        fqn="", score=search.scorer(run.outputs), kept=True, quantized_fraction=search.fraction(modes), stage="start"
+    )
+
+
 def _step(search: Search, site: str, mode: Mode, score: float, modes: Mapping[str, Mode], stage: str) -> PlanStep:
     return PlanStep(
         fqn=site, score=score, kept=True, quantized_fraction=search.fraction(modes), stage=stage, mode=mode.value
@@ -231,15 +230,7 @@ def within_budget(
 ) -> tuple[tuple[PlanStep, ...], dict[str, Mode]]:
     """At most ``budget`` sites in float: the costliest alone, one by one, and the best prefix."""
     modes, run = dict(start), quantized_run
-    steps = [
-        PlanStep(
-            fqn="",
-            score=search.scorer(run.outputs),
-            kept=True,
-            quantized_fraction=search.fraction(modes),
-            stage="start",
-        )
-    ]
+    steps = [_start(search, modes, run)]
     best, best_modes = steps[0].score, dict(modes)
     for site in sorted((s for s in search.candidates if start[s] is not Mode.FLOAT), key=lambda s: -noise[s])[:budget]:
         modes = {**modes, site: Mode.FLOAT}
