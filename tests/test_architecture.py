@@ -8,6 +8,7 @@ The core and the plugin contract load no torch, numpy, cattrs or matplotlib.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -207,15 +208,21 @@ def test_no_code_acts_on_the_words_it_shows() -> None:
     assert found == []
 
 
+@functools.cache
+def _called() -> dict[str, set[str]]:
+    """Each function name the package calls (``name(...)`` or ``x.name(...)``) and the modules that call it."""
+    found: dict[str, set[str]] = {}
+    for module, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                found.setdefault(name, set()).add(module)
+    return found
+
+
 def _calls(name: str) -> set[str]:
-    """The modules whose code calls a function called ``name`` (``name(...)`` or ``x.name(...)``)."""
-    return {
-        module
-        for module, path in modules().items()
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Call)
-        and (node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")) == name
-    }
+    """The modules whose code calls a function called ``name``."""
+    return _called().get(name, set())
 
 
 def test_one_trial_quantizes_a_config_for_real() -> None:

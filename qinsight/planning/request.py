@@ -78,7 +78,7 @@ class PlanRequest:
 def plan_request(
     *,
     target: str | Target | None,
-    budget: str | float | Budget | None,
+    budget: str | float | Budget | None = None,
     flow: FlowName | None,
     backend: str | None,
     metric: str | MetricFunction | None,

@@ -66,6 +66,7 @@ def test_the_fx_frontend_reads_what_feeds_each_site_and_which_clip_reads_it() ->
     assert (sites["fc"].source, sites["fc"].clip) == (None, (-1.0, 1.0))  # a mean, no site, feeds it
 
 
+@pytest.mark.slow  # against torch's HistogramObserver: the whole suite's tier, on hypothesis' CI profile
 @settings(max_examples=8, deadline=None)
 @given(
     values=st.lists(st.floats(-50, 50, allow_nan=False, width=32), min_size=2, max_size=200),
@@ -287,6 +288,7 @@ def test_the_checks_copy_the_modules_but_not_the_weights_and_leave_them_as_they_
         assert after[name] is tensor and torch.equal(tensor, values), name
 
 
+@pytest.mark.slow  # the whole suite's tier (test_a_kernel_that_saturates_at_eight_bits_reads_its_input_at_seven)
 def test_the_check_keeps_dynamic_layers_in_float_and_finds_what_the_whole_config_finds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -222,7 +222,9 @@ def _annotations(graph: torch.fx.GraphModule) -> dict[str, tuple[object, ...]]:
     return found
 
 
-@pytest.mark.parametrize("example", ["mobilenet_v2", "encoder"])
+@pytest.mark.parametrize(
+    "example", [pytest.param("mobilenet_v2", marks=pytest.mark.slow), "encoder"]
+)  # real MobileNetV2 in the whole suite's tier
 def test_the_grouped_quantizer_annotates_node_for_node_as_torchaos_per_module_passes(example: str) -> None:
     """GroupedX86InductorQuantizer annotates the modules sharing a config in one pass (a PT2E plan
     annotates every config it simulates); on random mixes of float, per-tensor and dynamic modules

@@ -75,6 +75,7 @@ def test_gates_exit_1_and_name_the_modules(saved: Path) -> None:
     )
 
 
+@pytest.mark.slow  # five commands: the whole suite's tier (show: test_qinsight_show_prints_the_comparison)
 def test_show_diff_plot_detectors_schema(saved: Path) -> None:
     shown = qinsight("show", str(saved / "a.json"))
     assert shown.returncode == 0 and shown.stdout.startswith("qinsight report: encoder")
@@ -96,6 +97,7 @@ def test_show_diff_plot_detectors_schema(saved: Path) -> None:
     assert schema.returncode == 0 and '"schema_version"' in schema.stdout
 
 
+@pytest.mark.slow  # a command's subprocesses: the whole suite's tier
 def test_compare_quantizes_compares_and_writes_what_show_prints(tmp_path: Path) -> None:
     out, page = tmp_path / "c.json", tmp_path / "c.html"
     result = qinsight("compare", "--example", "cnn", "--batches", "3", "--out", str(out), "--html", str(page))
@@ -183,9 +185,9 @@ def test_errors_exit_2_with_one_line(args: tuple[str, ...], message: str) -> Non
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_usage_errors_exit_2_and_debug_shows_the_traceback(saved: Path) -> None:
+def test_usage_errors_exit_2_and_debug_shows_the_traceback(tmp_path: Path) -> None:
     assert qinsight("diagnose").returncode == 2  # argparse: one of --example/--model required
-    bad = saved / "bad.json"
+    bad = tmp_path / "bad.json"
     bad.write_text("{")
     debug = qinsight("--debug", "show", str(bad))
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "ReportFileError" in debug.stderr
@@ -278,6 +280,7 @@ def test_plan_with_the_torchao_flow_gives_a_format_per_linear_under_a_budget(tmp
         assert len(refused.stderr.splitlines()) == 1
 
 
+@pytest.mark.slow  # a command's subprocesses: the whole suite's tier
 def test_diagnose_verifies_as_asked_and_gates_on_an_unverified_config() -> None:
     verified = qinsight(
         "diagnose", "--example", "cnn", "--batches", "4", "--verify", "fx", "--fail-on", "unverified", "--quiet"
@@ -298,6 +301,7 @@ def test_diagnose_verifies_as_asked_and_gates_on_an_unverified_config() -> None:
     assert typo.returncode == 2 and "--verify 'onnx'" in typo.stderr
 
 
+@pytest.mark.slow  # a command's subprocesses: the whole suite's tier
 def test_hf_mistakes_end_in_one_line(tmp_path: Path) -> None:
     missing = qinsight("diagnose", "--hf", str(tmp_path / "nowhere.gguf"), "--quiet")
     if "needs Hugging Face transformers" in missing.stderr:
@@ -343,6 +347,7 @@ def test_diagnose_a_hugging_face_gguf_with_its_own_tokenizer_verified_in_pt2e(tm
     )
 
 
+@pytest.mark.slow  # two commands' subprocesses: the whole suite's tier
 def test_diagnose_and_plan_judge_one_model_against_the_same_default_plan(tmp_path: Path) -> None:
     """One model, one verdict: plan diagnoses against the backend's default QConfigMapping as diagnose
     does (x86 quantizes the weights per channel already; --qconfig, shared, says otherwise)."""

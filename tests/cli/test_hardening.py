@@ -189,6 +189,7 @@ def test_failures_of_user_code_are_one_line_with_their_exit_code(
     assert one_error_line(result, code) == message
 
 
+@pytest.mark.slow  # the console script: the whole suite's tier (python -m: test_diagnose_a_model_from_factories)
 def test_the_console_command_finds_modules_in_the_current_folder(tmp_path: Path) -> None:
     (tmp_path / "userfactories.py").write_text(FACTORIES + "def data():\n    return [torch.randn(2, 4)]\n")
     command = Path(sys.executable).parent / "qinsight"

@@ -68,6 +68,7 @@ def test_the_weights_compared_are_the_ones_the_kernels_read() -> None:
         assert row.metric("sqnr") == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.slow  # real MiniLM: the whole suite's tier (test_every_quantize_d_linear_is_compared_with_its_format)
 def test_minilm_quantize_d_to_int8_dynamic_is_read_layer_by_layer() -> None:
     """Real all-MiniLM-L6-v2 weights: its 36 Linears, every one recognized as int8 dynamic."""
     model = minilm_or_skip()

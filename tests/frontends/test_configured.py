@@ -23,6 +23,7 @@ def _verdicts(quantizer: object) -> dict[str, str]:
     return {finding.fqn: finding.verdict for finding in report.result("qinsight.per_channel").findings}
 
 
+@pytest.mark.slow  # four diagnoses through ExecuTorch's quantizer: the whole suite's tier
 def test_per_channel_is_judged_against_the_users_quantizer_composed_or_not() -> None:
     per_channel = get_symmetric_quantization_config(is_per_channel=True)
     per_tensor = get_symmetric_quantization_config(is_per_channel=False)

@@ -27,7 +27,9 @@ def _annotations(quantizer: Any, graph: fx.GraphModule) -> dict[str, tuple[objec
     return found
 
 
-@pytest.mark.parametrize("training", [False, True])  # batch norms folded, and not: the conv-bn patterns match
+@pytest.mark.parametrize(
+    "training", [False, pytest.param(True, marks=pytest.mark.slow)]
+)  # batch norms folded, and not: the conv-bn patterns match; the unfolded one in the whole suite's tier
 def test_a_quantizer_asked_again_annotates_the_same_and_exports_no_pattern_twice(
     training: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:

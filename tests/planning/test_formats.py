@@ -219,6 +219,7 @@ def test_a_tied_output_head_and_layers_no_group_fits_stay_float_with_a_note() ->
     assert "head" in said[NoteKind.TIED_WEIGHTS] and "blocks.0.odd" in said[NoteKind.NO_FORMAT_FITS]  # named
 
 
+@pytest.mark.slow  # a format plan measured for real: the whole suite's tier (round trips: tests/outputs/test_serde.py)
 def test_a_report_carrying_a_format_plan_round_trips_and_leads_with_its_verdict(
     model: nn.Module, tmp_path: object
 ) -> None:
