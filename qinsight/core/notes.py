@@ -59,9 +59,4 @@ class Note:
         return self.text
 
 
-def kinds(notes: tuple[Note, ...]) -> tuple[NoteKind, ...]:
-    """The kinds of ``notes``, in order."""
-    return tuple(note.kind for note in notes)
-
-
-__all__ = ["Note", "NoteKind", "kinds"]
+__all__ = ["Note", "NoteKind"]

@@ -141,8 +141,8 @@ class Budget:
         if found != unit:
             other = f" ({found}<=N is {BUDGET_UNITS[found]})" if found in BUDGET_UNITS else ""
             raise InvalidParameterError(owner, "budget", str(value), expected + other)
-        fits = limit >= 0 and limit == int(limit) if unit == "float" else limit > 0
-        if not (math.isfinite(limit) and fits):
+        whole = math.isfinite(limit) and limit >= 0 and limit == int(limit)
+        if not (whole if unit == "float" else math.isfinite(limit) and limit > 0):
             raise InvalidParameterError(owner, "budget", str(value), expected)
         return cls(unit=unit, limit=limit)
 

@@ -187,15 +187,16 @@ def _prepared(model: nn.Module) -> bool:
 
 class _Scorer:
     """A config's SQNR for real (:func:`~qinsight.apply.trial.run_trial`): quantized on the calibrating
-    batches, run on the scored ones. Per config, the layers the converted model quantizes
-    (:attr:`quantized`); the flow's error, where it cannot build or run a config, kept for the reason."""
+    batches, run on the scored ones. Per config of the report's, its :class:`~qinsight.apply.trial.Trial`
+    (:attr:`trials`: the layers the converted model quantizes); the flow's error, where it cannot build or
+    run a config, kept for the reason."""
 
     def __init__(self, model: nn.Module, batches: Sequence[Any], lowering: Lowering | None = None) -> None:
         self.model, self.lowering = model, lowering
         self.calibrating, self.scored = split(batches)
         self.reference = _rows(model_outputs(model, self.scored))
         self.last_error = ""
-        self.quantized: dict[Advice, frozenset[str]] = {}
+        self.trials: dict[Advice, Trial] = {}
 
     def __call__(self, advice: Advice, quantizer: object | None = None) -> float:
         found = run_trial(
@@ -205,7 +206,7 @@ class _Scorer:
             self.last_error = found.error
             return -math.inf
         if quantizer is None:  # the user's config: what it quantizes is not the report's to name
-            self.quantized[advice] = found.quantized
+            self.trials[advice] = found
         return sqnr(self.reference, _rows(found.outputs))
 
 
@@ -277,7 +278,7 @@ def verify_flow(
                 Note(NoteKind.NOTHING_SUGGESTED, "the report suggests nothing the flow's default does not do"),
             ),
         )
-        return _left_float(noting_yours(verdict), model, report, base, score.quantized[base])
+        return _left_float(noting_yours(verdict), model, report, base, score.trials[base])
     suggested = score(config(()))
     error = score.last_error if suggested == -math.inf else ""
     without = {kind: score(config([kind])) if len(kinds) > 1 else default for kind in kinds}
@@ -318,7 +319,7 @@ def verify_flow(
         blank, default=default, suggested=suggested, score=final, checks=checks, notes=blank.notes + notes
     )
     offered = base if dropped == frozenset(kinds) else config(dropped)
-    return _left_float(noting_yours(verdict), model, report, offered, score.quantized[offered])
+    return _left_float(noting_yours(verdict), model, report, offered, score.trials[offered])
 
 
 def _beside_yours(blank: ConfigVerification, yours: float, name: str, error: str) -> ConfigVerification:
@@ -341,14 +342,14 @@ def noting_yours(verdict: ConfigVerification) -> ConfigVerification:
 
 
 def _left_float(
-    verdict: ConfigVerification, model: nn.Module, report: Report, offered: Advice, quantized: frozenset[str]
+    verdict: ConfigVerification, model: nn.Module, report: Report, offered: Advice, trial: Trial
 ) -> ConfigVerification:
     """``verdict`` naming the layers with weights that the offered config quantizes and the flow, as
     converted, left in float (read from the converted model); a note where it left every one."""
     kept = {s.fqn for s in offered.suggestions if s.keep_float}
     weighted = weighted_layers(model, report.sites)
     meant = [fqn for fqn in weighted if fqn not in kept]
-    left = Trial(quantized=quantized).left_float(meant)
+    left = trial.left_float(meant)
     if not left:
         return verdict
     modules = dict(model.named_modules())

@@ -110,6 +110,8 @@ def test_a_budget_reads_as_the_cli_writes_it(value: Any, unit: Any, limit: float
     ("value", "unit", "expected"),
     [
         ("float<=-3", "float", "whole number"),
+        (math.inf, "float", "whole number"),
+        (math.nan, "bits", "'bits<=N'"),
         ("float<=2.5", "float", "whole number"),
         ("float>=3", "float", "'float<=N'"),
         ("bits<=6", "float", "(bits<=N is mean bits per weight of the planned Linears (qinsight.plan_formats))"),
