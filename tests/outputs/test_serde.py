@@ -585,6 +585,16 @@ def test_plugin_findings_survive_a_reader_without_the_plugin(tmp_path: Path, mon
     assert "wide (2): fc2, fc3 -- 32 input features" in qinsight.to_text(loaded)
 
 
+def _saved_with(plan: qinsight.QuantPlan, path: Path) -> dict[str, Any]:
+    """A report carrying only ``plan``, saved to ``path``, and the JSON the file holds (to rewrite as older
+    schemas wrote it)."""
+    metadata = ReportMetadata(model="m", frontend="fx", backend="x86", batches=1, qinsight_version="", torch_version="")
+    report = qinsight.Report(metadata=metadata, sites=(), observations=(), results=(), suggestions=(), plan=plan)
+    save_report(report, path)
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
 def test_a_plans_checks_of_schema_3_7_are_read_with_their_kinds_from_their_words(tmp_path: Path) -> None:
     """3.8 added what a check is (``kinds``), which code acts on; a file written before says it only in
     words, and is read as if it had said the kinds (a dropped equalization still leaves the mapping)."""
@@ -607,11 +617,8 @@ def test_a_plans_checks_of_schema_3_7_are_read_with_their_kinds_from_their_words
         flow="fx", backend="x86", metric="sqnr", target=qinsight.types.Target.parse("sqnr>=30"), reached=True,
         default_score=20.0, verified_score=31.0, checks=checks,
     )  # fmt: skip
-    metadata = ReportMetadata(model="m", frontend="fx", backend="x86", batches=1, qinsight_version="", torch_version="")
-    report = qinsight.Report(metadata=metadata, sites=(), observations=(), results=(), suggestions=(), plan=plan)
     path = tmp_path / "r.json"
-    save_report(report, path)
-    data = json.loads(path.read_text())
+    data = _saved_with(plan, path)
     data["schema_version"] = [3, 7]
     for written in data["plan"]["checks"]:
         del written["kinds"]
@@ -634,11 +641,8 @@ def test_a_budget_and_the_notes_of_a_file_before_4_0_read_as_their_types(tmp_pat
         flow="fx", backend="x86", metric=metric, target=qinsight.types.Budget(unit="float", limit=2.0), reached=True,
         default_score=20.0, verified_score=31.0,
     )  # fmt: skip
-    metadata = ReportMetadata(model="m", frontend="fx", backend="x86", batches=1, qinsight_version="", torch_version="")
-    report = qinsight.Report(metadata=metadata, sites=(), observations=(), results=(), suggestions=(), plan=plan)
     path = tmp_path / "r.json"
-    save_report(report, path)
-    data = json.loads(path.read_text())
+    data = _saved_with(plan, path)
     assert data["plan"]["target"] == {"unit": "float", "limit": 2.0}
     data["schema_version"] = [3, 8]
     data["plan"]["target"] = {"metric": "float", "threshold": 2.0, "higher_is_better": False}
