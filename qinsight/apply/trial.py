@@ -55,7 +55,7 @@ class Trial:
 
 
 @contextlib.contextmanager
-def measuring() -> Iterator[None]:
+def _measuring() -> Iterator[None]:
     """A config quantized and run as a measurement: its warnings (the advice's own, said with the report)
     ignored, and the traceback an FX graph prints to stderr before it raises kept off the terminal: a
     failure there is a result (the config cannot run), which the caller says."""
@@ -79,7 +79,7 @@ def run_trial(
     ``scored``; an exported model takes the input shapes of ``shaped_for`` too. Any error of the flow,
     at prepare, convert or the run, ends in a failed :class:`Trial`."""
     try:
-        with measuring():
+        with _measuring():
             converted = quantize_with(model, advice, calibration, quantizer, runs_on=[*scored, *shaped_for])
             outputs = tuple(model_outputs(shipped(converted, lowering), scored))
     except Exception as exc:  # torch's errors have no common base: prepare, convert and the run alike
@@ -114,4 +114,4 @@ def weighted_layers(model: nn.Module, sites: Iterable[OpSite]) -> dict[str, int]
     return {fqn: count for fqn, count in counts.items() if count > 0}
 
 
-__all__ = ["Trial", "measuring", "model_outputs", "run_trial", "weight_counts", "weighted_layers"]
+__all__ = ["Trial", "model_outputs", "run_trial", "weight_counts", "weighted_layers"]
