@@ -5,12 +5,31 @@ from __future__ import annotations
 
 import collections
 import math
+import sys
 from collections.abc import Mapping, Sequence
 
-# A section with more rows than this shows the modules of repeated blocks (an LLM's 30 decoder layers)
-# one row per role, ``layers.*.mlp.down_proj (30)``; ``--all`` shows every module's row.
-GROUP_ABOVE = 12
-MAX_ROLE_ROWS = 8  # a verdict's rows shown before "N more roles" (--all shows every one)
+import attrs
+
+
+@attrs.frozen
+class Layout:
+    """How much of a long section the report's text shows. The default keeps an LLM's report to one
+    screen; :meth:`full` (``--all``) shows every module's row."""
+
+    names: int = 8  # modules named on a summary line before "and N more"
+    # A section with more rows than this shows the modules of repeated blocks (an LLM's 30 decoder
+    # layers) one row per role, ``layers.*.mlp.down_proj (30)``.
+    group_above: int = 12
+    role_rows: int = 8  # a verdict's rows shown before "N more roles"
+
+    @classmethod
+    def full(cls) -> Layout:
+        """Every module named, every row shown: limits no section reaches."""
+        return cls(names=sys.maxsize, group_above=sys.maxsize, role_rows=sys.maxsize)
+
+    def short(self, rows: int) -> bool:
+        """Whether a section of ``rows`` rows shows each module's own row."""
+        return rows <= self.group_above
 
 
 def role_of(fqn: str) -> str:
@@ -24,25 +43,24 @@ def role_of(fqn: str) -> str:
 
 def by_role(
     rows: Sequence[tuple[str, str]],
+    layout: Layout,
     *,
-    everything: bool,
     same_text: bool,
     severity: Mapping[str, float] | None = None,
-    worst_first_above: int | None = None,
 ) -> list[tuple[str, str]]:
-    """(module, text) rows as printed: each module's own in a short section or with ``everything``; else
+    """(module, text) rows as printed: each module's own in a section the ``layout`` calls short; else
     one row per role naming how many modules share it. Where ``same_text`` (a config's entries), the
     text most of them share, and how many say otherwise; else (a finding's numbers) the worst module's
     by ``severity`` (higher worse; the first where none is known) stands for them, the next two named.
-    Where more than ``worst_first_above`` rows result, the roles with the worst module come first."""
-    if everything or len(rows) <= GROUP_ABOVE:
+    Where more rows result than :func:`capped` shows, the roles with the worst module come first."""
+    if layout.short(len(rows)):
         shown = [(role_of(fqn), (fqn, text)) for fqn, text in rows]
     else:
         groups: dict[str, list[tuple[str, str]]] = {}
         for fqn, text in rows:
             groups.setdefault(role_of(fqn), []).append((fqn, text))
         shown = [(role, _role_row(role, members, same_text, severity or {})) for role, members in groups.items()]
-    if severity and worst_first_above is not None and len(shown) > worst_first_above:
+    if severity and len(shown) > layout.role_rows + 1:
         worst: dict[str, float] = {}
         for fqn, value in severity.items():
             worst[role_of(fqn)] = max(value, worst.get(role_of(fqn), -math.inf))
@@ -81,11 +99,12 @@ def role_counts(fqns: Sequence[str]) -> str:
     return ", ".join(role if count == 1 else f"{role} ({count})" for role, count in counts.items())
 
 
-def capped(rows: Sequence[tuple[str, str]], *, everything: bool) -> tuple[list[tuple[str, str]], int]:
-    """At most :data:`MAX_ROLE_ROWS` rows (all with ``everything``), and how many were left out."""
-    if everything or len(rows) <= MAX_ROLE_ROWS + 1:
+def capped(rows: Sequence[tuple[str, str]], layout: Layout) -> tuple[list[tuple[str, str]], int]:
+    """At most the ``layout``'s ``role_rows`` rows (one more rather than a "1 more" line), and how many
+    were left out."""
+    if len(rows) <= layout.role_rows + 1:
         return list(rows), 0
-    return list(rows[:MAX_ROLE_ROWS]), len(rows) - MAX_ROLE_ROWS
+    return list(rows[: layout.role_rows]), len(rows) - layout.role_rows
 
 
-__all__ = ["GROUP_ABOVE", "MAX_ROLE_ROWS", "by_role", "capped", "role_counts", "role_of"]
+__all__ = ["Layout", "by_role", "capped", "role_counts", "role_of"]

@@ -20,11 +20,9 @@ from qinsight.core.report import DetectorResult, Report
 from qinsight.outputs.diff import ReportDiff
 from qinsight.outputs.formats import format_summary, format_tables, format_text
 from qinsight.outputs.plans import plan_tables, plan_text, summary_lines
-from qinsight.outputs.roles import GROUP_ABOVE, MAX_ROLE_ROWS, by_role, capped, role_counts
+from qinsight.outputs.roles import Layout, by_role, capped, role_counts
 from qinsight.outputs.tables import comparison_tables, tables_as_text
 from qinsight.outputs.verification import verification_lines
-
-MAX_NAMES = 8  # modules named on a summary line before "and N more"
 
 # Terms the detectors' reasons use (the text that marks them, the term, its meaning), explained
 # once below the report where they appear.
@@ -41,8 +39,8 @@ def printable(text: str) -> str:
     return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
 
 
-def _names(findings: Sequence[Finding], everything: bool = False) -> str:
-    shown = findings if everything or len(findings) <= MAX_NAMES + 1 else findings[:MAX_NAMES]
+def _names(findings: Sequence[Finding], layout: Layout) -> str:
+    shown = findings if len(findings) <= layout.names + 1 else findings[: layout.names]
     more = len(findings) - len(shown)
     return ", ".join(f.fqn for f in shown) + (f" and {more} more (--all lists them)" if more > 0 else "")
 
@@ -73,7 +71,7 @@ def _group(findings: Sequence[Finding]) -> dict[str, list[Finding]]:
     return groups
 
 
-def _result_lines(result: DetectorResult, everything: bool) -> list[str]:
+def _result_lines(result: DetectorResult, layout: Layout) -> list[str]:
     params = ", ".join(f"{p.name}={p.value}" for p in result.parameters)
     lines = [f"{result.detector}" + (f" ({params})" if params else "")]
     if not result.findings:
@@ -82,41 +80,36 @@ def _result_lines(result: DetectorResult, everything: bool) -> list[str]:
     for verdict, group in _group(result.findings).items():
         reasons = {f.reason() for f in group}
         if group[0].actionable and len(reasons) == 1 and len(group) > 1:
-            lines.append(f"  {verdict} ({len(group)}): {_names(group, everything)} -- {reasons.pop()}")
+            lines.append(f"  {verdict} ({len(group)}): {_names(group, layout)} -- {reasons.pop()}")
         elif group[0].actionable:
-            lines.extend(_actionable_lines(verdict, group, everything, any(f.fqn in suggested for f in group)))
+            lines.extend(_actionable_lines(verdict, group, layout, any(f.fqn in suggested for f in group)))
         else:
-            lines.append(f"  {verdict} ({len(group)}): {_names(group, everything)}")
+            lines.append(f"  {verdict} ({len(group)}): {_names(group, layout)}")
     return lines
 
 
-def _actionable_lines(verdict: str, group: Sequence[Finding], everything: bool, suggests: bool) -> list[str]:
-    """A verdict to act on: a row per module (per role in a long section), at most :data:`MAX_ROLE_ROWS`
-    without ``everything``; one line where the detector suggested nothing for any of them (an LLM's 90
+def _actionable_lines(verdict: str, group: Sequence[Finding], layout: Layout, suggests: bool) -> list[str]:
+    """A verdict to act on: a row per module (per role in a long section), as many as the ``layout``
+    shows; one line where the detector suggested nothing for any of them (an LLM's 90
     "equalization recommended, FX cannot equalize a Linear on 3-D inputs")."""
     reasons_of = [f.reason() for f in group]
     tail = shared_tail(reasons_of)
     if tail:  # said once: "FX cannot equalize a Linear on 3-D inputs: not suggested" for 102 modules
         reasons_of = [reason[: -len(tail) - 2] for reason in reasons_of]
     head = f"  {verdict} ({len(group)})" + (f", each: {tail}" if tail else "")
-    if not suggests and not everything and len(group) > GROUP_ABOVE:
+    if not suggests and not layout.short(len(group)):
         return [
             f"{head}{'' if tail else ', nothing suggested'}: {role_counts([f.fqn for f in group])} (--all gives each)"
         ]
     severity = {f.fqn: value for f in group if (value := _severity(f)) is not None}
-    grouped = by_role(
-        [(f.fqn, r) for f, r in zip(group, reasons_of)],
-        everything=everything,
-        same_text=False,
-        severity=severity,
-        worst_first_above=None if everything else MAX_ROLE_ROWS + 1,  # the worst roles are the ones shown
-    )
-    rows, more = capped(grouped, everything=everything)
+    grouped = by_role([(f.fqn, r) for f, r in zip(group, reasons_of)], layout, same_text=False, severity=severity)
+    rows, more = capped(grouped, layout)
     return [head + ":", *_rows(rows, "    "), *([f"    ... and {more} more roles (--all lists them)"] if more else [])]
 
 
 def render_text(report: Report, *, everything: bool = False) -> str:
     """The report for people; ``everything`` names every module instead of the first few per line."""
+    layout = Layout.full() if everything else Layout()
     if report.comparison is not None and not report.sites:  # a file holding a comparison only
         return _comparison_lines(report, report.comparison) + "\n"
     meta = report.metadata
@@ -133,7 +126,7 @@ def render_text(report: Report, *, everything: bool = False) -> str:
     if report.formats is not None:
         lines.extend([*format_summary(report.formats), ""])
     for result in report.results:
-        lines.extend(_result_lines(result, everything))
+        lines.extend(_result_lines(result, layout))
         lines.append("")
     lines.append(f"Suggested config ({len(report.suggestions)} modules):")
     if report.plan is not None:
@@ -141,8 +134,8 @@ def render_text(report: Report, *, everything: bool = False) -> str:
         if report.plan.starts_from:  # the plan's config is the user's quantizer, given again
             method = method.replace(")", f", quantizer=<your {report.plan.starts_from}>)")
         lines.append(f"  {method} gives the plan's config below instead: the suggestions it kept, its sites in float")
-    lines.extend(_config_lines(report, everything))
-    lines.extend(_conflict_lines(report, everything))
+    lines.extend(_config_lines(report, layout))
+    lines.extend(_conflict_lines(report, layout))
     if len(report.equalization_mapping):
         lines.append(
             f"Equalize: {', '.join(report.equalization_mapping.fqns)} "
@@ -156,9 +149,9 @@ def render_text(report: Report, *, everything: bool = False) -> str:
         lines.extend(f"  {r.fqn}: {r.reason}" for r in refused)
     kept = _kept_float(report)
     # a long section's are named by role on the config's "keep in float" line, their findings above saying why
-    if kept and (everything or len(kept) <= GROUP_ABOVE):
+    if kept and layout.short(len(kept)):
         lines.append(f"Kept in float ({len(kept)}), and why:")
-        lines.extend(f"  {fqn}: {why}" for fqn, why in by_role(kept, everything=everything, same_text=False))
+        lines.extend(f"  {fqn}: {why}" for fqn, why in by_role(kept, layout, same_text=False))
     notes = _notes(report)
     if notes:
         lines.append("")
@@ -234,15 +227,15 @@ def _severity(finding: Finding) -> float | None:
     return value if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def _config_lines(report: Report, everything: bool) -> list[str]:
+def _config_lines(report: Report, layout: Layout) -> list[str]:
     """The suggested config, a row per module (per role in a long section); the modules kept in float
     one line by role in a long section."""
     entries = [(s.fqn, s.describe()) for s in report.suggestions]
     floats = [s.fqn for s in report.suggestions if s.keep_float]
-    if everything or len(entries) <= GROUP_ABOVE or len(floats) <= 1:
-        return _rows(by_role(entries, everything=everything, same_text=True), "  ") if entries else []
+    if layout.short(len(entries)) or len(floats) <= 1:
+        return _rows(by_role(entries, layout, same_text=True), "  ") if entries else []
     quantized = [(s.fqn, s.describe()) for s in report.suggestions if not s.keep_float]
-    rows = _rows(by_role(quantized, everything=False, same_text=True), "  ") if quantized else []
+    rows = _rows(by_role(quantized, layout, same_text=True), "  ") if quantized else []
     return [*rows, f"  keep in float ({len(floats)}): {role_counts(floats)}"]
 
 
@@ -268,16 +261,14 @@ def _config_call_lines(report: Report) -> list[str]:
     return [f"qinsight.qconfig_mapping(report): {observing.describe()}"] if observing is not None else []
 
 
-def _conflict_lines(report: Report, everything: bool) -> list[str]:
+def _conflict_lines(report: Report, layout: Layout) -> list[str]:
     """Each conflict between detectors; in a long section, one line per field and choice, naming who said what."""
-    if everything or len(report.conflicts) <= GROUP_ABOVE:
+    if layout.short(len(report.conflicts)):
         conflicts = [
             (f"{c.fqn}.{c.field}", f"{', '.join(f'{o.detector}={o.value}' for o in c.opinions)}; chose {c.chosen}")
             for c in report.conflicts
         ]
-        return [
-            f"  conflict on {name}: {text}" for name, text in by_role(conflicts, everything=everything, same_text=True)
-        ]
+        return [f"  conflict on {name}: {text}" for name, text in by_role(conflicts, layout, same_text=True)]
     said: dict[tuple[str, str], dict[str, set[str]]] = {}
     counts: collections.Counter[tuple[str, str]] = collections.Counter()
     for conflict in report.conflicts:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import qinsight
 from qinsight.examples.stack import llama_stack, stack_batches
-from qinsight.outputs.roles import role_of
+from qinsight.outputs.roles import Layout, by_role, capped, role_of
 from qinsight.outputs.text import shared_tail
 
 
@@ -44,6 +46,21 @@ def test_a_16_block_report_reads_by_role_and_all_lists_every_module(report: qins
         llama_stack(width=32, mlp=88, layers=1, heads=4), stack_batches(width=32, tokens=16, count=2), verify=False
     )
     assert "*" not in qinsight.to_text(small) and "layers.0.down_proj " in qinsight.to_text(small)
+
+
+@given(blocks=st.integers(0, 40), group_above=st.integers(0, 30), role_rows=st.integers(0, 12))
+def test_a_layout_bounds_a_sections_rows_and_full_shows_every_one(
+    blocks: int, group_above: int, role_rows: int
+) -> None:
+    rows = [(f"layers.{i}.{name}", f"{i}") for i in range(blocks) for name in ("q", "k", "up", "down")]
+    layout = Layout(group_above=group_above, role_rows=role_rows)
+    grouped = by_role(rows, layout, same_text=True)
+    # a short section keeps each module's row; a long one reads one row per role, naming how many share it
+    assert grouped == rows if len(rows) <= group_above else len(grouped) == min(4, len(rows))
+    shown, more = capped(grouped, layout)
+    assert shown == grouped[: len(shown)] and len(shown) + more == len(grouped)
+    assert more == 0 or len(shown) == role_rows  # no "1 more" line: one more row is shown instead
+    assert by_role(rows, Layout.full(), same_text=True) == rows and capped(rows, Layout.full()) == (rows, 0)
 
 
 def test_a_roles_row_names_its_worst_modules_first(report: qinsight.Report) -> None:
