@@ -2,7 +2,9 @@
 on, and the sentence people read. Rewording a note changes its text, never its kind.
 
 Advice, a report's verification, a plan and a format plan all carry notes; report files keep both the kind
-and the text (a file before 4.0 kept the text alone: its notes read back as :attr:`NoteKind.OTHER`).
+and the text (a file before 4.0 kept the text alone: its notes read back as :attr:`NoteKind.OTHER`). A
+check of a suggestion (a plan's, a verification's) says why it was kept or dropped the same way: its
+``why`` is a kind, its ``reason`` the words (since 4.1).
 """
 
 from __future__ import annotations
@@ -45,7 +47,15 @@ class NoteKind(enum.Enum):
     FLOAT_PERPLEXITY = "float_perplexity"  # the float model's perplexity, which the scores are ratios to
     STORED_BITS = "stored_bits"  # torchao stores more bits per weight than the plan counts
     RANKING = "ranking"  # the plan follows a cheaper ranking than the measured one: it scored best
-    OTHER = "other"  # a note of a file before 4.0: its text alone
+    # why a check of a suggestion kept it or dropped it (a plan's checks, a verification's)
+    MEASURED_REAL = "measured_real"  # kept: quantized for real with and without it (prepare, calibrate, convert)
+    HURTS = "hurts"  # dropped: the output scored worse with it among the other suggestions
+    FLOW_CANNOT_RUN = "flow_cannot_run"  # dropped: with it the flow cannot build or run the config
+    ALREADY_DEFAULT = "already_default"  # kept: the flow's default config does it already
+    NOT_MEASURED = "not_measured"  # kept unmeasured: the flow's default does not quantize the site
+    YOURS_DECIDES = "yours_decides"  # not applied: the plan starts from the user's quantizer, which decides it
+    # (UNEQUALIZED and UNSEEN_DROPPED above say why an equalization or an unseen part was not applied)
+    OTHER = "other"  # a note of a file before 4.0, a check's reason before 4.1: its text alone
 
 
 @attrs.frozen

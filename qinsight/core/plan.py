@@ -30,7 +30,7 @@ from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.errors import InvalidParameterError, InvalidValueError, NotFoundError
 from qinsight.core.metrics import higher_is_better, spec_of
-from qinsight.core.notes import Note
+from qinsight.core.notes import Note, NoteKind
 from qinsight.core.sites import OpSite
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
@@ -167,8 +167,9 @@ class SuggestionCheck:
     whether the plan starts from it; ``reason`` says why not, or why it could
     not be measured (then its scores are NaN and it is kept, marked so).
 
-    ``kinds`` is what the change is, for code to act on; ``change`` says it in words. A change to the
-    whole model rather than one site (how FX observes activations) has no ``fqn``.
+    ``kinds`` is what the change is, for code to act on; ``change`` says it in words. ``why`` is the
+    kind of the ``reason`` (``None`` where a simulated check kept it and there is nothing to add). A
+    change to the whole model rather than one site (how FX observes activations) has no ``fqn``.
     """
 
     fqn: str
@@ -180,6 +181,7 @@ class SuggestionCheck:
     without: float = math.nan
     kept: bool
     reason: str = ""
+    why: NoteKind | None = None
 
     @classmethod
     def of(cls, suggestion: QuantSuggestion, **measured: Any) -> SuggestionCheck:

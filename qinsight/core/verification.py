@@ -26,7 +26,7 @@ import attrs
 
 from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
-from qinsight.core.notes import Note
+from qinsight.core.notes import Note, NoteKind
 from qinsight.core.sites import FlowName, WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 
@@ -107,13 +107,16 @@ def without_kinds(parts: ConfigParts, kinds: Collection[SuggestionKind]) -> Conf
 @attrs.frozen(kw_only=True)
 class KindCheck:
     """One kind of suggestion: how many modules it changes (``modules``; 1 for the activation
-    observing), the score of the report's config ``without`` it, whether it was ``kept`` and why not."""
+    observing), the score of the report's config ``without`` it, whether it was ``kept``, and why not:
+    ``reason`` in words, ``why`` its kind (:attr:`~qinsight.core.notes.NoteKind.HURTS` or
+    :attr:`~qinsight.core.notes.NoteKind.FLOW_CANNOT_RUN`)."""
 
     kind: SuggestionKind
     modules: int = attrs.field(validator=attrs.validators.ge(0))
     without: float
     kept: bool
     reason: str = ""
+    why: NoteKind | None = None
 
 
 @attrs.frozen(kw_only=True)

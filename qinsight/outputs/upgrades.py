@@ -6,7 +6,7 @@ from what it said. Each hook here is the one place its old form is read.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, TypeVar
 
 import attrs
 import cattrs
@@ -14,14 +14,16 @@ from cattrs.gen import make_dict_structure_fn
 
 from qinsight.core.notes import Note, NoteKind
 from qinsight.core.plan import Budget, SuggestionCheck, Target
-from qinsight.core.verification import SuggestionKind
+from qinsight.core.verification import KindCheck, SuggestionKind
 
 
 def register_changed_records(converter: cattrs.Converter, *, strict: bool) -> None:
-    """Structure hooks for notes (4.0), budgets (4.0) and a plan's checks (3.8) on ``converter``."""
+    """Structure hooks for notes (4.0), budgets (4.0), a plan's checks (3.8, 4.1) and a verification's
+    (4.1) on ``converter``."""
     _notes(converter, strict=strict)
     _goals(converter, strict=strict)
     _checks(converter, strict=strict)
+    _kind_checks(converter, strict=strict)
 
 
 def _notes(converter: cattrs.Converter, *, strict: bool) -> None:
@@ -80,7 +82,7 @@ def _checks(converter: cattrs.Converter, *, strict: bool) -> None:
     def check_in(data: object, _: object) -> SuggestionCheck:
         if not isinstance(data, dict):
             raise TypeError("a suggestion check must be an object")
-        check = structure(data, SuggestionCheck)
+        check = _why_of_old(data, structure(data, SuggestionCheck))
         if "kinds" in data:
             return check
         if check.fqn == "(activations)":  # 3.7 named the activation observing check so
@@ -89,6 +91,25 @@ def _checks(converter: cattrs.Converter, *, strict: bool) -> None:
         return attrs.evolve(check, kinds=tuple(kind for words, kind in _SAID.items() if words in said))
 
     converter.register_structure_hook(SuggestionCheck, check_in)
+
+
+def _kind_checks(converter: cattrs.Converter, *, strict: bool) -> None:
+    structure = make_dict_structure_fn(KindCheck, converter, _cattrs_forbid_extra_keys=strict)
+
+    def check_in(data: object, _: object) -> KindCheck:
+        if not isinstance(data, dict):
+            raise TypeError("a verification's check must be an object")
+        return _why_of_old(data, structure(data, KindCheck))
+
+    converter.register_structure_hook(KindCheck, check_in)
+
+
+_Check = TypeVar("_Check", SuggestionCheck, KindCheck)
+
+
+def _why_of_old(data: dict[str, object], check: _Check) -> _Check:
+    """A check's reason before 4.1 was its words alone: its kind is ``other``."""
+    return attrs.evolve(check, why=NoteKind.OTHER) if "why" not in data and check.reason else check
 
 
 __all__ = ["register_changed_records"]

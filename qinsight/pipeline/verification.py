@@ -311,7 +311,8 @@ def verify_flow(
             modules=_modules(parts, kind),
             without=without[kind],
             kept=kind not in dropped,
-            reason=reason if kind in dropped else "",
+            reason=reason.text if kind in dropped else "",
+            why=reason.kind if kind in dropped else None,
         )
         for kind in kinds
     )
@@ -364,13 +365,17 @@ def _left_float(
     return attrs.evolve(verdict, left_float=left, notes=verdict.notes + (Note(NoteKind.LEFT_FLOAT, said),))
 
 
-def _reason(suggested: float, final: float, dropped: frozenset[SuggestionKind], error: str) -> str:
+def _reason(suggested: float, final: float, dropped: frozenset[SuggestionKind], error: str) -> Note:
     names = " and ".join(kind.value for kind in SuggestionKind if kind in dropped)
     if suggested == -math.inf:
-        return f"not applied: with it the flow cannot build or run the config ({error}); without {names} {_said(final)}"
-    return (
+        return Note(
+            NoteKind.FLOW_CANNOT_RUN,
+            f"not applied: with it the flow cannot build or run the config ({error}); without {names} {_said(final)}",
+        )
+    return Note(
+        NoteKind.HURTS,
         f"not applied: the report's config scored {_said(suggested)} as suggested, {_said(final)} without {names}, "
-        "the best of the configs measured for real"
+        "the best of the configs measured for real",
     )
 
 

@@ -13,6 +13,7 @@ import attrs
 
 from qinsight.core.flows import FlowSpec
 from qinsight.core.metrics import worse
+from qinsight.core.notes import Note, NoteKind
 from qinsight.core.plan import SuggestionCheck
 from qinsight.core.sites import WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion, merge_suggestions
@@ -90,9 +91,6 @@ def check_simulated(
         fqn = suggestion.fqn
         if fqn in measurable:
             kept = not worse(together, without[fqn], measuring.higher_is_better)
-            reason = (
-                "" if kept else f"not applied: {together - without[fqn]:+.3g} on the output among the other suggestions"
-            )
             check = SuggestionCheck.of(
                 suggestion,
                 before=before,
@@ -100,7 +98,10 @@ def check_simulated(
                 together=together,
                 without=without[fqn],
                 kept=kept,
-                reason=reason,
+                reason=""
+                if kept
+                else f"not applied: {together - without[fqn]:+.3g} on the output among the other suggestions",
+                why=None if kept else NoteKind.HURTS,
             )
             if kept:
                 start[fqn] = measurable[fqn]
@@ -111,6 +112,7 @@ def check_simulated(
                 alone=before,
                 kept=True,
                 reason="what the flow's default config does already",
+                why=NoteKind.ALREADY_DEFAULT,
             )
         else:
             check = SuggestionCheck.of(
@@ -119,6 +121,7 @@ def check_simulated(
                 alone=math.nan,
                 kept=True,
                 reason="not measured: the flow's default config does not quantize this site; applied as suggested",
+                why=NoteKind.NOT_MEASURED,
             )
         checks.append(check)
     return tuple(checks), start
@@ -138,6 +141,19 @@ def check_real(
     for part in parts:
         without = real(tuple(s for s in together_config if s is not part))
         kept = not worse(together, without, measuring.higher_is_better)
+        reason = (
+            Note(NoteKind.MEASURED_REAL, "measured for real (prepare, calibrate, convert)")
+            if kept
+            else Note(
+                NoteKind.FLOW_CANNOT_RUN,
+                "not applied: with it the flow cannot build or run the config (the plan's notes say why)",
+            )
+            if math.isinf(together)
+            else Note(
+                NoteKind.HURTS,
+                f"not applied: {together - without:+.3g} on the output among the other suggestions, measured for real",
+            )
+        )
         checks.append(
             SuggestionCheck.of(
                 part,
@@ -146,12 +162,8 @@ def check_real(
                 together=together,
                 without=without,
                 kept=kept,
-                reason="measured for real (prepare, calibrate, convert)"
-                if kept
-                else "not applied: with it the flow cannot build or run the config (the plan's notes say why)"
-                if math.isinf(together)
-                else f"not applied: {together - without:+.3g} on the output among the other suggestions, "
-                "measured for real",
+                reason=reason.text,
+                why=reason.kind,
             )
         )
     return checks
@@ -181,6 +193,7 @@ def check_all(
             alone=math.nan,
             kept=False,
             reason=f"not applied: the {flow.name} flow has no input-weight equalization",
+            why=NoteKind.UNEQUALIZED,
         )
         for p in for_real
         if p not in measurable

@@ -169,6 +169,7 @@ def baseline(request: PlanRequest, model: nn.Module, report: Report, scorer: Sco
         reason="measured for real (prepare, calibrate, convert)"
         if kept
         else f"not applied: {observed - score:+.3g} on the output against torch's default observing, measured for real",
+        why=NoteKind.MEASURED_REAL if kept else NoteKind.HURTS,
     )
     return Baseline(default, score, candidate if kept else default, (check,), observed if kept else score)
 
@@ -234,6 +235,7 @@ def _applicable(
             alone=math.nan,
             kept=False,
             reason=f"not applied: the plan starts from your {name}, which decides this",
+            why=NoteKind.YOURS_DECIDES,
         )
         for s in suggestions
         if not s.keep_float and not is_default(s)

@@ -134,7 +134,9 @@ def _unseen_parts_checked(
     reason = f"not applied: the planned config scored {score:.4g} with it, {without:.4g} without, measured for real"
     dropped = {(part.fqn, suggestion_kinds(part)) for part in unseen}
     checks = tuple(
-        attrs.evolve(check, kept=False, reason=reason) if check.kept and (check.fqn, check.kinds) in dropped else check
+        attrs.evolve(check, kept=False, reason=reason, why=NoteKind.UNSEEN_DROPPED)
+        if check.kept and (check.fqn, check.kinds) in dropped
+        else check
         for check in checks
     )
     return (

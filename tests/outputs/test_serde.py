@@ -150,6 +150,7 @@ for _cls in (
     qinsight.types.SuggestionCheck,
     qinsight.types.SiteSensitivity,
     qinsight.types.Target,
+    qinsight.types.Budget,
     qinsight.QuantPlan,
     qinsight.types.SmoothingEntry,
     qinsight.SmoothingMapping,
@@ -168,6 +169,10 @@ st.register_type_strategy(
     st.builds(qinsight.types.SiteSensitivity, parameters=COUNTS, float_only=SCORES, quantized_only=SCORES, gain=SCORES),
 )
 st.register_type_strategy(qinsight.types.Target, st.builds(qinsight.types.Target, threshold=st.floats(-1e6, 1e6)))
+st.register_type_strategy(
+    qinsight.types.Budget,
+    st.builds(qinsight.types.Budget, unit=st.sampled_from(["float", "bits"]), limit=st.floats(0, 1e6)),
+)
 st.register_type_strategy(
     qinsight.types.SmoothingEntry,
     st.builds(
@@ -209,7 +214,6 @@ for _cls in (
     qinsight.FormatPlan,
     qinsight.types.OrderCheck,
     qinsight.types.FormatCost,
-    qinsight.types.Budget,
 ):
     attrs.resolve_types(_cls)
 st.register_type_strategy(
@@ -222,10 +226,6 @@ st.register_type_strategy(
     qinsight.types.LayerFormat, st.builds(qinsight.types.LayerFormat, parameters=COUNTS, bits=SCORES)
 )
 st.register_type_strategy(qinsight.types.FormatCost, st.builds(qinsight.types.FormatCost, damage=SCORES, score=SCORES))
-st.register_type_strategy(
-    qinsight.types.Budget,
-    st.builds(qinsight.types.Budget, unit=st.sampled_from(["float", "bits"]), limit=st.floats(0, 1e6)),
-)
 st.register_type_strategy(
     qinsight.FormatPlan,
     st.builds(
@@ -653,3 +653,38 @@ def test_a_budget_and_the_notes_of_a_file_before_4_0_read_as_their_types(tmp_pat
     assert loaded is not None and loaded.target == plan.target and loaded.higher_is_better == (metric == "sqnr")
     assert loaded.notes == (qinsight.types.Note(qinsight.types.NoteKind.OTHER, "a note as 3.x wrote it"),)
     assert STRICT.structure({"bits": 6.0}, qinsight.types.Budget) == qinsight.types.Budget(unit="bits", limit=6.0)
+
+
+def test_a_checks_why_is_kept_and_a_reason_before_4_1_reads_as_kind_other(tmp_path: Path) -> None:
+    """4.1 added a check's ``why``, the kind of its ``reason``: written and read back; a check written
+    before says its reason in words alone, read back with the kind ``other`` (none where it said nothing)."""
+    kinds, note_kinds = qinsight.types.SuggestionKind, qinsight.types.NoteKind
+    check = qinsight.types.SuggestionCheck
+    checks = (
+        check(fqn="fc1", change="equalize", kinds=(kinds.EQUALIZE,), before=20.0, alone=19.0, kept=False,
+              reason="not applied: -1 on the output", why=note_kinds.HURTS),
+        check(fqn="fc2", change="keep in float", kinds=(kinds.KEEP_FLOAT,), before=20.0, alone=25.0, kept=True),
+    )  # fmt: skip
+    plan = qinsight.QuantPlan(
+        flow="fx", backend="x86", metric="sqnr", target=qinsight.types.Target.parse("sqnr>=30"), reached=True,
+        default_score=20.0, verified_score=31.0, checks=checks,
+    )  # fmt: skip
+    path = tmp_path / "r.json"
+    data = _saved_with(plan, path)
+    loaded = load_report(path).plan
+    assert loaded is not None and [(c.reason, c.why) for c in loaded.checks] == [(c.reason, c.why) for c in checks]
+    data["schema_version"] = [4, 0]
+    for written in data["plan"]["checks"]:
+        written.pop("why", None)
+    path.write_text(json.dumps(data))
+    old = load_report(path).plan
+    assert old is not None and [c.why for c in old.checks] == [note_kinds.OTHER, None]
+    said = {
+        "kind": "input-weight equalization",
+        "modules": 2,
+        "without": 30.0,
+        "kept": False,
+        "reason": "not applied: worse",
+    }
+    assert STRICT.structure(said, qinsight.types.KindCheck).why is note_kinds.OTHER
+    assert STRICT.structure({**said, "why": "hurts"}, qinsight.types.KindCheck).why is note_kinds.HURTS

@@ -10,6 +10,7 @@ import qinsight
 from qinsight.compare.metrics import sqnr
 from qinsight.compare.outputs import output_rows
 from qinsight.examples.builtin import example
+from qinsight.types import NoteKind
 
 pytest.importorskip("executorch")
 
@@ -53,7 +54,7 @@ def test_a_plan_on_top_of_the_users_quantizer_keeps_float_only_what_it_must() ->
     assert plan.flow == "pt2e" and plan.starts_from == "XNNPACKQuantizer" and plan.reached
     assert plan.default_score < 50.0 and 0.5 < plan.quantized_fraction < 1.0
     assert plan.suggestions and all(s.keep_float for s in plan.suggestions)  # the quantizer decides everything else
-    assert any("which decides this" in check.reason for check in plan.checks if not check.kept)
+    assert any(check.why is NoteKind.YOURS_DECIDES for check in plan.checks if not check.kept)
     converted = qinsight.quantize(model, plan, calibration, quantizer=quantizer)
     with torch.no_grad():
         reference = torch.cat([output_rows(model(batch)) for batch in held_out])

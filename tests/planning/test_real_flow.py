@@ -30,7 +30,7 @@ def test_a_config_torch_cannot_run_is_left_out_and_the_plan_goes_on() -> None:
     sequences = [batch.reshape(8, 8, 32) for batch in rows]
     plan = qinsight.plan(model, sequences[:4], sequences[4:], target="sqnr>=20", report=report)
     (check,) = [c for c in plan.checks if SuggestionKind.EQUALIZE in c.kinds]
-    assert not check.kept and "cannot build or run" in check.reason
+    assert not check.kept and check.why is NoteKind.FLOW_CANNOT_RUN
     (note,) = [n.text for n in plan.notes if n.kind is NoteKind.FAILED_CONFIGS]
     assert "ValueError" in note and "fx flow" in note  # the flow's error, named
     assert plan.equalization_mapping().fqns == () and plan.reached and plan.verified_score >= 20
