@@ -7,12 +7,21 @@ attributes, so programs need not parse the message.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def describe(exc: BaseException) -> str:
     """``TypeName: message``: how an error is named where it is recorded or passed on (reports, other ranks)."""
     return f"{type(exc).__name__}: {exc}"
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters (newlines included) written as escapes: a file's keys and values
+    quoted in an error keep it one line."""
+    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], text)
 
 
 class QinsightError(Exception):
@@ -135,6 +144,7 @@ class ReportFileError(QinsightError):
     """A report file that cannot be read: names the file and, where known, the JSON path."""
 
     def __init__(self, source: str, problem: str, location: str | None = None) -> None:
+        problem, location = one_line(problem), None if location is None else one_line(location)
         super().__init__(source, problem, location)
         self.source = source
         self.problem = problem

@@ -151,7 +151,7 @@ def _count(value: dict[str, Any], kinds: dict[str, str], form: str) -> tuple[str
     if set(value) != {"array", "n", form}:
         raise TypeError(
             f"a typed array has exactly the keys array, n and one of {', '.join(_FORMS)}, not "
-            f"{', '.join(sorted(value))}"
+            f"{', '.join(map(repr, sorted(value)))}"
         )
     kind, count = value["array"], value["n"]
     if kind not in kinds:

@@ -130,6 +130,17 @@ def test_mutated_report_files_give_one_clear_error_or_a_valid_report(
         assert json.dumps(report_to_dict(report_from_json(written))) == written
 
 
+def test_a_key_with_a_newline_is_quoted_on_the_errors_one_line(tmp_path: Path) -> None:
+    # found by the test above: a typed array's error listed its keys verbatim, a newline in one included
+    data = real_report(packed=True)
+    array = next(p for p in json_paths(data) if isinstance(_get(data, p), dict) and "array" in _get(data, p))
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(replaced(data, array, {**_get(data, array), "evil\nkey": 1})))
+    with pytest.raises(qinsight.errors.ReportFileError) as caught:
+        load_report(path)
+    assert "\n" not in str(caught.value) and "'evil\\nkey'" in caught.value.problem
+
+
 BAD_VALUES = {
     "a NaN token": (lambda d: json.dumps(d).replace('"batches": 3', '"batches": NaN', 1), "NaN is not JSON", None),
     "an overflowing number": (
