@@ -26,7 +26,7 @@ from qinsight.core.findings import Finding
 from qinsight.core.formats import CurvePoint, FormatCost, FormatPlan, LayerFormat, OrderCheck, WeightFormat
 from qinsight.core.metrics import MetricSpec
 from qinsight.core.notes import Note, NoteKind
-from qinsight.core.plan import Budget, PlanStep, QuantPlan, SiteSensitivity, SuggestionCheck, Target
+from qinsight.core.plan import Budget, PlanStep, QuantPlan, SearchedOrder, SiteSensitivity, SuggestionCheck, Target
 from qinsight.core.precision import SideBits
 from qinsight.core.progress import Progress
 from qinsight.core.report import DetectorFailure, DetectorResult, FailureStage, Parameter, Report, ReportMetadata
@@ -97,6 +97,7 @@ __all__ = [
     "QuantSuggestion",
     "Report",
     "ReportMetadata",
+    "SearchedOrder",
     "Shard",
     "Side",
     "SideBits",

@@ -207,6 +207,19 @@ class SuggestionCheck:
 
 
 @attrs.frozen(kw_only=True)
+class SearchedOrder:
+    """One order the search took the sites in, simulated (a top-1 target's two: by the output's noise and
+    by the top-1 margins'): the share of the layers' parameters it quantized, its score, whether it met
+    the target, and whether the plan ``taken`` it (of those meeting it, the one quantizing most)."""
+
+    order: str
+    quantized_fraction: float = attrs.field(validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)])
+    score: float
+    met: bool
+    taken: bool
+
+
+@attrs.frozen(kw_only=True)
 class SiteSensitivity:
     """How much one site matters to the model's output, measured end to end.
 
@@ -308,6 +321,7 @@ class QuantPlan:
     confidence: float | None = (
         None  # the top1 target held at this one-sided bound over the evaluation rows; None: the score
     )
+    orders: tuple[SearchedOrder, ...] = ()  # the orders the search compared (top-1: two); empty: it had one
     # the direction of the plan's scores, as it compared them (a plugin metric's own, which a file keeps
     # where the plugin is not installed); absent before 4.0: the target's, or the one table's for a budget
     higher_is_better: bool = attrs.field(default=attrs.Factory(lambda plan: _direction(plan), takes_self=True))

@@ -183,6 +183,7 @@ def _assembled(
         verified_score=real.score,
         held_out_score=applied.held_out,
         steps=search.steps,
+        orders=search.orders,
         quantized_fraction=applied.fraction,  # read from the converted model, not from the modes planned
         checks=real.checks,
         sensitivities=sensitivities,

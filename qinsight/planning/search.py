@@ -19,7 +19,7 @@ import attrs
 
 from qinsight.core.metrics import worse
 from qinsight.core.notes import Note, NoteKind
-from qinsight.core.plan import Budget, PlanStep, Target
+from qinsight.core.plan import Budget, PlanStep, SearchedOrder, Target
 from qinsight.core.progress import Progress
 from qinsight.planning.scores import Scorer
 from qinsight.planning.simulate import Run, Simulation
@@ -86,12 +86,12 @@ def choose_order(
     quantized_run: Run,
     noise: Noise,
     dynamic_noise: Noise,
-) -> tuple[tuple[PlanStep, ...], dict[str, Mode], list[Note]]:
+) -> tuple[tuple[PlanStep, ...], dict[str, Mode], tuple[SearchedOrder, ...]]:
     """:func:`choose` in each order the noise was measured in. With several (top-1: the output's
     noise and the margins'), neither is better everywhere (MobileNetV2 at 30/32: PT2E kept 73% of
     the conv weights int8 by the output's, 90% by the margins'; FX 78% and 63%), so both run and
-    the one that meets the target with the most weights quantized (then the better score) is kept;
-    a note gives both."""
+    the one that meets the target with the most weights quantized (then the better score) is kept.
+    Returns its steps and modes, and what each order reached (none where there was one)."""
     found = []
     for order, by_site in noise.items():
         steps, modes = choose(search, goal, start, float_run, quantized_run, by_site, dynamic_noise[order])
@@ -102,13 +102,25 @@ def choose_order(
     sign = 1.0 if search.higher_is_better else -1.0
     best = max(found, key=lambda s: (s.met, s.fraction, sign * s.score))  # the first of equals: the output's noise
     if len(found) == 1:
-        return best.steps, best.modes, []
-    said = "; ".join(f"by {s.order}, {s.fraction:.1%} of the weights quantized at {s.score:.4g}" for s in found)
-    return (
-        best.steps,
-        best.modes,
-        [Note(NoteKind.SEARCH_ORDER, f"sites taken in order of {best.order}, of two searches ({said}, simulated)")],
+        return best.steps, best.modes, ()
+    orders = tuple(
+        SearchedOrder(order=s.order, quantized_fraction=s.fraction, score=s.score, met=s.met, taken=s is best)
+        for s in found
     )
+    return best.steps, best.modes, orders
+
+
+def order_notes(orders: Sequence[SearchedOrder]) -> list[Note]:
+    """Which of several orders the search took, and what each reached, for people."""
+    if not orders:
+        return []
+    taken = next(o.order for o in orders if o.taken)
+    said = "; ".join(
+        f"by {o.order}, {o.quantized_fraction:.1%} of the weights quantized at {o.score:.4g}" for o in orders
+    )
+    return [
+        Note(NoteKind.SEARCH_ORDER, f"sites taken in order of {taken}, of {len(orders)} searches ({said}, simulated)")
+    ]
 
 
 class _Searched(NamedTuple):
@@ -251,6 +263,7 @@ __all__ = [
     "Search",
     "choose",
     "choose_order",
+    "order_notes",
     "final_score",
     "measure_dynamic_noise",
     "steps_down",

@@ -25,7 +25,7 @@ from qinsight.core.activations import FxActivations
 from qinsight.core.errors import FrontendError, MissingExtraError, describe
 from qinsight.core.metrics import worse
 from qinsight.core.notes import Note, NoteKind
-from qinsight.core.plan import PlanStep, SiteSensitivity, SuggestionCheck
+from qinsight.core.plan import PlanStep, SearchedOrder, SiteSensitivity, SuggestionCheck
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
 from qinsight.core.sites import OpKind, OpSite
@@ -36,7 +36,7 @@ from qinsight.planning.checks import Measuring, RealScore, check_all, is_default
 from qinsight.planning.flows import Flow, flow_for
 from qinsight.planning.request import PlanRequest
 from qinsight.planning.scores import Scorer
-from qinsight.planning.search import Noise, Search, choose_order, measure_dynamic_noise
+from qinsight.planning.search import Noise, Search, choose_order, measure_dynamic_noise, order_notes
 from qinsight.planning.simulate import Run
 from qinsight.planning.smoothing import choose_smoothing
 from qinsight.planning.switches import Mode
@@ -132,10 +132,11 @@ class Sensitivity:
 
 @attrs.frozen
 class Searched:
-    """The search's steps (the curve), the mode each site ends in, and what it noted."""
+    """The search's steps (the curve), the mode each site ends in, the orders it compared, and what it noted."""
 
     steps: tuple[PlanStep, ...]
     modes: dict[str, Mode]
+    orders: tuple[SearchedOrder, ...]
     notes: tuple[Note, ...]
 
 
@@ -279,7 +280,7 @@ def sensitivity(request: PlanRequest, found: Checked) -> Sensitivity:
 
 def searched(request: PlanRequest, found: Checked, measured: Sensitivity) -> Searched:
     """The curve and its refinement, in each order the noise was measured in (:func:`.search.choose_order`)."""
-    steps, modes, notes = choose_order(
+    steps, modes, orders = choose_order(
         found.search,
         request.goal,
         found.start,
@@ -288,7 +289,7 @@ def searched(request: PlanRequest, found: Checked, measured: Sensitivity) -> Sea
         measured.noise,
         measured.dynamic_noise,
     )
-    return Searched(steps, modes, tuple(notes))
+    return Searched(steps, modes, orders, tuple(order_notes(orders)))
 
 
 @attrs.frozen

@@ -151,6 +151,7 @@ for _cls in (
     qinsight.types.SiteSensitivity,
     qinsight.types.Target,
     qinsight.types.Budget,
+    qinsight.types.SearchedOrder,
     qinsight.QuantPlan,
     qinsight.types.SmoothingEntry,
     qinsight.SmoothingMapping,
@@ -169,6 +170,10 @@ st.register_type_strategy(
     st.builds(qinsight.types.SiteSensitivity, parameters=COUNTS, float_only=SCORES, quantized_only=SCORES, gain=SCORES),
 )
 st.register_type_strategy(qinsight.types.Target, st.builds(qinsight.types.Target, threshold=st.floats(-1e6, 1e6)))
+st.register_type_strategy(
+    qinsight.types.SearchedOrder,
+    st.builds(qinsight.types.SearchedOrder, quantized_fraction=FRACTIONS, score=SCORES),
+)
 st.register_type_strategy(
     qinsight.types.Budget,
     st.builds(qinsight.types.Budget, unit=st.sampled_from(["float", "bits"]), limit=st.floats(0, 1e6)),
@@ -200,6 +205,7 @@ st.register_type_strategy(
         agreement=SCORES,
         evaluations=COUNTS,
         steps=st.lists(st.from_type(qinsight.types.PlanStep), max_size=3).map(tuple),
+        orders=st.lists(st.from_type(qinsight.types.SearchedOrder), max_size=2).map(tuple),
         checks=st.lists(st.from_type(qinsight.types.SuggestionCheck), max_size=2).map(tuple),
         sensitivities=st.lists(st.from_type(qinsight.types.SiteSensitivity), max_size=2).map(tuple),
         sites=st.lists(st.from_type(OpSite), max_size=2).map(tuple),

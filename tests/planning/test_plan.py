@@ -454,11 +454,12 @@ def test_a_top1_plan_searches_in_both_orders_and_keeps_the_one_that_quantizes_mo
     chosen = example("cnn")
     model, data = chosen.model(), chosen.data(8)
     plan = qinsight.plan(model, data[:3], data[3:], target="top1>=0.9")
-    searches = [note.text for note in plan.notes if note.kind is NoteKind.SEARCH_ORDER]
-    assert len(searches) == 1 and "by output noise, " in searches[0] and "by top-1 margins, " in searches[0]
-    said = [float(part) for part in re.findall(r"([0-9.]+)% of the weights quantized", searches[0])]
-    kept = "top-1 margins" if searches[0].startswith("sites taken in order of top-1 margins") else "output noise"
-    assert said[kept == "top-1 margins"] == max(said)  # the kept search quantized at least as much
+    assert [o.order for o in plan.orders] == ["output noise", "top-1 margins"]
+    (taken,) = [o for o in plan.orders if o.taken]
+    # of the orders that met the target (or, none meeting it, of all), the taken one quantized the most
+    assert taken.quantized_fraction == max(o.quantized_fraction for o in plan.orders if o.met == taken.met)
+    assert any(o.met for o in plan.orders) == taken.met
+    assert [note.kind for note in plan.notes].count(NoteKind.SEARCH_ORDER) == 1  # said for people too
     assert plan.reached and plan.verified_score >= plan.default_score
 
 
