@@ -1,7 +1,8 @@
-"""Every error qinsight raises on purpose, by the name a program catches it by.
+"""Every error qinsight raises on purpose, by the name a program catches it by, and the warning it
+gives with a typed note (:class:`NoteWarning`).
 
-All are :class:`QinsightError`; each message is one sentence naming what to change, and each keeps
-its data on attributes (:mod:`qinsight.core.errors` defines them).
+All errors are :class:`QinsightError`; each message is one sentence naming what to change, and each
+keeps its data on attributes (:mod:`qinsight.core.errors` defines them).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from qinsight.core.errors import (
     ShardError,
     UsageError,
 )
+from qinsight.core.notes import NoteWarning
 
 __all__ = [
     "CalibrationError",
@@ -31,6 +33,7 @@ __all__ = [
     "MergeError",
     "MissingExtraError",
     "NotFoundError",
+    "NoteWarning",
     "ObserverError",
     "PluginLoadError",
     "QinsightError",

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 from torch.overrides import TorchFunctionMode
 
+from qinsight.core.notes import Note, NoteKind, NoteWarning
 from qinsight.frontends.base import batch_arguments
 
 
@@ -406,3 +409,13 @@ class HostReads(TorchFunctionMode):
         if name in self.READS:
             self.seen.append(name)
         return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def warns_note(kind: NoteKind) -> Iterator[list[Note]]:
+    """Expects a :class:`NoteWarning` of ``kind`` (its words may change, its kind not); gives the notes warned."""
+    notes: list[Note] = []
+    with pytest.warns(NoteWarning) as caught:
+        yield notes
+    notes.extend(w.message.note for w in caught if isinstance(w.message, NoteWarning))
+    assert kind in [note.kind for note in notes], notes

@@ -29,6 +29,7 @@ from qinsight.core.advice import Advice, advice_of
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.flows import check_flow_backend, flow_spec
 from qinsight.core.formats import FormatPlan
+from qinsight.core.notes import NoteWarning
 from qinsight.core.plan import QuantPlan
 from qinsight.core.report import Report
 from qinsight.core.sites import FlowName, checked_flow
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 def _advice(source: Report | QuantPlan | Advice, flow: FlowName, owner: str) -> Advice:
     advice = advice_of(source, flow, owner=owner)
     for note in advice.notes:
-        warnings.warn(note.text, stacklevel=3)
+        warnings.warn(NoteWarning(note), stacklevel=3)
     return advice
 
 

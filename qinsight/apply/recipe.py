@@ -25,7 +25,7 @@ from qinsight.compare.flows import QUANT_FLOWS, QuantFlow, prepare_config
 from qinsight.core.advice import Advice
 from qinsight.core.errors import FrontendError, InvalidParameterError
 from qinsight.core.flows import check_flow_backend, flow_spec
-from qinsight.core.notes import NoteKind
+from qinsight.core.notes import NoteKind, NoteWarning
 from qinsight.core.sites import FlowName
 from qinsight.frontends import eval_mode, example_inputs, run_batch
 
@@ -138,7 +138,7 @@ def quantize_with(
         raise InvalidParameterError("quantize", "calibration_data", "no batches", "at least one batch")
     for note in advice.notes:
         if note.kind is not NoteKind.SMOOTHED_MODEL:  # quantize smooths the model itself
-            warnings.warn(note.text, stacklevel=3)
+            warnings.warn(NoteWarning(note), stacklevel=3)
     smoothed = apply_smoothing(model, advice.smoothing)
     spec = flow_spec(advice.flow)
     equalization = equalization_qconfig_mapping(advice.equalization) if spec.equalizes else None

@@ -69,4 +69,14 @@ class Note:
         return self.text
 
 
-__all__ = ["Note", "NoteKind"]
+class NoteWarning(UserWarning):
+    """A note qinsight warns with where a config is built from advice (a flow that cannot do all of it, a
+    plan made for another flow): the message is its text, ``note`` the typed :class:`Note`, so that a
+    program can filter on this category and act on the kind."""
+
+    def __init__(self, note: Note) -> None:
+        super().__init__(note.text)
+        self.note = note
+
+
+__all__ = ["Note", "NoteKind", "NoteWarning"]

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 import qinsight
-from qinsight.types import ActivationMode, QuantSuggestion, WeightScheme
+from qinsight.types import ActivationMode, NoteKind, QuantSuggestion, WeightScheme
 
-from _support import gaussian_batches
+from _support import gaussian_batches, warns_note
 
 pytest.importorskip("torchao")
 with warnings.catch_warnings():
@@ -115,7 +115,7 @@ def test_suggested_quantizer_beats_the_default_on_held_out_batches() -> None:
     assert report.suggestion("fc1") is not None and report.suggestion("fc1").activation is ActivationMode.DYNAMIC  # type: ignore[union-attr]
     outlier = report.result("qinsight.outliers").finding("fc1")
     assert 3 in outlier.magnitude_channels  # type: ignore[attr-defined]
-    with pytest.warns(UserWarning, match="PT2E has no input-weight equalization"):
+    with warns_note(NoteKind.UNEQUALIZED):
         ours = quantize(model, qinsight.pt2e_quantizer(report), calibration)
     default = quantize(
         model, X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config()), calibration

@@ -16,9 +16,9 @@ from qinsight.apply.smoothing import SmoothedLinear, apply_smoothing
 from qinsight.core.sites import OpKind
 from qinsight.errors import InvalidParameterError
 from qinsight.planning.smoothing import ALPHAS, choose_smoothing
-from qinsight.types import SmoothingEntry
+from qinsight.types import NoteKind, SmoothingEntry
 
-from _support import outputs, sqnr
+from _support import outputs, sqnr, warns_note
 
 
 class WideChannels(nn.Module):
@@ -157,13 +157,13 @@ def _applied(
     if flow == "fx":
         from _support import quantize
 
-        with pytest.warns(UserWarning, match="its config is for the smoothed model"):
+        with warns_note(NoteKind.SMOOTHED_MODEL):
             mapping = qinsight.qconfig_mapping(report)
         quantized = quantize(smoothed, mapping, calibration)
     else:
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-        with pytest.warns(UserWarning, match="its config is for the smoothed model"):
+        with warns_note(NoteKind.SMOOTHED_MODEL):
             quantizer = qinsight.pt2e_quantizer(report)
         exported = torch.export.export(smoothed, (calibration[0],)).module()
         prepared = prepare_pt2e(exported, quantizer)

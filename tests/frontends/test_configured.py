@@ -7,6 +7,9 @@ import pytest
 
 import qinsight
 from qinsight.examples.builtin import example
+from qinsight.types import NoteKind
+
+from _support import warns_note
 
 pytest.importorskip("executorch")
 
@@ -74,7 +77,7 @@ def test_the_backend_is_the_one_the_quantizer_is_for_unless_given() -> None:
     assert quantizer_backend(ComposableQuantizer([XNNPACKQuantizer(), X86InductorQuantizer()])) is None
     report = qinsight.diagnose(model, batches, quantizer=XNNPACKQuantizer(), verify=False)
     assert report.metadata.backend == "xnnpack"
-    with pytest.warns(UserWarning, match="PT2E has no input-weight equalization"):
+    with warns_note(NoteKind.UNEQUALIZED):
         assert quantizer_backend(qinsight.pt2e_quantizer(report)) == "xnnpack"  # qinsight's own, seen through
     request = plan_request(
         target="sqnr>=30",

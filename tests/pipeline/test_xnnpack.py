@@ -14,6 +14,8 @@ from qinsight.examples.builtin import example
 from qinsight.outputs.html import render_html
 from qinsight.types import NoteKind
 
+from _support import warns_note
+
 pytest.importorskip("executorch")
 
 
@@ -23,8 +25,9 @@ def test_an_xnnpack_report_is_verified_in_pt2e_and_speaks_that_flow() -> None:
     report = qinsight.diagnose(model, batches, backend="xnnpack")
     assert [verdict.flow for verdict in report.verification] == ["pt2e"]
     assert report.verification[0].verified and report.fx_activations is None
-    with pytest.warns(UserWarning, match="PT2E has no input-weight equalization; these modules stay unequalized: fc"):
+    with warns_note(NoteKind.UNEQUALIZED) as notes:
         quantizer = qinsight.pt2e_quantizer(report)  # the report's own backend, XNNPACK
+    assert [note.text.endswith(": fc") for note in notes] == [True]  # the module it leaves unequalized, named
     assert type(quantizer.inner).__name__ == "XNNPACKQuantizer"
     text = qinsight.to_text(report)
     assert "Verified for real (qinsight.pt2e_quantizer(report) leaves out what was dropped):" in text

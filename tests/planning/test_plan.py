@@ -41,6 +41,7 @@ from _support import (
     residual_stream,
     seeded,
     sqnr,
+    warns_note,
 )
 
 # Why a check may drop a suggestion: each says it (a kept one may have nothing to add)
@@ -573,7 +574,7 @@ def test_a_report_carrying_a_plan_gives_the_plans_config_for_the_plans_flow(
     assert "qinsight.qconfig_mapping(report) gives the plan's config below instead" in qinsight.to_text(carrying)
     # the plan was made for FX: PT2E gets the report's own suggestions, and is told so
     if importlib.util.find_spec("torchao") is not None:
-        with pytest.warns(UserWarning, match="made for fx, not pt2e"):
+        with warns_note(NoteKind.OTHER_FLOW):
             qinsight.pt2e_quantizer(carrying)
 
 
@@ -606,7 +607,7 @@ def test_an_equalization_an_fx_plan_measured_and_dropped_leaves_the_reports_mapp
     )
     pt2e = report.with_plan(attrs.evolve(residual_plan, flow="pt2e", checks=(unmeasured,)))
     assert pt2e.equalization_mapping == report.equalization_mapping
-    with pytest.warns(UserWarning, match="made for pt2e, not fx"):
+    with warns_note(NoteKind.OTHER_FLOW):
         qinsight.qconfig_mapping(pt2e)
     assert config_code(pt2e) == config_code(report)
 
