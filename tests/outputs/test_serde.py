@@ -591,6 +591,15 @@ def test_plugin_findings_survive_a_reader_without_the_plugin(tmp_path: Path, mon
     assert "wide (2): fc2, fc3 -- 32 input features" in qinsight.to_text(loaded)
 
 
+def _plan(**fields: Any) -> qinsight.QuantPlan:
+    """A small FX plan that reached ``sqnr>=30``, with ``fields`` (its checks, another target...)."""
+    made: dict[str, Any] = {
+        "flow": "fx", "backend": "x86", "metric": "sqnr", "target": qinsight.types.Target.parse("sqnr>=30"),
+        "reached": True, "default_score": 20.0, "verified_score": 31.0,
+    }  # fmt: skip
+    return qinsight.QuantPlan(**{**made, **fields})
+
+
 def _saved_with(plan: qinsight.QuantPlan, path: Path) -> dict[str, Any]:
     """A report carrying only ``plan``, saved to ``path``, and the JSON the file holds (to rewrite as older
     schemas wrote it)."""
@@ -619,10 +628,7 @@ def test_a_plans_checks_of_schema_3_7_are_read_with_their_kinds_from_their_words
         ),
         check(fqn="fc3", change="keep in float", kinds=(kinds.KEEP_FLOAT,), before=20.0, alone=25.0, kept=True),
     )
-    plan = qinsight.QuantPlan(
-        flow="fx", backend="x86", metric="sqnr", target=qinsight.types.Target.parse("sqnr>=30"), reached=True,
-        default_score=20.0, verified_score=31.0, checks=checks,
-    )  # fmt: skip
+    plan = _plan(checks=checks)
     path = tmp_path / "r.json"
     data = _saved_with(plan, path)
     data["schema_version"] = [3, 7]
@@ -643,10 +649,7 @@ def test_a_budget_and_the_notes_of_a_file_before_4_0_read_as_their_types(tmp_pat
     """3.x wrote a sites budget as the target ``float<=N`` and a format plan's as ``{"bits": N}``: both read
     back as a :class:`Budget`, the plan's direction its metric's from the one table; a note, its text alone,
     reads back as a note of kind ``other``."""
-    plan = qinsight.QuantPlan(
-        flow="fx", backend="x86", metric=metric, target=qinsight.types.Budget(unit="float", limit=2.0), reached=True,
-        default_score=20.0, verified_score=31.0,
-    )  # fmt: skip
+    plan = _plan(metric=metric, target=qinsight.types.Budget(unit="float", limit=2.0))
     path = tmp_path / "r.json"
     data = _saved_with(plan, path)
     assert data["plan"]["target"] == {"unit": "float", "limit": 2.0}
@@ -671,10 +674,7 @@ def test_a_checks_why_is_kept_and_a_reason_before_4_1_reads_as_kind_other(tmp_pa
               reason="not applied: -1 on the output", why=note_kinds.HURTS),
         check(fqn="fc2", change="keep in float", kinds=(kinds.KEEP_FLOAT,), before=20.0, alone=25.0, kept=True),
     )  # fmt: skip
-    plan = qinsight.QuantPlan(
-        flow="fx", backend="x86", metric="sqnr", target=qinsight.types.Target.parse("sqnr>=30"), reached=True,
-        default_score=20.0, verified_score=31.0, checks=checks,
-    )  # fmt: skip
+    plan = _plan(checks=checks)
     path = tmp_path / "r.json"
     data = _saved_with(plan, path)
     loaded = load_report(path).plan
