@@ -75,7 +75,7 @@ class NoteWarning(UserWarning):
     program can filter on this category and act on the kind."""
 
     def __init__(self, note: Note) -> None:
-        super().__init__(note.text)
+        super().__init__(note)  # its one argument, so that a pickled or re-raised copy is whole; str(): the text
         self.note = note
 
 

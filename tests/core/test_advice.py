@@ -3,6 +3,8 @@ says where that advice was not made for the flow asked (notes, not silence)."""
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 import qinsight
@@ -82,3 +84,13 @@ def test_a_flow_qinsight_does_not_know_is_one_error_naming_the_choices() -> None
         qinsight.errors.InvalidParameterError, match="flow='tflite' is invalid; expected 'fx' or 'pt2e' or 'torchao'"
     ):
         advice_of(report(), "tflite")  # type: ignore[arg-type]
+
+
+def test_an_advice_note_warned_keeps_its_kind_in_a_copy() -> None:
+    """A NoteWarning carries its typed note; pytest-xdist and multiprocessing rebuild a warning from its
+    args (a copy that lost the note broke an xdist worker), so the copy is whole."""
+    equalizing = report(equalization_mapping=EqualizationMapping(entries=(EqualizationEntry(fqn="fc1"),)))
+    (note,) = advice_of(equalizing, "pt2e").notes
+    copied = pickle.loads(pickle.dumps(qinsight.errors.NoteWarning(note)))
+    assert isinstance(copied, UserWarning) and copied.note == note and str(copied) == note.text
+    assert type(copied)(*copied.args).note == note
