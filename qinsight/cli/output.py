@@ -13,8 +13,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from qinsight.core.errors import UsageError
-from qinsight.outputs.text import printable
+from qinsight.core.errors import UsageError, printable
 
 
 def write(text: str) -> None:

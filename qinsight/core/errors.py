@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROLS_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def describe(exc: BaseException) -> str:
@@ -18,10 +19,11 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def one_line(text: str) -> str:
-    """``text`` with control characters (newlines included) written as escapes: a file's keys and values
-    quoted in an error keep it one line."""
-    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], text)
+def printable(text: str, *, lines: bool = True) -> str:
+    """``text`` with control characters (terminal escapes included) shown as ``\\xNN``; its newlines and
+    tabs kept where ``lines``, else shown so too (an error's one line, whatever a file's keys hold)."""
+    controls = _CONTROLS_BUT_LINES if lines else _CONTROLS
+    return controls.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
 
 
 class QinsightError(Exception):
@@ -144,7 +146,7 @@ class ReportFileError(QinsightError):
     """A report file that cannot be read: names the file and, where known, the JSON path."""
 
     def __init__(self, source: str, problem: str, location: str | None = None) -> None:
-        problem, location = one_line(problem), None if location is None else one_line(location)
+        problem, location = printable(problem, lines=False), location and printable(location, lines=False)
         super().__init__(source, problem, location)
         self.source = source
         self.problem = problem

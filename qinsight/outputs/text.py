@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import math
-import re
 from collections.abc import Sequence
 
 from qinsight.core.comparison import Comparison
@@ -31,12 +30,6 @@ LEGEND = (
     (" s_c ", "s_c", "sqrt(weight range / input range) of a channel, both normalized: the scale equalization applies"),
     ("max/p", "max/pNN", "a channel's max |x| over its NN-th percentile: large ratios are outliers"),
 )
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """``text`` with control characters (terminal escapes included) shown as ``\\xNN``, newlines and tabs kept."""
-    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
 
 
 def _names(findings: Sequence[Finding], layout: Layout) -> str:

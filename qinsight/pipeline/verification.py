@@ -206,7 +206,7 @@ class _Scorer:
             self.last_error = found.error
             return -math.inf
         if quantizer is None:  # the user's config: what it quantizes is not the report's to name
-            self.trials[advice] = found
+            self.trials[advice] = attrs.evolve(found, outputs=())  # kept for its layers: not a model's outputs each
         return sqnr(self.reference, _rows(found.outputs))
 
 

@@ -29,6 +29,7 @@ from qinsight.core.suggestions import QuantSuggestion
 from qinsight.planning import stages, verify
 from qinsight.planning.request import PlanRequest, plan_request
 from qinsight.planning.scores import MetricFunction, Scorer, held_out_miss
+from qinsight.planning.search import order_notes
 
 
 def _quiet(_stage: str, _done: int, _total: int) -> None:
@@ -191,7 +192,7 @@ def _assembled(
         suggestions=real.suggestions,
         sites=_named_sites(chosen.report.sites, real.suggestions, flow.activations),
         evaluations=math.ceil(found.search.sim.evaluations),
-        notes=search.notes
+        notes=order_notes(search.orders)
         + real.notes
         + chosen.failed.notes(flow.name)
         + applied.notes(flow.name)

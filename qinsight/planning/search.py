@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import NamedTuple
 
 import attrs
 
@@ -92,47 +91,36 @@ def choose_order(
     the conv weights int8 by the output's, 90% by the margins'; FX 78% and 63%), so both run and
     the one that meets the target with the most weights quantized (then the better score) is kept.
     Returns its steps and modes, and what each order reached (none where there was one)."""
-    found = []
+    found: list[tuple[tuple[PlanStep, ...], dict[str, Mode], SearchedOrder]] = []
     for order, by_site in noise.items():
         steps, modes = choose(search, goal, start, float_run, quantized_run, by_site, dynamic_noise[order])
         budget = isinstance(goal, Budget)
         score = search.best(step.score for step in steps) if budget else final_score(steps)
         met = isinstance(goal, Budget) or goal.met(score)
-        found.append(_Searched(order, steps, modes, met, search.fraction(modes), score))
+        reached = SearchedOrder(
+            order=order, quantized_fraction=search.fraction(modes), score=score, met=met, taken=False
+        )
+        found.append((steps, modes, reached))
     sign = 1.0 if search.higher_is_better else -1.0
-    best = max(found, key=lambda s: (s.met, s.fraction, sign * s.score))  # the first of equals: the output's noise
+    # ranked by whether it meets the target, then the share of the weights quantized, then the score; the
+    # first of equals: the output's noise
+    steps, modes, best = max(found, key=lambda f: (f[2].met, f[2].quantized_fraction, sign * f[2].score))
     if len(found) == 1:
-        return best.steps, best.modes, ()
-    orders = tuple(
-        SearchedOrder(order=s.order, quantized_fraction=s.fraction, score=s.score, met=s.met, taken=s is best)
-        for s in found
-    )
-    return best.steps, best.modes, orders
+        return steps, modes, ()
+    return steps, modes, tuple(attrs.evolve(reached, taken=reached is best) for _, _, reached in found)
 
 
-def order_notes(orders: Sequence[SearchedOrder]) -> list[Note]:
+def order_notes(orders: Sequence[SearchedOrder]) -> tuple[Note, ...]:
     """Which of several orders the search took, and what each reached, for people."""
     if not orders:
-        return []
+        return ()
     taken = next(o.order for o in orders if o.taken)
     said = "; ".join(
         f"by {o.order}, {o.quantized_fraction:.1%} of the weights quantized at {o.score:.4g}" for o in orders
     )
-    return [
-        Note(NoteKind.SEARCH_ORDER, f"sites taken in order of {taken}, of {len(orders)} searches ({said}, simulated)")
-    ]
-
-
-class _Searched(NamedTuple):
-    """One search's result, and what ranks it: whether it meets the target, then the share of the
-    weights it quantizes, then its score."""
-
-    order: str
-    steps: tuple[PlanStep, ...]
-    modes: dict[str, Mode]
-    met: bool
-    fraction: float
-    score: float
+    return (
+        Note(NoteKind.SEARCH_ORDER, f"sites taken in order of {taken}, of {len(orders)} searches ({said}, simulated)"),
+    )
 
 
 def final_score(steps: Sequence[PlanStep]) -> float:

@@ -36,7 +36,7 @@ from qinsight.planning.checks import Measuring, RealScore, check_all, is_default
 from qinsight.planning.flows import Flow, flow_for
 from qinsight.planning.request import PlanRequest
 from qinsight.planning.scores import Scorer
-from qinsight.planning.search import Noise, Search, choose_order, measure_dynamic_noise, order_notes
+from qinsight.planning.search import Noise, Search, choose_order, measure_dynamic_noise
 from qinsight.planning.simulate import Run
 from qinsight.planning.smoothing import choose_smoothing
 from qinsight.planning.switches import Mode
@@ -132,12 +132,11 @@ class Sensitivity:
 
 @attrs.frozen
 class Searched:
-    """The search's steps (the curve), the mode each site ends in, the orders it compared, and what it noted."""
+    """The search's steps (the curve), the mode each site ends in, and the orders it compared."""
 
     steps: tuple[PlanStep, ...]
     modes: dict[str, Mode]
     orders: tuple[SearchedOrder, ...]
-    notes: tuple[Note, ...]
 
 
 def _flow(
@@ -289,7 +288,7 @@ def searched(request: PlanRequest, found: Checked, measured: Sensitivity) -> Sea
         measured.noise,
         measured.dynamic_noise,
     )
-    return Searched(steps, modes, orders, tuple(order_notes(orders)))
+    return Searched(steps, modes, orders)
 
 
 @attrs.frozen
