@@ -113,8 +113,9 @@ def _object_code(obj: object) -> str:
 def _entry(site: OpSite | None, fqn: str, choice: Choice) -> MappingEntry:
     """The entry for one site: its module's name, or the order entry of a functional call."""
     call = site.call if site is not None else None
-    if call is None:
-        return MappingEntry("set_module_name", (fqn,), (repr(fqn),), choice, fqn)
+    if call is None:  # a module's calls share its entry (advice_of merged what they were advised)
+        module = site.module if site is not None else fqn
+        return MappingEntry("set_module_name", (module,), (repr(module),), choice, fqn)
     if call.is_method:  # FX configures methods by name only
         return MappingEntry("set_object_type", (call.target,), (repr(call.target),), choice, fqn)
     target = resolve_target(call.target)

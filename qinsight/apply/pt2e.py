@@ -11,7 +11,7 @@ converted graph by tests/apply/test_pt2e.py.
 Ops around the layers have no module names the quantizer could be configured
 with. The returned quantizer wraps the composed one: after it annotates the
 graph, the aten nodes of the ops the report keeps in float (named as the
-report names them: :func:`~qinsight.frontends.exported_op_names`) lose their
+report names them: :func:`~qinsight.frontends.exported_site_names`) lose their
 annotations, and so do nodes whose annotation shares theirs. It then checks
 the report's Linear/Conv sites: those the quantizer left unannotated
 (X86InductorQuantizer has no Conv1d, for one) are named in a warning and in
@@ -43,7 +43,7 @@ from qinsight.core.advice import Advice
 from qinsight.core.errors import InvalidParameterError, MissingExtraError
 from qinsight.core.sites import OpSite, WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
-from qinsight.frontends import exported_op_names, exported_sites, layer_name, separate_shared_calls
+from qinsight.frontends import exported_site_names, layer_names, separate_shared_calls
 
 INSTALL_HINT = "PT2E quantization needs torchao: pip install 'qinsight[pt2e]'"
 
@@ -74,17 +74,10 @@ def _shares_with(annotation: Any, nodes: set[fx.Node]) -> bool:
     return False
 
 
-def _site_names(model: fx.GraphModule) -> dict[fx.Node, str]:
-    """The graph's op nodes and Linear/Conv nodes, named as the report names its sites."""
-    names = exported_op_names(model)
-    names.update({node: layer_name(node, model) for node in exported_sites(model)})
-    return names
-
-
 def strip_annotations(model: fx.GraphModule, float_names: set[str]) -> set[str]:
     """Drop the annotations of the op and layer nodes named in ``float_names`` (and of what shares
     theirs); the names found."""
-    named = {node: name for node, name in _site_names(model).items() if name in float_names}
+    named = {node: name for node, name in exported_site_names(model).items() if name in float_names}
     stripped = set(named)
     changed = True
     while changed:  # a node sharing a stripped node's spec cannot keep its own
@@ -101,25 +94,27 @@ def strip_annotations(model: fx.GraphModule, float_names: set[str]) -> set[str]:
 
 
 def _unannotated_layers(model: fx.GraphModule, fqns: set[str]) -> set[str]:
-    """The Linear/Conv sites among ``fqns`` whose every aten node the quantizer left unannotated."""
-    annotated: dict[str, bool] = {}
-    for node in exported_sites(model):
-        name = layer_name(node, model)
-        annotated[name] = annotated.get(name, False) or node.meta.get(_ANNOTATION) is not None
+    """The Linear/Conv sites among ``fqns`` whose aten node the quantizer left unannotated."""
+    annotated = {name: node.meta.get(_ANNOTATION) is not None for node, name in layer_names(model).items()}
     return {fqn for fqn in fqns if fqn in annotated and not annotated[fqn]}
 
 
 def _honouring(
-    inner: Any, sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggestion, ...], name: str, *, strip_layers: bool
+    inner: Any,
+    sites: tuple[OpSite, ...],
+    suggestions: tuple[QuantSuggestion, ...],
+    name: str,
+    *,
+    left_out: frozenset[str] = frozenset(),
 ) -> Any:
-    """``inner`` (the backend's quantizers, alone or composed), then the ops kept float stripped (and
-    the layers, ``strip_layers``, where ``inner`` cannot leave them out itself) and what it left
-    unquantized recorded and warned of (``name``: the backend's quantizer, for the warning)."""
+    """``inner`` (the backend's quantizers, alone or composed), then the sites kept float stripped (but
+    the layers in ``left_out``, which ``inner`` leaves out itself) and what it left unquantized recorded
+    and warned of (``name``: the backend's quantizer, for the warning)."""
     from torchao.quantization.pt2e.quantizer import Quantizer
 
     layers = {site.fqn for site in sites if site.kind.is_layer}
     kept_float = {s.fqn for s in suggestions if s.keep_float}
-    stripped_names = kept_float if strip_layers else kept_float - layers
+    stripped_names = kept_float - left_out
     quantized_layers = layers - kept_float
 
     class ReportQuantizer(Quantizer):  # type: ignore[misc]
@@ -198,12 +193,13 @@ def xnnpack_advice_quantizer(sites: tuple[OpSite, ...], suggestions: tuple[Quant
         for dynamic in (False, True)
     }
     inner = xnnpack.XNNPACKQuantizer().set_global(configs[True, False])
-    layers = {site.fqn for site in sites if site.kind.is_layer}
+    modules = {site.fqn: site.module for site in sites if site.kind.is_layer}
+    layers = set(modules)
     for suggestion in (s for s in suggestions if s.fqn in layers and not s.keep_float):
         wanted = (suggestion.weight is not WeightScheme.PER_TENSOR, suggestion.activation is ActivationMode.DYNAMIC)
         if wanted != (True, False):
-            inner.set_module_name(suggestion.fqn, configs[wanted])
-    return _honouring(inner, sites, suggestions, "XNNPACKQuantizer", strip_layers=True)
+            inner.set_module_name(modules[suggestion.fqn], configs[wanted])
+    return _honouring(inner, sites, suggestions, "XNNPACKQuantizer")
 
 
 def pt2e_quantizer(advice: Advice, backend: str | None = None) -> Any:
@@ -216,7 +212,7 @@ def on_top_of(quantizer: Any, sites: tuple[OpSite, ...], suggestions: tuple[Quan
     ``suggestions`` keep in float stripped after it annotates: what a plan that starts from it applies.
     Everything else (weight schemes, static or dynamic) stays the quantizer's own."""
     kept_float = tuple(s for s in suggestions if s.keep_float)
-    return _honouring(quantizer, sites, kept_float, type(quantizer).__name__, strip_layers=True)
+    return _honouring(quantizer, sites, kept_float, type(quantizer).__name__)
 
 
 # The backend each torchao quantizer class quantizes for (subclasses too): what quantizer= implies.
@@ -263,21 +259,28 @@ def advice_quantizer(sites: tuple[OpSite, ...], suggestions: tuple[QuantSuggesti
     static = grouped().set_global(static_config)
     dynamic = grouped()
     dynamic_modules = []
-    layers = {site.fqn for site in sites if site.kind.is_layer}
-    for suggestion in (s for s in suggestions if s.fqn in layers):
-        tensor_wise = suggestion.weight is WeightScheme.PER_TENSOR
+    modules = {site.fqn: site.module for site in sites if site.kind.is_layer}
+    floated = _floated_modules(modules, suggestions)  # a call kept float alone is stripped instead
+    for suggestion in (s for s in suggestions if s.fqn in modules):
+        tensor_wise, module = suggestion.weight is WeightScheme.PER_TENSOR, modules[suggestion.fqn]
         if suggestion.keep_float:
-            static.set_module_name_qconfig(suggestion.fqn, None)
+            if module in floated:
+                static.set_module_name_qconfig(module, None)
         elif suggestion.activation is ActivationMode.DYNAMIC:
-            dynamic.set_module_name_qconfig(
-                suggestion.fqn, per_tensor[dynamic_config] if tensor_wise else dynamic_config
-            )
-            static.set_module_name_qconfig(suggestion.fqn, None)
-            dynamic_modules.append(suggestion.fqn)
+            dynamic.set_module_name_qconfig(module, per_tensor[dynamic_config] if tensor_wise else dynamic_config)
+            static.set_module_name_qconfig(module, None)
+            dynamic_modules.append(module)
         elif tensor_wise:
-            static.set_module_name_qconfig(suggestion.fqn, per_tensor[static_config])
+            static.set_module_name_qconfig(module, per_tensor[static_config])
     inner = composable([dynamic, static]) if dynamic_modules else static
-    return _honouring(inner, sites, suggestions, "X86InductorQuantizer", strip_layers=False)
+    left_out = frozenset(fqn for fqn, module in modules.items() if module in floated)
+    return _honouring(inner, sites, suggestions, "X86InductorQuantizer", left_out=left_out)
+
+
+def _floated_modules(modules: dict[str, str], suggestions: tuple[QuantSuggestion, ...]) -> set[str]:
+    """The modules whose every call (``modules``: each layer site's module) ``suggestions`` keep in float."""
+    kept = {s.fqn for s in suggestions if s.keep_float}
+    return {module for module in modules.values() if all(f in kept for f, m in modules.items() if m == module)}
 
 
 # Each PT2E backend's quantizer builder: adding a backend to the PT2E flow is one entry here, its

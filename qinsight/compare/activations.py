@@ -25,6 +25,7 @@ from qinsight.compare.metrics import DEFAULT, load_metrics
 from qinsight.compare.ops import FloatOps, GraphOp, quantized_ops
 from qinsight.core.comparison import ActivationComparison, LayerActivationComparison
 from qinsight.core.errors import InvalidParameterError
+from qinsight.core.sites import call_site_name
 from qinsight.distributed import Exchange, sharing_failures
 from qinsight.frontends import (
     ModelStructure,
@@ -195,9 +196,17 @@ class _Streamer:
                     continue  # the quantized model did not reach this layer (so often)
                 if reference is None:
                     reference = Reference(at.reference(dequantize(output)), like=kept.values, scratch=self.scratch)
-                propagated, local = self.sums[key][fqn]
+                propagated, local = self._sums(key, call_site_name(fqn, call), fqn)
                 propagated.add(reference, kept, self.scratch)
                 local.add(reference, local_kept, self.scratch)
+
+    def _sums(self, key: str, name: str, fqn: str) -> tuple[ErrorSums, ErrorSums]:
+        """The error sums of one call of a layer (a row per call: ``fc``, ``fc#1``), made at its first call."""
+        found = self.sums[key]
+        if name not in found:
+            first = found[fqn][0]
+            found[name] = (ErrorSums(first.metrics), ErrorSums(first.metrics))
+        return found[name]
 
 
 class _OpStreamer:
@@ -338,21 +347,30 @@ def _measure(
         key: ActivationComparison(
             layers=tuple(
                 LayerActivationComparison(
-                    fqn=fqn,
+                    fqn=name,
                     kind=layer.kind.value,
                     quantized_type=layer.quantized_type,
                     quantized=layer.quantized,
-                    compared_at=points[key][fqn].label,
-                    batches=sums[key][fqn][0].batches,
-                    propagated=sums[key][fqn][0].values(),
-                    local=sums[key][fqn][1].values(),
+                    compared_at=call_site_name(points[key][fqn].label, occurrence),
+                    batches=sums[key][name][0].batches,
+                    propagated=sums[key][name][0].values(),
+                    local=sums[key][name][1].values(),
                 )
                 for fqn, layer in found.items()
+                for occurrence, name in enumerate(_calls_of(fqn, sums[key]))
             ),
             ops=tuple(_op_rows(float_ops, ops.get(key, {}), sums[key]) if float_ops is not None else ()),
         )
         for key, found in layers.items()
     }
+
+
+def _calls_of(fqn: str, sums: dict[str, tuple[ErrorSums, ErrorSums]]) -> list[str]:
+    """The rows of layer ``fqn``: one per call compared (``fc``, ``fc#1``...), the first even where never reached."""
+    calls = [fqn]
+    while (name := call_site_name(fqn, len(calls))) in sums:
+        calls.append(name)
+    return calls
 
 
 def _ops(

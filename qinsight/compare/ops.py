@@ -2,7 +2,8 @@
 float model's op sites: one interface for ``convert_fx`` and ``convert_pt2e`` graphs.
 
 Names are the float model's op-site names (``owner.add#0``, or an op module's
-name), found as the frontends find them (:class:`~qinsight.frontends.Discovery`).
+call: ``norm``, ``act#1`` for the second call of one ``nn.ReLU6``), found as the frontends find
+them (:class:`~qinsight.frontends.Discovery`).
 On the quantized side:
 
 - ``convert_pt2e`` keeps each aten node's module stack: the nodes are named
@@ -26,6 +27,7 @@ quantized with the qparams it arrived with.
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,8 +36,16 @@ from torch import fx, nn
 
 from qinsight.compare.layers import QDQ_TARGETS, QUANTIZE_TARGETS, Arrival, GraphProgram, constant_nodes, walk_tail
 from qinsight.core.errors import FrontendError
-from qinsight.core.sites import OpCall, OpKind
-from qinsight.frontends import OP_NAME_KINDS, CallTap, Discovery, WatchCall, exported_op_names, hidden_calls
+from qinsight.core.sites import OpCall, OpKind, call_site_name
+from qinsight.frontends import (
+    OP_NAME_KINDS,
+    CallIndex,
+    CallTap,
+    Discovery,
+    WatchCall,
+    exported_op_names,
+    hidden_calls,
+)
 from qinsight.plugin import Detach
 
 OnOutput = Callable[[torch.Tensor], None]
@@ -176,18 +186,22 @@ class FloatOps:
 
     def __init__(self, model: nn.Module, example: object) -> None:
         discovery = Discovery(model).run(example)
-        self.modules: dict[str, OpKind] = {fqn: discovery.kinds[fqn] for fqn in discovery.module_calls}
+        # a call of an op module, by its site's name (``act``, ``act#1``) -> the module's name
+        self.module_of: dict[str, str] = {call.name: call.fqn for call in discovery.module_calls}
+        self.modules: dict[str, OpKind] = {call.name: discovery.kinds[call.fqn] for call in discovery.module_calls}
         self.calls: dict[OpCall, OpKind] = {call: kind for call, (kind, _rank) in discovery.tap.seen.items()}
         self.kinds: dict[str, OpKind] = self.modules | {call.name: kind for call, kind in self.calls.items()}
 
     def watch(self, model: nn.Module, on_call: OnCall) -> Detach:
         """Calls ``on_call(name, operands, output)`` for every call of every op site, until the detach."""
-        tap = CallTap(model)
+        tap, index = CallTap(model), CallIndex(model)
         removers: list[Callable[[], None]] = []
         for call in self.calls:
             removers.append(tap.watch(call, _call_watcher(call.name, on_call)))
-        for fqn in self.modules:
-            removers.append(model.get_submodule(fqn).register_forward_hook(_module_watcher(fqn, on_call)).remove)
+        for fqn in dict.fromkeys(self.module_of.values()):
+            module = model.get_submodule(fqn)
+            removers.append(index.count(module))
+            removers.append(module.register_forward_hook(_module_watcher(fqn, index, on_call)).remove)
         tap.install()
         removers.append(tap.remove)
 
@@ -205,11 +219,12 @@ def _call_watcher(name: str, on_call: OnCall) -> WatchCall:
     return watch
 
 
-def _module_watcher(fqn: str, on_call: OnCall) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
-    def watch(_module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+def _module_watcher(fqn: str, index: CallIndex, on_call: OnCall) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
+    def watch(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if isinstance(output, torch.Tensor):
+            name = call_site_name(fqn, index.running.get(module, 0))
             with hidden_calls():  # the local runs are not the float model's calls
-                on_call(fqn, tuple(a for a in args if isinstance(a, torch.Tensor)), output)
+                on_call(name, tuple(a for a in args if isinstance(a, torch.Tensor)), output)
 
     return watch
 
@@ -253,9 +268,12 @@ def _by_order(model: fx.GraphModule, float_ops: FloatOps) -> dict[str, list[tupl
     matched: dict[str, list[tuple[fx.Node, bool]]] = {}
     in_graph: dict[OpKind, list[tuple[fx.Node, bool]]] = {}
     sizes = _shape_values(model.graph)
+    module_calls: Counter[str] = Counter()
     for node in model.graph.nodes:
-        if node.op == "call_module" and node.target in float_ops.modules:
-            matched.setdefault(str(node.target), []).append((node, False))
+        if node.op == "call_module" and node.target in float_ops.module_of.values():
+            name = call_site_name(str(node.target), module_calls[str(node.target)])
+            module_calls[str(node.target)] += 1
+            matched.setdefault(name, []).append((node, False))
         elif node not in sizes and (kind_relu := _call_kind(node)) is not None:
             in_graph.setdefault(kind_relu[0], []).append((node, kind_relu[1]))
     unmatched = []

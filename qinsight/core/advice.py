@@ -27,7 +27,7 @@ from qinsight.core.notes import Note, NoteKind
 from qinsight.core.plan import QuantPlan
 from qinsight.core.sites import FlowName, OpSite, checked_flow
 from qinsight.core.smoothing import SmoothingMapping
-from qinsight.core.suggestions import QuantSuggestion
+from qinsight.core.suggestions import QuantSuggestion, merge_suggestions
 from qinsight.core.verification import ConfigParts, ConfigVerification, without_kinds
 
 if TYPE_CHECKING:
@@ -125,8 +125,8 @@ def advice_of(source: Report | QuantPlan | Advice, flow: FlowName | None = None,
             ),
         )
     )
-    advice = _verified(advice, source.verification_for(wanted))
-    return attrs.evolve(advice, notes=notes + _unequalized(advice))
+    advice = _per_module(_verified(advice, source.verification_for(wanted)))
+    return attrs.evolve(advice, notes=advice.notes + notes + _unequalized(advice))
 
 
 def _verified(advice: Advice, verdict: ConfigVerification | None) -> Advice:
@@ -170,7 +170,7 @@ def _of_plan(plan: QuantPlan, flow: FlowName, owner: str) -> Advice:
     if advice.flow != flow:
         said = f"the plan was made for {advice.flow}, not {flow}: its config is not verified in {flow}"
         return _for_flow(advice, flow, Note(NoteKind.OTHER_FLOW, said), owner)
-    return advice
+    return _per_module(advice)
 
 
 def _for_flow(advice: Advice, flow: FlowName, note: Note, owner: str) -> Advice:
@@ -185,7 +185,53 @@ def _for_flow(advice: Advice, flow: FlowName, note: Note, owner: str) -> Advice:
         notes=advice.notes + (note,),
         starts_from="",
     )
+    moved = _per_module(moved)
     return attrs.evolve(moved, notes=moved.notes + _unequalized(moved))
+
+
+def _per_module(advice: Advice) -> Advice:
+    """``advice`` as its flow can apply it where a module is called at several places: the suggestions
+    of its calls merged into one for all of them (accuracy first, :func:`merge_suggestions`), as the flow
+    configures a module once (FX's ``set_module_name``); a flow that keeps a single call in float
+    (:attr:`~qinsight.core.flows.FlowSpec.floats_calls`) keeps that per call. A note names each module
+    whose calls were advised apart, and what its config does instead."""
+    calls: dict[str, list[OpSite]] = {}
+    for site in advice.sites:
+        if site.call is None:
+            calls.setdefault(site.module, []).append(site)
+    shared = {module: sites for module, sites in calls.items() if len(sites) > 1}
+    if not shared:
+        return advice
+    per_call = flow_spec(advice.flow).floats_calls
+    by_site = {s.fqn: s for s in advice.suggestions}
+    merged: dict[str, QuantSuggestion] = {}
+    said = []
+    for module, sites in shared.items():
+        own = [by_site.get(site.fqn, QuantSuggestion(fqn=site.fqn)) for site in sites]
+        one = merge_suggestions(attrs.evolve(s, fqn=module, keep_float=None if per_call else s.keep_float) for s in own)
+        chosen = one[0][0] if one[0] else QuantSuggestion(fqn=module)
+        applied = [
+            attrs.evolve(chosen, fqn=s.fqn, keep_float=s.keep_float if per_call else chosen.keep_float) for s in own
+        ]
+        merged.update({s.fqn: s for s in applied})
+        if any(_opinions(a) != _opinions(s) for a, s in zip(applied, own)):
+            advised = "; ".join(f"{s.fqn}: {s.describe()}" for s in own)
+            said.append(f"{module} ({advised}) gets {chosen.describe()} for every call")
+    suggestions = [merged.get(s.fqn, s) for s in advice.suggestions]
+    suggestions += [s for fqn, s in merged.items() if fqn not in by_site and not s.changes_nothing]
+    notes = advice.notes
+    if said:
+        title = flow_spec(advice.flow).title
+        notes += (
+            Note(NoteKind.CALLS_MERGED, f"{title} configures a module once for all its calls: " + "; ".join(said)),
+        )
+    return attrs.evolve(
+        advice, suggestions=tuple(s for s in suggestions if not s.changes_nothing or s.fqn in by_site), notes=notes
+    )
+
+
+def _opinions(suggestion: QuantSuggestion) -> tuple[object, ...]:
+    return (suggestion.activation, suggestion.weight, suggestion.equalize, bool(suggestion.keep_float))
 
 
 def _unequalized(advice: Advice) -> tuple[Note, ...]:

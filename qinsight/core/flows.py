@@ -38,6 +38,9 @@ class FlowSpec:
     converter: str  # the call that gives the quantized model, as a comparison labels it
     stand_in: str | None = None  # the backend it quantizes for when asked for one it does not serve
     plans_formats: bool = False  # qinsight.plan_formats plans it (a format per Linear), not qinsight.plan
+    # it keeps one call of a module in float, the module's other calls quantized (PT2E: that call's nodes
+    # lose their annotations); every other choice of a config applies to a module, all its calls alike
+    floats_calls: bool = False
 
     def serves(self, backend: str) -> bool:
         return backend in self.backends
@@ -82,6 +85,7 @@ FLOW_SPECS: Final[dict[FlowName, FlowSpec]] = {
         lowers=True,
         config_call="qinsight.pt2e_quantizer({source})",
         stand_in="x86",
+        floats_calls=True,
     ),
     "torchao": FlowSpec(
         name="torchao",

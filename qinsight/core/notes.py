@@ -21,6 +21,7 @@ class NoteKind(enum.Enum):
     OTHER_FLOW = "other_flow"  # a plan made for another flow: its config is not verified in this one
     SMOOTHED_MODEL = "smoothed_model"  # the config is for the smoothed model (qinsight.smoothed)
     UNEQUALIZED = "unequalized"  # the flow has no input-weight equalization: those modules stay unequalized
+    CALLS_MERGED = "calls_merged"  # a module's calls were advised apart; the flow configures the module once
     # a config quantized for real (verification and plans)
     LEFT_FLOAT = "left_float"  # the flow, as converted, left in float layers the config quantizes
     FAILED_CONFIGS = "failed_configs"  # candidate configs the flow could not build or run, left out

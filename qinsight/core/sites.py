@@ -147,6 +147,18 @@ class OpCall:
         return "." not in self.target
 
 
+def call_site_name(module: str, occurrence: int) -> str:
+    """The name of a module's ``occurrence``-th call in a forward: ``act`` for the first (the module's own
+    name, as before calls were sites), ``act#1`` for the second. No module name holds ``#``."""
+    return module if occurrence == 0 else f"{module}#{occurrence}"
+
+
+def weight_holder(name: str) -> str:
+    """The site whose observations hold the weight of site ``name``: its module's first call (the calls
+    of one module share its weight, observed once)."""
+    return name.partition("#")[0]
+
+
 @attrs.frozen(kw_only=True)
 class OpSite:
     """One quantizable operation of a model, as a frontend found it.
@@ -163,6 +175,12 @@ class OpSite:
     ``source`` is the site whose output is its (first) input, and ``clip`` the bounds of
     a hardtanh (ReLU6) that alone reads its output, past a BatchNorm or ReLU FX fuses, where
     the FX frontend found them in the graph (``None`` otherwise, and in files before 1.11).
+
+    A site is a call, not a module: a module called at several places of a forward (one ``nn.ReLU6``
+    after two convs, a Linear applied twice) is a site per call, each with its own observers,
+    findings and decisions. ``occurrence`` says which call of its module the site is (0, the first,
+    is named after the module, the others ``act#1``..., :func:`call_site_name`); :attr:`module` is the
+    module's name. Calls of one module share its weight, observed once.
     """
 
     fqn: str
@@ -176,6 +194,12 @@ class OpSite:
     input_rank: int | None = None
     source: str | None = None
     clip: tuple[float, float] | None = None
+    occurrence: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+
+    @property
+    def module(self) -> str:
+        """The name of the module whose call this site is (a functional call's site: its own name)."""
+        return self.fqn.rpartition("#")[0] if self.occurrence else self.fqn
 
     @property
     def axis(self) -> int | None:
@@ -279,6 +303,8 @@ class InsertPoint:
                 f"a format's error is a weight's statistic: formats on the {side.value} side of {site.fqn}"
             )
         axis = site.channel_axis if channel_axis is None else channel_axis
+        # the calls of one module share its weight: one observer, at the module's first call
+        fqn = weight_holder(site.fqn) if side is Side.WEIGHT else site.fqn
         spec = ObserverSpec(
             channel_axis=axis,
             per_channel=per_channel or percentile is not None or tails,
@@ -288,7 +314,7 @@ class InsertPoint:
             tails=tails,
             formats=tuple(sorted(set(formats))),
         )
-        return cls(fqn=site.fqn, side=side, spec=spec)
+        return cls(fqn=fqn, side=side, spec=spec)
 
     @property
     def slot(self) -> tuple[str, Side, int]:

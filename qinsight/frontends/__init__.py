@@ -12,6 +12,7 @@ The rest of qinsight imports from here, never from the files inside:
 """
 
 from qinsight.frontends.base import (
+    CallIndex,
     ModelViewBase,
     ModuleView,
     batch_arguments,
@@ -31,10 +32,12 @@ from qinsight.frontends.exported import (
     ExportedView,
     call_target,
     exported_op_names,
+    exported_site_names,
     exported_sites,
     exported_view,
     fetch_attr,
     layer_name,
+    layer_names,
     module_name_of,
     separate_shared_calls,
     tap_each,
@@ -59,6 +62,7 @@ from qinsight.frontends.ops import Discovery
 from qinsight.frontends.select import view_of
 
 __all__ = [
+    "CallIndex",
     "CallTap",
     "Discovery",
     "OP_NAME_KINDS",
@@ -81,10 +85,12 @@ __all__ = [
     "eager_view",
     "eval_mode",
     "exported_op_names",
+    "exported_site_names",
     "exported_sites",
     "exported_view",
     "fetch_attr",
     "layer_name",
+    "layer_names",
     "find_site",
     "example_inputs",
     "hookless_copy",

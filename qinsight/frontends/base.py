@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -138,12 +139,70 @@ class ModelViewBase:
         self._sites, self._ops = sites, ops
 
 
+def _hook(module: nn.Module, side: Side, observe: Callable[[torch.Tensor], object]) -> Detach:
+    """``observe`` on ``module``'s input (``Side.PRE``) or output on every call."""
+    if side is Side.PRE:
+
+        def pre_hook(_module: nn.Module, args: tuple[object, ...]) -> None:
+            if args and isinstance(args[0], torch.Tensor):
+                observe(args[0])
+
+        return module.register_forward_pre_hook(pre_hook).remove
+
+    def post_hook(_module: nn.Module, _args: tuple[object, ...], output: object) -> None:
+        if isinstance(output, torch.Tensor):
+            observe(output)
+
+    return module.register_forward_hook(post_hook).remove
+
+
+class CallIndex:
+    """Which call of each counted module is running, in the root's current forward: what tells a hook on a
+    module called at several places (one ``nn.ReLU6`` after two convs) which call site it sees. Counting
+    hooks (ahead of every other hook) are on the modules while any observer of theirs is attached."""
+
+    def __init__(self, root: nn.Module) -> None:
+        self._root = root
+        self._users: dict[nn.Module, int] = {}
+        self._removers: dict[nn.Module, list[Callable[[], None]]] = {}
+        self._calls: dict[nn.Module, int] = {}
+        self.running: dict[nn.Module, int] = {}
+
+    def count(self, module: nn.Module) -> Detach:
+        """Count ``module``'s calls until the returned detach (counted once however many observers ask)."""
+        if not self._users:
+            self._removers[self._root] = [self._root.register_forward_pre_hook(self._new_pass, prepend=True).remove]
+        if module not in self._users:
+            self._removers[module] = [module.register_forward_pre_hook(self._call, prepend=True).remove]
+        self._users[module] = self._users.get(module, 0) + 1
+        return lambda: self._release(module)
+
+    def _new_pass(self, _module: nn.Module, _args: tuple[object, ...]) -> None:
+        self._calls.clear()
+
+    def _call(self, module: nn.Module, _args: tuple[object, ...]) -> None:
+        index = self._calls.get(module, 0)
+        self._calls[module] = index + 1
+        self.running[module] = index
+
+    def _release(self, module: nn.Module) -> None:
+        self._users[module] -= 1
+        if self._users[module]:
+            return
+        del self._users[module]
+        for remove in self._removers.pop(module):
+            remove()
+        if not self._users:
+            for remove in self._removers.pop(self._root):
+                remove()
+
+
 class ModuleView(ModelViewBase):
     """A view whose sites are submodules: observed with forward hooks.
 
     Hooks leave the model's code and graph untouched, so detaching them gives
     back exactly the model the user passed. A module called several times per
-    forward is observed on every call (``OpSite.calls`` says how many).
+    forward is a site per call: its hooks observe only their own call (:class:`CallIndex`).
     Functional calls (``x + y``) are observed through a :class:`CallTap`,
     installed while any of them is observed.
     """
@@ -166,6 +225,13 @@ class ModuleView(ModelViewBase):
         self._weights = weights  # fqn -> the module holding the weight (the Linear inside a fused LinearReLU)
         self._tap: CallTap | None = None
         self._tapped = 0  # observers attached through the tap
+        self._index = CallIndex(model)
+        # modules with several call sites: their hooks must tell the calls apart
+        self._shared = {
+            module
+            for module, count in Counter(self._modules[s.fqn] for s in sites + ops if s.fqn in self._modules).items()
+            if count > 1
+        }
 
     def weight(self, fqn: str) -> torch.Tensor:
         self.site(fqn)
@@ -182,19 +248,21 @@ class ModuleView(ModelViewBase):
             raise ValueError(f"{fqn} is a module: it has no second operand to observe")
         module = self._modules[fqn]
         observe = unseen(observe)
-        if side is Side.PRE:
+        if module not in self._shared:
+            return _hook(module, side, observe)
+        occurrence, index = site.occurrence, self._index
 
-            def pre_hook(_module: nn.Module, args: tuple[object, ...]) -> None:
-                if args and isinstance(args[0], torch.Tensor):
-                    observe(args[0])
+        def own_call(tensor: torch.Tensor) -> object:
+            return observe(tensor) if index.running.get(module) == occurrence else None
 
-            return module.register_forward_pre_hook(pre_hook).remove
+        stop_counting = index.count(module)
+        remove = _hook(module, side, own_call)
 
-        def post_hook(_module: nn.Module, _args: tuple[object, ...], output: object) -> None:
-            if isinstance(output, torch.Tensor):
-                observe(output)
+        def detach() -> None:
+            remove()
+            stop_counting()
 
-        return module.register_forward_hook(post_hook).remove
+        return detach
 
     def _attach_call(self, call: OpCall, side: Side, observe: Callable[[torch.Tensor], object]) -> Detach:
         if self._tap is None:

@@ -2,7 +2,8 @@
 
 Sites are found by running the model once on an example batch with counting
 hooks on every Linear/Conv module (a fused module counts as one site, as in
-FX); the same run finds the ops around them. They are ordered by first call, with calls per forward counted. Sites
+FX); the same run finds the ops around them. Each call is a site, in call order (a module called twice:
+``act`` and ``act#1``). Sites
 are observed with the same forward hooks as the FX frontend's, so every
 detector that needs only module inputs, outputs and weights (all built-in
 ones) works unchanged. The discovery forward runs without gradients in eval
@@ -27,17 +28,22 @@ def eager_view(
     (one batch, :class:`~qinsight.frontends.ops.Discovery`)."""
     candidates = quantizable_modules(model)
     discovery = Discovery(model, tuple(candidates)).run(example)
-    sites = tuple(  # first-call order
+    sites = tuple(  # call order: a site per call
         attrs.evolve(
             site_for_module(
-                fqn, candidates[fqn].module, candidates[fqn].kind, candidates[fqn].holder, count, qconfig_mapping
+                call.fqn,
+                candidates[call.fqn].module,
+                candidates[call.fqn].kind,
+                candidates[call.fqn].holder,
+                call.occurrence,
+                qconfig_mapping,
             ),
-            input_rank=discovery.ranks.get(fqn),
+            input_rank=call.rank,
         )
-        for fqn, count in discovery.layer_calls.items()
+        for call in discovery.layer_calls
     )
-    modules = {fqn: candidates[fqn].module for fqn in discovery.layer_calls}
-    weights = {fqn: candidates[fqn].holder for fqn in discovery.layer_calls}
+    modules = {site.fqn: candidates[site.module].module for site in sites}
+    weights = {site.fqn: candidates[site.module].holder for site in sites}
     ops = op_sites(discovery, qconfig_mapping, backend)
-    modules.update({op.fqn: model.get_submodule(op.fqn) for op in ops if op.call is None})
+    modules.update({op.fqn: model.get_submodule(op.module) for op in ops if op.call is None})
     return ModuleView(frontend="eager", model=model, sites=sites, modules=modules, weights=weights, ops=ops)

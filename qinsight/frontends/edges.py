@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 import attrs
 from torch import fx, nn
 
-from qinsight.core.sites import OpSite
+from qinsight.core.sites import OpSite, call_site_name
 from qinsight.frontends.calls import resolve_target
 from qinsight.frontends.modules import tail_step
 
@@ -24,11 +24,12 @@ _FUSED = (nn.modules.batchnorm._BatchNorm, nn.ReLU)  # what FX folds into the la
 
 
 def site_nodes(graph: fx.Graph, sites: Iterable[OpSite], owner_of: Callable[[fx.Node], str]) -> dict[fx.Node, str]:
-    """The graph's nodes that are sites, by site name: modules by target, functional calls by owner
-    (``owner_of`` a node: the innermost module of a trace's stack, or a prepared graph's scope),
-    target and index among that owner's calls of it."""
+    """The graph's nodes that are sites, by site name: a module's calls by target and which call of it
+    (``act``, ``act#1``), functional calls by owner (``owner_of`` a node: the innermost module of a
+    trace's stack, or a prepared graph's scope), target and index among that owner's calls of it."""
     known = list(sites)
     modules = {site.fqn for site in known if site.call is None}
+    module_calls: dict[str, int] = {}
     calls = {
         (
             site.call.owner,
@@ -41,8 +42,11 @@ def site_nodes(graph: fx.Graph, sites: Iterable[OpSite], owner_of: Callable[[fx.
     names: dict[fx.Node, str] = {}
     counts: dict[tuple[str, object], int] = {}
     for node in graph.nodes:
-        if node.op == "call_module" and str(node.target) in modules:
-            names[node] = str(node.target)
+        if node.op == "call_module":
+            occurrence = module_calls.get(str(node.target), 0)
+            module_calls[str(node.target)] = occurrence + 1
+            if (name := call_site_name(str(node.target), occurrence)) in modules:
+                names[node] = name
         elif node.op in ("call_function", "call_method"):
             key = (owner_of(node), node.target)
             index = counts.get(key, 0)

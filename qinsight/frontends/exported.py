@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import itertools
 import pydoc
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import torch
 from torch import fx, nn
 from torch.ao.quantization import QConfigMapping
 
 from qinsight.core.errors import FrontendError
-from qinsight.core.sites import OpKind, OpSite, Side, WeightScheme
+from qinsight.core.sites import OpKind, OpSite, Side, WeightScheme, call_site_name
 from qinsight.frontends.base import ModelViewBase
 from qinsight.frontends.modules import OP_MODULE_KINDS, resolve_qconfig, weight_scheme
 from qinsight.plugin.detector import Detach
@@ -155,13 +157,19 @@ def exported_op_names(model: fx.GraphModule) -> dict[fx.Node, str]:
     """The aten op nodes of the ops around the layers, named as the FX and eager frontends name their sites.
 
     An op inside one of torch's modules (``aten.layer_norm`` of ``nn.LayerNorm``)
-    is that module's site; a functional call is ``owner.op#index``, counted per
-    owner and op in graph order. aten does not tell ``x + y`` from
-    ``torch.add(x, y)``, which FX numbers apart: a module using both forms can
+    is a call of that module's (``act``, ``act#1`` for one ReLU6 called twice); a functional
+    call is ``owner.op#index``, counted per owner and op in graph order. aten does not tell ``x + y``
+    from ``torch.add(x, y)``, which FX numbers apart: a module using both forms can
     number its adds differently here.
     """
-    names: dict[fx.Node, str] = {}
-    counts: dict[tuple[str, str], int] = {}
+    return {node: name for node, (name, _occurrence) in _op_calls(model).items()}
+
+
+def _op_calls(model: fx.GraphModule) -> dict[fx.Node, tuple[str, int]]:
+    """:func:`exported_op_names`, each with which call of its module it is (0 for a functional call)."""
+    names: dict[fx.Node, tuple[str, int]] = {}
+    counts: Counter[tuple[str, str]] = Counter()
+    module_calls: Counter[str] = Counter()
     for node in model.graph.nodes:
         op = ATEN_OPS.get(node.target) if node.op == "call_function" else None
         if op is None:
@@ -170,12 +178,34 @@ def exported_op_names(model: fx.GraphModule) -> dict[fx.Node, str]:
         owner, owner_type = (str(stack[-1][0]).removeprefix("L['self']."), str(stack[-1][1])) if stack else ("", "")
         if owner_type.startswith(("torch.nn.", "<class 'torch.nn.")):
             if owner_type.strip("<class '>").rpartition(".")[2] in _OP_MODULE_NAMES:
-                names[node] = owner  # nn.LayerNorm's layer_norm: the module's site
+                names[node] = (call_site_name(owner, module_calls[owner]), module_calls[owner])
+                module_calls[owner] += 1
             continue  # inside another of torch's modules (MultiheadAttention): FX does not see it either
-        index = counts.get((owner, op), 0)
+        index = counts[owner, op]
         counts[owner, op] = index + 1
-        names[node] = f"{owner}.{op}#{index}" if owner else f"{op}#{index}"
+        names[node] = (f"{owner}.{op}#{index}" if owner else f"{op}#{index}", 0)
     return names
+
+
+def layer_names(model: fx.GraphModule) -> dict[fx.Node, str]:
+    """The aten Linear/Conv nodes, each a site named after the module owning its weight (a second call
+    of the module, ``fc#1``, :func:`~qinsight.core.sites.call_site_name`)."""
+    return {node: name for node, (name, _occurrence) in _layer_calls(model).items()}
+
+
+def _layer_calls(model: fx.GraphModule) -> dict[fx.Node, tuple[str, int]]:
+    calls: Counter[str] = Counter()
+    names = {}
+    for node in exported_sites(model):
+        module = layer_name(node, model)
+        names[node] = (call_site_name(module, calls[module]), calls[module])
+        calls[module] += 1
+    return names
+
+
+def exported_site_names(model: fx.GraphModule) -> dict[fx.Node, str]:
+    """Every site node of an exported graph (layers and the ops around them) by its site's name."""
+    return {**exported_op_names(model), **layer_names(model)}
 
 
 def separate_shared_calls(model: fx.GraphModule) -> fx.GraphModule:
@@ -270,50 +300,45 @@ class ExportedView(ModelViewBase):
 
     def __init__(self, model: fx.GraphModule, qconfig_mapping: QConfigMapping | None) -> None:
         self._model = model
-        self._nodes: dict[str, list[fx.Node]] = {}
+        self._nodes: dict[str, fx.Node] = {}
         self._weights: dict[str, fx.Node | None] = {}
-        observers: dict[str, nn.Module | None] = {}
-        for node in exported_sites(model):
+        sites = []
+        for node, (fqn, occurrence) in _layer_calls(model).items():
             weight, observer = _weight_source(node, model)
-            fqn = module_name_of(node, weight)
-            self._nodes.setdefault(fqn, []).append(node)
-            self._weights.setdefault(fqn, weight)
-            observers.setdefault(fqn, observer)
-        self._sites = tuple(self._site(fqn, observers[fqn], qconfig_mapping) for fqn in self._nodes)
+            self._nodes[fqn] = node
+            self._weights[fqn] = weight
+            sites.append(attrs.evolve(self._site(fqn, node, observer, qconfig_mapping), occurrence=occurrence))
+        self._sites = tuple(sites)
         self._ops = self._op_sites()
 
     def _op_sites(self) -> tuple[OpSite, ...]:
         """The ops around the layers, named as the FX frontend names them; ``quantized`` as PT2E would."""
-        for node, name in exported_op_names(self._model).items():
-            self._nodes.setdefault(name, []).append(node)
+        calls = _op_calls(self._model)
+        self._nodes.update({name: node for node, (name, _occurrence) in calls.items()})
         quantized = _quantized_by_pt2e(self._model)
         ops = []
-        for name, nodes in self._nodes.items():
-            node = nodes[0]
-            if node.target in ATEN_KINDS:
-                continue
+        for node, (name, occurrence) in calls.items():
             rank = _rank(_operands(node)[0] if _operands(node) else node) or 0
             ops.append(
                 OpSite(
                     fqn=name,
+                    occurrence=occurrence,
                     kind=OP_NAME_KINDS[ATEN_OPS[node.target]],
                     module_type=f"aten.{ATEN_OPS[node.target]}",
-                    calls=len(nodes),
-                    quantized=quantized is None or any(n in quantized for n in nodes),
+                    quantized=quantized is None or node in quantized,
                     input_rank=rank,
                 )
             )
         return tuple(ops)
 
-    def _site(self, fqn: str, observer: nn.Module | None, mapping: QConfigMapping | None) -> OpSite:
-        node = self._nodes[fqn][0]
+    def _site(self, fqn: str, node: fx.Node, observer: nn.Module | None, mapping: QConfigMapping | None) -> OpSite:
         kind = ATEN_KINDS[node.target]
         scheme = None
         if observer is not None:  # prepare_pt2e: the quantizer's weight observer decides
             per_channel = getattr(observer, "qscheme", None) in _PER_CHANNEL
             scheme = WeightScheme.PER_CHANNEL if per_channel else WeightScheme.PER_TENSOR
         elif mapping is not None:
-            scheme = weight_scheme(resolve_qconfig(mapping, fqn, _MODULE_TYPES[kind]))
+            scheme = weight_scheme(resolve_qconfig(mapping, fqn.partition("#")[0], _MODULE_TYPES[kind]))
         groups = (
             node.args[_GROUPS_ARG] if kind.is_conv and len(node.args) > _GROUPS_ARG else node.kwargs.get("groups", 1)
         )
@@ -322,7 +347,6 @@ class ExportedView(ModelViewBase):
             fqn=fqn,
             kind=kind,
             module_type=f"aten.{getattr(node.target, '__name__', str(node.target))}",
-            calls=len(self._nodes[fqn]),
             groups=int(groups) if isinstance(groups, int) else 1,
             weight_scheme=scheme,
         )
@@ -339,8 +363,8 @@ class ExportedView(ModelViewBase):
 
     def attach(self, fqn: str, side: Side, observe: Callable[[torch.Tensor], object]) -> Detach:
         self.site(fqn)
-        values = [_side_value(node, side) for node in self._nodes[fqn]]
-        return tap_nodes(self._model, [v for v in values if isinstance(v, fx.Node)], observe)
+        value = _side_value(self._nodes[fqn], side)
+        return tap_nodes(self._model, [value] if isinstance(value, fx.Node) else [], observe)
 
 
 def _rank(value: object) -> int | None:

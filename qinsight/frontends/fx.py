@@ -34,6 +34,18 @@ def _graph_of(model: nn.Module) -> fx.Graph:
         ) from exc
 
 
+def module_calls(graph: fx.Graph) -> list[tuple[str, int]]:
+    """Each ``call_module`` node of ``graph`` in forward order: the module's name and which of its calls it is."""
+    seen: Counter[str] = Counter()
+    calls = []
+    for node in graph.nodes:
+        if node.op == "call_module":
+            fqn = str(node.target)
+            calls.append((fqn, seen[fqn]))
+            seen[fqn] += 1
+    return calls
+
+
 def fx_view(
     model: nn.Module, qconfig_mapping: QConfigMapping | None = None, example: object | None = None, backend: str = "x86"
 ) -> ModuleView:
@@ -46,19 +58,19 @@ def fx_view(
     whose calls no longer belong to the float model's modules.
     """
     graph = _graph_of(model)
-    calls = Counter(str(node.target) for node in graph.nodes if node.op == "call_module")
     sites: list[OpSite] = []
     modules: dict[str, nn.Module] = {}
     weights: dict[str, nn.Module] = {}
-    for fqn, count in calls.items():  # Counter keeps first-call (forward) order
+    for fqn, occurrence in module_calls(graph):
         module = model.get_submodule(fqn)
         found = classify(module)
         if found is None:
             continue
         kind, holder = found
-        sites.append(site_for_module(fqn, module, kind, holder, count, qconfig_mapping))
-        modules[fqn] = module
-        weights[fqn] = holder
+        site = site_for_module(fqn, module, kind, holder, occurrence, qconfig_mapping)
+        sites.append(site)
+        modules[site.fqn] = module
+        weights[site.fqn] = holder
     layers: tuple[OpSite, ...] = tuple(sites)
     ops: tuple[OpSite, ...] = ()
     if example is not None and not isinstance(model, fx.GraphModule):
@@ -68,5 +80,5 @@ def fx_view(
             pass  # the batch fails in the model: calibration reports it, as the error of batch 0
         linked = with_edges(model, graph, layers + ops)
         layers, ops = linked[: len(layers)], linked[len(layers) :]
-    modules.update({op.fqn: model.get_submodule(op.fqn) for op in ops if op.call is None})
+    modules.update({op.fqn: model.get_submodule(op.module) for op in ops if op.call is None})
     return ModuleView(frontend="fx", model=model, sites=layers, modules=modules, weights=weights, ops=ops)

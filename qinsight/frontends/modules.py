@@ -17,7 +17,7 @@ from torch.ao.nn.intrinsic.modules.fused import _FusedModule
 from torch.ao.quantization import FakeQuantize, QConfig, QConfigMapping
 from torch.ao.quantization.observer import ObserverBase
 
-from qinsight.core.sites import OpKind, OpSite, WeightScheme
+from qinsight.core.sites import OpKind, OpSite, WeightScheme, call_site_name
 
 MODULE_KINDS: tuple[tuple[type[nn.Module], OpKind], ...] = (
     (nn.Linear, OpKind.LINEAR),
@@ -106,17 +106,18 @@ class LeafTracer(fx.Tracer):
 
 
 def site_for_module(
-    fqn: str, module: nn.Module, kind: OpKind, holder: nn.Module, calls: int, mapping: QConfigMapping | None
+    fqn: str, module: nn.Module, kind: OpKind, holder: nn.Module, occurrence: int, mapping: QConfigMapping | None
 ) -> OpSite:
-    """The site of a called module; its weight scheme from the module's qconfig, else from ``mapping``."""
+    """The site of one call of a module (``occurrence``: which of its calls in a forward); its weight
+    scheme from the module's qconfig, else from ``mapping``."""
     qconfig = getattr(module, "qconfig", None)
     if qconfig is None and mapping is not None:
         qconfig = resolve_qconfig(mapping, fqn, type(holder))
     return OpSite(
-        fqn=fqn,
+        fqn=call_site_name(fqn, occurrence),
+        occurrence=occurrence,
         kind=kind,
         module_type=type(module).__name__,
-        calls=calls,
         groups=int(getattr(holder, "groups", 1)),
         weight_scheme=weight_scheme(qconfig),
     )

@@ -12,7 +12,7 @@ pattern for it.
 from __future__ import annotations
 
 import functools
-from collections import Counter
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +23,7 @@ from torch.ao.quantization import QConfigMapping, get_default_qconfig_mapping
 
 from qinsight.core.errors import FrontendError
 from qinsight.core.flows import fx_engine
-from qinsight.core.sites import OpCall, OpKind, OpSite
+from qinsight.core.sites import OpCall, OpKind, OpSite, call_site_name
 from qinsight.frontends.base import eval_mode, run_batch
 from qinsight.frontends.calls import CallTap, is_leaf, resolve_target
 from qinsight.frontends.modules import classify_op, resolve_qconfig
@@ -70,19 +70,32 @@ def _inside_leaf(fqn: str, modules: dict[str, nn.Module]) -> bool:
     return any(is_leaf(modules[".".join(parts[:end])]) for end in range(1, len(parts)))
 
 
+@attrs.frozen
+class ModuleCall:
+    """One call of a module in the discovery's forward: the module, which of its calls, its input's rank,
+    and how many functional calls the tap had seen before it (its place among them)."""
+
+    fqn: str
+    occurrence: int
+    rank: int | None
+    position: int
+
+    @property
+    def name(self) -> str:
+        return call_site_name(self.fqn, self.occurrence)
+
+
 class Discovery:
-    """One forward on an example batch, counting what the frontends make sites of: the calls of the
-    ``layers`` asked for (Linear/Conv modules, in first-call order) and of op modules, the rank of
-    each one's input, and the functional calls (through a :class:`CallTap`)."""
+    """One forward on an example batch, recording what the frontends make sites of: each call of the
+    ``layers`` asked for (Linear/Conv modules) and of op modules, in call order, with its input's rank,
+    and the functional calls (through a :class:`CallTap`)."""
 
     def __init__(self, model: nn.Module, layers: tuple[str, ...] = ()) -> None:
         self.model = model
         self.layers = layers
-        self.layer_calls: Counter[str] = Counter()  # first-call order
+        self.layer_calls: list[ModuleCall] = []
+        self.module_calls: list[ModuleCall] = []
         self.tap = CallTap(model)
-        self.position: dict[str, int] = {}  # op module -> how many calls were seen before its first call
-        self.module_calls: Counter[str] = Counter()
-        self.ranks: dict[str, int] = {}
         self.kinds: dict[str, OpKind] = {}
         modules = dict(model.named_modules())
         for fqn, module in modules.items():
@@ -90,28 +103,25 @@ class Discovery:
             if fqn and kind is not None and not _inside_leaf(fqn, modules):
                 self.kinds[fqn] = kind
 
-    def _counter(self, fqn: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
-        def count(_module: nn.Module, args: tuple[Any, ...]) -> None:
-            if fqn not in self.module_calls:
-                self.position[fqn] = len(self.tap.seen)
-                first = args[0] if args else None
-                self.ranks[fqn] = first.dim() if isinstance(first, torch.Tensor) else 0
-            self.module_calls[fqn] += 1
+    @property
+    def ranks(self) -> dict[str, int | None]:
+        """Each call's input rank, by site name."""
+        return {call.name: call.rank for call in self.layer_calls + self.module_calls}
 
-        return count
+    def _counter(self, fqn: str, calls: list[ModuleCall]) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+        occurrences = itertools.count()
 
-    def _layer_counter(self, fqn: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
         def count(_module: nn.Module, args: tuple[Any, ...]) -> None:
-            if fqn not in self.ranks and args and isinstance(args[0], torch.Tensor):
-                self.ranks[fqn] = args[0].dim()
-            self.layer_calls[fqn] += 1
+            first = args[0] if args else None
+            rank = first.dim() if isinstance(first, torch.Tensor) else None
+            calls.append(ModuleCall(fqn, next(occurrences), rank, len(self.tap.seen)))
 
         return count
 
     def run(self, example: object) -> Discovery:
         modules = dict(self.model.named_modules())
-        removers = [modules[fqn].register_forward_pre_hook(self._counter(fqn)).remove for fqn in self.kinds]
-        removers += [modules[fqn].register_forward_pre_hook(self._layer_counter(fqn)).remove for fqn in self.layers]
+        hooks = [(fqn, self.module_calls) for fqn in self.kinds] + [(fqn, self.layer_calls) for fqn in self.layers]
+        removers = [modules[fqn].register_forward_pre_hook(self._counter(fqn, calls)).remove for fqn, calls in hooks]
         tap = self.tap
         try:
             with tap, eval_mode(self.model), torch.no_grad():
@@ -130,8 +140,9 @@ def with_ops(
     model: nn.Module, layers: tuple[OpSite, ...], example: object, mapping: QConfigMapping | None, backend: str = "x86"
 ) -> tuple[tuple[OpSite, ...], tuple[OpSite, ...]]:
     """``layers`` with their input ranks, and :func:`op_sites`, from one forward on ``example``."""
-    discovery = Discovery(model, tuple(site.fqn for site in layers)).run(example)
-    ranked = tuple(attrs.evolve(site, input_rank=discovery.ranks.get(site.fqn)) for site in layers)
+    discovery = Discovery(model, tuple(dict.fromkeys(site.module for site in layers))).run(example)
+    ranks = discovery.ranks
+    ranked = tuple(attrs.evolve(site, input_rank=ranks.get(site.fqn)) for site in layers)
     return ranked, op_sites(discovery, mapping, backend)
 
 
@@ -144,17 +155,21 @@ def op_sites(discovery: Discovery, mapping: QConfigMapping | None, backend: str 
     model, tap = discovery.model, discovery.tap
     mapping = mapping if mapping is not None else get_default_qconfig_mapping(fx_engine(backend))
     modules = dict(model.named_modules())
-    module_sites = {
-        fqn: OpSite(
-            fqn=fqn,
-            kind=discovery.kinds[fqn],
-            module_type=type(modules[fqn]).__name__,
-            calls=count,
-            quantized=_supported(type(modules[fqn])) and resolve_qconfig(mapping, fqn, type(modules[fqn])) is not None,
-            input_rank=discovery.ranks[fqn],
+    module_sites = [
+        (
+            call.position,
+            OpSite(
+                fqn=call.name,
+                occurrence=call.occurrence,
+                kind=discovery.kinds[call.fqn],
+                module_type=type(modules[call.fqn]).__name__,
+                quantized=_supported(type(modules[call.fqn]))
+                and resolve_qconfig(mapping, call.fqn, type(modules[call.fqn])) is not None,
+                input_rank=call.rank or 0,
+            ),
         )
-        for fqn, count in discovery.module_calls.items()
-    }
+        for call in discovery.module_calls
+    ]
     call_sites = {
         call: OpSite(
             fqn=call.name,
@@ -168,7 +183,7 @@ def op_sites(discovery: Discovery, mapping: QConfigMapping | None, backend: str 
         for call, (kind, rank) in tap.seen.items()
     }
     # forward order: a module after the calls seen before it, ahead of the calls after it
-    keyed = [((discovery.position[fqn], 0), site) for fqn, site in module_sites.items()]
+    keyed = [((position, 0), site) for position, site in module_sites]
     keyed += [((index, 1), site) for index, site in enumerate(call_sites.values())]
     ordered = [site for _, site in sorted(keyed, key=lambda pair: pair[0])]
     names = {site.fqn for site in ordered}
@@ -177,4 +192,4 @@ def op_sites(discovery: Discovery, mapping: QConfigMapping | None, backend: str 
     return tuple(ordered)
 
 
-__all__ = ["Discovery", "call_qconfig", "op_sites", "with_ops"]
+__all__ = ["Discovery", "ModuleCall", "call_qconfig", "op_sites", "with_ops"]

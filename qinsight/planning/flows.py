@@ -42,13 +42,7 @@ from qinsight.core.flows import FlowSpec, check_flow_backend, flow_spec
 from qinsight.core.precision import activation_bits
 from qinsight.core.sites import FlowName, OpSite
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
-from qinsight.frontends import (
-    classify,
-    example_inputs,
-    exported_op_names,
-    exported_sites,
-    layer_name,
-)
+from qinsight.frontends import classify, example_inputs, exported_site_names, layer_names
 from qinsight.frontends.edges import site_nodes
 from qinsight.planning.annotation import patterns_exported_once
 from qinsight.planning.kernels import QuantizedOps
@@ -340,8 +334,10 @@ class Pt2eFlow(Flow):
         return quantized_edges, None
 
     def owners(self, model: fx.GraphModule) -> Callable[[fx.Node], Owners]:
-        names = {node: name for node, name in exported_op_names(model).items() if name in self.names}
-        names.update({node: layer_name(node, model) for node in exported_sites(model)})
+        layers = layer_names(model)
+        names = {
+            node: name for node, name in exported_site_names(model).items() if name in self.names or node in layers
+        }
 
         def owners(observer: fx.Node) -> Owners:
             source = observed_input(observer)

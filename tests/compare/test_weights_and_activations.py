@@ -195,14 +195,12 @@ def test_activation_comparison_many_batches_and_ratio() -> None:
 
 
 def test_a_layer_called_twice_is_compared_call_by_call() -> None:
-    # Float activations are compared as the float forward reaches each layer, so a module
-    # called twice per forward is matched call by call: both calls count, each against
-    # the quantized model's same call.
+    # A site is a call: a module called twice per forward has a row per call, each
+    # against the quantized model's same call.
     model, data = seeded(TwiceLinear()), gaussian_batches((8, 8), 3)
     _, converted = quantized_fx(model, data)
     comparison = qinsight.compare_activations(model, converted, data, metrics=["sqnr"])
-    shared = comparison.layer("shared")
-    assert shared.batches == 2 * len(data) and comparison.layer("out").batches == len(data)
+    assert [row.fqn for row in comparison.layers] == ["shared", "shared#1", "out"]
     floats: list[torch.Tensor] = []
     quants: list[torch.Tensor] = []
     hooks = [
@@ -215,9 +213,13 @@ def test_a_layer_called_twice_is_compared_call_by_call() -> None:
             converted(batch)
     for hook in hooks:
         hook.remove()
-    signal = sum(float((f.double() ** 2).sum()) for f in floats)
-    noise = sum(float(((f.double() - q.double()) ** 2).sum()) for f, q in zip(floats, quants))
-    assert shared.metric("sqnr") == pytest.approx(10 * math.log10(signal / noise), abs=1e-4)
+    for call, name in enumerate(["shared", "shared#1"]):
+        row = comparison.layer(name)
+        assert row.batches == len(data) and row.compared_at == name
+        pairs = list(zip(floats[call::2], quants[call::2]))
+        signal = sum(float((f.double() ** 2).sum()) for f, _ in pairs)
+        noise = sum(float(((f.double() - q.double()) ** 2).sum()) for f, q in pairs)
+        assert row.metric("sqnr") == pytest.approx(10 * math.log10(signal / noise), abs=1e-4)
 
 
 @settings(max_examples=examples(40), deadline=None)

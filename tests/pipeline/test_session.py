@@ -113,14 +113,22 @@ def test_batch_size_one(mlp: nn.Module) -> None:
     assert finding.output.statistic is not None and 0 < finding.output.statistic <= 1
 
 
-def test_module_called_twice_is_observed_on_every_call() -> None:
-    model = seeded(TwiceLinear())
-    report = qinsight.diagnose(model, gaussian_batches((4, 8), 3))
-    (shared,) = [s for s in report.sites if s.fqn == "shared"]
-    assert shared.calls == 2
-    pre = report.observation("shared", Side.PRE)
-    assert pre is not None and pre.stats.batches == 6
-    assert "shared runs 2 times per forward" in qinsight.to_text(report)
+def test_module_called_twice_is_a_site_per_call() -> None:
+    model, data = seeded(TwiceLinear()), gaussian_batches((4, 8), 3)
+    report = qinsight.diagnose(model, data)
+    assert [s.fqn for s in report.sites if s.kind.is_layer] == ["shared", "shared#1", "out"]
+    # each call's input observed apart, on every batch: the second call's is relu(shared(x))
+    first, second = report.observation("shared", Side.PRE), report.observation("shared#1", Side.PRE)
+    assert first is not None and second is not None
+    assert first.stats.batches == second.stats.batches == len(data)
+    with torch.no_grad():
+        inner = [torch.relu(model.shared(x)) for x in data]
+    assert second.stats.min == pytest.approx(min(float(t.min()) for t in inner), abs=1e-6)
+    assert second.stats.max == pytest.approx(max(float(t.max()) for t in inner), abs=1e-6)
+    assert first.stats.min == pytest.approx(min(float(x.min()) for x in data), abs=1e-6)
+    # one weight, observed once: both calls read the same statistics
+    weights = [o for o in report.observations if o.side is Side.WEIGHT and o.fqn.startswith("shared")]
+    assert [o.fqn for o in weights] == ["shared"]
 
 
 def test_untraceable_model_is_a_frontend_error() -> None:
