@@ -18,6 +18,7 @@ from torch import nn
 from qinsight.core.errors import NotFoundError
 from qinsight.core.sites import OpCall, OpSite, Side
 from qinsight.frontends.calls import CallTap, unseen
+from qinsight.frontends.modules import classify
 from qinsight.plugin.detector import Detach
 
 
@@ -195,6 +196,18 @@ class CallIndex:
         if not self._users:
             for remove in self._removers.pop(self._root):
                 remove()
+
+
+def module_view(frontend: str, model: nn.Module, sites: tuple[OpSite, ...], ops: tuple[OpSite, ...]) -> ModuleView:
+    """The :class:`ModuleView` of ``model``'s ``sites`` (Linear/Conv calls) and ``ops``: each module call
+    hooked on its module, each weight read from the module holding it."""
+    modules = {site.fqn: model.get_submodule(site.module) for site in sites + ops if site.call is None}
+    weights = {}
+    for site in sites:
+        found = classify(model.get_submodule(site.module))
+        if found is not None:
+            weights[site.fqn] = found[1]
+    return ModuleView(frontend=frontend, model=model, sites=sites, modules=modules, weights=weights, ops=ops)
 
 
 class ModuleView(ModelViewBase):

@@ -57,6 +57,16 @@ CALL_TARGETS: dict[Callable[..., Any], tuple[str, OpKind]] = {
     F.adaptive_avg_pool2d: ("torch.nn.functional.adaptive_avg_pool2d", OpKind.POOL),
 }
 
+# A Linear's or a convolution's functional call: a layer site where a module's own forward makes it on its
+# weight (a padding Conv2d subclass calling F.conv2d: FX traces into it), read at the call itself.
+LAYER_TARGETS: dict[Callable[..., Any], tuple[str, OpKind]] = {
+    F.linear: ("torch.nn.functional.linear", OpKind.LINEAR),
+    F.conv1d: ("torch.nn.functional.conv1d", OpKind.CONV1D),
+    F.conv2d: ("torch.nn.functional.conv2d", OpKind.CONV2D),
+    F.conv3d: ("torch.nn.functional.conv3d", OpKind.CONV3D),
+}
+CALL_TARGETS.update(LAYER_TARGETS)
+
 Observe = Callable[[torch.Tensor], object]
 WatchCall = Callable[[tuple[torch.Tensor, ...], torch.Tensor], object]
 
@@ -138,6 +148,7 @@ class CallTap:
         self._watchers: dict[tuple[str, str, int], list[WatchCall]] = {}  # all operands and the output at once
         self._seen_keys: set[tuple[str, str, int]] = set()
         self.seen: dict[OpCall, tuple[OpKind, int]] = {}  # call -> (kind, rank of its first operand)
+        self.weights: dict[OpCall, int] = {}  # a layer's call -> the id of the weight it was made with
         self._mode: _Mode | None = None
         self._removers: list[Callable[[], None]] = []
 
@@ -215,7 +226,11 @@ class CallTap:
             if (
                 not tensors or tensors[0].is_floating_point()
             ):  # integer arithmetic (positions, masks) is never quantized
-                self.seen[OpCall(owner=owner, target=target, index=index)] = (kind, tensors[0].dim() if tensors else 0)
+                call = OpCall(owner=owner, target=target, index=index)
+                self.seen[call] = (kind, tensors[0].dim() if tensors else 0)
+                weight = args[1] if len(args) > 1 else kwargs.get("weight")
+                if kind.is_layer and isinstance(weight, torch.Tensor):
+                    self.weights[call] = id(weight)
         watchers = watchers or {}
         # (this handler runs with the mode off: the observers' own calls are not seen)
         for side, operand in zip((Side.PRE, Side.OTHER), tensors):
@@ -240,4 +255,13 @@ def resolve_target(target: str) -> Callable[..., Any] | str:
     return found
 
 
-__all__ = ["CALL_TARGETS", "CallTap", "WatchCall", "hidden_calls", "is_leaf", "resolve_target", "unseen"]
+__all__ = [
+    "CALL_TARGETS",
+    "LAYER_TARGETS",
+    "CallTap",
+    "WatchCall",
+    "hidden_calls",
+    "is_leaf",
+    "resolve_target",
+    "unseen",
+]

@@ -12,13 +12,12 @@ mode; training flags are restored.
 
 from __future__ import annotations
 
-import attrs
 from torch import nn
 from torch.ao.quantization import QConfigMapping
 
-from qinsight.frontends.base import ModuleView
-from qinsight.frontends.modules import quantizable_modules, site_for_module
-from qinsight.frontends.ops import Discovery, op_sites
+from qinsight.frontends.base import ModuleView, module_view
+from qinsight.frontends.modules import quantizable_modules
+from qinsight.frontends.ops import Discovery, layer_sites, op_sites
 
 
 def eager_view(
@@ -28,22 +27,6 @@ def eager_view(
     (one batch, :class:`~qinsight.frontends.ops.Discovery`)."""
     candidates = quantizable_modules(model)
     discovery = Discovery(model, tuple(candidates)).run(example)
-    sites = tuple(  # call order: a site per call
-        attrs.evolve(
-            site_for_module(
-                call.fqn,
-                candidates[call.fqn].module,
-                candidates[call.fqn].kind,
-                candidates[call.fqn].holder,
-                call.occurrence,
-                qconfig_mapping,
-            ),
-            input_rank=call.rank,
-        )
-        for call in discovery.layer_calls
-    )
-    modules = {site.fqn: candidates[site.module].module for site in sites}
-    weights = {site.fqn: candidates[site.module].holder for site in sites}
+    sites = layer_sites(discovery, candidates, qconfig_mapping)
     ops = op_sites(discovery, qconfig_mapping, backend)
-    modules.update({op.fqn: model.get_submodule(op.module) for op in ops if op.call is None})
-    return ModuleView(frontend="eager", model=model, sites=sites, modules=modules, weights=weights, ops=ops)
+    return module_view("eager", model, sites, ops)

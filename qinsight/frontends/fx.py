@@ -16,7 +16,7 @@ from torch.ao.quantization import QConfigMapping
 
 from qinsight.core.errors import FrontendError
 from qinsight.core.sites import OpSite
-from qinsight.frontends.base import ModuleView
+from qinsight.frontends.base import ModuleView, module_view
 from qinsight.frontends.edges import with_edges
 from qinsight.frontends.modules import LeafTracer, classify, site_for_module
 from qinsight.frontends.ops import with_ops
@@ -58,27 +58,17 @@ def fx_view(
     whose calls no longer belong to the float model's modules.
     """
     graph = _graph_of(model)
-    sites: list[OpSite] = []
-    modules: dict[str, nn.Module] = {}
-    weights: dict[str, nn.Module] = {}
-    for fqn, occurrence in module_calls(graph):
-        module = model.get_submodule(fqn)
-        found = classify(module)
-        if found is None:
-            continue
-        kind, holder = found
-        site = site_for_module(fqn, module, kind, holder, occurrence, qconfig_mapping)
-        sites.append(site)
-        modules[site.fqn] = module
-        weights[site.fqn] = holder
-    layers: tuple[OpSite, ...] = tuple(sites)
+    layers = tuple(
+        site_for_module(fqn, module, *found, occurrence, qconfig_mapping)
+        for fqn, occurrence in module_calls(graph)
+        if (found := classify(module := model.get_submodule(fqn))) is not None
+    )
     ops: tuple[OpSite, ...] = ()
     if example is not None and not isinstance(model, fx.GraphModule):
-        try:
-            layers, ops = with_ops(model, layers, example, qconfig_mapping, backend)
+        try:  # every call, functional layer calls included (a padding Conv2d subclass), as the eager frontend
+            layers, ops = with_ops(model, example, qconfig_mapping, backend)
         except FrontendError:
             pass  # the batch fails in the model: calibration reports it, as the error of batch 0
         linked = with_edges(model, graph, layers + ops)
         layers, ops = linked[: len(layers)], linked[len(layers) :]
-    modules.update({op.fqn: model.get_submodule(op.module) for op in ops if op.call is None})
-    return ModuleView(frontend="fx", model=model, sites=layers, modules=modules, weights=weights, ops=ops)
+    return module_view("fx", model, layers, ops)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -26,7 +27,13 @@ from qinsight.core.flows import fx_engine
 from qinsight.core.sites import OpCall, OpKind, OpSite, call_site_name
 from qinsight.frontends.base import eval_mode, run_batch
 from qinsight.frontends.calls import CallTap, is_leaf, resolve_target
-from qinsight.frontends.modules import classify_op, resolve_qconfig
+from qinsight.frontends.modules import (
+    QuantizableModule,
+    classify_op,
+    quantizable_modules,
+    resolve_qconfig,
+    site_for_module,
+)
 
 
 @functools.cache
@@ -137,13 +144,41 @@ class Discovery:
 
 
 def with_ops(
-    model: nn.Module, layers: tuple[OpSite, ...], example: object, mapping: QConfigMapping | None, backend: str = "x86"
+    model: nn.Module, example: object, mapping: QConfigMapping | None, backend: str = "x86"
 ) -> tuple[tuple[OpSite, ...], tuple[OpSite, ...]]:
-    """``layers`` with their input ranks, and :func:`op_sites`, from one forward on ``example``."""
-    discovery = Discovery(model, tuple(dict.fromkeys(site.module for site in layers))).run(example)
-    ranks = discovery.ranks
-    ranked = tuple(attrs.evolve(site, input_rank=ranks.get(site.fqn)) for site in layers)
-    return ranked, op_sites(discovery, mapping, backend)
+    """:func:`layer_sites` and :func:`op_sites`, from one forward on ``example``: FX's, whose trace calls
+    torch's own modules whole (the Linears inside an ``nn.TransformerEncoderLayer`` are no sites)."""
+    modules = dict(model.named_modules())
+    candidates = {fqn: found for fqn, found in quantizable_modules(model).items() if not _inside_leaf(fqn, modules)}
+    discovery = Discovery(model, tuple(candidates)).run(example)
+    return layer_sites(discovery, candidates, mapping), op_sites(discovery, mapping, backend)
+
+
+def layer_sites(
+    discovery: Discovery, candidates: Mapping[str, QuantizableModule], mapping: QConfigMapping | None
+) -> tuple[OpSite, ...]:
+    """Every call of a Linear/Conv, in call order, a site each (``fc``, ``fc#1``...): a call of one of
+    torch's modules is read at the module's input and output; a module whose own forward makes the
+    functional call on its weight (a padding ``Conv2d`` subclass, which pads, then calls ``F.conv2d``:
+    FX traces into it) is read at that call, where its quantized form reads too; a functional call on
+    a layer's weight elsewhere (a tied weight) is a call of that layer."""
+    tap = discovery.tap
+    by_weight = {id(found.holder.weight): fqn for fqn, found in candidates.items()}
+    order = {call: index for index, call in enumerate(tap.seen)}
+    functional = [(call, by_weight[weight]) for call, weight in tap.weights.items() if weight in by_weight]
+    inside = {fqn for call, fqn in functional if call.owner == fqn}  # the module's call is its functional one
+    keyed: list[tuple[tuple[int, int], str, OpCall | None, int | None]] = [
+        ((call.position, 0), call.fqn, None, call.rank) for call in discovery.layer_calls if call.fqn not in inside
+    ]
+    keyed += [((order[call], 1), fqn, call, tap.seen[call][1]) for call, fqn in functional]
+    occurrences: Counter[str] = Counter()
+    sites = []
+    for _, fqn, call, rank in sorted(keyed, key=lambda entry: entry[0]):
+        found = candidates[fqn]
+        site = site_for_module(fqn, found.module, found.kind, found.holder, occurrences[fqn], mapping)
+        occurrences[fqn] += 1
+        sites.append(attrs.evolve(site, call=call, input_rank=rank))
+    return tuple(sites)
 
 
 def op_sites(discovery: Discovery, mapping: QConfigMapping | None, backend: str = "x86") -> tuple[OpSite, ...]:
@@ -170,21 +205,25 @@ def op_sites(discovery: Discovery, mapping: QConfigMapping | None, backend: str 
         )
         for call in discovery.module_calls
     ]
-    call_sites = {
-        call: OpSite(
-            fqn=call.name,
-            kind=kind,
-            module_type=call.target,
-            call=call,
-            quantized=_supported(resolve_target(call.target))
-            and call_qconfig(mapping, call, type(modules[call.owner])) is not None,
-            input_rank=rank,
+    call_sites = [
+        (
+            index,
+            OpSite(
+                fqn=call.name,
+                kind=kind,
+                module_type=call.target,
+                call=call,
+                quantized=_supported(resolve_target(call.target))
+                and call_qconfig(mapping, call, type(modules[call.owner])) is not None,
+                input_rank=rank,
+            ),
         )
-        for call, (kind, rank) in tap.seen.items()
-    }
+        for index, (call, (kind, rank)) in enumerate(tap.seen.items())
+        if not kind.is_layer
+    ]
     # forward order: a module after the calls seen before it, ahead of the calls after it
     keyed = [((position, 0), site) for position, site in module_sites]
-    keyed += [((index, 1), site) for index, site in enumerate(call_sites.values())]
+    keyed += [((index, 1), site) for index, site in call_sites]
     ordered = [site for _, site in sorted(keyed, key=lambda pair: pair[0])]
     names = {site.fqn for site in ordered}
     if len(names) < len(ordered):
@@ -192,4 +231,4 @@ def op_sites(discovery: Discovery, mapping: QConfigMapping | None, backend: str 
     return tuple(ordered)
 
 
-__all__ = ["Discovery", "ModuleCall", "call_qconfig", "op_sites", "with_ops"]
+__all__ = ["Discovery", "ModuleCall", "call_qconfig", "layer_sites", "op_sites", "with_ops"]
