@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from qinsight.core.errors import (
     CalibrationError,
+    ComparisonError,
     FrontendError,
     InvalidParameterError,
     InvalidValueError,
@@ -27,6 +28,7 @@ from qinsight.core.notes import NoteWarning
 
 __all__ = [
     "CalibrationError",
+    "ComparisonError",
     "FrontendError",
     "InvalidParameterError",
     "InvalidValueError",

@@ -43,7 +43,7 @@ from qinsight.core.advice import Advice
 from qinsight.core.errors import InvalidParameterError, MissingExtraError
 from qinsight.core.sites import OpSite, WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
-from qinsight.frontends import exported_site_names, layer_names, separate_shared_calls
+from qinsight.frontends import exported_site_names, layer_names, separate_shared_calls, torch_layer_sources
 
 INSTALL_HINT = "PT2E quantization needs torchao: pip install 'qinsight[pt2e]'"
 
@@ -130,7 +130,8 @@ def _honouring(
             return result
 
         def annotate(self, model: fx.GraphModule) -> fx.GraphModule:
-            self.inner.annotate(separate_shared_calls(model))  # a reused nn.ReLU would make it raise
+            # a reused nn.ReLU would make it raise; a Conv2d subclass's conv it would leave float
+            self.inner.annotate(torch_layer_sources(separate_shared_calls(model)))
             found = strip_annotations(model, stripped_names)
             missed = sorted(_unannotated_layers(model, quantized_layers)) + sorted(kept_float - layers - found)
             self.unhonoured = tuple(missed)

@@ -15,6 +15,7 @@ import torch
 
 from qinsight.compare.layers import dequantize
 from qinsight.core.comparison import MetricValue
+from qinsight.core.errors import ComparisonError
 from qinsight.plugin.metric import ErrorTotals, Metric
 
 
@@ -249,8 +250,8 @@ class ErrorSums:
         """Adds one batch's output, compared with the float reference (on the device: nothing read here)."""
         values = actual.values if actual.scale is not None else actual.tensor()
         if values.shape != reference.tensor.shape:
-            raise ValueError(
-                f"cannot compare outputs of shapes {tuple(reference.tensor.shape)} and {tuple(values.shape)}"
+            raise ComparisonError(
+                f"the float output has shape {tuple(reference.tensor.shape)}, the quantized one {tuple(values.shape)}"
             )
         sums = chunk_sums(reference, actual._replace(values=values), scratch)
         if self._sums is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -24,12 +24,15 @@ from qinsight.compare.layout import FloatLayout
 from qinsight.compare.metrics import DEFAULT, load_metrics
 from qinsight.compare.ops import FloatOps, GraphOp, quantized_ops
 from qinsight.core.comparison import ActivationComparison, LayerActivationComparison
-from qinsight.core.errors import InvalidParameterError
-from qinsight.core.sites import call_site_name
+from qinsight.core.errors import ComparisonError, InvalidParameterError
+from qinsight.core.sites import OpCall, call_site_name, called_module
 from qinsight.distributed import Exchange, sharing_failures
 from qinsight.frontends import (
+    CallIndex,
+    CallTap,
     ModelStructure,
     TailChain,
+    WatchCall,
     eval_mode,
     hidden_calls,
     model_structure,
@@ -40,11 +43,17 @@ from qinsight.frontends import (
 
 @attrs.frozen
 class ComparisonPoint:
-    """Where the float output matches a quantized layer's: the output of float module ``module``,
+    """Where the float output matches a quantized layer's: the output of float module ``module`` (a call
+    site's name: ``act#1`` is the second call of ``act``; the layer's own module: ``every_call`` of it),
     then the functional activations the layer absorbed (``F.relu``: no module to hook) applied to it."""
 
     module: str
     then: tuple[nn.Module, ...] = ()
+    every_call: bool = False
+
+    def reached(self, call: int) -> bool:
+        """Whether the float forward is at this point when its module's ``call``-th call ends."""
+        return self.every_call or call == int(self.module.partition("#")[2] or 0)
 
     @property
     def label(self) -> str:
@@ -59,15 +68,15 @@ class ComparisonPoint:
 
 def _compared_at(layer: QuantizedLayer, chain: TailChain) -> ComparisonPoint:
     """After the float steps the quantized layer absorbed (BatchNorm, ReLU, also functional ones)."""
-    point, then = layer.fqn, []
+    point = ComparisonPoint(layer.fqn, every_call=True)  # each of the layer's calls is compared
     for name, module in chain:
         if not layer.absorbs(module):
             break
         if name is None:
-            then.append(module)
+            point = attrs.evolve(point, then=(*point.then, module))
         else:
-            point, then = name, []
-    return ComparisonPoint(point, tuple(then))
+            point = ComparisonPoint(name)
+    return point
 
 
 def compare_activations(
@@ -123,6 +132,7 @@ class _Streamer:
         layers: dict[str, dict[str, QuantizedLayer]],
         points: dict[str, dict[str, ComparisonPoint]],
         sums: dict[str, dict[str, tuple[ErrorSums, ErrorSums]]],
+        inner: dict[str, OpCall],
     ) -> None:
         self.layers, self.sums, self.scratch = layers, sums, Scratch()
         # local outputs wait only from the layer's call to its comparison point
@@ -137,20 +147,32 @@ class _Streamer:
                 self._versions.setdefault(fqn, []).append(key)
         self.removers: list[Callable[[], None]] = []
         try:  # all attached, or none left behind
-            for fqn in self._versions:
-                self.removers.append(
-                    float_model.get_submodule(fqn).register_forward_pre_hook(self._run_local(fqn)).remove
-                )
-            for module in self._at:
-                self.removers.append(
-                    float_model.get_submodule(module).register_forward_hook(self._compare_at(module)).remove
-                )
+            self._attach_float(float_model, inner)
             for key, found in layers.items():
                 for fqn, layer in found.items():
                     self.removers.append(layer.attach(self.keeper(key, fqn)))
         except BaseException:
             self.remove()
             raise
+
+    def _attach_float(self, float_model: nn.Module, inner: dict[str, OpCall]) -> None:
+        """Each layer's local run where the float forward calls it: at its module's input, or at the
+        functional call inside the module (a padding conv's ``F.conv2d``: the input the quantized layer
+        reads is the padded one); each comparison point at its module's call."""
+        index, tap = CallIndex(float_model), CallTap(float_model)
+        for fqn in self._versions:
+            if fqn in inner:
+                self.removers.append(tap.watch(inner[fqn], self._run_local_call(fqn)))
+            else:
+                hook = self._run_local(fqn)
+                self.removers.append(float_model.get_submodule(fqn).register_forward_pre_hook(hook).remove)
+        if any(fqn in inner for fqn in self._versions):
+            tap.install()
+            self.removers.append(tap.remove)
+        for name in dict.fromkeys(called_module(point) for point in self._at):
+            module = float_model.get_submodule(name)
+            self.removers.append(index.count(module))
+            self.removers.append(module.register_forward_hook(self._compare_at(name, index)).remove)
 
     def new_batch(self) -> None:
         self.outputs.new_batch()
@@ -171,22 +193,38 @@ class _Streamer:
 
     def _run_local(self, fqn: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
         def run(_module: nn.Module, args: tuple[Any, ...]) -> None:
-            with hidden_calls():  # while op rows are compared, a tap counts the float model's calls
-                for key in self._versions[fqn]:
-                    self.local_outputs.keep(key, fqn, self.layers[key][fqn].local(args[0]))
+            self._local(fqn, args[0])
 
         return run
 
-    def _compare_at(self, module: str) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
-        def compare(_module: nn.Module, _args: tuple[Any, ...], output: Any) -> None:
+    def _run_local_call(self, fqn: str) -> WatchCall:
+        def run(operands: tuple[torch.Tensor, ...], _output: torch.Tensor) -> None:
+            self._local(fqn, operands[0])
+
+        return run
+
+    def _local(self, fqn: str, float_input: torch.Tensor) -> None:
+        with hidden_calls():  # while op rows are compared, a tap counts the float model's calls
+            for key in self._versions[fqn]:
+                self.local_outputs.keep(key, fqn, self.layers[key][fqn].local(float_input))
+
+    def _compare_at(self, name: str, index: CallIndex) -> Callable[[nn.Module, tuple[Any, ...], Any], None]:
+        """At the end of each call of module ``name``: the points that call reaches."""
+        points = [point for point in self._at if called_module(point) == name]
+
+        def compare(module: nn.Module, _args: tuple[Any, ...], output: Any) -> None:
+            call = index.running.get(module, 0)
             with hidden_calls():  # a plugin metric's torch calls are not the float model's
-                self._compare_members(module, output)
+                for point in points:
+                    self._compare_members(point, output, call)
 
         return compare
 
-    def _compare_members(self, module: str, output: Any) -> None:
+    def _compare_members(self, point: str, output: Any, call: int) -> None:
         # one reference at a time: it may live in the scratch buffer, reused by the next
-        for at, members in self._at[module].items():
+        for at, members in self._at[point].items():
+            if not at.reached(call):
+                continue
             reference = None
             for key, fqn in members:
                 call = self._compared[key, fqn]
@@ -196,9 +234,11 @@ class _Streamer:
                     continue  # the quantized model did not reach this layer (so often)
                 if reference is None:
                     reference = Reference(at.reference(dequantize(output)), like=kept.values, scratch=self.scratch)
-                propagated, local = self._sums(key, call_site_name(fqn, call), fqn)
-                propagated.add(reference, kept, self.scratch)
-                local.add(reference, local_kept, self.scratch)
+                name = call_site_name(fqn, call)
+                propagated, local = self._sums(key, name, fqn)
+                with _at_site(name, at.label, key):
+                    propagated.add(reference, kept, self.scratch)
+                    local.add(reference, local_kept, self.scratch)
 
     def _sums(self, key: str, name: str, fqn: str) -> tuple[ErrorSums, ErrorSums]:
         """The error sums of one call of a layer (a row per call: ``fc``, ``fc#1``), made at its first call."""
@@ -207,6 +247,19 @@ class _Streamer:
             first = found[fqn][0]
             found[name] = (ErrorSums(first.metrics), ErrorSums(first.metrics))
         return found[name]
+
+
+@contextlib.contextmanager
+def _at_site(name: str, at: str, version: str) -> Iterator[None]:
+    """A comparison's shape error as one :class:`ComparisonError` naming the site and where it was read."""
+    try:
+        yield
+    except ComparisonError as exc:
+        which = f" of {version}" if version else ""
+        raise ComparisonError(
+            f"{name}{which} cannot be compared at {at}: {exc}; the two models are not read at the same point "
+            "there (a module whose forward holds several ops that the quantized model splits otherwise)"
+        ) from exc
 
 
 class _OpStreamer:
@@ -257,8 +310,9 @@ class _OpStreamer:
                 reference = step(reference)
             at = Reference(reference, like=kept.values, scratch=self.scratch)
             propagated, local_sums = self.sums[key][name]
-            propagated.add(at, kept, self.scratch)
-            local_sums.add(at, local, self.scratch)
+            with _at_site(name, name, key):
+                propagated.add(at, kept, self.scratch)
+                local_sums.add(at, local, self.scratch)
 
 
 def measure_activations(
@@ -317,7 +371,7 @@ def _measure(
         key: {fqn: (ErrorSums(chosen), ErrorSums(chosen)) for fqn in (*found, *ops.get(key, {}))}
         for key, found in layers.items()
     }
-    streamer = _Streamer(float_model, layers, points, sums)
+    streamer = _Streamer(float_model, layers, points, sums, structure.inner)
     op_streamer = None
     try:
         if float_ops is not None:

@@ -34,6 +34,7 @@ from qinsight.core.sites import OpKind
 from qinsight.frontends import (
     ATEN_KINDS,
     ModelStructure,
+    QuantizableModule,
     call_target,
     exported_sites,
     fetch_attr,
@@ -331,6 +332,63 @@ class GraphLayer:
         return self._program.run({self.input_node: float_input})
 
 
+# convert_fx's functional Linear/Conv ops (a module's F.conv2d that FX traced into), ReLU fused or not
+_FX_CALL_KINDS = {
+    "linear": OpKind.LINEAR,
+    "conv1d": OpKind.CONV1D,
+    "conv2d": OpKind.CONV2D,
+    "conv3d": OpKind.CONV3D,
+}
+
+
+def _fx_call_kind(node: fx.Node) -> OpKind | None:
+    if node.op != "call_function" or not str(node.target).startswith("quantized."):
+        return None
+    return _FX_CALL_KINDS.get(str(node.target).removeprefix("quantized.").removesuffix("_relu"))
+
+
+class FxCallLayer:
+    """A layer of a ``convert_fx`` graph that is a quantized op, not a module: the functional conv or
+    linear a module's own forward made on its weight (a padding ``Conv2d`` subclass, traced into)."""
+
+    def __init__(self, model: fx.GraphModule, op: fx.Node, fqn: str, kind: OpKind, constant: set[fx.Node]) -> None:
+        self.model, self.op, self.fqn, self.kind = model, op, fqn, kind
+        self.quantized_type, self.quantized = str(op.target), True
+        arrival = op.args[0]
+        if not isinstance(arrival, fx.Node):
+            raise FrontendError(f"{fqn}: no activation input in the graph")
+        quantize = arrival.op == "call_function" and arrival.target is torch.quantize_per_tensor
+        self._start: fx.Node = arrival.args[0] if quantize else arrival  # type: ignore[assignment]
+        self._arrived = Arrival(None, channels_last=False)  # where the input arrives quantized already
+        self._program = GraphProgram(model, [self._start], op, constant, fqn)
+
+    def weight(self) -> torch.Tensor:
+        packed = self._program.constants.get(self.op.args[1])  # type: ignore[arg-type]
+        unpacked = (
+            torch.ops.quantized.linear_unpack(packed) if self.kind is OpKind.LINEAR else packed.unpack()  # type: ignore[union-attr]
+        )
+        weight: torch.Tensor = unpacked[0]
+        return weight.dequantize() if weight.is_quantized else weight
+
+    def attach(self, on_output: OnOutput) -> Detach:
+        def arrive(value: torch.Tensor) -> None:
+            self._arrived = Arrival.of(value)
+
+        stops = [tap_nodes(self.model, [self.op], on_output), tap_nodes(self.model, [self._start], arrive)]
+
+        def detach() -> None:
+            for stop in stops:
+                stop()
+
+        return detach
+
+    def absorbs(self, module: nn.Module) -> bool:
+        return type(module) is nn.ReLU and str(self.op.target).endswith("_relu")  # no BatchNorm: FX kept it apart
+
+    def local(self, float_input: torch.Tensor) -> torch.Tensor:
+        return self._program.run({self._start: self._arrived.like(float_input)})
+
+
 def constant_nodes(graph: fx.Graph) -> set[fx.Node]:
     """Nodes that depend on no input: parameters, buffers and what is computed from them alone."""
     constant: set[fx.Node] = set()
@@ -373,7 +431,21 @@ def quantized_layers(
             continue  # not in the quantized model (removed or renamed): nothing to compare
         if dequantized_weight(module) is not None:
             layers[fqn] = ModuleLayer(fqn, found.kind, module)
+    if isinstance(quantized_model, fx.GraphModule):
+        layers.update(_fx_call_layers(quantized_model, float_layers))
     return layers
+
+
+def _fx_call_layers(model: fx.GraphModule, float_layers: dict[str, QuantizableModule]) -> dict[str, QuantizedLayer]:
+    """The quantized functional layers of a ``convert_fx`` graph, by the module whose forward made them."""
+    constant = constant_nodes(model.graph)
+    found: dict[str, QuantizedLayer] = {}
+    for node in model.graph.nodes:
+        kind = _fx_call_kind(node)
+        stack = list((node.meta.get("nn_module_stack") or {}).keys())
+        if kind is not None and stack and str(stack[-1]) in float_layers and str(stack[-1]) not in found:
+            found[str(stack[-1])] = FxCallLayer(model, node, str(stack[-1]), kind, constant)
+    return found
 
 
 __all__ = [
@@ -385,6 +457,7 @@ __all__ = [
     "evaluate_constant",
     "single_user",
     "walk_tail",
+    "FxCallLayer",
     "GraphLayer",
     "ModuleLayer",
     "QuantizedLayer",

@@ -173,6 +173,11 @@ class ReportVersionError(ReportFileError):
         return (ReportVersionError, (self.source, self.found, self.readable))
 
 
+class ComparisonError(QinsightError, ValueError):
+    """A site's float and quantized outputs cannot be compared (shapes that differ: they are not read at
+    the same point of the model)."""
+
+
 class MergeError(QinsightError, ValueError):
     """Statistics or reports that are not of one model and one setup, so they cannot be merged."""
 

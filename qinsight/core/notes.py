@@ -29,6 +29,7 @@ class NoteKind(enum.Enum):
     NOTHING_SUGGESTED = "nothing_suggested"  # the report suggests nothing the flow's default does not do
     DEFAULT_OFFERED = "default_offered"  # the report's config scored below the flow's default: the default
     YOURS_FAILED = "yours_failed"  # the user's quantizer cannot quantize the model in the flow
+    UNFOLDED_NORMS = "unfolded_norms"  # the flow quantizes batch norms apart from the convs before them
     KEEP_YOURS = "keep_yours"  # the user's quantizer scored above the report's config
     # plans
     SEARCH_ORDER = "search_order"  # which order of the sites the search kept, of two

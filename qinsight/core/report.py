@@ -23,7 +23,7 @@ from qinsight.core.errors import InvalidValueError, NotFoundError
 from qinsight.core.findings import Finding
 from qinsight.core.formats import FormatPlan
 from qinsight.core.plan import QuantPlan
-from qinsight.core.sites import OpSite, Side, weight_holder
+from qinsight.core.sites import OpSite, Side, called_module
 from qinsight.core.stats import Observation
 from qinsight.core.suggestions import QuantSuggestion, SuggestionConflict
 from qinsight.core.verification import ConfigVerification, SuggestionKind
@@ -197,7 +197,7 @@ class Report:
 
     def observation(self, fqn: str, side: Side) -> Observation:
         """What was observed at ``side`` of site ``fqn`` (a later call's weight: its module's)."""
-        fqn = weight_holder(fqn) if side is Side.WEIGHT else fqn
+        fqn = called_module(fqn) if side is Side.WEIGHT else fqn
         found = next((o for o in self.observations if o.fqn == fqn and o.side is side), None)
         if found is None:
             raise NotFoundError("observation", f"{fqn}:{side.value}", (o.key for o in self.observations))

@@ -69,6 +69,9 @@ class OpKind(enum.Enum):
     SOFTMAX = "softmax"
     LAYER_NORM = "layer_norm"
     GROUP_NORM = "group_norm"
+    # a BatchNorm FX quantizes apart from the conv before it (one it cannot fold: after a functional
+    # conv, as in a padding Conv2d subclass): that conv's raw output is quantized, per tensor
+    BATCH_NORM = "batch_norm"
     EMBEDDING = "embedding"
     HARDTANH = "hardtanh"  # also ReLU6: a hardtanh from 0 to 6
     GELU = "gelu"
@@ -153,9 +156,9 @@ def call_site_name(module: str, occurrence: int) -> str:
     return module if occurrence == 0 else f"{module}#{occurrence}"
 
 
-def weight_holder(name: str) -> str:
-    """The site whose observations hold the weight of site ``name``: its module's first call (the calls
-    of one module share its weight, observed once)."""
+def called_module(name: str) -> str:
+    """The module a module call's site name names (``act#1`` -> ``act``), which is also its first call's
+    site, where the calls of one module keep their shared weight's observations."""
     return name.partition("#")[0]
 
 
@@ -199,7 +202,7 @@ class OpSite:
     @property
     def module(self) -> str:
         """The name of the module whose call this site is (a functional call's site: its own name)."""
-        return self.fqn.rpartition("#")[0] if self.occurrence else self.fqn
+        return called_module(self.fqn) if self.occurrence else self.fqn
 
     @property
     def axis(self) -> int | None:
@@ -304,7 +307,7 @@ class InsertPoint:
             )
         axis = site.channel_axis if channel_axis is None else channel_axis
         # the calls of one module share its weight: one observer, at the module's first call
-        fqn = weight_holder(site.fqn) if side is Side.WEIGHT else site.fqn
+        fqn = called_module(site.fqn) if side is Side.WEIGHT else site.fqn
         spec = ObserverSpec(
             channel_axis=axis,
             per_channel=per_channel or percentile is not None or tails,

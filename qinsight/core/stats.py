@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from qinsight.core.errors import InvalidValueError, MergeError
-from qinsight.core.sites import InsertPoint, ObserverSpec, Side, weight_holder
+from qinsight.core.sites import InsertPoint, ObserverSpec, Side, called_module
 
 
 class DataCondition(enum.Enum):
@@ -338,7 +338,7 @@ class ObservedStats:
         """The statistics observed at ``side`` of ``fqn`` along ``channel_axis`` (a later call's weight:
         its module's, observed once at the first call, :meth:`InsertPoint.at`)."""
         if side is Side.WEIGHT:
-            fqn = weight_holder(fqn)
+            fqn = called_module(fqn)
         for observation in self.observations:
             stats = observation.stats
             if observation.fqn == fqn and observation.side is side and stats.spec.channel_axis == channel_axis:

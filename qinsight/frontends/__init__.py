@@ -42,6 +42,7 @@ from qinsight.frontends.exported import (
     separate_shared_calls,
     tap_each,
     tap_nodes,
+    torch_layer_sources,
     weight_argument,
 )
 from qinsight.frontends.fx import fx_view
@@ -101,6 +102,7 @@ __all__ = [
     "resolve_qconfig",
     "run_batch",
     "separate_shared_calls",
+    "torch_layer_sources",
     "shared_copy",
     "site_for_module",
     "tail_chains",

@@ -15,6 +15,7 @@ from __future__ import annotations
 from torch import nn
 from torch.ao.quantization import QConfigMapping
 
+from qinsight.core.sites import OpKind
 from qinsight.frontends.base import ModuleView, module_view
 from qinsight.frontends.modules import quantizable_modules
 from qinsight.frontends.ops import Discovery, layer_sites, op_sites
@@ -29,4 +30,5 @@ def eager_view(
     discovery = Discovery(model, tuple(candidates)).run(example)
     sites = layer_sites(discovery, candidates, qconfig_mapping)
     ops = op_sites(discovery, qconfig_mapping, backend)
-    return module_view("eager", model, sites, ops)
+    # its models are quantized through PT2E, which folds every batch norm into the conv before it
+    return module_view("eager", model, sites, tuple(op for op in ops if op.kind is not OpKind.BATCH_NORM))

@@ -15,7 +15,7 @@ from torch import fx, nn
 from torch.ao.quantization import QConfigMapping
 
 from qinsight.core.errors import FrontendError
-from qinsight.core.sites import OpSite
+from qinsight.core.sites import OpKind, OpSite, call_site_name
 from qinsight.frontends.base import ModuleView, module_view
 from qinsight.frontends.edges import with_edges
 from qinsight.frontends.modules import LeafTracer, classify, site_for_module
@@ -46,6 +46,30 @@ def module_calls(graph: fx.Graph) -> list[tuple[str, int]]:
     return calls
 
 
+def _unfolded_norms(model: nn.Module, graph: fx.Graph, ops: tuple[OpSite, ...]) -> tuple[OpSite, ...]:
+    """``ops`` without the batch norms ``prepare_fx`` folds: those whose input is a Conv module's output.
+    The others (after a functional conv, as in a padding Conv2d subclass) it quantizes apart, after
+    quantizing the conv's raw output per tensor: sites of their own."""
+    calls: Counter[str] = Counter()
+    folded = set()
+    for node in graph.nodes:
+        if node.op != "call_module":
+            continue
+        fqn = str(node.target)
+        name, calls[fqn] = call_site_name(fqn, calls[fqn]), calls[fqn] + 1
+        producer = node.args[0] if node.args else None
+        if isinstance(model.get_submodule(fqn), nn.modules.batchnorm._BatchNorm) and _is_conv_module(model, producer):
+            folded.add(name)
+    return tuple(op for op in ops if op.kind is not OpKind.BATCH_NORM or op.fqn not in folded)
+
+
+def _is_conv_module(model: nn.Module, node: object) -> bool:
+    if not isinstance(node, fx.Node) or node.op != "call_module":
+        return False
+    found = classify(model.get_submodule(str(node.target)))
+    return found is not None and found[0].is_conv
+
+
 def fx_view(
     model: nn.Module, qconfig_mapping: QConfigMapping | None = None, example: object | None = None, backend: str = "x86"
 ) -> ModuleView:
@@ -69,6 +93,7 @@ def fx_view(
             layers, ops = with_ops(model, example, qconfig_mapping, backend)
         except FrontendError:
             pass  # the batch fails in the model: calibration reports it, as the error of batch 0
+        ops = _unfolded_norms(model, graph, ops)
         linked = with_edges(model, graph, layers + ops)
         layers, ops = linked[: len(layers)], linked[len(layers) :]
     return module_view("fx", model, layers, ops)

@@ -17,7 +17,7 @@ from torch.ao.nn.intrinsic.modules.fused import _FusedModule
 from torch.ao.quantization import FakeQuantize, QConfig, QConfigMapping
 from torch.ao.quantization.observer import ObserverBase
 
-from qinsight.core.sites import OpKind, OpSite, WeightScheme, call_site_name
+from qinsight.core.sites import OpCall, OpKind, OpSite, WeightScheme, call_site_name, called_module
 
 MODULE_KINDS: tuple[tuple[type[nn.Module], OpKind], ...] = (
     (nn.Linear, OpKind.LINEAR),
@@ -31,6 +31,7 @@ MODULE_KINDS: tuple[tuple[type[nn.Module], OpKind], ...] = (
 OP_MODULE_KINDS: tuple[tuple[type[nn.Module], OpKind], ...] = (
     (nn.LayerNorm, OpKind.LAYER_NORM),
     (nn.GroupNorm, OpKind.GROUP_NORM),
+    (nn.modules.batchnorm._BatchNorm, OpKind.BATCH_NORM),  # a site only where FX does not fold it
     (nn.Embedding, OpKind.EMBEDDING),
     (nn.EmbeddingBag, OpKind.EMBEDDING),
     (nn.Softmax, OpKind.SOFTMAX),
@@ -182,37 +183,83 @@ def tail_chains(model: nn.Module) -> dict[str, TailChain]:
 
     Quantization may fuse these into the layer. Which of them it did depends on
     the flow (FX fuses ReLU, also ``F.relu``, but not ReLU6; PT2E quantizes after
-    either), so the quantized layer decides (:meth:`QuantizedLayer.absorbs`).
+    either), so the quantized layer decides (:meth:`QuantizedLayer.absorbs`). A
+    step is named as its call's site (``act#1``: the second call of one ReLU6). A
+    layer read at its functional call (:func:`inner_calls`) chains from that call.
     """
+    graph = _trace(model)
+    return {} if graph is None else _chains(model, graph)
+
+
+def _trace(model: nn.Module) -> fx.Graph | None:
     try:
-        graph = LeafTracer().trace(model)
+        return LeafTracer().trace(model)
     except Exception:  # untraceable: compare at the layer itself
-        return {}
+        return None
+
+
+def _chains(model: nn.Module, graph: fx.Graph) -> dict[str, TailChain]:
+    names = _call_names(graph)
+    inner = {node: fqn for fqn, node in _inner_nodes(model, graph).items()}
     chains: dict[str, TailChain] = {}
     for node in graph.nodes:
-        if node.op != "call_module":
+        if node.op != "call_module" and node not in inner:
             continue
         chain: list[tuple[str | None, nn.Module]] = []
         tail = node
         while len(tail.users) == 1 and (step := tail_step(model, next(iter(tail.users)))) is not None:
-            chain.append(step)
             (tail,) = tail.users
+            chain.append((names[tail] if step[0] is not None else None, step[1]))
         if chain:
-            chains[str(node.target)] = tuple(chain)
+            chains[inner.get(node, str(node.target))] = tuple(chain)
     return chains
+
+
+def _call_names(graph: fx.Graph) -> dict[fx.Node, str]:
+    """Each ``call_module`` node's site name: its module's, ``#n`` for the module's n-th later call."""
+    calls: dict[str, int] = {}
+    names = {}
+    for node in graph.nodes:
+        if node.op == "call_module":
+            occurrence = calls.get(str(node.target), 0)
+            calls[str(node.target)] = occurrence + 1
+            names[node] = call_site_name(str(node.target), occurrence)
+    return names
+
+
+_FUNCTIONAL_LAYERS = {F.linear, F.conv1d, F.conv2d, F.conv3d}
+
+
+def _inner_nodes(model: nn.Module, graph: fx.Graph) -> dict[str, fx.Node]:
+    """Linear/Conv name -> the functional call its own forward makes on its weight (a padding Conv2d
+    subclass: a pad, then ``F.conv2d``), where a trace went into the module."""
+    layers = quantizable_modules(model)
+    found: dict[str, fx.Node] = {}
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in _FUNCTIONAL_LAYERS or len(node.args) < 2:
+            continue
+        weight = node.args[1]
+        if isinstance(weight, fx.Node) and weight.op == "get_attr":
+            owner = str(weight.target).rpartition(".")[0]
+            if owner in layers and _stack_owner(node) == owner:
+                found.setdefault(owner, node)
+    return found
 
 
 @attrs.frozen
 class ModelStructure:
-    """A float model's quantizable modules and their tail chains, read once and shared by comparisons."""
+    """A float model's quantizable modules, their tail chains, and the layers read at a functional call
+    inside their own forward (``inner``: name -> the call, :class:`OpCall`), read once and shared by
+    comparisons."""
 
     modules: dict[str, QuantizableModule]
     chains: dict[str, TailChain]
+    inner: dict[str, OpCall] = attrs.field(factory=dict)
 
     def batchnorm_after_conv(self) -> dict[str, str]:
         """conv name -> name of the BatchNorm that is its only user (the start of its tail chain)."""
         return {
-            fqn: name
+            fqn: called_module(name)
             for fqn, ((name, first), *_rest) in self.chains.items()
             if fqn in self.modules
             and isinstance(self.modules[fqn].module, nn.modules.conv._ConvNd)
@@ -222,5 +269,22 @@ class ModelStructure:
 
 
 def model_structure(model: nn.Module) -> ModelStructure:
-    """:func:`quantizable_modules` and :func:`tail_chains` of ``model`` (one trace)."""
-    return ModelStructure(modules=quantizable_modules(model), chains=tail_chains(model))
+    """:func:`quantizable_modules`, :func:`tail_chains` and the layers' functional calls (one trace)."""
+    graph = _trace(model)
+    if graph is None:
+        return ModelStructure(modules=quantizable_modules(model), chains={})
+    inner = {fqn: _as_call(node, graph) for fqn, node in _inner_nodes(model, graph).items()}
+    return ModelStructure(modules=quantizable_modules(model), chains=_chains(model, graph), inner=inner)
+
+
+def _stack_owner(node: fx.Node) -> str:
+    stack = list((node.meta.get("nn_module_stack") or {}).keys())
+    return str(stack[-1]) if stack else ""
+
+
+def _as_call(node: fx.Node, graph: fx.Graph) -> OpCall:
+    """The call a functional layer node is, as a :class:`~qinsight.frontends.calls.CallTap` names it."""
+    owner = _stack_owner(node)
+    same = [n for n in graph.nodes if n.op == "call_function" and n.target is node.target and _stack_owner(n) == owner]
+    target = f"torch.nn.functional.{getattr(node.target, '__name__', str(node.target))}"
+    return OpCall(owner=owner, target=target, index=same.index(node))

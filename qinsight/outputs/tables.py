@@ -101,9 +101,21 @@ def config_table(configs: ConfigComparison, limit: int = DEFAULT_LIMIT) -> Table
     wins = Counter(row.best for row in configs.rows)
     summary = ", ".join(f"{config} {wins[config]}" for config in configs.configs)
     note = f"best per layer: {summary}" + (f"; {_more(len(scored), len(rows))}" if len(scored) > len(rows) else "")
+    note += "".join(f"; {parted}" for parted in _left_float(configs))
     return Table(
         f"Candidate configs, local {configs.rank_by} per layer", ("layer", *configs.configs, "best"), rows, note
     )
+
+
+def _left_float(configs: ConfigComparison) -> list[str]:
+    """Where the configs part most: the layers each leaves in float that another quantizes."""
+    parted = []
+    for config in configs.configs:
+        names = [row.fqn for row in configs.rows if all(score.config != config for score in row.scores)]
+        if names:
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            parted.append(f"{config} leaves {len(names)} in float that another quantizes: {shown}")
+    return parted
 
 
 def _shown(metric: MetricValue) -> str:

@@ -40,7 +40,7 @@ from qinsight.core.flows import flow_spec, verifying_flows
 from qinsight.core.notes import Note, NoteKind
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
-from qinsight.core.sites import FLOWS, FlowName
+from qinsight.core.sites import FLOWS, FlowName, OpKind
 from qinsight.core.verification import (
     ConfigParts,
     ConfigVerification,
@@ -252,6 +252,7 @@ def verify_flow(
     default = score(base)
     if default == -math.inf:
         return attrs.evolve(blank, error=f"the {flow} flow cannot quantize this model: {score.last_error}")
+    blank = attrs.evolve(blank, notes=blank.notes + _unfolded_norms(report, flow))
     if quantizer is not None:
         blank = _beside_yours(blank, score(base, quantizer), type(quantizer).__name__, score.last_error)
     parts = ConfigParts(suggested_advice.suggestions, suggested_advice.fx_activations, suggested_advice.equalization)
@@ -321,6 +322,24 @@ def verify_flow(
     )
     offered = base if dropped == frozenset(kinds) else config(dropped)
     return _left_float(noting_yours(verdict), model, report, offered, score.trials[offered])
+
+
+def _unfolded_norms(report: Report, flow: FlowName) -> tuple[Note, ...]:
+    """Why the flow may lose far more than its layers' own errors say: the batch norms it quantizes apart
+    from the conv before them (the FX frontend finds them: FX folds a BatchNorm only into a Conv
+    module's call, not into a functional conv such as a padding Conv2d subclass's)."""
+    norms = [s for s in report.sites if s.kind is OpKind.BATCH_NORM and s.quantized]
+    if not norms or report.metadata.frontend != flow_spec(flow).frontend:
+        return ()
+    named = ", ".join(f"{s.fqn} after {s.source}" if s.source else s.fqn for s in norms[:3])
+    more = f" and {len(norms) - 3} more" if len(norms) > 3 else ""
+    said = (
+        f"{flow_spec(flow).title} cannot fold {len(norms)} batch norms into the convs before them ({named}{more}: "
+        "functional convs, not Conv modules): each conv's raw output is rounded per tensor, then its batch norm's, "
+        "two roundings where a folded conv makes one, and the batch norm scales the first one's error up channel by "
+        "channel; fold them into the convs before quantizing, or quantize through PT2E, whose prepare folds them"
+    )
+    return (Note(NoteKind.UNFOLDED_NORMS, said),)
 
 
 def _beside_yours(blank: ConfigVerification, yours: float, name: str, error: str) -> ConfigVerification:
