@@ -363,10 +363,8 @@ class FxCallLayer:
         self._program = GraphProgram(model, [self._start], op, constant, fqn)
 
     def weight(self) -> torch.Tensor:
-        packed = self._program.constants.get(self.op.args[1])  # type: ignore[arg-type]
-        unpacked = (
-            torch.ops.quantized.linear_unpack(packed) if self.kind is OpKind.LINEAR else packed.unpack()  # type: ignore[union-attr]
-        )
+        packed: Any = self._program.constants.get(self.op.args[1])  # type: ignore[arg-type]
+        unpacked = torch.ops.quantized.linear_unpack(packed) if self.kind is OpKind.LINEAR else packed.unpack()
         weight: torch.Tensor = unpacked[0]
         return weight.dequantize() if weight.is_quantized else weight
 

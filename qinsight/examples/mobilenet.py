@@ -118,7 +118,8 @@ class SharedActivationBlock(nn.Module):
         if self.expand is not None and self.bn0 is not None:
             out = self.act(self.bn0(self.expand(out)))
         out = self.bn2(self.project(self.act(self.bn1(self.depthwise(out)))))
-        return x + out if self.residual else out
+        summed: torch.Tensor = x + out if self.residual else out
+        return summed
 
 
 class PaddedMobileNetV2(nn.Module):
