@@ -332,18 +332,20 @@ def case(name: str) -> tuple[Callable[[], nn.Module], list[Any]]:
 
 
 _ONE = """
-import json, sys, attrs
+import json, sys, attrs, torch
 sys.path.insert(0, {tests!r})
+if {threads!r} is not None:
+    torch.set_num_threads({threads!r})
 import _zoo
 build, data = _zoo.case({name!r})
 print("ROW " + json.dumps(attrs.asdict(_zoo.sweep({name!r}, build, data))), flush=True)
 """
 
 
-def isolated(name: str, timeout: float) -> dict[str, Any]:
+def isolated(name: str, timeout: float, threads: int | None = None) -> dict[str, Any]:
     """:func:`sweep` of ``name`` in a process of its own (the sweep's torchvision stays out of the caller,
-    and a crash or a hang is a result too): the row as a dict, or ``{"name", "failed"}``."""
-    code = _ONE.format(tests=str(Path(__file__).parent), name=name)
+    and a crash or a hang is a result too), on ``threads`` threads: the row as a dict, or ``{"name", "failed"}``."""
+    code = _ONE.format(tests=str(Path(__file__).parent), name=name, threads=threads)
     try:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

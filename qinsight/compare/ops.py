@@ -189,7 +189,9 @@ class FloatOps:
         # a call of an op module, by its site's name (``act``, ``act#1``) -> the module's name
         self.module_of: dict[str, str] = {call.name: call.fqn for call in discovery.module_calls}
         self.modules: dict[str, OpKind] = {call.name: discovery.kinds[call.fqn] for call in discovery.module_calls}
-        self.calls: dict[OpCall, OpKind] = {call: kind for call, (kind, _rank) in discovery.tap.seen.items()}
+        self.calls: dict[OpCall, OpKind] = {  # a layer's functional call is a layer row, not an op's
+            call: kind for call, (kind, _rank) in discovery.tap.seen.items() if not kind.is_layer
+        }
         self.kinds: dict[str, OpKind] = self.modules | {call.name: kind for call, kind in self.calls.items()}
 
     def watch(self, model: nn.Module, on_call: OnCall) -> Detach:

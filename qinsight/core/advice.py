@@ -191,43 +191,43 @@ def _for_flow(advice: Advice, flow: FlowName, note: Note, owner: str) -> Advice:
 
 def _per_module(advice: Advice) -> Advice:
     """``advice`` as its flow can apply it where a module is called at several places: the suggestions
-    of its calls merged into one for all of them (accuracy first, :func:`merge_suggestions`), as the flow
-    configures a module once (FX's ``set_module_name``); a flow that keeps a single call in float
-    (:attr:`~qinsight.core.flows.FlowSpec.floats_calls`) keeps that per call. A note names each module
-    whose calls were advised apart, and what its config does instead."""
+    of its calls merged into one for all of them (:func:`_one_for_all`), as the flow configures a module
+    once (FX's ``set_module_name``). A note names each module whose calls were advised apart, and what
+    its config does instead."""
     calls: dict[str, list[OpSite]] = {}
     for site in advice.sites:
         if site.call is None:
             calls.setdefault(site.module, []).append(site)
-    shared = {module: sites for module, sites in calls.items() if len(sites) > 1}
-    if not shared:
-        return advice
-    per_call = flow_spec(advice.flow).floats_calls
     by_site = {s.fqn: s for s in advice.suggestions}
     merged: dict[str, QuantSuggestion] = {}
     said = []
-    for module, sites in shared.items():
-        own = [by_site.get(site.fqn, QuantSuggestion(fqn=site.fqn)) for site in sites]
-        one = merge_suggestions(attrs.evolve(s, fqn=module, keep_float=None if per_call else s.keep_float) for s in own)
-        chosen = one[0][0] if one[0] else QuantSuggestion(fqn=module)
-        applied = [
-            attrs.evolve(chosen, fqn=s.fqn, keep_float=s.keep_float if per_call else chosen.keep_float) for s in own
-        ]
-        merged.update({s.fqn: s for s in applied})
-        if any(_opinions(a) != _opinions(s) for a, s in zip(applied, own)):
-            advised = "; ".join(f"{s.fqn}: {s.describe()}" for s in own)
-            said.append(f"{module} ({advised}) gets {chosen.describe()} for every call")
+    for module, sites in calls.items():
+        if len(sites) > 1:
+            own = [by_site.get(site.fqn, QuantSuggestion(fqn=site.fqn)) for site in sites]
+            applied = _one_for_all(module, own, flow_spec(advice.flow).floats_calls)
+            merged.update({s.fqn: s for s in applied})
+            if any(_opinions(a) != _opinions(s) for a, s in zip(applied, own)):
+                advised = "; ".join(f"{s.fqn}: {s.describe()}" for s in own)
+                said.append(f"{module} ({advised}) gets {applied[0].describe()} for every call")
+    if not said:
+        return advice
     suggestions = [merged.get(s.fqn, s) for s in advice.suggestions]
     suggestions += [s for fqn, s in merged.items() if fqn not in by_site and not s.changes_nothing]
-    notes = advice.notes
-    if said:
-        title = flow_spec(advice.flow).title
-        notes += (
-            Note(NoteKind.CALLS_MERGED, f"{title} configures a module once for all its calls: " + "; ".join(said)),
-        )
-    return attrs.evolve(
-        advice, suggestions=tuple(s for s in suggestions if not s.changes_nothing or s.fqn in by_site), notes=notes
+    title = flow_spec(advice.flow).title
+    note = Note(NoteKind.CALLS_MERGED, f"{title} configures a module once for all its calls: " + "; ".join(said))
+    return attrs.evolve(advice, suggestions=tuple(suggestions), notes=advice.notes + (note,))
+
+
+def _one_for_all(module: str, own: list[QuantSuggestion], floats_calls: bool) -> list[QuantSuggestion]:
+    """One suggestion for every call of ``module`` (``own``: each call's), accuracy first
+    (:func:`merge_suggestions`); a flow that ``floats_calls`` keeps each call's own ``keep_float``."""
+    merged, _conflicts = merge_suggestions(
+        attrs.evolve(s, fqn=module, keep_float=None if floats_calls else s.keep_float) for s in own
     )
+    chosen = merged[0]
+    return [
+        attrs.evolve(chosen, fqn=s.fqn, keep_float=s.keep_float if floats_calls else chosen.keep_float) for s in own
+    ]
 
 
 def _opinions(suggestion: QuantSuggestion) -> tuple[object, ...]:

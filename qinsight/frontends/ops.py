@@ -110,11 +110,6 @@ class Discovery:
             if fqn and kind is not None and not _inside_leaf(fqn, modules):
                 self.kinds[fqn] = kind
 
-    @property
-    def ranks(self) -> dict[str, int | None]:
-        """Each call's input rank, by site name."""
-        return {call.name: call.rank for call in self.layer_calls + self.module_calls}
-
     def _counter(self, fqn: str, calls: list[ModuleCall]) -> Callable[[nn.Module, tuple[Any, ...]], None]:
         occurrences = itertools.count()
 

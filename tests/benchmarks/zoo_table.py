@@ -3,7 +3,7 @@ ones, random weights, through diagnose, compare_configs (x86 against XNNPACK) an
 
 Each architecture runs in a process of its own (a crash or a hang is a row too), one at a time:
 
-    python tests/benchmarks/zoo_table.py [--timeout 900] [--out zoo.jsonl] [NAME ...]
+    python tests/benchmarks/zoo_table.py [--timeout 900] [--jobs 2] [--out zoo.jsonl] [NAME ...]
 
 It prints the markdown table; ``--out`` keeps the rows (one JSON object each), and a rerun skips the
 architectures already there.
@@ -12,6 +12,7 @@ architectures already there.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import sys
 from pathlib import Path
@@ -49,19 +50,22 @@ def main() -> None:
     parser.add_argument("names", nargs="*")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--jobs", type=int, default=1, help="architectures at once, each on one thread")
     arguments = parser.parse_args()
     known: dict[str, dict[str, object]] = {}
     if arguments.out is not None and arguments.out.exists():
         for line in arguments.out.read_text().splitlines():
             row = json.loads(line)
             known[str(row["name"])] = row
-    for name in arguments.names or _zoo.names():
-        if name not in known:
-            known[name] = _zoo.isolated(name, arguments.timeout)
-            print(json.dumps(known[name]), file=sys.stderr, flush=True)
+    pending = [name for name in arguments.names or _zoo.names() if name not in known]
+    threads = 1 if arguments.jobs > 1 else None
+    with concurrent.futures.ThreadPoolExecutor(arguments.jobs) as pool:
+        for row in pool.map(lambda name: _zoo.isolated(name, arguments.timeout, threads), pending):
+            known[str(row["name"])] = row
+            print(json.dumps(row), file=sys.stderr, flush=True)
             if arguments.out is not None:
                 with arguments.out.open("a") as out:
-                    out.write(json.dumps(known[name]) + "\n")
+                    out.write(json.dumps(row) + "\n")
     print(table([known[name] for name in arguments.names or _zoo.names() if name in known]))
 
 
