@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -27,7 +27,7 @@ from qinsight.core.comparison import (
     LayerConfigRow,
     best_config,
 )
-from qinsight.core.errors import InvalidParameterError
+from qinsight.core.errors import FrontendError, InvalidParameterError, QinsightError
 from qinsight.distributed import current_shard
 from qinsight.frontends import batch_arguments, eval_mode, model_structure, run_batch
 
@@ -54,14 +54,38 @@ def quantize_candidates(
     if first is None:
         raise InvalidParameterError("compare_configs", "calibration", "no batches", "at least one batch")
     example = example_inputs if example_inputs is not None else _example_inputs(first)
-    prepared = {name: prepare_config(model, config, example) for name, config in configs.items()}
+    prepared = {}
+    for name, config in configs.items():
+        with _candidate(name, model, "prepare"):
+            prepared[name] = prepare_config(model, config, example)
     with torch.no_grad(), contextlib.ExitStack() as stack:
         for module, _flow in prepared.values():
             stack.enter_context(eval_mode(module))
         for batch in itertools.chain([first], batches):
-            for module, _flow in prepared.values():
-                run_batch(module, batch)
-    return {name: flow.convert(module) for name, (module, flow) in prepared.items()}
+            for name, (module, _flow) in prepared.items():
+                with _candidate(name, model, "calibrate"):
+                    run_batch(module, batch)
+    converted = {}
+    for name, (module, flow) in prepared.items():
+        with _candidate(name, model, "convert"):
+            converted[name] = flow.convert(module)
+    return converted
+
+
+@contextlib.contextmanager
+def _candidate(name: str, model: nn.Module, step: str) -> Iterator[None]:
+    """A config the flow cannot take (an export that fails, a quantizer whose observers break the model)
+    as one :class:`FrontendError` naming the config and the step, not the flow's traceback."""
+    try:
+        yield
+    except QinsightError:
+        raise
+    except Exception as exc:
+        first = (str(exc).splitlines() or [""])[0]
+        raise FrontendError(
+            f"config {name!r} cannot {step} {type(model).__name__}: {type(exc).__name__}: {first}; leave it out "
+            "of the comparison"
+        ) from exc
 
 
 def compare_configs(

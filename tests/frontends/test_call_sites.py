@@ -346,3 +346,24 @@ def test_a_shape_that_still_disagrees_is_one_error_naming_the_site() -> None:
     del structure.inner["fc"]  # as if read at the module: its output is sliced, the op's is not
     with pytest.raises(ComparisonError, match=r"^fc cannot be compared at fc: the float output has shape \(4, 4\)"):
         qinsight.compare_activations(model, converted, data, structure=structure)
+
+
+def test_a_config_that_cannot_run_is_one_error_naming_it() -> None:
+    from qinsight.apply.pt2e import default_x86_quantizer
+    from qinsight.errors import FrontendError
+
+    class Broken:  # a quantizer whose annotate raises, as a flow's might on a model it cannot take
+        def annotate(self, model: Any) -> Any:
+            raise RuntimeError("Found <class 'Cache'> in output, which is not a known type.\nmore lines")
+
+        def transform_for_annotation(self, model: Any) -> Any:
+            return model
+
+        def validate(self, model: Any) -> None:
+            pass
+
+    model, data = seeded(SlicedModel()), gaussian_batches((4, 8), 3)
+    with pytest.raises(
+        FrontendError, match=r"^config 'broken' cannot prepare SlicedModel: RuntimeError: Found .*type\.; "
+    ):
+        qinsight.compare_configs(model, {"x86": default_x86_quantizer(), "broken": Broken()}, data[:2], data[2:])
