@@ -307,17 +307,19 @@ def test_xnnpack_and_x86_compared_on_padding_convs_and_a_reused_activation() -> 
 
     model = seeded(PaddedMobileNetV2(num_classes=10))
     data = gaussian_batches((2, 3, 64, 64), 3)
-    configs = {"xnnpack": default_xnnpack_quantizer(), "x86": default_x86_quantizer()}
+    report = qinsight.diagnose(model, data, verify=False)
+    configs = {
+        "xnnpack": default_xnnpack_quantizer(),
+        "x86": default_x86_quantizer(),
+        "report-x86": qinsight.pt2e_quantizer(report),  # gives a subclass's conv its torch layer's source
+    }
     comparison = qinsight.compare_configs(model, configs, data[:2], data[2:])  # a ValueError before
     rows = {row.fqn: {score.config for score in row.scores} for row in comparison.rows}
-    assert len(rows) == 53 and all("xnnpack" in configs_of for configs_of in rows.values())
+    assert len(rows) == 53
+    assert all(configs_of >= {"xnnpack", "report-x86"} for configs_of in rows.values())  # rows for both
     # where they part: torchao's x86 quantizer matches convs by their module's exact class
-    assert rows["classifier"] == {"xnnpack", "x86"} and rows["stem"] == {"xnnpack"}
+    assert rows["classifier"] == {"xnnpack", "x86", "report-x86"} and rows["stem"] == {"xnnpack", "report-x86"}
     assert "x86 leaves 52 in float that another quantizes: stem" in config_table(comparison).note
-    # the report's own x86 quantizer quantizes them (a subclass's op is given its torch layer's source)
-    report = qinsight.diagnose(model, data, verify=False)
-    ours = qinsight.compare_configs(model, {"report": qinsight.pt2e_quantizer(report)}, data[:2], data[2:])
-    assert len(ours.rows) == 53
 
 
 class Sliced(nn.Linear):
