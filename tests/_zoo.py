@@ -333,8 +333,9 @@ def case(name: str) -> tuple[Callable[[], nn.Module], list[Any]]:
 _ONE = """
 import json, sys, attrs, torch
 sys.path.insert(0, {tests!r})
-if {threads!r} is not None:
-    torch.set_num_threads({threads!r})
+threads = {threads!r}
+if threads is not None:
+    torch.set_num_threads(threads)
 import _zoo
 build, data = _zoo.case({name!r})
 print("ROW " + json.dumps(attrs.asdict(_zoo.sweep({name!r}, build, data))), flush=True)
