@@ -226,6 +226,28 @@ def _observer_entries(
             )
         elif bits != activations.bits:
             choices[site.fqn] = Observer(_histogram(bits), f"HistogramObserver.with_args(reduce_range={bits < 8})")
+    narrowed = {fqn for fqn in narrow if activations.bits == 8}
+    return _one_per_module(choices, all_sites, narrowed)
+
+
+def _one_per_module(
+    choices: dict[str, Observer], all_sites: tuple[OpSite, ...], narrowed: set[str]
+) -> dict[str, Observer]:
+    """``choices`` as FX can apply them: one observer for every call of a module (``set_module_name``).
+    Where its calls' observers differ, none is clipped (a clip one call's output does not pass through would
+    cut it off) and any call's narrowing to 7 bits narrows them all (a saturating kernel reads each call)."""
+    calls: dict[str, list[str]] = {}
+    for site in all_sites:
+        if site.call is None:
+            calls.setdefault(site.module, []).append(site.fqn)
+    for names in calls.values():
+        chosen = [choices.get(name) for name in names]
+        if len(names) < 2 or all(choice == chosen[0] for choice in chosen):
+            continue
+        for name in names:
+            choices.pop(name, None)
+            if any(other in narrowed for other in names):
+                choices[name] = Observer(_histogram(7), "HistogramObserver.with_args(reduce_range=True)")
     return choices
 
 

@@ -369,3 +369,26 @@ def test_a_config_that_cannot_run_is_one_error_naming_it() -> None:
         FrontendError, match=r"^config 'broken' cannot prepare SlicedModel: RuntimeError: Found .*type\.; "
     ):
         qinsight.compare_configs(model, {"x86": default_x86_quantizer(), "broken": Broken()}, data[:2], data[2:])
+
+
+def test_fx_observes_a_modules_calls_alike_never_clipping_a_call_no_clip_follows() -> None:
+    # One Linear called twice, after a quantized Linear: a ReLU6 alone reads the first call's output,
+    # nothing clips the second's. FX's set_module_name serves both calls with one observer.
+    from qinsight.apply.fx import advice_entries
+    from qinsight.core.activations import FxActivations
+    from qinsight.core.sites import OpSite
+
+    def linear(fqn: str, **fields: Any) -> OpSite:
+        return OpSite(fqn=fqn, kind=OpKind.LINEAR, module_type="Linear", **fields)
+
+    sites = (
+        linear("first"),
+        linear("shared", source="first", clip=(0.0, 6.0)),
+        linear("shared#1", occurrence=1, source="shared"),
+        linear("out", source="shared#1"),
+    )
+    alone = advice_entries(sites[:2], (), "x86", FxActivations())
+    assert "ClippedHistogramObserver" in [e.choice.code for e in alone if e.key == ("shared",)][0]
+    entries = advice_entries(sites, (), "x86", FxActivations())
+    codes = [e.choice.code for e in entries if e.key == ("shared",)]
+    assert not any("Clipped" in code for code in codes)  # a clip would cut the second call off: the global one
