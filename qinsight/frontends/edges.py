@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable
 import attrs
 from torch import fx, nn
 
-from qinsight.core.sites import OpSite, call_site_name
+from qinsight.core.sites import OpSite
 from qinsight.frontends.calls import resolve_target
-from qinsight.frontends.modules import tail_step
+from qinsight.frontends.modules import call_names, stack_owner, tail_step
 
 _FUSED = (nn.modules.batchnorm._BatchNorm, nn.ReLU)  # what FX folds into the layer before it
 
@@ -29,7 +29,7 @@ def site_nodes(graph: fx.Graph, sites: Iterable[OpSite], owner_of: Callable[[fx.
     trace's stack, or a prepared graph's scope), target and index among that owner's calls of it."""
     known = list(sites)
     modules = {site.fqn for site in known if site.call is None}
-    module_calls: dict[str, int] = {}
+    module_calls = call_names(graph)
     calls = {
         (
             site.call.owner,
@@ -43,10 +43,8 @@ def site_nodes(graph: fx.Graph, sites: Iterable[OpSite], owner_of: Callable[[fx.
     counts: dict[tuple[str, object], int] = {}
     for node in graph.nodes:
         if node.op == "call_module":
-            occurrence = module_calls.get(str(node.target), 0)
-            module_calls[str(node.target)] = occurrence + 1
-            if (name := call_site_name(str(node.target), occurrence)) in modules:
-                names[node] = name
+            if module_calls[node] in modules:
+                names[node] = module_calls[node]
         elif node.op in ("call_function", "call_method"):
             key = (owner_of(node), node.target)
             index = counts.get(key, 0)
@@ -54,11 +52,6 @@ def site_nodes(graph: fx.Graph, sites: Iterable[OpSite], owner_of: Callable[[fx.
             if (*key, index) in calls:
                 names[node] = calls[(*key, index)]
     return names
-
-
-def _stack_owner(node: fx.Node) -> str:
-    stack = list((node.meta.get("nn_module_stack") or {}).keys())
-    return str(stack[-1]) if stack else ""
 
 
 def _fused_into(model: nn.Module, node: fx.Node) -> bool:
@@ -97,7 +90,7 @@ def _source_of(model: nn.Module, node: fx.Node, names: dict[fx.Node, str]) -> st
 
 def with_edges(model: nn.Module, graph: fx.Graph, sites: tuple[OpSite, ...]) -> tuple[OpSite, ...]:
     """``sites`` with their ``source`` and ``clip`` read from ``graph`` (a trace of ``model``)."""
-    names = site_nodes(graph, sites, _stack_owner)
+    names = site_nodes(graph, sites, stack_owner)
     nodes = {name: node for node, name in names.items()}
     found = []
     for site in sites:

@@ -9,16 +9,14 @@ only read: observers hook the user's own modules, so the model runs as before.
 
 from __future__ import annotations
 
-from collections import Counter
-
 from torch import fx, nn
 from torch.ao.quantization import QConfigMapping
 
 from qinsight.core.errors import FrontendError
-from qinsight.core.sites import OpKind, OpSite, call_site_name
+from qinsight.core.sites import OpKind, OpSite
 from qinsight.frontends.base import ModuleView, module_view
 from qinsight.frontends.edges import with_edges
-from qinsight.frontends.modules import LeafTracer, classify, site_for_module
+from qinsight.frontends.modules import LeafTracer, call_names, classify, site_for_module
 from qinsight.frontends.ops import with_ops
 
 
@@ -36,29 +34,18 @@ def _graph_of(model: nn.Module) -> fx.Graph:
 
 def module_calls(graph: fx.Graph) -> list[tuple[str, int]]:
     """Each ``call_module`` node of ``graph`` in forward order: the module's name and which of its calls it is."""
-    seen: Counter[str] = Counter()
-    calls = []
-    for node in graph.nodes:
-        if node.op == "call_module":
-            fqn = str(node.target)
-            calls.append((fqn, seen[fqn]))
-            seen[fqn] += 1
-    return calls
+    return [(str(node.target), int(name.partition("#")[2] or 0)) for node, name in call_names(graph).items()]
 
 
 def _unfolded_norms(model: nn.Module, graph: fx.Graph, ops: tuple[OpSite, ...]) -> tuple[OpSite, ...]:
     """``ops`` without the batch norms ``prepare_fx`` folds: those whose input is a Conv module's output.
     The others (after a functional conv, as in a padding Conv2d subclass) it quantizes apart, after
     quantizing the conv's raw output per tensor: sites of their own."""
-    calls: Counter[str] = Counter()
     folded = set()
-    for node in graph.nodes:
-        if node.op != "call_module":
-            continue
-        fqn = str(node.target)
-        name, calls[fqn] = call_site_name(fqn, calls[fqn]), calls[fqn] + 1
+    for node, name in call_names(graph).items():
         producer = node.args[0] if node.args else None
-        if isinstance(model.get_submodule(fqn), nn.modules.batchnorm._BatchNorm) and _is_conv_module(model, producer):
+        norm = isinstance(model.get_submodule(str(node.target)), nn.modules.batchnorm._BatchNorm)
+        if norm and _is_conv_module(model, producer):
             folded.add(name)
     return tuple(op for op in ops if op.kind is not OpKind.BATCH_NORM or op.fqn not in folded)
 

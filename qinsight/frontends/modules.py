@@ -18,6 +18,7 @@ from torch.ao.quantization import FakeQuantize, QConfig, QConfigMapping
 from torch.ao.quantization.observer import ObserverBase
 
 from qinsight.core.sites import OpCall, OpKind, OpSite, WeightScheme, call_site_name, called_module
+from qinsight.frontends.calls import LAYER_TARGETS
 
 MODULE_KINDS: tuple[tuple[type[nn.Module], OpKind], ...] = (
     (nn.Linear, OpKind.LINEAR),
@@ -199,7 +200,7 @@ def _trace(model: nn.Module) -> fx.Graph | None:
 
 
 def _chains(model: nn.Module, graph: fx.Graph) -> dict[str, TailChain]:
-    names = _call_names(graph)
+    names = call_names(graph)
     inner = {node: fqn for fqn, node in _inner_nodes(model, graph).items()}
     chains: dict[str, TailChain] = {}
     for node in graph.nodes:
@@ -215,7 +216,7 @@ def _chains(model: nn.Module, graph: fx.Graph) -> dict[str, TailChain]:
     return chains
 
 
-def _call_names(graph: fx.Graph) -> dict[fx.Node, str]:
+def call_names(graph: fx.Graph) -> dict[fx.Node, str]:
     """Each ``call_module`` node's site name: its module's, ``#n`` for the module's n-th later call."""
     calls: dict[str, int] = {}
     names = {}
@@ -227,21 +228,18 @@ def _call_names(graph: fx.Graph) -> dict[fx.Node, str]:
     return names
 
 
-_FUNCTIONAL_LAYERS = {F.linear, F.conv1d, F.conv2d, F.conv3d}
-
-
 def _inner_nodes(model: nn.Module, graph: fx.Graph) -> dict[str, fx.Node]:
     """Linear/Conv name -> the functional call its own forward makes on its weight (a padding Conv2d
     subclass: a pad, then ``F.conv2d``), where a trace went into the module."""
     layers = quantizable_modules(model)
     found: dict[str, fx.Node] = {}
     for node in graph.nodes:
-        if node.op != "call_function" or node.target not in _FUNCTIONAL_LAYERS or len(node.args) < 2:
+        if node.op != "call_function" or node.target not in LAYER_TARGETS or len(node.args) < 2:
             continue
         weight = node.args[1]
         if isinstance(weight, fx.Node) and weight.op == "get_attr":
             owner = str(weight.target).rpartition(".")[0]
-            if owner in layers and _stack_owner(node) == owner:
+            if owner in layers and stack_owner(node) == owner:
                 found.setdefault(owner, node)
     return found
 
@@ -277,14 +275,14 @@ def model_structure(model: nn.Module) -> ModelStructure:
     return ModelStructure(modules=quantizable_modules(model), chains=_chains(model, graph), inner=inner)
 
 
-def _stack_owner(node: fx.Node) -> str:
+def stack_owner(node: fx.Node) -> str:
+    """The innermost module of a traced node's stack (``""``: the root's own code)."""
     stack = list((node.meta.get("nn_module_stack") or {}).keys())
     return str(stack[-1]) if stack else ""
 
 
 def _as_call(node: fx.Node, graph: fx.Graph) -> OpCall:
     """The call a functional layer node is, as a :class:`~qinsight.frontends.calls.CallTap` names it."""
-    owner = _stack_owner(node)
-    same = [n for n in graph.nodes if n.op == "call_function" and n.target is node.target and _stack_owner(n) == owner]
-    target = f"torch.nn.functional.{getattr(node.target, '__name__', str(node.target))}"
-    return OpCall(owner=owner, target=target, index=same.index(node))
+    owner = stack_owner(node)
+    same = [n for n in graph.nodes if n.op == "call_function" and n.target is node.target and stack_owner(n) == owner]
+    return OpCall(owner=owner, target=LAYER_TARGETS[node.target][0], index=same.index(node))  # type: ignore[index]
