@@ -198,7 +198,8 @@ def _step(run: Callable[[], str]) -> Outcome:
 
 def sweep(name: str, build: Callable[[], nn.Module], data: list[Any], *, xnnpack: bool = True) -> Row:
     """``name`` through diagnose (no verification), compare_configs (x86 against XNNPACK) and verify_report."""
-    from qinsight.apply.pt2e import default_x86_quantizer, default_xnnpack_quantizer
+    from qinsight.backends.x86 import default_x86_quantizer
+    from qinsight.backends.xnnpack import default_xnnpack_quantizer
 
     model = build()
     parameters = sum(p.numel() for p in model.parameters())

@@ -30,6 +30,7 @@ LAYERS = (
     "detectors",
     "compare",
     "apply",
+    "backends",
     "pipeline",
     "outputs",
     "planning",
@@ -385,8 +386,8 @@ def test_a_mapping_from_a_report_file_loads_neither_the_observers_nor_the_pipeli
     assert kind == "QConfigMapping"
     layers = set(loaded.split(","))
     # reading the file finds each finding's class with its detector (plugin, detectors); the mapping names
-    # functional calls as the frontends resolve them
-    allowed = {"core", "plugin", "detectors", "frontends", "apply", "outputs", "_version"}
+    # functional calls as the frontends resolve them; the report's backend is its record (FX's engine)
+    allowed = {"core", "plugin", "detectors", "frontends", "apply", "backends", "outputs", "_version"}
     assert layers <= {f"qinsight.{layer}" for layer in allowed}, layers
     assert "qinsight.apply" in layers and not layers & {"qinsight.observe", "qinsight.pipeline", "qinsight.planning"}
 

@@ -18,13 +18,13 @@ from torch import nn
 
 from qinsight.apply.equalization import equalization_qconfig_mapping
 from qinsight.apply.fx import qconfig_mapping
-from qinsight.apply.pt2e import DEFAULT_QUANTIZERS, on_top_of, pt2e_quantizer
+from qinsight.apply.pt2e import on_top_of, pt2e_quantizer
 from qinsight.apply.smoothing import apply_smoothing
 from qinsight.apply.torchao import int8_dynamic, int8_recipe
 from qinsight.compare.flows import QUANT_FLOWS, QuantFlow, prepare_config
 from qinsight.core.advice import Advice
 from qinsight.core.errors import FrontendError, InvalidParameterError
-from qinsight.core.flows import check_flow_backend, flow_spec
+from qinsight.core.flows import check_flow_backend, flow_spec, fx_engine, pt2e_quantizers
 from qinsight.core.notes import NoteKind, NoteWarning
 from qinsight.core.sites import FlowName
 from qinsight.frontends import eval_mode, example_inputs, run_batch
@@ -40,12 +40,12 @@ CONFIG_BUILDERS: dict[FlowName, Callable[[Advice], object]] = {
 def _fx_default(backend: str) -> tuple[object, str]:
     from torch.ao.quantization import get_default_qconfig_mapping
 
-    return get_default_qconfig_mapping(backend), f"{backend} default"
+    return get_default_qconfig_mapping(fx_engine(backend)), f"{backend} default"
 
 
 def _pt2e_default(backend: str) -> tuple[object, str]:
-    build, name = DEFAULT_QUANTIZERS[backend]
-    return build(), name
+    quantizers = pt2e_quantizers("compare", backend)
+    return quantizers.default(), quantizers.default_name
 
 
 def _torchao_default(_backend: str) -> tuple[object, str]:

@@ -22,8 +22,9 @@ from torch import nn
 from qinsight.apply.recipe import quantize_with
 from qinsight.compare.flows import release_fx_graphs
 from qinsight.compare.layers import quantized_layers
-from qinsight.compare.lowering import Lowering, shipped
+from qinsight.compare.programs import shipped
 from qinsight.core.advice import Advice
+from qinsight.core.backend import Lowering
 from qinsight.core.errors import describe
 from qinsight.core.sites import OpSite
 from qinsight.frontends import classify, eval_mode, run_batch

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from qinsight._version import __version__
 from qinsight.cli.gates import ACTIONABLE, UNVERIFIED
 from qinsight.cli.output import error_line
+from qinsight.core.backend import backend_names
 from qinsight.core.errors import QinsightError
-from qinsight.core.sites import BACKENDS, FLOWS
+from qinsight.core.sites import FLOWS
 
 EXAMPLE_NAMES = ("cnn", "encoder", "resnet18")  # qinsight.examples.EXAMPLES, named here so --help needs no torch
 
@@ -39,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("diagnose", help="diagnose a model and print the report")
     _model_source(run)
     run.add_argument(
-        "--backend", help=f"quantized backend: {', '.join(BACKENDS)} (default: the --qconfig quantizer's, else x86)"
+        "--backend",
+        help=f"quantized backend: {', '.join(backend_names())} (default: the --qconfig quantizer's, else x86)",
     )
     _judged_against(run)
     run.add_argument("--detectors", help="comma-separated detector ids (default: QINSIGHT_DETECTORS or the built-ins)")

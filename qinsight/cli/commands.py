@@ -14,6 +14,7 @@ from qinsight.cli import hf, ranks
 from qinsight.cli.configs import compared_flow, load_factory, planned_config
 from qinsight.cli.gates import check_verdict_gates, parse_diff_gates, tripped_diff, tripped_findings, unverified
 from qinsight.cli.output import Progress, check_targets, note, write, wrote
+from qinsight.core.entry_points import installed
 from qinsight.core.errors import InvalidParameterError, PluginLoadError, UsageError
 from qinsight.core.flows import flow_spec
 from qinsight.core.plan import BUDGET_UNITS, Budget, BudgetUnit, Target
@@ -25,7 +26,7 @@ from qinsight.outputs.files import write_atomically
 from qinsight.outputs.schema import schema
 from qinsight.outputs.serde import load_report, save_report
 from qinsight.outputs.text import render_text
-from qinsight.plugin.discovery import DETECTORS, OPT_IN_IDS, find_entry, installed, load_detector_class, requested_ids
+from qinsight.plugin.discovery import DETECTORS, OPT_IN_IDS, find_entry, load_detector_class, requested_ids
 
 if TYPE_CHECKING:
     from torch import nn

@@ -11,9 +11,10 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from qinsight.core.backend import backend_names, check_backend, planned_backend
 from qinsight.core.errors import UsageError
-from qinsight.core.flows import FLOW_SPECS, flow_spec, flows_serving
-from qinsight.core.sites import FlowName, check_backend, checked_flow
+from qinsight.core.flows import flow_spec, flows_serving
+from qinsight.core.sites import FlowName, checked_flow
 
 if TYPE_CHECKING:
     from torch.ao.quantization import QConfigMapping
@@ -41,11 +42,9 @@ def planned_config(args: argparse.Namespace) -> tuple[QConfigMapping | None, obj
     quantizer, without ``--backend``, says the backend)."""
     from torch.ao.quantization import QConfigMapping
 
-    from qinsight.apply.pt2e import planned_backend
     from qinsight.apply.recipe import default_config
 
     backend = planned_backend("diagnose", args.backend, None)  # diagnose's own default where none is given
-    check_backend("diagnose", backend)
     if args.qconfig == "none":
         return None, None
     if args.qconfig == "default":
@@ -68,9 +67,9 @@ def compared_flow(args: argparse.Namespace) -> FlowName:
                 f"--flow {flow} cannot be compared with --lowered: --lowered lowers a PT2E model; use --flow pt2e"
             )
         return flow
-    served = flows_serving(args.backend, lowered=args.lowered)
+    served = flows_serving(check_backend("compare", args.backend), lowered=args.lowered)
     if not served:
-        lowered = sorted({b for spec in FLOW_SPECS.values() if spec.lowers or not args.lowered for b in spec.backends})
+        lowered = [name for name in backend_names() if flows_serving(name, lowered=args.lowered)]
         raise UsageError(
             f"--backend {args.backend}: {'--lowered takes' if args.lowered else 'one of'} {', '.join(lowered)}"
         )

@@ -20,10 +20,11 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from qinsight.compare.lowering import Program, lowered, lowering_for, timed
 from qinsight.compare.metrics import DEFAULT, load_metrics
 from qinsight.compare.outputs import output_rows
 from qinsight.compare.parity import layer_parities
+from qinsight.compare.programs import lowered, timed
+from qinsight.core.backend import Program, backend_lowering
 from qinsight.core.comparison import LayerParity, LoweredComparison, MetricValue, ProgramCost
 from qinsight.core.errors import InvalidParameterError
 from qinsight.frontends import eval_mode, example_inputs, exported_sites
@@ -115,7 +116,7 @@ def compare_lowered(
     Returns:
         A :class:`~qinsight.core.comparison.LoweredComparison`.
     """
-    lowering = lowering_for(OWNER, backend)
+    lowering = backend_lowering(OWNER, backend)
     reference = _checked_reference(quantized)
     if layer_batches < 1:
         raise InvalidParameterError(OWNER, "layer_batches", layer_batches, "at least 1")

@@ -19,9 +19,10 @@ from typing import Final
 import torch
 
 from qinsight.core import metrics as table
+from qinsight.core.entry_points import installed, load_entry
 from qinsight.core.errors import PluginLoadError
 from qinsight.core.metrics import sqnr_of_sums
-from qinsight.plugin.discovery import METRICS, find_entry, installed, load_entry
+from qinsight.plugin.discovery import METRICS, find_entry
 from qinsight.plugin.metric import ErrorTotals, Metric
 
 TensorMetric = Callable[[torch.Tensor, torch.Tensor], float]

@@ -37,7 +37,8 @@ from qinsight.compare.layers import (
     quantized_layers,
     single_user,
 )
-from qinsight.compare.lowering import Lowering, Program, evaluated_copy, lowered
+from qinsight.compare.programs import evaluated_copy, lowered
+from qinsight.core.backend import Lowering, Program
 from qinsight.core.comparison import LayerParity
 from qinsight.core.errors import FrontendError
 from qinsight.core.metrics import sqnr_of_sums

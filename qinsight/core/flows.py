@@ -1,15 +1,14 @@
-"""The flows qinsight quantizes through, and the backends each serves: one torch-free table.
+"""The flows qinsight quantizes through: one torch-free table.
 
-Every decision that differs by flow reads it: which backends a flow takes, whether it has
-input-weight equalization, whether the report's FX activation observing applies, which frontend's
-graph it prepares, which call gives a user its config. A flow's torch side (its config builder,
-prepare and convert) is registered under the same name in :mod:`qinsight.compare.flows` and
-:mod:`qinsight.apply.recipe`; how a
-backend's program is lowered, in :mod:`qinsight.compare.lowering`. PT2E is one flow with a
-quantizer per backend, as torchao has it: X86InductorQuantizer (x86) and ExecuTorch's
-XNNPACKQuantizer (xnnpack). torchao's ``quantize_`` is the third: it takes the model as it is (no
-graph), so it quantizes models neither FX nor ``torch.export`` take; its int8 Linears run on x86, and
-its per-layer formats are planned by ``qinsight.plan_formats``.
+Every decision that differs by flow reads it: whether it has input-weight equalization, whether the
+report's FX activation observing applies, which frontend's graph it prepares, which call gives a user
+its config. Which flows serve a backend is the backend's record (:mod:`qinsight.core.backend`): FX
+through its engine, PT2E through its quantizer, as torchao has it (X86InductorQuantizer for x86,
+ExecuTorch's XNNPACKQuantizer for xnnpack, a third party's for its own), torchao's ``quantize_``
+where its int8 kernels run (x86). ``quantize_`` takes the model as it is (no graph), so it quantizes
+models neither FX nor ``torch.export`` take, and its per-layer formats are planned by
+``qinsight.plan_formats``. A flow's torch side (its config builder, prepare and convert) is
+registered under the same name in :mod:`qinsight.compare.flows` and :mod:`qinsight.apply.recipe`.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from typing import Final
 
 import attrs
 
+from qinsight.core.backend import Pt2eQuantizers, backend_names, find_backend, get_backend
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.sites import FlowName
 
@@ -29,7 +29,6 @@ class FlowSpec:
 
     name: FlowName
     title: str
-    backends: tuple[str, ...]
     frontend: str  # the frontend whose graph the flow prepares: a traced module (fx), an exported one, or NO_GRAPH
     equalizes: bool  # input-weight equalization (prepare_fx's _equalization_config)
     observes_activations: bool  # the report's own activation observing (FxActivations) applies
@@ -43,7 +42,9 @@ class FlowSpec:
     floats_calls: bool = False
 
     def serves(self, backend: str) -> bool:
-        return backend in self.backends
+        """Whether it quantizes for ``backend`` (a backend not installed here: no flow does)."""
+        record = find_backend(backend)
+        return record is not None and self.name in record.flows
 
     def backend_for(self, owner: str, backend: str) -> str:
         """The backend this flow quantizes for when asked for ``backend``: ``backend`` where it serves
@@ -66,7 +67,6 @@ FLOW_SPECS: Final[dict[FlowName, FlowSpec]] = {
     "fx": FlowSpec(
         name="fx",
         title="FX",
-        backends=("x86", "fbgemm", "qnnpack", "onednn"),
         frontend="fx",
         converter="convert_fx",
         equalizes=True,
@@ -77,7 +77,6 @@ FLOW_SPECS: Final[dict[FlowName, FlowSpec]] = {
     "pt2e": FlowSpec(
         name="pt2e",
         title="PT2E",
-        backends=("x86", "xnnpack"),
         frontend="export",
         converter="convert_pt2e",
         equalizes=False,
@@ -90,7 +89,6 @@ FLOW_SPECS: Final[dict[FlowName, FlowSpec]] = {
     "torchao": FlowSpec(
         name="torchao",
         title="torchao quantize_",
-        backends=("x86",),
         frontend=NO_GRAPH,
         equalizes=False,
         observes_activations=False,
@@ -103,10 +101,6 @@ FLOW_SPECS: Final[dict[FlowName, FlowSpec]] = {
 
 _BY_NAME: Final[dict[str, FlowSpec]] = {name: spec for name, spec in FLOW_SPECS.items()}
 
-# XNNPACK has no FX flow: which ops around the layers its report calls quantized is read from FX's
-# qnnpack config, the engine XNNPACK succeeded on phones (the PT2E flow asks XNNPACKQuantizer itself).
-_FX_STAND_INS: Final = {"xnnpack": "qnnpack"}
-
 
 def flow_spec(name: str) -> FlowSpec:
     """The flow called ``name`` (a :data:`~qinsight.core.sites.FlowName`; a plan read from a file holds a str)."""
@@ -115,7 +109,11 @@ def flow_spec(name: str) -> FlowSpec:
 
 def flows_serving(backend: str, *, lowered: bool = False) -> tuple[FlowName, ...]:
     """The flows that quantize for ``backend``, FX first, torchao last (``lowered``: those whose model is lowered)."""
-    return tuple(name for name, spec in FLOW_SPECS.items() if spec.serves(backend) and (spec.lowers or not lowered))
+    record = find_backend(backend)
+    if record is None:
+        return ()
+    lowers = record.lowering is not None
+    return tuple(name for name in record.flows if lowers and FLOW_SPECS[name].lowers or not lowered)
 
 
 def reads_as_is(frontend: str) -> bool:
@@ -147,21 +145,36 @@ def verifying_flows(frontend: str, backend: str) -> tuple[FlowName, ...]:
 
 def check_flow_backend(owner: str, flow: FlowName, backend: str) -> None:
     """One :class:`InvalidParameterError` unless ``flow`` quantizes for ``backend``, naming the backends it does."""
-    if not FLOW_SPECS[flow].serves(backend):
+    if not FLOW_SPECS[flow].serves(get_backend(backend, owner).name):
         raise _unserved(owner, FLOW_SPECS[flow], backend)
+
+
+def pt2e_quantizers(owner: str, backend: str) -> Pt2eQuantizers:
+    """``backend``'s PT2E quantizers; one :class:`InvalidParameterError` naming the flow that serves
+    it if PT2E does not."""
+    quantizers = get_backend(backend, owner).pt2e
+    if quantizers is None:
+        raise _unserved(owner, FLOW_SPECS["pt2e"], backend)
+    return quantizers
+
+
+def served_by(flow: FlowName) -> tuple[str, ...]:
+    """The installed backends ``flow`` quantizes for (those whose record loads: a broken one is said
+    where it is asked for)."""
+    return tuple(name for name in backend_names() if FLOW_SPECS[flow].serves(name))
 
 
 def _unserved(owner: str, spec: FlowSpec, backend: str) -> InvalidParameterError:
     others = flows_serving(backend)
     hint = f" ({backend} is served by flow={others[0]!r})" if others else ""
     return InvalidParameterError(
-        owner, "backend", backend, f"one of {', '.join(spec.backends)} for flow={spec.name!r}{hint}"
+        owner, "backend", backend, f"one of {', '.join(served_by(spec.name))} for flow={spec.name!r}{hint}"
     )
 
 
 def fx_engine(backend: str) -> str:
-    """The FX backend whose default config stands for ``backend``'s where only FX's can be read."""
-    return _FX_STAND_INS.get(backend, backend)
+    """The FX engine whose default config stands for ``backend``'s where only FX's can be read."""
+    return get_backend(backend).fx_config_engine
 
 
 __all__ = [
@@ -171,6 +184,8 @@ __all__ = [
     "check_flow_backend",
     "flow_spec",
     "flows_serving",
+    "pt2e_quantizers",
+    "served_by",
     "fx_engine",
     "reads_as_is",
     "report_flow",

@@ -13,19 +13,17 @@ import statistics
 
 import attrs
 
+from qinsight.core.backend import get_backend
 from qinsight.core.sites import Side
 from qinsight.core.stats import ActivationStats, DataCondition
-
-# torch's default FX qconfigs for these backends observe activations with reduce_range=True.
-REDUCED_RANGE_BACKENDS = ("x86", "fbgemm")
 
 
 def activation_bits(backend: str, *, torch_default: bool = False) -> int:
     """The bits of a static activation in qinsight's configs: 8 for every backend (its FX config
     observes x86 and fbgemm activations at 8 bits too, checked on the kernels:
     :mod:`qinsight.core.activations`); with ``torch_default``, torch's default FX config's: 7 for
-    x86 and fbgemm (``reduce_range``)."""
-    return 7 if torch_default and backend in REDUCED_RANGE_BACKENDS else 8
+    x86 and fbgemm (their records' ``reduced_range``)."""
+    return 7 if torch_default and get_backend(backend).reduced_range else 8
 
 
 def bits_kept(bits: int, tensor_range: float, part_range: float) -> float:
@@ -85,4 +83,4 @@ def side_bits(side: Side, stats: ActivationStats | None, bits: int) -> SideBits 
     )
 
 
-__all__ = ["REDUCED_RANGE_BACKENDS", "SideBits", "activation_bits", "bits_kept", "quantized_range", "side_bits"]
+__all__ = ["SideBits", "activation_bits", "bits_kept", "quantized_range", "side_bits"]

@@ -14,9 +14,6 @@ import attrs
 
 from qinsight.core.errors import InvalidParameterError, InvalidValueError
 
-# The backends qinsight quantizes for: FX's four engines and XNNPACK (through PT2E); which flow
-# serves which is qinsight.core.flows (torchao's quantize_ runs its int8 Linears on x86).
-BACKENDS: Final = ("fbgemm", "qnnpack", "onednn", "x86", "xnnpack")
 # The flows qinsight quantizes through, and the frontends it reads models with: typed alike, each
 # checked where a user passes it (a type checker sees the Literal, a program gets the error).
 FlowName = Literal["fx", "pt2e", "torchao"]
@@ -24,12 +21,6 @@ Frontend = Literal["auto", "fx", "export", "eager"]
 FLOWS: Final[tuple[FlowName, ...]] = get_args(FlowName)
 FRONTENDS: Final[tuple[Frontend, ...]] = get_args(Frontend)
 _Name = TypeVar("_Name", bound=str)
-
-
-def check_backend(owner: str, backend: str) -> None:
-    """:class:`InvalidParameterError` unless ``backend`` is one of :data:`BACKENDS`."""
-    if backend not in BACKENDS:
-        raise InvalidParameterError(owner, "backend", backend, "one of " + ", ".join(BACKENDS))
 
 
 def _checked(owner: str, argument: str, value: str, choices: tuple[_Name, ...]) -> _Name:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
+from qinsight.core.backend import backend_names
 from qinsight.core.errors import InvalidParameterError
 
 Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
@@ -44,12 +45,13 @@ def positive(*, minimum: float) -> Validator:
     return check
 
 
-def one_of(choices: Collection[str]) -> Validator:
+def installed_backend() -> Validator:
+    """The name of a backend installed here (:func:`~qinsight.core.backend.backend_names`: metadata only)."""
+
     def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if value not in choices:
-            raise InvalidParameterError(
-                type(instance).__name__, attribute.name, value, "one of " + ", ".join(sorted(choices))
-            )
+        names = backend_names()
+        if value not in names:
+            raise InvalidParameterError(type(instance).__name__, attribute.name, value, "one of " + ", ".join(names))
 
     return check
 

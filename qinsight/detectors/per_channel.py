@@ -7,27 +7,24 @@ qconfig does not already use them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar, Final
 
 import attrs
 
 from qinsight.core.findings import Finding
 from qinsight.core.report import DetectorResult
-from qinsight.core.sites import BACKENDS, InsertPoint, OpKind, WeightScheme
+from qinsight.core.sites import InsertPoint, OpKind, WeightScheme
 from qinsight.core.stats import ObservedStats
 from qinsight.core.suggestions import QuantSuggestion
-from qinsight.detectors._validators import one_of
+from qinsight.detectors._validators import installed_backend
 from qinsight.plugin.detector import API_VERSION, result_of
 
 if TYPE_CHECKING:
     from qinsight.plugin.detector import ModelView
 
-# Every backend torch 2.13 knows supports per-channel weights for these kinds
+# Every backend qinsight knows supports per-channel weights for these kinds
 # (and their QAT/fused variants, which the frontends map to the same kinds).
-PER_CHANNEL_KINDS: Final[Mapping[str, frozenset[OpKind]]] = {
-    backend: frozenset(kind for kind in OpKind if kind.is_layer) for backend in BACKENDS
-}
+PER_CHANNEL_KINDS: Final[frozenset[OpKind]] = frozenset(kind for kind in OpKind if kind.is_layer)
 
 
 @attrs.frozen(kw_only=True)
@@ -73,13 +70,13 @@ class PerChannelDetector:
     api_version: ClassVar[int] = API_VERSION
     finding_type: ClassVar[type[Finding]] = PerChannelFinding
 
-    backend: str = attrs.field(default="x86", validator=one_of(PER_CHANNEL_KINDS))
+    backend: str = attrs.field(default="x86", validator=installed_backend())
 
     def insert_points(self, view: ModelView) -> tuple[InsertPoint, ...]:
         return ()
 
     def analyze(self, view: ModelView, stats: ObservedStats) -> DetectorResult:
-        supported_kinds = PER_CHANNEL_KINDS[self.backend]
+        supported_kinds = PER_CHANNEL_KINDS
         findings = []
         suggestions = []
         for site in view.sites:

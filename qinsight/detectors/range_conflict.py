@@ -27,10 +27,10 @@ import attrs
 from qinsight.core.findings import Finding
 from qinsight.core.precision import activation_bits, bits_kept, quantized_range
 from qinsight.core.report import DetectorResult
-from qinsight.core.sites import BACKENDS, InsertPoint, OpKind, OpSite, Side
+from qinsight.core.sites import InsertPoint, OpKind, OpSite, Side
 from qinsight.core.stats import ActivationStats, DataCondition, ObservedStats
 from qinsight.core.suggestions import QuantSuggestion
-from qinsight.detectors._validators import one_of, positive
+from qinsight.detectors._validators import installed_backend, positive
 from qinsight.plugin.detector import API_VERSION, result_of
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ class RangeConflictDetector:
     api_version: ClassVar[int] = API_VERSION
     finding_type: ClassVar[type[Finding]] = RangeConflictFinding
 
-    backend: str = attrs.field(default="x86", validator=one_of(BACKENDS))
+    backend: str = attrs.field(default="x86", validator=installed_backend())
     min_bits: float = attrs.field(default=4.0, validator=positive(minimum=0.0))
 
     @staticmethod

@@ -23,14 +23,14 @@ import torch
 from torch import nn
 from torch.ao.quantization import QConfigMapping
 
-from qinsight.apply.pt2e import planned_backend
 from qinsight.core.activations import FxActivations
+from qinsight.core.backend import check_backend, planned_backend
 from qinsight.core.errors import CalibrationError, InvalidParameterError, describe
 from qinsight.core.flows import flow_spec
 from qinsight.core.progress import Progress
 from qinsight.core.report import DetectorFailure, FailureStage, Report
 from qinsight.core.shards import Shard
-from qinsight.core.sites import Frontend, InsertPoint, check_backend
+from qinsight.core.sites import Frontend, InsertPoint
 from qinsight.core.stats import ObservedStats
 from qinsight.distributed import Exchange, sharing_failures
 from qinsight.frontends import eval_mode, example_inputs, run_batch, view_of

@@ -28,13 +28,12 @@ import attrs
 import torch
 from torch import nn
 
-from qinsight.apply.pt2e import planned_backend
 from qinsight.apply.trial import Trial, model_outputs, run_trial, weighted_layers
 from qinsight.compare.flows import QUANT_FLOWS, flow_of
-from qinsight.compare.lowering import Lowering, lowering_for
 from qinsight.compare.metrics import sqnr
 from qinsight.compare.outputs import output_rows
 from qinsight.core.advice import Advice, advice_of
+from qinsight.core.backend import Lowering, backend_lowering, planned_backend
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.flows import flow_spec, verifying_flows
 from qinsight.core.notes import Note, NoteKind
@@ -220,7 +219,7 @@ def lowering_of(owner: str, flows: Sequence[FlowName], backend: str) -> Lowering
     for flow in flows:
         if not flow_spec(flow).lowers:
             raise InvalidParameterError(owner, "lowered", True, f"flows whose model is lowered (pt2e), not {flow}")
-    return lowering_for(owner, flow_spec(flows[0]).backend_for(owner, backend)) if flows else None
+    return backend_lowering(owner, flow_spec(flows[0]).backend_for(owner, backend)) if flows else None
 
 
 def verify_flow(

@@ -33,9 +33,9 @@ from qinsight.apply.fx import advice_mapping
 from qinsight.apply.recipe import calibrate, prepared, torch_config, varying_shapes
 from qinsight.apply.trial import Trial, run_trial
 from qinsight.compare.flows import QUANT_FLOWS
-from qinsight.compare.lowering import Lowering
 from qinsight.core.activations import FxActivations
 from qinsight.core.advice import Advice
+from qinsight.core.backend import Lowering, get_backend
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.errors import FrontendError
 from qinsight.core.flows import FlowSpec, check_flow_backend, flow_spec
@@ -202,7 +202,7 @@ class FxFlow(Flow):
     @property
     def dynamic_max(self) -> int:  # type: ignore[override]
         """fbgemm's dynamic Linear reduces its input to 7 bits (x86 and fbgemm backends)."""
-        return 127 if self.backend in ("x86", "fbgemm") else 255
+        return 127 if get_backend(self.backend).reduced_range else 255
 
     def _site_of(self, model: fx.GraphModule) -> Callable[[fx.Node], str | None]:
         scope = model.meta["_observed_graph_module_attrs"].node_name_to_scope

@@ -10,10 +10,9 @@ from typing import Any
 
 import attrs
 
-from qinsight.apply.pt2e import planned_backend
 from qinsight.compare.flows import QUANT_FLOWS, flow_of
-from qinsight.compare.lowering import Lowering, lowering_for
 from qinsight.compare.metrics import load_metric
+from qinsight.core.backend import Lowering, backend_lowering, planned_backend
 from qinsight.core.errors import InvalidParameterError, QinsightError
 from qinsight.core.flows import check_flow_backend, flow_spec, flows_serving
 from qinsight.core.plan import Budget, Target
@@ -113,7 +112,7 @@ def plan_request(
     check_flow_backend("plan", name, backend)
     if lowered and not flow_spec(name).lowers:
         raise InvalidParameterError("plan", "lowered", True, f"flow='pt2e' (the {name} flow's model is not lowered)")
-    lowering = lowering_for("plan", backend) if lowered else None
+    lowering = backend_lowering("plan", backend) if lowered else None
     goal = _goal(target, budget)
     chosen, metric_name = _metric(goal, metric)
     if confidence is not None and not (

@@ -3,11 +3,14 @@
 A detector plugin implements :class:`Detector` (its ``insert_points`` and
 ``analyze`` read a :class:`ModelView` and the frozen :class:`ObservedStats`)
 and returns a :class:`DetectorResult` of its own :class:`Finding` subclass and
-:class:`QuantSuggestion`\\ s. A metric plugin is a :class:`Metric`. Both are
-registered as entry points (``qinsight.detectors``, ``qinsight.metrics``);
-docs/plugins.md says how. Nothing here imports torch.
+:class:`QuantSuggestion`\\ s. A metric plugin is a :class:`Metric`. A backend plugin (an ExecuTorch
+delegate qinsight does not ship) is one :class:`Backend` record: its PT2E quantizers
+(:class:`Pt2eQuantizers`) and its :class:`Lowering`. Each is registered as an entry point
+(``qinsight.detectors``, ``qinsight.metrics``, ``qinsight.backends``); docs/plugins.md says how.
+Nothing here imports torch.
 """
 
+from qinsight.core.backend import Backend, Lowering, Program, Pt2eQuantizers
 from qinsight.core.findings import Finding
 from qinsight.core.precision import SideBits, activation_bits, bits_kept, side_bits
 from qinsight.core.report import (
@@ -50,6 +53,7 @@ __all__ = [
     "API_VERSION",
     "ActivationMode",
     "ActivationStats",
+    "Backend",
     "DataCondition",
     "Detach",
     "Detector",
@@ -59,6 +63,7 @@ __all__ = [
     "FailureStage",
     "Finding",
     "InsertPoint",
+    "Lowering",
     "Metric",
     "ModelView",
     "Observation",
@@ -68,6 +73,8 @@ __all__ = [
     "OpSite",
     "Parameter",
     "PercentileStats",
+    "Program",
+    "Pt2eQuantizers",
     "QuantSuggestion",
     "Side",
     "WeightScheme",

@@ -28,6 +28,7 @@ from torch import nn
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import qinsight  # noqa: E402
+import qinsight.backends.x86  # noqa: E402
 from qinsight.compare.outputs import output_rows  # noqa: E402
 from qinsight.frontends import example_inputs  # noqa: E402
 
@@ -55,7 +56,7 @@ def _model_and_data(name: str) -> tuple[nn.Module, list[Any], list[Any]]:
 
 def _quantizer(backend: str) -> Any:
     if backend == "x86":
-        return qinsight.apply.pt2e.default_x86_quantizer()
+        return qinsight.backends.x86.default_x86_quantizer()
     from executorch.backends.xnnpack.quantizer import xnnpack_quantizer as xnnpack
 
     config = xnnpack.get_symmetric_quantization_config(is_per_channel=True, is_dynamic=backend.endswith("dynamic"))

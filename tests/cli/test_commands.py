@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from pathlib import Path
 
@@ -147,18 +148,19 @@ def test_compare_in_the_pt2e_and_torchao_flows(name: str, flow: str, title: str,
     [
         (
             ("--flow", "fx", "--lowered"),
-            "--flow fx cannot be compared with --lowered: --lowered lowers a PT2E model; use --flow pt2e",
+            "--flow fx cannot be compared with --lowered: --lowered lowers a PT2E model; use --flow pt2e$",
         ),
         (
             ("--flow", "pt2e", "--backend", "qnnpack"),
-            "compare: backend='qnnpack' is invalid; expected one of x86, xnnpack for flow='pt2e' "
-            "(qnnpack is served by flow='fx')",
+            r"compare: backend='qnnpack' is invalid; expected one of (\w+, )*x86, xnnpack for flow='pt2e' "
+            r"\(qnnpack is served by flow='fx'\)",
         ),
     ],
 )
 def test_compare_says_which_flow_a_backend_or_lowering_needs(args: tuple[str, ...], message: str) -> None:
+    """(A third party's backend, installed, is among those listed: CI installs plugins/.)"""
     result = qinsight("compare", "--example", "cnn", "--batches", "1", *args)
-    assert result.returncode == 2 and result.stderr == f"qinsight: error: {message}\n"
+    assert result.returncode == 2 and re.fullmatch(f"qinsight: error: {message}\n", result.stderr)
 
 
 @pytest.mark.slow
@@ -167,7 +169,7 @@ def test_compare_says_which_flow_a_backend_or_lowering_needs(args: tuple[str, ..
     [
         (
             ("compare", "--example", "cnn", "--flow", "pt2e", "--backend", "fbgemm"),
-            "expected one of x86, xnnpack for flow='pt2e'",
+            "x86, xnnpack for flow='pt2e'",
         ),
         (("compare", "--model", "qinsight.examples:example"), "--model needs --data"),
         (("diagnose", "--example", "cnn", "--batches", "0"), "qinsight: error: --batches must be at least 1"),

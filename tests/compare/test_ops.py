@@ -33,7 +33,7 @@ def pt2e_quantized(
     pytest.importorskip("torchao")
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from qinsight.apply.pt2e import default_x86_quantizer
+    from qinsight.backends.x86 import default_x86_quantizer
 
     args, kwargs = batch_arguments(calibration[0])
     example = tuple(args) + tuple(kwargs.values())

@@ -303,7 +303,8 @@ def test_fx_rows_for_functional_convs_hold_their_quantized_weight() -> None:
 @pytest.mark.slow  # 20 s: three PT2E quantizations of a 53-layer network
 def test_xnnpack_and_x86_compared_on_padding_convs_and_a_reused_activation() -> None:
     pytest.importorskip("executorch")
-    from qinsight.apply.pt2e import default_x86_quantizer, default_xnnpack_quantizer
+    from qinsight.backends.x86 import default_x86_quantizer
+    from qinsight.backends.xnnpack import default_xnnpack_quantizer
 
     model = seeded(PaddedMobileNetV2(num_classes=10))
     data = gaussian_batches((2, 3, 64, 64), 3)
@@ -351,7 +352,7 @@ def test_a_shape_that_still_disagrees_is_one_error_naming_the_site() -> None:
 
 
 def test_a_config_that_cannot_run_is_one_error_naming_it() -> None:
-    from qinsight.apply.pt2e import default_x86_quantizer
+    from qinsight.backends.x86 import default_x86_quantizer
     from qinsight.errors import FrontendError
 
     class Broken:  # a quantizer whose annotate raises, as a flow's might on a model it cannot take

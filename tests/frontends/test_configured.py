@@ -68,8 +68,12 @@ def test_a_quantizer_beside_a_mapping_or_not_a_quantizer_is_one_error() -> None:
 def test_the_backend_is_the_one_the_quantizer_is_for_unless_given() -> None:
     from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import X86InductorQuantizer
 
-    from qinsight.apply.pt2e import quantizer_backend
+    from qinsight.core.backend import backend_of
     from qinsight.planning.request import plan_request
+
+    def quantizer_backend(quantizer: object) -> str | None:
+        record = backend_of(quantizer)
+        return None if record is None else record.name
 
     chosen = example("cnn")
     model, batches = chosen.model(), chosen.data(2)

@@ -190,7 +190,7 @@ def test_minilm_under_pt2e_the_reports_quantizer_is_no_worse(minilm: Diagnosed) 
     pytest.importorskip("torchao")
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from qinsight.apply.pt2e import default_x86_quantizer
+    from qinsight.backends.x86 import default_x86_quantizer
 
     model, calibration, held_out, report = minilm.model, minilm.calibration, minilm.held_out, minilm.report
 
@@ -261,7 +261,7 @@ def test_mobilenet_v2_fx_with_the_reports_mapping_beats_fxs_default_and_nears_pt
     pytest.importorskip("torchao")
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from qinsight.apply.pt2e import default_x86_quantizer
+    from qinsight.backends.x86 import default_x86_quantizer
 
     model, calibration, held_out = mobilenet_v2_or_skip(), photo_crops(32, 0), photo_crops(32, 1)
     report = qinsight.diagnose(model, calibration)

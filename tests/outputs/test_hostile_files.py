@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import qinsight
+from qinsight.core import entry_points
 from qinsight.outputs.arrays import compacted
 from qinsight.outputs.serde import load_report, report_from_json, report_to_dict
-from qinsight.plugin import discovery
 
 from _support import MLP, examples, gaussian_batches, json_paths, quantized_fx, seeded
 
@@ -243,9 +243,9 @@ def test_results_of_one_unknown_detector_scan_the_installed_plugins_once(
     path = tmp_path / "r.json"
     path.write_text(json.dumps({**data, "results": data["results"] + results}))
     scans = []
-    scan = discovery.scan_entry_points
-    monkeypatch.setattr(discovery, "scan_entry_points", lambda group: scans.append(group) or scan(group))
-    discovery._SCANS.clear()
+    scan = entry_points.scan_entry_points
+    monkeypatch.setattr(entry_points, "scan_entry_points", lambda group: scans.append(group) or scan(group))
+    entry_points._SCANS.clear()
     report = load_report(path)
     assert len(report.results) == len(data["results"]) + 200 and scans == ["qinsight.detectors"]
     assert report.result("acme.gone7").findings[0].verdict == "x"

@@ -38,7 +38,8 @@ def test_an_xnnpack_report_is_verified_in_pt2e_and_speaks_that_flow() -> None:
     ):
         qinsight.qconfig_mapping(report)
     with pytest.raises(
-        qinsight.errors.InvalidParameterError, match="backend='xnnpack' is invalid; expected one of x86, fbgemm"
+        qinsight.errors.InvalidParameterError,
+        match="backend='xnnpack' is invalid; expected one of fbgemm, onednn, qnnpack, x86 for flow='fx'",
     ):
         qinsight.diagnose(model, batches, backend="xnnpack", verify="fx")
 
@@ -48,7 +49,7 @@ def test_the_xnnpack_reports_advice_holds_in_the_program_executorch_runs() -> No
     """The encoder's attention projections want dynamic activations, one Linear float: XNNPACK's static
     default leaves the program 14 dB from fp32 on batches calibration never saw, the report's
     XNNPACKQuantizer 46 dB (measured: 14.1 and 45.8)."""
-    from qinsight.apply.pt2e import default_xnnpack_quantizer
+    from qinsight.backends.xnnpack import default_xnnpack_quantizer
     from qinsight.compare import quantize_candidates
 
     chosen = example("encoder")
