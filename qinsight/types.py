@@ -7,7 +7,6 @@ user names most (``Report``, ``QuantPlan``, ``FormatPlan``, the comparisons).
 
 from __future__ import annotations
 
-from qinsight.core.activations import FxActivations, NarrowedInput
 from qinsight.core.advice import Advice
 from qinsight.core.comparison import (
     ActivationComparison,
@@ -24,6 +23,7 @@ from qinsight.core.comparison import (
 from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
 from qinsight.core.findings import Finding
 from qinsight.core.formats import CurvePoint, FormatCost, FormatPlan, LayerFormat, OrderCheck, WeightFormat
+from qinsight.core.fx_activations import FxActivations, NarrowedInput
 from qinsight.core.metrics import MetricSpec
 from qinsight.core.notes import Note, NoteKind
 from qinsight.core.plan import Budget, PlanStep, QuantPlan, SearchedOrder, SiteSensitivity, SuggestionCheck, Target

@@ -24,7 +24,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from qinsight.apply import code, equalization, fx, pt2e, smoothing, torchao
+from qinsight.apply import code, equalization_qconfig, pt2e, qconfigs, smoothed_model, torchao
 from qinsight.core.advice import Advice, advice_of
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.flows import check_flow_backend, flow_spec
@@ -56,7 +56,7 @@ def qconfig_mapping(source: Report | QuantPlan | Advice, base: QConfigMapping | 
     Returns:
         The mapping for ``prepare_fx``.
     """
-    return fx.qconfig_mapping(_advice(source, "fx", "qconfig_mapping"), base)
+    return qconfigs.qconfig_mapping(_advice(source, "fx", "qconfig_mapping"), base)
 
 
 def pt2e_quantizer(source: Report | QuantPlan | Advice, backend: str | None = None, *, quantizer: Any = None) -> Any:
@@ -98,7 +98,7 @@ def equalization_config(source: Report | QuantPlan | Advice) -> QConfigMapping:
     """
     from torch.ao.quantization import QConfigMapping
 
-    mapping = equalization.equalization_qconfig_mapping(
+    mapping = equalization_qconfig.equalization_qconfig_mapping(
         advice_of(source, "fx", owner="equalization_config").equalization
     )
     return mapping if mapping is not None else QConfigMapping()
@@ -114,7 +114,7 @@ def smoothed(model: nn.Module, source: Report | QuantPlan | Advice) -> nn.Module
     Returns:
         A copy of ``model`` with the Linears ``source`` smooths smoothed (``model`` itself when none).
     """
-    return smoothing.apply_smoothing(model, advice_of(source).smoothing)
+    return smoothed_model.apply_smoothing(model, advice_of(source).smoothing)
 
 
 def config_code(source: Report | QuantPlan | Advice) -> list[str]:

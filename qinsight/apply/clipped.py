@@ -11,7 +11,7 @@ it clips as the ReLU6 does, so the model computes the same.
 It belongs on a layer whose input FX observes elsewhere (its producer is
 quantized): FX makes a layer's *input* observer from the layer's own qconfig
 too where nothing observes the input yet, and clipping an input is wrong.
-:func:`~qinsight.apply.fx.advice_entries` only sets it there.
+:func:`~qinsight.apply.qconfigs.advice_entries` only sets it there.
 """
 
 from __future__ import annotations

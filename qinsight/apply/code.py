@@ -1,21 +1,21 @@
 """The pasteable Python that builds an advice's torch config: the lines the HTML page shows.
 
-Made from the same entries as :func:`qinsight.apply.fx.qconfig_mapping`
-(:func:`~qinsight.apply.fx.advice_entries`), so the code builds the same
+Made from the same entries as :func:`qinsight.apply.qconfigs.qconfig_mapping`
+(:func:`~qinsight.apply.qconfigs.advice_entries`), so the code builds the same
 ``QConfigMapping``, and ``equalization`` the same config as
-:func:`qinsight.apply.equalization_config`.
+:func:`qinsight.apply.equalization_qconfig`.
 """
 
 from __future__ import annotations
 
-from qinsight.apply.fx import MappingEntry, advice_entries
-from qinsight.core.activations import FxActivations
+from qinsight.apply.qconfigs import MappingEntry, advice_entries
 from qinsight.core.advice import Advice
 from qinsight.core.equalization import EqualizationMapping
+from qinsight.core.fx_activations import FxActivations
 
 
 def config_code(advice: Advice) -> list[str]:
-    """Python lines that build ``mapping`` (FX) as :func:`~qinsight.apply.fx.qconfig_mapping` does, and
+    """Python lines that build ``mapping`` (FX) as :func:`~qinsight.apply.qconfigs.qconfig_mapping` does, and
     ``equalization`` where the advice equalizes; a smoothed plan's lines say the model must be smoothed first."""
     entries = advice_entries(advice.sites, advice.suggestions, advice.backend, advice.fx_activations)
     smoothing = ["# for the smoothed model: model = qinsight.smoothed(model, plan)"] if advice.smoothing.entries else []

@@ -16,12 +16,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from qinsight.apply.equalization import equalization_qconfig_mapping
-from qinsight.apply.fx import qconfig_mapping
+from qinsight.apply.equalization_qconfig import equalization_qconfig_mapping
 from qinsight.apply.pt2e import on_top_of, pt2e_quantizer
-from qinsight.apply.smoothing import apply_smoothing
+from qinsight.apply.qconfigs import qconfig_mapping
+from qinsight.apply.smoothed_model import apply_smoothing
 from qinsight.apply.torchao import int8_dynamic, int8_recipe
-from qinsight.compare.flows import QUANT_FLOWS, QuantFlow, prepare_config
+from qinsight.compare.quant_flows import QUANT_FLOWS, QuantFlow, prepare_config
 from qinsight.core.advice import Advice
 from qinsight.core.errors import FrontendError, InvalidParameterError
 from qinsight.core.flows import check_flow_backend, flow_spec, fx_engine, pt2e_quantizers
@@ -29,7 +29,7 @@ from qinsight.core.notes import NoteKind, NoteWarning
 from qinsight.core.sites import FlowName
 from qinsight.frontends import eval_mode, example_inputs, run_batch
 
-# Each flow's config built from advice: its prepare and convert are qinsight.compare.flows'.
+# Each flow's config built from advice: its prepare and convert are qinsight.compare.quant_flows'.
 CONFIG_BUILDERS: dict[FlowName, Callable[[Advice], object]] = {
     "fx": qconfig_mapping,
     "pt2e": pt2e_quantizer,
@@ -113,7 +113,7 @@ def calibrate(prepared: nn.Module, batches: Iterable[object]) -> None:
 def prepared(
     flow: str, model: nn.Module, config: object, example: tuple[Any, ...], shapes: Any, equalization: Any
 ) -> tuple[nn.Module, QuantFlow]:
-    """:func:`~qinsight.compare.flows.prepare_config`, its failures (tracing, export, a quantizer
+    """:func:`~qinsight.compare.quant_flows.prepare_config`, its failures (tracing, export, a quantizer
     refusing a pattern: torch's errors have no common base) said as one :class:`FrontendError`."""
     try:
         return prepare_config(model, config, example, shapes, equalization)

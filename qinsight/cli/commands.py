@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qinsight.cli import hf, ranks
-from qinsight.cli.configs import compared_flow, load_factory, planned_config
+from qinsight.cli.config_args import compared_flow, load_factory, planned_config
 from qinsight.cli.gates import check_verdict_gates, parse_diff_gates, tripped_diff, tripped_findings, unverified
 from qinsight.cli.output import Progress, check_targets, note, write, wrote
 from qinsight.core.entry_points import installed
@@ -219,7 +219,7 @@ def _goal(args: argparse.Namespace, unit: BudgetUnit) -> tuple[Target | None, Bu
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from qinsight.outputs.formats import verdict
+    from qinsight.outputs.format_plans import verdict
 
     check_targets([args.out, args.html], [])
     # a torchao plan's report says what each format loses on each Linear too (the formats detector)

@@ -1,6 +1,6 @@
 """Float vs quantized, layer by layer, for FX and PT2E quantization and torchao's ``quantize_``.
 
-- :mod:`.metrics`: the built-in metrics and plugin metrics (``qinsight.metrics`` entry points);
+- :mod:`.metric_functions`: the built-in metrics and plugin metrics (``qinsight.metrics`` entry points);
 - :mod:`.layers`: a quantized model's Linear/Conv layers behind one interface
   (``convert_fx`` modules, ``convert_pt2e`` graph nodes, modules with ``quantize_``d weights);
 - :mod:`.torchao_weights`: torchao's quantized weights recognized and described, without importing torchao;
@@ -8,7 +8,8 @@
 - :mod:`.weights`: :func:`compare_weights`;
 - :mod:`.activations`: :func:`compare_activations`, :func:`measure_activations`;
 - :mod:`.configs`: :func:`compare_configs`, several candidate configs in one pass;
-- :mod:`.lowering`: a PT2E model lowered for its backend (XNNPACK through ExecuTorch, x86 through inductor);
+- :mod:`.programs`: what every backend's lowering shares (a converted model run as its program, its
+  size, its time); each backend's ``Lowering`` is its record's (:mod:`qinsight.backends`);
 - :mod:`.parity`: each layer's lowered kernel against the reference's, alone and propagated;
 - :mod:`.lowered`: :func:`compare_lowered`, the lowered program against the reference and the float model.
 
@@ -18,7 +19,7 @@ The results are the torch-free types of :mod:`qinsight.core.comparison`.
 from qinsight.compare.activations import compare_activations, measure_activations
 from qinsight.compare.configs import compare_configs, quantize_candidates
 from qinsight.compare.lowered import compare_lowered
-from qinsight.compare.metrics import load_metric, load_metrics
+from qinsight.compare.metric_functions import load_metric, load_metrics
 from qinsight.compare.weights import compare_weights, fold_batchnorm
 
 __all__ = [

@@ -21,7 +21,7 @@ from torch import nn
 from qinsight.compare.accumulate import ErrorSums, KeptOutputs, Reference, Scratch, split_output
 from qinsight.compare.layers import QuantizedLayer, dequantize, quantized_layers
 from qinsight.compare.layout import FloatLayout
-from qinsight.compare.metrics import DEFAULT, load_metrics
+from qinsight.compare.metric_functions import DEFAULT, load_metrics
 from qinsight.compare.ops import FloatOps, GraphOp, quantized_ops
 from qinsight.core.comparison import ActivationComparison, LayerActivationComparison
 from qinsight.core.errors import ComparisonError, InvalidParameterError

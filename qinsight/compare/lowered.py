@@ -1,7 +1,7 @@
 """What the lowered program computes, against the reference model it was lowered from, and what it costs.
 
 :func:`compare_lowered` runs the float model, the ``convert_pt2e`` reference and
-the program lowered from it (:mod:`.lowering`) on the same batches:
+the program lowered from it (:mod:`qinsight.backends`) on the same batches:
 
 - at the output: lowered vs reference, lowered vs float, reference vs float;
 - per layer (:mod:`.parity`): each quantized layer lowered alone against the
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from qinsight.compare.metrics import DEFAULT, load_metrics
+from qinsight.compare.metric_functions import DEFAULT, load_metrics
 from qinsight.compare.outputs import output_rows
 from qinsight.compare.parity import layer_parities
 from qinsight.compare.programs import lowered, timed

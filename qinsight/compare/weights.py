@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from qinsight.compare.layers import quantized_layers
-from qinsight.compare.metrics import load_metrics
+from qinsight.compare.metric_functions import load_metrics
 from qinsight.core.comparison import (
     ChannelMetric,
     LayerWeightComparison,

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Literal
 
 import attrs
 
-from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.flows import flow_spec, report_flow
+from qinsight.core.fx_activations import FxActivations
 from qinsight.core.notes import Note, NoteKind
 from qinsight.core.plan import QuantPlan
 from qinsight.core.sites import FlowName, OpSite, checked_flow

@@ -8,7 +8,7 @@ ExecuTorch's XNNPACKQuantizer for xnnpack, a third party's for its own), torchao
 where its int8 kernels run (x86). ``quantize_`` takes the model as it is (no graph), so it quantizes
 models neither FX nor ``torch.export`` take, and its per-layer formats are planned by
 ``qinsight.plan_formats``. A flow's torch side (its config builder, prepare and convert) is
-registered under the same name in :mod:`qinsight.compare.flows` and :mod:`qinsight.apply.recipe`.
+registered under the same name in :mod:`qinsight.compare.quant_flows` and :mod:`qinsight.apply.recipe`.
 """
 
 from __future__ import annotations

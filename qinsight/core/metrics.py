@@ -1,7 +1,7 @@
 """The metrics qinsight knows by name: one definition each, with its direction and its range.
 
 Comparisons (``compare_*``), plans (targets, scores) and the command line all
-read this one table; :mod:`qinsight.compare.metrics` gives each its
+read this one table; :mod:`qinsight.compare.metric_functions` gives each its
 computation, on whole tensors and, where it has one, from error sums over
 batches. Every metric compares a reference (float) tensor with an actual
 (quantized) one as a whole: ``cosine`` is the cosine of the two flattened

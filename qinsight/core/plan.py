@@ -26,9 +26,9 @@ from typing import Any, Literal
 
 import attrs
 
-from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.errors import InvalidParameterError, InvalidValueError, NotFoundError
+from qinsight.core.fx_activations import FxActivations
 from qinsight.core.metrics import higher_is_better, spec_of
 from qinsight.core.notes import Note, NoteKind
 from qinsight.core.sites import OpSite

@@ -21,7 +21,7 @@ from qinsight.core.stats import ActivationStats, DataCondition
 def activation_bits(backend: str, *, torch_default: bool = False) -> int:
     """The bits of a static activation in qinsight's configs: 8 for every backend (its FX config
     observes x86 and fbgemm activations at 8 bits too, checked on the kernels:
-    :mod:`qinsight.core.activations`); with ``torch_default``, torch's default FX config's: 7 for
+    :mod:`qinsight.core.fx_activations`); with ``torch_default``, torch's default FX config's: 7 for
     x86 and fbgemm (their records' ``reduced_range``)."""
     return 7 if torch_default and get_backend(backend).reduced_range else 8
 

@@ -16,12 +16,12 @@ from collections.abc import Mapping
 
 import attrs
 
-from qinsight.core.activations import FxActivations
 from qinsight.core.comparison import Comparison
 from qinsight.core.equalization import EqualizationMapping, EqualizationRefusal
 from qinsight.core.errors import InvalidValueError, NotFoundError
 from qinsight.core.findings import Finding
 from qinsight.core.formats import FormatPlan
+from qinsight.core.fx_activations import FxActivations
 from qinsight.core.plan import QuantPlan
 from qinsight.core.sites import OpSite, Side, called_module
 from qinsight.core.stats import Observation

@@ -12,7 +12,7 @@ torch's own equalization (``prepare_fx(..., _equalization_config=...)``)
 cannot do this for inputs of rank 3, (batch, tokens, features), and folds the
 factors into a producer that must be a plain Linear. A smoothed model instead
 divides the input explicitly: :func:`qinsight.smoothed` replaces each
-named Linear with :class:`~qinsight.apply.smoothing.SmoothedLinear`, whose
+named Linear with :class:`~qinsight.apply.smoothed_model.SmoothedLinear`, whose
 input multiplication stays in float. The Linear then answers to
 ``<fqn>.linear`` and the multiplication to ``<fqn>.mul#0``, which is how a
 plan made on the smoothed model names them.

@@ -24,8 +24,8 @@ from collections.abc import Collection
 
 import attrs
 
-from qinsight.core.activations import FxActivations
 from qinsight.core.equalization import EqualizationMapping
+from qinsight.core.fx_activations import FxActivations
 from qinsight.core.notes import Note, NoteKind
 from qinsight.core.sites import FlowName, WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion

@@ -5,13 +5,13 @@ from qinsight.detectors.dynamic_static import (
     DynamicStaticFinding,
     Stationarity,
 )
-from qinsight.detectors.equalization import (
+from qinsight.detectors.equalization_detector import (
     EqualizationFinding,
     InputWeightEqualizationDetector,
 )
+from qinsight.detectors.op_precision import PrecisionDetector, PrecisionFinding
 from qinsight.detectors.outliers import ChannelStatus, OutlierDetector, OutlierFinding
 from qinsight.detectors.per_channel import PerChannelDetector, PerChannelFinding
-from qinsight.detectors.precision import PrecisionDetector, PrecisionFinding
 from qinsight.detectors.range_conflict import RangeConflictDetector, RangeConflictFinding
 
 __all__ = [

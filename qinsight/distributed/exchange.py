@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from qinsight.core.errors import ShardError, describe
 from qinsight.core.shards import Shard
-from qinsight.distributed.shards import current_shard
+from qinsight.distributed.rank_shard import current_shard
 
 T = TypeVar("T")
 

@@ -59,7 +59,7 @@ from qinsight.frontends.modules import (
     tail_chains,
     weight_scheme,
 )
-from qinsight.frontends.ops import Discovery
+from qinsight.frontends.op_sites import Discovery
 from qinsight.frontends.select import view_of
 
 __all__ = [

@@ -18,14 +18,14 @@ from torch.ao.quantization import QConfigMapping
 from qinsight.core.sites import OpKind
 from qinsight.frontends.base import ModuleView, module_view
 from qinsight.frontends.modules import quantizable_modules
-from qinsight.frontends.ops import Discovery, layer_sites, op_sites
+from qinsight.frontends.op_sites import Discovery, layer_sites, op_sites
 
 
 def eager_view(
     model: nn.Module, example: object, qconfig_mapping: QConfigMapping | None = None, backend: str = "x86"
 ) -> ModuleView:
     """The view of ``model``, with its sites and the ops around them found by calling it on ``example``
-    (one batch, :class:`~qinsight.frontends.ops.Discovery`)."""
+    (one batch, :class:`~qinsight.frontends.op_sites.Discovery`)."""
     candidates = quantizable_modules(model)
     discovery = Discovery(model, tuple(candidates)).run(example)
     sites = layer_sites(discovery, candidates, qconfig_mapping)

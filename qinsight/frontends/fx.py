@@ -17,7 +17,7 @@ from qinsight.core.sites import OpKind, OpSite
 from qinsight.frontends.base import ModuleView, module_view
 from qinsight.frontends.edges import with_edges
 from qinsight.frontends.modules import LeafTracer, call_names, classify, site_for_module
-from qinsight.frontends.ops import with_ops
+from qinsight.frontends.op_sites import with_ops
 
 
 def _graph_of(model: nn.Module) -> fx.Graph:
@@ -65,7 +65,7 @@ def fx_view(
     ``qconfig_mapping`` tells which weight scheme each site would get; a
     prepared model's own ``qconfig`` attributes take precedence. With an
     ``example`` batch the ops around the layers are found too (``view.ops``,
-    :func:`~qinsight.frontends.ops.op_sites`); not in a ``prepare_fx`` graph,
+    :func:`~qinsight.frontends.op_sites.op_sites`); not in a ``prepare_fx`` graph,
     whose calls no longer belong to the float model's modules.
     """
     graph = _graph_of(model)

@@ -18,7 +18,7 @@ import torch
 from qinsight.core.errors import ObserverError
 from qinsight.core.sites import InsertPoint, ObserverSpec, Side, observer_key
 from qinsight.core.stats import ActivationStats, Observation, ObservedStats
-from qinsight.observe.formats import format_errors
+from qinsight.observe.format_errors import format_errors
 from qinsight.observe.observers import ActivationObserver, BatchClock
 from qinsight.plugin.detector import Detach, ModelView
 

@@ -18,10 +18,10 @@ from qinsight.core.advice import advice_of
 from qinsight.core.flows import flow_spec, reads_as_is, report_flow
 from qinsight.core.report import Report
 from qinsight.outputs.files import write_atomically
-from qinsight.outputs.formats import format_summary, format_tables
+from qinsight.outputs.format_plans import format_summary, format_tables
 from qinsight.outputs.plans import plan_tables, summary_lines
 from qinsight.outputs.tables import Table, comparison_tables
-from qinsight.outputs.verification import verification_lines
+from qinsight.outputs.verdicts import verification_lines
 from qinsight.outputs.view import ReportView
 
 KEY_FEATURES = (

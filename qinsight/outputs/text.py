@@ -17,11 +17,11 @@ from qinsight.core.formats import FormatPlan
 from qinsight.core.plan import QuantPlan
 from qinsight.core.report import DetectorResult, Report
 from qinsight.outputs.diff import ReportDiff
-from qinsight.outputs.formats import format_summary, format_tables, format_text
+from qinsight.outputs.format_plans import format_summary, format_tables, format_text
 from qinsight.outputs.plans import plan_tables, plan_text, summary_lines
 from qinsight.outputs.roles import Layout, by_role, capped, role_counts
 from qinsight.outputs.tables import comparison_tables, tables_as_text
-from qinsight.outputs.verification import verification_lines
+from qinsight.outputs.verdicts import verification_lines
 
 # Terms the detectors' reasons use (the text that marks them, the term, its meaning), explained
 # once below the report where they appear.

@@ -5,7 +5,7 @@ through (``analysis``), reports of disjoint data merged into one (``merge``), an
 from qinsight.pipeline.analysis import comparison_report, default_detectors
 from qinsight.pipeline.merge import merge_reports
 from qinsight.pipeline.session import Session, diagnose, instrument
-from qinsight.pipeline.verification import verify_report
+from qinsight.pipeline.verifier import verify_report
 
 __all__ = [
     "Session",

@@ -20,8 +20,8 @@ import attrs
 import torch
 from torch import nn
 
-from qinsight.core.activations import FxActivations
 from qinsight.core.errors import MergeError, NotFoundError, PluginLoadError
+from qinsight.core.fx_activations import FxActivations
 from qinsight.core.report import DetectorResult, Parameter, Report
 from qinsight.core.sites import OpSite, Side
 from qinsight.core.stats import ObservedStats

@@ -1,5 +1,5 @@
 """Whether the backend's FX kernels saturate at 8-bit activations, measured on the model: the check
-behind :class:`~qinsight.core.activations.FxActivations`, run under the backend's quantized engine.
+behind :class:`~qinsight.core.fx_activations.FxActivations`, run under the backend's quantized engine.
 
 fbgemm multiplies uint8 inputs by int8 weights and adds the products pairwise
 in 16 bits before widening (its depthwise kernels do, on any CPU): two inputs
@@ -33,9 +33,9 @@ from torch.ao.quantization import QConfigAny, QConfigMapping
 from torch.ao.quantization.quantize_fx import prepare_fx
 from torch.ao.quantization.utils import activation_is_dynamically_quantized
 
-from qinsight.apply.fx import advice_mapping
-from qinsight.compare.flows import QUANT_FLOWS, release_fx_graphs
-from qinsight.core.activations import FxActivations, NarrowedInput
+from qinsight.apply.qconfigs import advice_mapping
+from qinsight.compare.quant_flows import QUANT_FLOWS, release_fx_graphs
+from qinsight.core.fx_activations import FxActivations, NarrowedInput
 from qinsight.core.report import Report
 from qinsight.frontends import eval_mode, example_inputs, hookless_copy, run_batch, shared_copy
 

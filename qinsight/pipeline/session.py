@@ -23,10 +23,10 @@ import torch
 from torch import nn
 from torch.ao.quantization import QConfigMapping
 
-from qinsight.core.activations import FxActivations
 from qinsight.core.backend import check_backend, planned_backend
 from qinsight.core.errors import CalibrationError, InvalidParameterError, describe
 from qinsight.core.flows import flow_spec
+from qinsight.core.fx_activations import FxActivations
 from qinsight.core.progress import Progress
 from qinsight.core.report import DetectorFailure, FailureStage, Report
 from qinsight.core.shards import Shard
@@ -38,7 +38,7 @@ from qinsight.frontends.configured import configure_by_quantizer
 from qinsight.observe.instrumenter import Instrumenter
 from qinsight.pipeline.analysis import DetectorChoice, analyze, choose_detectors, metadata
 from qinsight.pipeline.equalizable import refused_equalizations
-from qinsight.pipeline.verification import VERIFY_BATCHES, chosen_flows, lowering_of, verify_report
+from qinsight.pipeline.verifier import VERIFY_BATCHES, chosen_flows, lowering_of, verify_report
 from qinsight.plugin.detector import Detector, ModelView
 
 _NOTHING = object()  # what an exhausted calibration iterator gives
@@ -402,7 +402,7 @@ def diagnose(
         verify: the report's config quantized for real and scored in the frontend's flow (FX for a traced
             model, PT2E for an exported one, PT2E and torchao for one FX cannot trace; or the flows named
             among ``"fx"``, ``"pt2e"``, ``"torchao"``), each kind of suggestion that lowers the score
-            dropped (:mod:`qinsight.pipeline.verification`, on the first :data:`VERIFY_BATCHES` batches).
+            dropped (:mod:`qinsight.pipeline.verifier`, on the first :data:`VERIFY_BATCHES` batches).
             ``False`` for speed: the report then says its config is unverified. ``None``: as the
             ``QINSIGHT_VERIFY`` environment variable says, else ``True``.
         quantizer: the PT2E counterpart of ``qconfig_mapping``: the torchao ``Quantizer`` you plan to

@@ -1,7 +1,7 @@
 """Plans that reach a quality target or spend a budget, each config verified by quantizing for real.
 
 ``qinsight.plan`` (:mod:`.planner`, its stages in :mod:`.stages`, the search in :mod:`.search`): which
-sites to keep in float in FX or PT2E, simulated (:mod:`.simulate`, :mod:`.flows`) and checked for real
+sites to keep in float in FX or PT2E, simulated (:mod:`.simulate`, :mod:`.simulated_flows`) and checked for real
 (:mod:`.verify`). ``qinsight.plan_formats`` (:mod:`.formats`): a torchao format per Linear. Both score
 through :mod:`.scores`."""
 

@@ -4,7 +4,7 @@
 any forward (:mod:`.request`), the flow's default config for real (the baseline), the model the plan
 quantizes (smoothed or not), the report's suggestions checked, each site's sensitivity, the search,
 and the verification for real. Each stage returns a frozen record; whatever differs between flows
-is the flow's (:mod:`.flows`), so another flow is one more :class:`~qinsight.planning.flows.Flow`.
+is the flow's (:mod:`.simulated_flows`), so another flow is one more :class:`~qinsight.planning.simulated_flows.Flow`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import attrs
 from torch import nn
 
 from qinsight.apply.trial import model_outputs
-from qinsight.core.activations import FxActivations
 from qinsight.core.flows import check_flow_backend, flow_spec, reads_as_is, report_flow
+from qinsight.core.fx_activations import FxActivations
 from qinsight.core.notes import Note, NoteKind
 from qinsight.core.plan import Budget, QuantPlan, Target
 from qinsight.core.progress import Progress
@@ -72,7 +72,7 @@ def plan(
         report: the diagnosis to start from; default: :func:`qinsight.diagnose` on the calibration data.
         progress: called at each stage (the command line's progress line).
         smoothing: the inputs of the Linears whose measured error it lowers are smoothed first
-            (:mod:`.smoothing`) and the plan is made for ``qinsight.smoothed(model, plan)``; its
+            (:mod:`.smoothing_search`) and the plan is made for ``qinsight.smoothed(model, plan)``; its
             ``default_score`` stays that of the model as given.
         held_out_data: batches the search never chose on: the config as converted is scored again on
             them (``held_out_score``), and ``reached`` holds only where they meet the target too.

@@ -10,8 +10,8 @@ from typing import Any
 
 import attrs
 
-from qinsight.compare.flows import QUANT_FLOWS, flow_of
-from qinsight.compare.metrics import load_metric
+from qinsight.compare.metric_functions import load_metric
+from qinsight.compare.quant_flows import QUANT_FLOWS, flow_of
 from qinsight.core.backend import Lowering, backend_lowering, planned_backend
 from qinsight.core.errors import InvalidParameterError, QinsightError
 from qinsight.core.flows import check_flow_backend, flow_spec, flows_serving

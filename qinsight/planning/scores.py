@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from qinsight.compare.metrics import load_metric, sqnr
+from qinsight.compare.metric_functions import load_metric, sqnr
 from qinsight.compare.outputs import floating_leaves, output_rows
 from qinsight.core.errors import InvalidParameterError, QinsightError
 from qinsight.core.metrics import higher_is_better, spec_of

@@ -3,7 +3,7 @@
 1. :func:`baseline`: the flow's default config quantized for real and scored; in FX, the report's
    activation observing measured against torch's (kept where it scores no worse).
 2. :func:`subject`: what the plan quantizes: the model as given, or smoothed first
-   (``smoothing=True``, :mod:`.smoothing`) and diagnosed again.
+   (``smoothing=True``, :mod:`.smoothing_search`) and diagnosed again.
 3. :func:`checked`: the simulation calibrated, and each report suggestion measured alone and among
    the others (:mod:`.checks`).
 4. :func:`sensitivity`: per candidate site, the score with only it in float and with only it
@@ -19,10 +19,10 @@ import math
 import attrs
 from torch import nn
 
-from qinsight.apply.smoothing import apply_smoothing
+from qinsight.apply.smoothed_model import apply_smoothing
 from qinsight.apply.trial import Trial, weight_counts, weighted_layers
-from qinsight.core.activations import FxActivations
 from qinsight.core.errors import FrontendError, MissingExtraError, describe
+from qinsight.core.fx_activations import FxActivations
 from qinsight.core.metrics import worse
 from qinsight.core.notes import Note, NoteKind
 from qinsight.core.plan import PlanStep, SearchedOrder, SiteSensitivity, SuggestionCheck
@@ -33,12 +33,12 @@ from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.core.verification import SuggestionKind
 from qinsight.planning.checks import Measuring, RealScore, check_all, is_default
-from qinsight.planning.flows import Flow, flow_for
 from qinsight.planning.request import PlanRequest
 from qinsight.planning.scores import Scorer
 from qinsight.planning.search import Noise, Search, choose_order, measure_dynamic_noise
 from qinsight.planning.simulate import Run
-from qinsight.planning.smoothing import choose_smoothing
+from qinsight.planning.simulated_flows import Flow, flow_for
+from qinsight.planning.smoothing_search import choose_smoothing
 from qinsight.planning.switches import Mode
 
 

@@ -20,8 +20,8 @@ from qinsight.core.plan import Budget, PlanStep, SuggestionCheck, Target
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.core.verification import suggestion_kinds
 from qinsight.planning.checks import RealScore, mode_of, split_for_real
-from qinsight.planning.flows import mode_suggestions
 from qinsight.planning.search import final_score, taken
+from qinsight.planning.simulated_flows import mode_suggestions
 from qinsight.planning.switches import Mode
 
 

@@ -36,11 +36,11 @@ ID_PATTERN: Final = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
 BUILTIN_DETECTORS: Final = {
     "qinsight.per_channel": "qinsight.detectors.per_channel:PerChannelDetector",
     "qinsight.dynamic_static": "qinsight.detectors.dynamic_static:DynamicStaticDetector",
-    "qinsight.equalization": "qinsight.detectors.equalization:InputWeightEqualizationDetector",
+    "qinsight.equalization": "qinsight.detectors.equalization_detector:InputWeightEqualizationDetector",
     "qinsight.outliers": "qinsight.detectors.outliers:OutlierDetector",
-    "qinsight.precision": "qinsight.detectors.precision:PrecisionDetector",
+    "qinsight.precision": "qinsight.detectors.op_precision:PrecisionDetector",
     "qinsight.range_conflict": "qinsight.detectors.range_conflict:RangeConflictDetector",
-    "qinsight.formats": "qinsight.detectors.formats:FormatDetector",
+    "qinsight.formats": "qinsight.detectors.weight_formats:FormatDetector",
 }
 # What a diagnosis runs unless told: every built-in but the torchao formats' (opt-in: ``plan --flow torchao`` runs it)
 OPT_IN_IDS: Final = ("qinsight.formats",)

@@ -14,7 +14,7 @@ from torch.ao.quantization.fx._model_report.model_report import ModelReport
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 import qinsight
-from qinsight.apply.fx import qconfig_for
+from qinsight.apply.qconfigs import qconfig_for
 from qinsight.types import ActivationMode, QuantSuggestion, WeightScheme
 
 from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, shifting_batches

@@ -19,8 +19,8 @@ from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 import qinsight
 from qinsight.apply.clipped import ClippedHistogramObserver
-from qinsight.apply.fx import advice_mapping
-from qinsight.core.activations import FxActivations
+from qinsight.apply.qconfigs import advice_mapping
+from qinsight.core.fx_activations import FxActivations
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.frontends.fx import fx_view
 from qinsight.pipeline import saturation

@@ -12,10 +12,10 @@ from torch import nn
 
 import qinsight
 from qinsight import SmoothingMapping
-from qinsight.apply.smoothing import SmoothedLinear, apply_smoothing
+from qinsight.apply.smoothed_model import SmoothedLinear, apply_smoothing
 from qinsight.core.sites import OpKind
 from qinsight.errors import InvalidParameterError
-from qinsight.planning.smoothing import ALPHAS, choose_smoothing
+from qinsight.planning.smoothing_search import ALPHAS, choose_smoothing
 from qinsight.types import NoteKind, SmoothingEntry
 
 from _support import outputs, sqnr, warns_note

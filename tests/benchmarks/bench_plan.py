@@ -32,9 +32,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import qinsight  # noqa: E402
 from qinsight.apply.trial import model_outputs  # noqa: E402
 from qinsight.core.suggestions import QuantSuggestion  # noqa: E402
-from qinsight.planning.flows import flow_for  # noqa: E402
 from qinsight.planning.planner import spearman  # noqa: E402
 from qinsight.planning.scores import Scorer  # noqa: E402
+from qinsight.planning.simulated_flows import flow_for  # noqa: E402
 from qinsight.planning.switches import Mode  # noqa: E402
 
 

@@ -25,7 +25,7 @@ from torch import nn
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import qinsight  # noqa: E402
-from qinsight.compare.metrics import sqnr  # noqa: E402
+from qinsight.compare.metric_functions import sqnr  # noqa: E402
 from qinsight.compare.outputs import output_rows  # noqa: E402
 from qinsight.examples.builtin import example  # noqa: E402
 from qinsight.frontends import run_batch  # noqa: E402

@@ -16,7 +16,7 @@ from torch.ao.quantization import QConfig, QConfigMapping, get_default_qconfig
 from torch.ao.quantization.observer import default_weight_observer
 
 import qinsight
-from qinsight.compare import metrics
+from qinsight.compare import metric_functions as metrics
 from qinsight.core.comparison import MetricValue
 from qinsight.outputs.serde import report_from_json, report_to_dict
 from qinsight.plugin import ErrorTotals, Metric

@@ -21,7 +21,8 @@ from torch.ao.quantization import (
 )
 
 import qinsight
-from qinsight.compare import accumulate, metrics
+from qinsight.compare import accumulate
+from qinsight.compare import metric_functions as metrics
 from qinsight.compare.weights import compare_weights, fold_batchnorm
 from qinsight.core.errors import PluginLoadError
 from qinsight.plugin.testing import write_distribution

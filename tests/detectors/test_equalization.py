@@ -17,7 +17,7 @@ from torch.ao.quantization.fx._model_report.detector import InputWeightEqualizat
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 import qinsight
-from qinsight.apply.equalization import equalization_qconfig_mapping
+from qinsight.apply.equalization_qconfig import equalization_qconfig_mapping
 from qinsight.detectors import EqualizationFinding, InputWeightEqualizationDetector
 from qinsight.errors import InvalidParameterError
 from qinsight.observe.instrumenter import weight_rows

@@ -14,8 +14,8 @@ from torch import nn
 
 import qinsight
 from qinsight.core.errors import InvalidParameterError
-from qinsight.detectors.formats import FormatDetector, FormatFinding
-from qinsight.observe.formats import format_errors
+from qinsight.detectors.weight_formats import FormatDetector, FormatFinding
+from qinsight.observe.format_errors import format_errors
 from qinsight.plugin.discovery import DEFAULT_IDS
 
 FORMATS = ("float8", "int4_g128", "int4_g32", "int8")

@@ -375,8 +375,8 @@ def test_a_config_that_cannot_run_is_one_error_naming_it() -> None:
 def test_fx_observes_a_modules_calls_alike_never_clipping_a_call_no_clip_follows() -> None:
     # One Linear called twice, after a quantized Linear: a ReLU6 alone reads the first call's output,
     # nothing clips the second's. FX's set_module_name serves both calls with one observer.
-    from qinsight.apply.fx import advice_entries
-    from qinsight.core.activations import FxActivations
+    from qinsight.apply.qconfigs import advice_entries
+    from qinsight.core.fx_activations import FxActivations
     from qinsight.core.sites import OpSite
 
     def linear(fqn: str, **fields: Any) -> OpSite:

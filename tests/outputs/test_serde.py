@@ -322,7 +322,7 @@ def all_classes() -> list[type]:
         "qinsight.types",
         "qinsight.detectors",
         "qinsight.core.plan",
-        "qinsight.core.activations",
+        "qinsight.core.fx_activations",
         "qinsight.detectors.dynamic_static",
         "qinsight.core.precision",
         "qinsight.core.stats",

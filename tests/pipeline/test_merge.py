@@ -8,7 +8,7 @@ import attrs
 import torch
 
 import qinsight
-from qinsight.core.activations import FxActivations
+from qinsight.core.fx_activations import FxActivations
 from qinsight.core.report import Report
 
 from _same import assert_same, report_json

@@ -106,8 +106,8 @@ def test_verification_starts_from_the_users_quantizer(tmp_path: Path) -> None:
     )
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from qinsight.compare.metrics import sqnr
-    from qinsight.pipeline.verification import noting_yours
+    from qinsight.compare.metric_functions import sqnr
+    from qinsight.pipeline.verifier import noting_yours
 
     chosen = example("cnn")
     model, batches = chosen.model().eval(), chosen.data(8)

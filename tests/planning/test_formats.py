@@ -356,7 +356,7 @@ def test_a_confidence_outside_half_to_one_is_one_error(model: nn.Module, confide
 def test_a_budget_that_forces_a_plan_past_its_targets_bound_says_which_part_held(model: nn.Module) -> None:
     """A target the plan's score meets but its confidence bound does not (a budget forces the plan's
     size): the plan is not reached, and the headline says the budget held and the target did not."""
-    from qinsight.outputs.formats import verdict
+    from qinsight.outputs.format_plans import verdict
 
     data = _tokens(4, seed=1)
     forced = qinsight.plan_formats(

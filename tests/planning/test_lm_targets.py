@@ -43,7 +43,11 @@ def test_a_plan_reaches_targets_on_the_next_token_distribution() -> None:
         with torch.no_grad():
             reference = torch.cat([model(t) for t in tokens[3:]])
             actual = torch.cat([quantized(t) for t in tokens[3:]])
-        metric = qinsight.compare.metrics.kl if plan.metric == "kl" else qinsight.compare.metrics.token_agreement
+        metric = (
+            qinsight.compare.metric_functions.kl
+            if plan.metric == "kl"
+            else qinsight.compare.metric_functions.token_agreement
+        )
         assert metric(reference, actual) == plan.verified_score
 
 

@@ -22,9 +22,9 @@ from qinsight.apply.trial import model_outputs
 from qinsight.core.sites import WeightScheme
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.examples import example
-from qinsight.planning.flows import flow_for
 from qinsight.planning.planner import spearman
 from qinsight.planning.scores import Scorer, margin_noise
+from qinsight.planning.simulated_flows import flow_for
 from qinsight.planning.switches import Mode
 from qinsight.types import Budget, NoteKind, SuggestionCheck, SuggestionKind, Target
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import qinsight
-from qinsight.compare.metrics import sqnr
+from qinsight.compare.metric_functions import sqnr
 from qinsight.compare.outputs import output_rows
 from qinsight.examples.builtin import example
 from qinsight.types import NoteKind

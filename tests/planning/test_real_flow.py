@@ -108,7 +108,7 @@ def test_a_plan_does_not_claim_a_target_its_held_out_data_misses() -> None:
     quantized = qinsight.quantize(model, plan, calm[:4])
     with torch.no_grad():
         reference, actual = torch.cat([model(b) for b in wild]), torch.cat([quantized(b) for b in wild])
-    assert plan.held_out_score == pytest.approx(qinsight.compare.metrics.sqnr(reference, actual), abs=1e-9)
+    assert plan.held_out_score == pytest.approx(qinsight.compare.metric_functions.sqnr(reference, actual), abs=1e-9)
     steady = qinsight.plan(model, calm[:4], calm[4:6], target="sqnr>=25", held_out_data=calm[6:])
     assert steady.reached and steady.held_out_score >= 25.0
     assert "on held-out data" in qinsight.to_text(steady).splitlines()[0]

@@ -11,7 +11,7 @@ only entry FX has for them, their name (for every call: a warning says so).
 Embeddings get torch's weight-only float-qparams qconfig, the only one
 ``prepare_fx`` accepts for them (the default mapping makes it raise).
 
-With ``advice.fx_activations`` (:mod:`qinsight.core.activations`), the
+With ``advice.fx_activations`` (:mod:`qinsight.core.fx_activations`), the
 global entry observes 8 bits, a layer that a clip alone reads is observed as
 the clip leaves it (:mod:`.clipped`), and the inputs of kernels that saturate
 stay at 7 bits; with a ``base`` of your own, its observers are kept.
@@ -44,8 +44,8 @@ from torch.ao.quantization import (
 from torch.ao.quantization.observer import HistogramObserver
 
 from qinsight.apply.clipped import ClippedHistogramObserver
-from qinsight.core.activations import FxActivations
 from qinsight.core.advice import Advice
+from qinsight.core.fx_activations import FxActivations
 from qinsight.core.sites import OpKind, OpSite, WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 from qinsight.frontends import resolve_target
@@ -260,7 +260,7 @@ def advice_entries(
     """The setter calls applying ``suggestions`` about ``all_sites`` (a report's, or a plan's); where
     they keep a site float or dynamic, the ops that follow their input's quantization float too
     (:data:`FOLLOWER_METHODS`). With ``activations``, the global qconfig and each layer observe as it
-    says (:mod:`qinsight.core.activations`)."""
+    says (:mod:`qinsight.core.fx_activations`)."""
     if not all_sites:
         return []  # advice about no site (a file holding a comparison only, no backend recorded)
     default = base_qconfig(backend, activations)

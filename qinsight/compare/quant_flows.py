@@ -6,7 +6,7 @@ A config picks its flow by what it is: a ``QConfigMapping`` is FX's
 then ``prepare_pt2e``/``convert_pt2e``), a torchao ``quantize_`` config or qinsight's
 :class:`~qinsight.compare.torchao_flow.Int8Recipe` torchao's (:mod:`.torchao_flow`). The advice's
 configs are built in :mod:`qinsight.apply`;
-the programs a backend lowers to, in :mod:`.lowering`.
+the programs a backend lowers to, in :mod:`.programs` and :mod:`qinsight.backends`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The two flows a plan targets, behind one interface: quantize a model for real with given advice
 (``prepare``/calibrate/``convert``), and build the switchable :class:`~qinsight.planning.simulate.Simulation`.
 
-- FX: the advice is a ``QConfigMapping`` (:func:`~qinsight.apply.fx.advice_entries`);
+- FX: the advice is a ``QConfigMapping`` (:func:`~qinsight.apply.qconfigs.advice_entries`);
   the prepared graph's nodes are named as the report names its sites (module
   names; functional calls by owner, call and index, which ``prepare_fx``
   records in ``node_name_to_scope``); an edge belongs to the site producing it
@@ -28,17 +28,17 @@ from torch import fx, nn
 from torch.ao.quantization import QConfigMapping
 from torch.ao.quantization.quantize_fx import prepare_fx
 
-from qinsight.apply.equalization import equalization_qconfig_mapping
-from qinsight.apply.fx import advice_mapping
+from qinsight.apply.equalization_qconfig import equalization_qconfig_mapping
+from qinsight.apply.qconfigs import advice_mapping
 from qinsight.apply.recipe import calibrate, prepared, torch_config, varying_shapes
 from qinsight.apply.trial import Trial, run_trial
-from qinsight.compare.flows import QUANT_FLOWS
-from qinsight.core.activations import FxActivations
+from qinsight.compare.quant_flows import QUANT_FLOWS
 from qinsight.core.advice import Advice
 from qinsight.core.backend import Lowering, get_backend
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.errors import FrontendError
 from qinsight.core.flows import FlowSpec, check_flow_backend, flow_spec
+from qinsight.core.fx_activations import FxActivations
 from qinsight.core.precision import activation_bits
 from qinsight.core.sites import FlowName, OpSite
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion

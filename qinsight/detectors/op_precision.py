@@ -15,7 +15,7 @@ the rest is the common case, in BERT and in decoder LLMs alike).
 
 Activation bits are those of qinsight's configs: 8 (its FX config observes x86
 and fbgemm activations at 8 bits where their kernels do not saturate, where
-torch's default keeps 7: :mod:`qinsight.core.activations`). Ops the flow
+torch's default keeps 7: :mod:`qinsight.core.fx_activations`). Ops the flow
 leaves in float get a finding saying so and no observer.
 """
 

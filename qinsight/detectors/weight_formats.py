@@ -4,7 +4,7 @@ Two statistics per Linear, both from the calibration (nothing quantized, no torc
 
 - **The weight in each format.** Its SQNR quantized as ``quantize_`` quantizes it (one absmax scale per
   row for ``int8`` and ``float8``, per group of N inputs for ``int4_gN``), read once from the weight
-  (:mod:`qinsight.observe.formats`). A Linear is judged against the model's own median Linear in the
+  (:mod:`qinsight.observe.format_errors`). A Linear is judged against the model's own median Linear in the
   same format: one whose SQNR lies ``margin_db`` or more under the median (3 dB: twice the error
   power of the typical layer) is where that format loses most, and where a mixed-format plan
   (:func:`qinsight.plan_formats`) should be expected to spend its bits. No absolute threshold: a

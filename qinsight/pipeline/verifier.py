@@ -29,9 +29,9 @@ import torch
 from torch import nn
 
 from qinsight.apply.trial import Trial, model_outputs, run_trial, weighted_layers
-from qinsight.compare.flows import QUANT_FLOWS, flow_of
-from qinsight.compare.metrics import sqnr
+from qinsight.compare.metric_functions import sqnr
 from qinsight.compare.outputs import output_rows
+from qinsight.compare.quant_flows import QUANT_FLOWS, flow_of
 from qinsight.core.advice import Advice, advice_of
 from qinsight.core.backend import Lowering, backend_lowering, planned_backend
 from qinsight.core.errors import InvalidParameterError
