@@ -35,7 +35,7 @@ def main() -> None:
     print("per-channel weights:", ", ".join(per_channel(report.suggestions)) or "none")
     print("\n".join(verdicts(report)))
     try:
-        qinsight.plan(model, data[:4], data[4:], target="top1>=1.5")
+        qinsight.plan(model, data[:4], data[4:], goal="top1>=1.5")
     except InvalidParameterError as error:  # one line naming what to change; its fields for programs
         print(f"refused: {error.name}={error.value!r} ({error.expected})")
 

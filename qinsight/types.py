@@ -26,6 +26,7 @@ from qinsight.core.formats import CurvePoint, FormatCost, FormatPlan, LayerForma
 from qinsight.core.fx_activations import FxActivations, NarrowedInput
 from qinsight.core.metrics import MetricSpec
 from qinsight.core.notes import Note, NoteKind
+from qinsight.core.options import Deployment, Goal
 from qinsight.core.plan import Budget, PlanStep, QuantPlan, SearchedOrder, SiteSensitivity, SuggestionCheck, Target
 from qinsight.core.precision import SideBits
 from qinsight.core.progress import Progress
@@ -60,6 +61,7 @@ __all__ = [
     "ConfigVerification",
     "CurvePoint",
     "DataCondition",
+    "Deployment",
     "DetectorFailure",
     "DetectorResult",
     "EqualizationEntry",
@@ -71,6 +73,7 @@ __all__ = [
     "FormatPlan",
     "Frontend",
     "FxActivations",
+    "Goal",
     "InsertPoint",
     "KindCheck",
     "LayerActivationComparison",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -136,7 +137,7 @@ TORCHVISION_NAMES = (
 
 
 # Architectures whose smallest input is larger than the sweep's 64x64, or whose size is fixed when built.
-_SIDE = {"inception_v3": 96, "maxvit_t": 224}  # maxvit: each stage's size divisible by its 7x7 windows
+_SIDE = {"inception_v3": 96, "maxvit_t": 224, "vit_h_14": 56}  # maxvit: each stage's size divisible by its 7x7 windows
 _BUILD = {name: {"image_size": 64} for name in ("vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32")} | {
     "vit_h_14": {"image_size": 56},
 }
@@ -355,5 +356,7 @@ def isolated(name: str, timeout: float, threads: int | None = None) -> dict[str,
         if line.startswith("ROW "):
             row: dict[str, Any] = json.loads(line[4:])
             return row
+    if done.returncode == -signal.SIGKILL:  # the kernel's out-of-memory killer: stderr holds only chatter
+        return {"name": name, "failed": "the process was killed (SIGKILL): out of memory on this machine"}
     tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
     return {"name": name, "failed": f"the process ended ({done.returncode}): {tail[:200]}"}

@@ -17,6 +17,7 @@ from qinsight.cli.output import Progress, check_targets, note, write, wrote
 from qinsight.core.entry_points import installed
 from qinsight.core.errors import InvalidParameterError, PluginLoadError, UsageError
 from qinsight.core.flows import flow_spec
+from qinsight.core.options import Deployment, Goal
 from qinsight.core.plan import BUDGET_UNITS, Budget, BudgetUnit, Target
 from qinsight.core.report import Report
 from qinsight.core.shards import Shard
@@ -103,18 +104,17 @@ def _diagnose(args: argparse.Namespace) -> int:
             model, data, name = _model_and_data(args, launch or part)
         progress = None if args.quiet else Progress()
         try:
+            deployment = Deployment(
+                backend=args.backend, qconfig_mapping=mapping, quantizer=quantizer, lowered=args.lowered
+            )
             report = diagnose(
                 model,
                 data,
-                backend=args.backend,
+                deploy=deployment,
                 model_name=name,
                 detectors=detectors,
                 progress=progress,
-                qconfig_mapping=mapping,
-                quantizer=quantizer,
-                distributed=launch is not None,
-                lowered=args.lowered,
-                shard=part,
+                shard="distributed" if launch is not None else part,
                 verify=verify,
             )
         finally:
@@ -231,9 +231,11 @@ def _plan(args: argparse.Namespace) -> int:
     target, budget = _goal(args, "bits" if formats else "float")  # before anything loads or runs
     if formats:
         from qinsight.planning.formats import format_goal
+        from qinsight.planning.scores import PER_POSITION
 
-        confidence = 0.95 if args.confidence is None else args.confidence
-        goal = format_goal(args.formats, target, budget, None, confidence)  # mistakes before any load
+        language = target is not None and target.metric in PER_POSITION  # bounded over the batch means
+        confidence = args.confidence if args.confidence is not None else 0.95 if language else None
+        goal = format_goal(args.formats, Goal(target=target, budget=budget, confidence=confidence))  # before any load
         if args.lowered:
             raise UsageError("--lowered is for PT2E plans: torchao's quantize_ model is not lowered")
     elif args.confidence is not None and (target is None or target.metric != "top1"):
@@ -256,20 +258,13 @@ def _plan(args: argparse.Namespace) -> int:
                 calibration,
                 model_name=name,
                 detectors=detectors,
-                qconfig_mapping=mapping,
-                quantizer=quantizer,
+                deploy=Deployment(backend=args.backend, qconfig_mapping=mapping, quantizer=quantizer),
                 verify=None if formats else False,
-                backend=args.backend,
             )
             if formats:
+                aim = Goal(target=goal.target, budget=goal.budget, confidence=goal.confidence)
                 planned = plan_formats(
-                    model,
-                    evaluation,
-                    formats=[f.name for f in goal.formats],
-                    target=target,
-                    budget=budget,
-                    confidence=confidence,
-                    progress=progress,
+                    model, evaluation, formats=[f.name for f in goal.formats], goal=aim, progress=progress
                 )
                 report, reached = report.with_formats(planned), planned.reached
                 missed = f"the plan: {verdict(planned)}"  # the target and the budget, each as it held
@@ -278,15 +273,11 @@ def _plan(args: argparse.Namespace) -> int:
                     model,
                     calibration,
                     evaluation,
-                    target=target,
-                    budget=budget,
-                    flow=args.flow,
-                    backend=args.backend,
+                    goal=Goal(target=target, budget=budget, confidence=args.confidence),
+                    deploy=Deployment(flow=args.flow, backend=args.backend, lowered=args.lowered),
                     report=report,
                     progress=progress,
                     smoothing=args.smooth,
-                    lowered=args.lowered,
-                    confidence=args.confidence,
                 )
                 report, reached = report.with_plan(found), found.reached
                 missed = f"the plan does not reach {found.target}"

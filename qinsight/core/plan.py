@@ -289,11 +289,11 @@ class QuantPlan:
     unless asked): its config is for ``qinsight.smoothed(model, plan)``, and its
     sites are named as in that model; ``default_score`` is the model as given. ``lowered`` names
     the runtime that ran every real score where the plan scored the program lowered from each config
-    (``plan(..., lowered=True)``: ``"ExecuTorch 1.5.1 runtime, XNNPACK delegate"``); empty: the
+    (``plan(..., deploy=Deployment(lowered=True))``: ``"ExecuTorch 1.5.1 runtime, XNNPACK delegate"``); empty: the
     reference model. ``starts_from`` names the user's quantizer a plan made with ``quantizer=`` starts
     from: its config is that quantizer with the plan's float sites stripped
     (``qinsight.pt2e_quantizer(plan, quantizer=q)``). ``confidence``: a top1 target was held at the
-    lower end of this one-sided Wilson interval over the evaluation rows (``plan(..., confidence=)``),
+    lower end of this one-sided Wilson interval over the evaluation rows (``Goal.confidence``),
     so ``verified_score`` meets a stricter threshold than ``target``'s; ``None``: at the score itself.
     """
 

@@ -130,7 +130,7 @@ class ConfigVerification:
     what the flow left in float of it, read from the converted model. ``error``: the flow could not
     quantize the model with its default config, and nothing was verified. ``lowered``: the runtime
     that ran every score, where each config was scored as the program lowered from it. ``yours``: the
-    user's own quantizer (``verify_report(quantizer=q)``, ``diagnose(quantizer=q)``), scored the same
+    user's own quantizer (``verify_report(quantizer=q)``, ``diagnose(deploy=q)``), scored the same
     way; ``yours_from`` names its class (``None`` and empty: none given).
     """
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import warnings
 from collections.abc import Iterable, Iterator, Sequence, Sized
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import torch
@@ -27,6 +28,8 @@ from qinsight.core.backend import check_backend, planned_backend
 from qinsight.core.errors import CalibrationError, InvalidParameterError, describe
 from qinsight.core.flows import flow_spec
 from qinsight.core.fx_activations import FxActivations
+from qinsight.core.options import Deployment
+from qinsight.core.options import options as chosen_options
 from qinsight.core.progress import Progress
 from qinsight.core.report import DetectorFailure, FailureStage, Report
 from qinsight.core.shards import Shard
@@ -240,8 +243,11 @@ class Session:
         return refused_equalizations(self.view.model, fqns, self._example, self._backend)
 
 
-def _planned(qconfig_mapping: QConfigMapping | None, quantizer: object | None) -> QConfigMapping | object | None:
+def _planned(qconfig_mapping: object | None, quantizer: object | None) -> QConfigMapping | object | None:
     """The config the user plans to quantize with: an FX mapping or a PT2E quantizer, not both."""
+    if qconfig_mapping is not None and not isinstance(qconfig_mapping, QConfigMapping):
+        expected = "a torch QConfigMapping (the FX config you plan to quantize with) or None"
+        raise InvalidParameterError("diagnose", "qconfig_mapping", type(qconfig_mapping).__name__, expected)
     if qconfig_mapping is not None and quantizer is not None:
         expected = "None beside qconfig_mapping= (one planned config: FX's or PT2E's)"
         raise InvalidParameterError("diagnose", "quantizer", type(quantizer).__name__, expected)
@@ -357,22 +363,39 @@ def instrument(
             yield session
 
 
+def _former_shard(owner: str, shard: Shard | str | None, former: dict[str, Any]) -> Shard | str | None:
+    """``shard``, or ``"distributed"`` where the former ``distributed=True`` is given (taken out of
+    ``former``, warned of); ``shard`` is checked: a :class:`Shard`, ``"distributed"`` or None."""
+    if "distributed" in former:
+        distributed = former.pop("distributed")
+        warnings.warn(
+            f'{owner}(distributed=True) is now {owner}(shard="distributed"); the keyword goes in the next release',
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if distributed:
+            if shard is not None:
+                raise InvalidParameterError(owner, "shard", shard, "None with distributed=True")
+            return "distributed"
+    if shard is not None and shard != "distributed" and not isinstance(shard, Shard):
+        expected = 'a qinsight.types.Shard, "distributed" (inside a process group) or None'
+        raise InvalidParameterError(owner, "shard", shard, expected)
+    return shard
+
+
 def diagnose(
     model: nn.Module,
     calibration_data: Iterable[Any],
     *,
     detectors: Sequence[DetectorChoice] | None = None,
-    backend: str | None = None,
-    qconfig_mapping: QConfigMapping | None = None,
+    deploy: Deployment | str | object | None = None,
+    frontend: Frontend = "auto",
+    verify: bool | str | Sequence[str] | None = None,
+    progress: Progress | None = None,
+    shard: Shard | Literal["distributed"] | None = None,
     model_name: str | None = None,
     strict: bool = False,
-    progress: Progress | None = None,
-    frontend: Frontend = "auto",
-    distributed: bool = False,
-    shard: Shard | None = None,
-    verify: bool | str | Sequence[str] | None = None,
-    quantizer: object | None = None,
-    lowered: bool = False,
+    **former: Any,
 ) -> Report:
     """Instrument ``model``, calibrate it on ``calibration_data``, and return the :class:`Report`.
 
@@ -383,20 +406,23 @@ def diagnose(
         detectors: detector instances or ids (``"qinsight.outliers"``, or a plugin's); ``None``: the
             ``QINSIGHT_DETECTORS`` allowlist if set, else the six built-ins. One that fails to load is
             recorded in ``report.failures`` and the others run.
-        backend: the backend you quantize for; ``None``: your quantizer's, else x86.
-        qconfig_mapping: the FX mapping you plan to quantize with: it tells the detectors what each
-            module would get.
-        model_name: the name the report gives the model (default: its class).
-        strict: a failing detector raises instead of being recorded in ``report.failures``.
-        progress: called at each stage (the command line's progress line).
+        deploy: where the model goes: a :class:`~qinsight.core.options.Deployment`, or its shorthand
+            (a backend's name, ``"xnnpack"``; your PT2E quantizer). ``backend``: the backend you
+            quantize for (``None``: your quantizer's, else x86). ``qconfig_mapping``: the FX mapping you
+            plan to quantize with: it tells the detectors what each module would get. ``quantizer``:
+            its PT2E counterpart, the torchao ``Quantizer`` you plan to apply (``XNNPACKQuantizer``,
+            ``X86InductorQuantizer``, a ``ComposableQuantizer``), asked on the exported first batch
+            which layers it quantizes with which weight scheme and which ops around them
+            (:mod:`qinsight.frontends.configured`); the backend must be the one it is for. ``lowered``
+            (PT2E): each config verified as the program lowered for the backend. ``flow``: the flow to
+            verify in where ``verify`` names none.
         frontend: ``"auto"``: exported graphs (``ep.module()``, ``prepare_pt2e``) through the
             exported-graph frontend, FX-traceable models and ``prepare_fx`` graphs through FX, anything
             else through the eager frontend, which finds its sites by running the first batch.
-        distributed: inside an initialized process group, called on every rank with that rank's batches
-            (``qinsight.shard(data)``): every rank returns the report of all ranks' batches
-            (docs/scale.md). Distributed runs are not verified: ``qinsight.verify_report`` on one rank
-            does it.
-        shard: without a process group, ``qinsight.types.Shard(rank=i, world_size=n)`` calibrates batches
+        shard: ``"distributed"``: inside an initialized process group, called on every rank with that
+            rank's batches (``qinsight.shard(data)``): every rank returns the report of all ranks' batches
+            (docs/scale.md); distributed runs are not verified (``qinsight.verify_report`` on one rank
+            does it). Without a process group, ``qinsight.types.Shard(rank=i, world_size=n)`` calibrates batches
             ``i, i + n, ...`` of the data (numbered as in the whole data), for reports that
             :func:`~qinsight.pipeline.merge.merge_reports` combines later.
         verify: the report's config quantized for real and scored in the frontend's flow (FX for a traced
@@ -405,11 +431,11 @@ def diagnose(
             dropped (:mod:`qinsight.pipeline.verifier`, on the first :data:`VERIFY_BATCHES` batches).
             ``False`` for speed: the report then says its config is unverified. ``None``: as the
             ``QINSIGHT_VERIFY`` environment variable says, else ``True``.
-        quantizer: the PT2E counterpart of ``qconfig_mapping``: the torchao ``Quantizer`` you plan to
-            apply (``XNNPACKQuantizer``, ``X86InductorQuantizer``, a ``ComposableQuantizer``), asked on
-            the exported first batch which layers it quantizes with which weight scheme and which ops
-            around them (:mod:`qinsight.frontends.configured`); ``backend`` must be the one it is for.
-        lowered: (PT2E) each config scored as the program lowered for the backend.
+        progress: called at each stage (the command line's progress line).
+        model_name: the name the report gives the model (default: its class).
+        strict: a failing detector raises instead of being recorded in ``report.failures``.
+        former: ``backend=``, ``qconfig_mapping=``, ``quantizer=``, ``lowered=`` (now ``deploy``'s) and
+            ``distributed=True`` (now ``shard="distributed"``), for one release, with a ``DeprecationWarning``.
 
     Returns:
         The report: each detector's findings, the suggested config, the equalization mapping and, where
@@ -423,8 +449,14 @@ def diagnose(
     if not isinstance(calibration_data, Iterable) or isinstance(calibration_data, (str, bytes)):
         expected = "an iterable of batches (a list of tensors, a DataLoader...)"
         raise InvalidParameterError("diagnose", "calibration_data", type(calibration_data).__name__, expected)
-    exchange = Exchange.of("diagnose", distributed)
-    backend = planned_backend("diagnose", backend, quantizer)
+    asked = _former_shard("diagnose", shard, former)
+    _goal, deployment = chosen_options("diagnose", None, deploy, former, takes=("deploy",))
+    quantizer, qconfig_mapping, lowered = deployment.quantizer, deployment.qconfig_mapping, deployment.lowered
+    if verify is None and deployment.flow is not None:
+        verify = deployment.flow
+    exchange = Exchange.of("diagnose", asked == "distributed")
+    shard = asked if isinstance(asked, Shard) else None
+    backend = planned_backend("diagnose", deployment.backend, quantizer)
     with sharing_failures(exchange):
         batches = iter(calibration_data)
         mine = exchange.shard if exchange is not None else shard

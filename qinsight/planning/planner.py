@@ -20,15 +20,16 @@ from qinsight.apply.trial import model_outputs
 from qinsight.core.flows import check_flow_backend, flow_spec, reads_as_is, report_flow
 from qinsight.core.fx_activations import FxActivations
 from qinsight.core.notes import Note, NoteKind
+from qinsight.core.options import Deployment, Goal, options
 from qinsight.core.plan import Budget, QuantPlan, Target
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
-from qinsight.core.sites import FlowName, OpSite
+from qinsight.core.sites import OpSite
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.planning import stages, verify
 from qinsight.planning.request import PlanRequest, plan_request
-from qinsight.planning.scores import MetricFunction, Scorer, held_out_miss
+from qinsight.planning.scores import Scorer, held_out_miss
 from qinsight.planning.search import order_notes
 
 
@@ -41,18 +42,13 @@ def plan(
     calibration_data: Iterable[Any],
     evaluation_data: Iterable[Any],
     *,
-    target: str | Target | None = None,
-    budget: str | int | Budget | None = None,
-    flow: FlowName | None = None,
-    backend: str | None = None,
-    metric: str | MetricFunction | None = None,
+    goal: Goal | str | Target | Budget | None = None,
+    deploy: Deployment | str | object | None = None,
     report: Report | None = None,
-    progress: Progress | None = None,
     smoothing: bool = False,
     held_out_data: Iterable[Any] | None = None,
-    lowered: bool = False,
-    quantizer: Any = None,
-    confidence: float | None = None,
+    progress: Progress | None = None,
+    **former: Any,
 ) -> QuantPlan:
     """The sites to keep in float so that ``model``, quantized with ``flow``, reaches ``target`` on
     ``evaluation_data``, starting from the report's verified suggestions; verified by quantizing for real.
@@ -61,31 +57,34 @@ def plan(
         model: the float model; it is not changed.
         calibration_data: the batches each config is calibrated on.
         evaluation_data: the batches each config is scored on, none of them a calibration batch.
-        target: ``"sqnr>=30"`` (the default, without a budget), ``"cosine>=0.995"``, ``"top1>=0.94"``; a
-            plugin metric's by its name; a function ``metric`` is named in the target (``"accuracy>=0.98"``).
-        budget: ``"float<=N"`` (or N) instead of a target: the best score by ``metric`` with at most N
-            sites in float.
-        flow: ``"fx"`` or ``"pt2e"``; default: the first serving ``backend`` (FX for x86 and FX's
-            engines, PT2E for ``"xnnpack"`` with XNNPACKQuantizer; PT2E for a model FX cannot trace).
-        backend: default: the one your ``quantizer`` is for, else x86.
-        metric: a metric's name, or a function of (float outputs, quantized outputs); default SQNR.
+        goal: a :class:`~qinsight.core.options.Goal`, or its shorthand: a target (``"sqnr>=30"``, the
+            default; ``"cosine>=0.995"``, ``"top1>=0.94"``; a plugin metric's by its name; a function
+            ``Goal.metric`` named in the target, ``"accuracy>=0.98"``), or a budget (``"float<=N"``: the
+            best score with at most N sites in float). ``Goal.metric``: a metric's name, or a function of
+            (float outputs, quantized outputs); default the target's, SQNR for a budget.
+            ``Goal.confidence``: with a ``top1`` target, the search and its verification hold the target
+            at the lower end of Wilson's one-sided interval over the evaluation rows (``plan.confidence``).
+        deploy: a :class:`~qinsight.core.options.Deployment`, or its shorthand (a backend's or a flow's
+            name, or your PT2E quantizer). ``flow``: ``"fx"`` or ``"pt2e"``; default: the first serving
+            the backend (FX for x86 and FX's engines, PT2E for ``"xnnpack"``; PT2E for a model FX cannot
+            trace). ``backend``: default: the one your quantizer is for, else x86. ``lowered`` (PT2E):
+            every real score is of the program lowered from the config as the user ships it (XNNPACK run
+            by the ExecuTorch runtime, x86 compiled by inductor; ``plan.lowered`` names it); the search
+            between them stays on the reference model; each input shape is lowered once per config.
+            ``quantizer`` (PT2E: any torchao Quantizer, a ``ComposableQuantizer`` too): every config is
+            it with the plan's float sites stripped after it annotates, so the plan only chooses what
+            to keep in float (``plan.starts_from`` names it; apply with ``qinsight.pt2e_quantizer(plan,
+            quantizer=q)`` or ``qinsight.quantize(model, plan, data, quantizer=q)``).
         report: the diagnosis to start from; default: :func:`qinsight.diagnose` on the calibration data.
-        progress: called at each stage (the command line's progress line).
         smoothing: the inputs of the Linears whose measured error it lowers are smoothed first
             (:mod:`.smoothing_search`) and the plan is made for ``qinsight.smoothed(model, plan)``; its
             ``default_score`` stays that of the model as given.
         held_out_data: batches the search never chose on: the config as converted is scored again on
             them (``held_out_score``), and ``reached`` holds only where they meet the target too.
-        lowered: (PT2E) every real score is of the program lowered from the config as the user ships it
-            (XNNPACK run by the ExecuTorch runtime, x86 compiled by inductor; ``plan.lowered`` names it);
-            the search between them stays on the reference model. Each input shape among the batches is
-            lowered once per config.
-        quantizer: yours (PT2E: any torchao Quantizer, a ``ComposableQuantizer`` too): every config is
-            it with the plan's float sites stripped after it annotates, so the plan only chooses what to
-            keep in float (``plan.starts_from`` names it; apply with ``qinsight.pt2e_quantizer(plan,
-            quantizer=q)`` or ``qinsight.quantize(model, plan, data, quantizer=q)``).
-        confidence: with a ``top1`` target, the search and its verification hold the target at the lower
-            end of Wilson's one-sided interval over the evaluation rows (``plan.confidence``).
+        progress: called at each stage (the command line's progress line).
+        former: ``target=``, ``budget=``, ``metric=``, ``confidence=`` (now ``goal``'s) and ``flow=``,
+            ``backend=``, ``lowered=``, ``quantizer=`` (now ``deploy``'s), for one release, with a
+            ``DeprecationWarning``.
 
     Returns:
         The :class:`QuantPlan`: the sites kept in float, its verified score and whether it reached the
@@ -95,27 +94,24 @@ def plan(
         InvalidParameterError: an argument outside what it takes (among them too few rows for
             ``confidence``, naming how many), checked before the model runs.
     """
+    chosen_goal, deployment = options("plan", goal, deploy, former, budget_unit="float")
     request = plan_request(
-        target=target,
-        budget=budget,
-        flow=flow,
-        backend=backend,
-        metric=metric,
+        goal=chosen_goal,
+        deploy=deployment,
         calibration_data=calibration_data,
         evaluation_data=evaluation_data,
         smoothing=smoothing,
         held_out_data=held_out_data,
-        lowered=lowered,
-        quantizer=quantizer,
-        confidence=confidence,
     )
     progress = progress or _quiet
     from qinsight.pipeline import diagnose
     from qinsight.pipeline.saturation import kernels_checked
 
     if report is None:
-        report = diagnose(model, list(request.calibration), backend=request.backend, verify=False)  # the plan verifies
-    if flow is None and not reads_as_is(report.metadata.frontend):  # FX cannot trace it: the flow that exports it
+        report = diagnose(model, list(request.calibration), deploy=request.backend, verify=False)  # the plan verifies
+    if deployment.flow is None and not reads_as_is(
+        report.metadata.frontend
+    ):  # FX cannot trace it: the flow that exports it
         request = attrs.evolve(request, flow=report_flow(report.metadata.frontend, request.backend))
         check_flow_backend("plan", request.flow, request.backend)  # as plan_request checks a flow given
     if flow_spec(request.flow).observes_activations:  # the FX config's kernels, checked as a verification checks them

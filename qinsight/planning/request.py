@@ -4,7 +4,6 @@ not a whole diagnosis and a float pass later."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -15,6 +14,7 @@ from qinsight.compare.quant_flows import QUANT_FLOWS, flow_of
 from qinsight.core.backend import Lowering, backend_lowering, planned_backend
 from qinsight.core.errors import InvalidParameterError, QinsightError
 from qinsight.core.flows import check_flow_backend, flow_spec, flows_serving
+from qinsight.core.options import Deployment, Goal
 from qinsight.core.plan import Budget, Target
 from qinsight.core.sites import FlowName, checked_flow
 from qinsight.planning.scores import SCORES, MetricFunction, agreeing_needed, metric_direction, rows_needed
@@ -76,23 +76,21 @@ class PlanRequest:
 
 def plan_request(
     *,
-    target: str | Target | None,
-    budget: str | float | Budget | None = None,
-    flow: FlowName | None,
-    backend: str | None,
-    metric: str | MetricFunction | None,
+    goal: Goal,
+    deploy: Deployment,
     calibration_data: Iterable[Any],
     evaluation_data: Iterable[Any],
     smoothing: bool = False,
     held_out_data: Iterable[Any] | None = None,
-    lowered: bool = False,
-    quantizer: Any = None,
-    confidence: float | None = None,
 ) -> PlanRequest:
-    """The arguments of :func:`qinsight.plan`, checked; the batches read once into tuples. No ``flow``:
-    the first serving ``backend`` (FX for x86, PT2E for XNNPACK), one that lowers where ``lowered``. No
-    ``backend``: the one ``quantizer`` quantizes for, else x86."""
-    backend = planned_backend("plan", backend, quantizer)
+    """The arguments of :func:`qinsight.plan`, checked; the batches read once into tuples. No flow: the
+    first serving the backend (FX for x86, PT2E for XNNPACK), one that lowers where ``lowered``. No
+    backend: the one the quantizer quantizes for, else x86."""
+    flow, quantizer, lowered, confidence = deploy.flow, deploy.quantizer, deploy.lowered, goal.confidence
+    if deploy.qconfig_mapping is not None:
+        expected = "no qconfig_mapping: a plan starts from the report's config (a PT2E plan from your quantizer)"
+        raise InvalidParameterError("plan", "deploy", "Deployment(qconfig_mapping=...)", expected)
+    backend = planned_backend("plan", deploy.backend, quantizer)
     if quantizer is not None and flow is None:
         flow = flow_of(quantizer, "plan", "quantizer").name
     name = checked_flow(flow if flow is not None else _serving(backend, lowered), "plan")
@@ -113,14 +111,12 @@ def plan_request(
     if lowered and not flow_spec(name).lowers:
         raise InvalidParameterError("plan", "lowered", True, f"flow='pt2e' (the {name} flow's model is not lowered)")
     lowering = backend_lowering("plan", backend) if lowered else None
-    goal = _goal(target, budget)
-    chosen, metric_name = _metric(goal, metric)
-    if confidence is not None and not (
-        metric_name == "top1"
-        and isinstance(goal, Target)
-        and isinstance(confidence, (int, float))
-        and 0.5 <= confidence < 1
-    ):
+    if goal.target is not None and goal.budget is not None:
+        both = f"{goal.target} and {goal.budget}"
+        raise InvalidParameterError("plan", "goal", both, "a target or a budget, not both (plan_formats takes both)")
+    aim = goal.budget or goal.target or Target.parse(DEFAULT_TARGET)
+    chosen, metric_name = _metric(aim, goal.metric)
+    if confidence is not None and not (metric_name == "top1" and isinstance(aim, Target)):
         expected = "a one-sided confidence in [0.5, 1) (0.95) for a top1 target, or None"
         raise InvalidParameterError("plan", "confidence", confidence, expected)
     batches = {}
@@ -132,7 +128,7 @@ def plan_request(
     if held_out_data is not None and not held_out:
         raise InvalidParameterError("plan", "held_out_data", "no batches", "at least one batch, or None")
     return PlanRequest(
-        goal=goal,
+        goal=aim,
         flow=name,
         backend=backend,
         metric=chosen,
@@ -150,25 +146,6 @@ def plan_request(
 def _serving(backend: str, lowered: bool) -> str:
     """The first flow serving ``backend`` (that lowers, if ``lowered``); none: FX, whose check names the error."""
     return (*flows_serving(backend, lowered=lowered), "fx")[0]
-
-
-def _goal(target: str | Target | None, budget: str | float | Budget | None) -> Target | Budget:
-    """The target to reach (``sqnr>=30`` where neither is given), or the budget to spend; not both."""
-    if budget is not None:
-        parsed = Budget.parse(budget, "float", "plan")
-        if target is not None:
-            raise InvalidParameterError(
-                "plan", "target", str(target), "None with a budget: a plan takes the best score within it"
-            )
-        return parsed
-    if isinstance(target, str) and target.replace(" ", "").startswith("float<="):
-        warnings.warn(
-            f"plan(target={target!r}) is now plan(budget={target!r}); the target form goes in the next release",
-            DeprecationWarning,
-            stacklevel=4,
-        )
-        return Budget.parse(target, "float", "plan")
-    return Target.parse(target if target is not None else DEFAULT_TARGET) if not isinstance(target, Target) else target
 
 
 def _metric(goal: Target | Budget, metric: str | MetricFunction | None) -> tuple[str | MetricFunction, str]:

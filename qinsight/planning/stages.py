@@ -190,7 +190,7 @@ def subject(
     if not mapping.entries:
         return Subject(model, report, mapping, base.chosen, failed)
     smoothed = apply_smoothing(model, mapping)
-    again = diagnose(smoothed, list(request.calibration), backend=request.backend, verify=False)
+    again = diagnose(smoothed, list(request.calibration), deploy=request.backend, verify=False)
     if base.chosen.activations is not None:
         again = kernels_checked(smoothed, again, request.calibration[0])
     observing = again.fx_activations if base.chosen.activations is not None else None  # the smoothed model's own check

@@ -61,8 +61,12 @@ def test_a_quantizer_beside_a_mapping_or_not_a_quantizer_is_one_error() -> None:
         qinsight.diagnose(
             model, batches, qconfig_mapping=get_default_qconfig_mapping("x86"), quantizer=XNNPACKQuantizer()
         )
-    with pytest.raises(qinsight.errors.FrontendError, match="quantizer=str is not a torchao PT2E Quantizer"):
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="^Deployment: quantizer='str' is invalid"):
+        qinsight.diagnose(model, batches, deploy=qinsight.types.Deployment(quantizer="xnnpack"), verify=False)
+    # the former keyword's mistake is diagnose's, and the shorthand takes a backend's name
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="^diagnose: quantizer='str' is invalid"):
         qinsight.diagnose(model, batches, quantizer="xnnpack", verify=False)
+    assert qinsight.diagnose(model, batches, deploy="xnnpack", verify=False).metadata.backend == "xnnpack"
 
 
 def test_the_backend_is_the_one_the_quantizer_is_for_unless_given() -> None:
@@ -84,13 +88,10 @@ def test_the_backend_is_the_one_the_quantizer_is_for_unless_given() -> None:
     with warns_note(NoteKind.UNEQUALIZED):
         assert quantizer_backend(qinsight.pt2e_quantizer(report)) == "xnnpack"  # qinsight's own, seen through
     request = plan_request(
-        target="sqnr>=30",
-        flow=None,
-        backend=None,
-        metric=None,
+        goal=qinsight.types.Goal.of("sqnr>=30", "plan"),
+        deploy=qinsight.types.Deployment(quantizer=XNNPACKQuantizer()),
         calibration_data=batches,
         evaluation_data=batches,
-        quantizer=XNNPACKQuantizer(),
     )
     assert (request.backend, request.flow) == ("xnnpack", "pt2e")
     with pytest.raises(

@@ -236,9 +236,9 @@ def test_any_two_different_reports_differ_and_equal_ones_do_not(
         (lambda: qinsight.diagnose("a model", [torch.randn(2, 4)]), "diagnose: model="),  # type: ignore[arg-type]
         (lambda: qinsight.instrument("a model").__enter__(), "instrument: model="),  # type: ignore[arg-type]
         (lambda: qinsight.instrument(MLP(), backend="tpu").__enter__(), "instrument: backend="),
-        (lambda: qinsight.diagnose(MLP(), [], quantizer=object()), "diagnose: calibration_data="),
+        (lambda: qinsight.diagnose(MLP(), [], quantizer=object()), "diagnose: quantizer="),
     ],
-    ids=["diagnose", "instrument", "instrument backend", "diagnose quantizer without data"],
+    ids=["diagnose", "instrument", "instrument backend", "diagnose, no quantizer, no data"],
 )
 def test_a_mistake_names_the_function_the_user_called(call: Any, named: str) -> None:
     with pytest.raises(qinsight.errors.InvalidParameterError, match=f"^{named}"):

@@ -189,7 +189,7 @@ def test_a_plan_chosen_on_one_distribution_does_not_claim_a_target_the_held_out_
         ({"formats": ["int8", "int3"]}, "formats"),
         ({"formats": ["int8", "int8"]}, "formats"),
         ({"target": None}, "target"),
-        ({"target": "float<=3"}, "target"),
+        ({"target": "float<=3"}, "budget"),  # the text of a budget is one, in a unit qinsight.plan spends
         ({"budget": "bytes<=5"}, "budget"),
         ({"target": "perplexity>=1.05"}, "target"),
         ({"target": "sqnr>=30", "metric": "kl"}, "metric"),

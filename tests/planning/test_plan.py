@@ -816,11 +816,13 @@ class CountingMLP(MLP):
         ({"target": "cosine>=0.99", "metric": "top1"}, "metric='top1'"),
         ({"budget": "float<=-3"}, "budget='float<=-3'"),
         ({"budget": "bits<=6"}, "budget='bits<=6'"),
-        ({"budget": 2}, "target='sqnr>=30' is invalid; expected None with a budget"),
+        ({"budget": 2}, "goal='sqnr>=30 and float<=2' is invalid; expected a target or a budget, not both"),
         ({"evaluation_data": []}, "evaluation_data='no batches'"),
     ],
 )
 def test_plan_refuses_a_wrong_argument_before_any_forward(arguments: dict[str, Any], named: str) -> None:
+    """Through the former keywords (a DeprecationWarning each): the records' own checks are in
+    tests/core/test_options.py."""
     model = seeded(CountingMLP())
     data = gaussian_batches((8, 16), 2)
     given: dict[str, Any] = {"target": "sqnr>=30", "evaluation_data": data, **arguments}

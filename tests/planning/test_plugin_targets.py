@@ -5,6 +5,7 @@ number for the config quantized as a user would."""
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -63,9 +64,22 @@ def test_a_plugin_metric_is_bounded_its_own_way_and_directs_a_budget(plugin: obj
     assert plan.reached and plan.verified_score <= plan.default_score
 
 
-def test_the_target_form_of_a_budget_still_plans_for_one_release() -> None:
+def test_the_former_keywords_still_plan_for_one_release_and_say_their_record() -> None:
+    """``target=``, ``budget=`` are ``goal``'s now; the target form of a budget is a goal's shorthand."""
     chosen = example("cnn")
     model, data = chosen.model(), chosen.data(6)
-    with pytest.warns(DeprecationWarning, match=r"plan\(target='float<=1'\) is now plan\(budget='float<=1'\)"):
-        plan = qinsight.plan(model, data[:3], data[3:], target="float<=1")
-    assert plan.target == qinsight.types.Budget(unit="float", limit=1.0) and plan.reached
+    with pytest.warns(
+        DeprecationWarning, match=r"plan\(target=\.\.\.\) is now plan\(goal=\.\.\.\): qinsight.types.Goal"
+    ):
+        former = qinsight.plan(model, data[:3], data[3:], target="float<=1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the records say it without a warning
+        plan = qinsight.plan(model, data[:3], data[3:], goal="float<=1")
+    assert plan.target == former.target == qinsight.types.Budget(unit="float", limit=1.0) and plan.reached
+    assert plan.suggestions == former.suggestions and plan.verified_score == former.verified_score
+    with pytest.raises(
+        qinsight.errors.InvalidParameterError, match="^plan: goal='Goal' is invalid; expected None beside budget="
+    ):
+        qinsight.plan(model, data[:3], data[3:], goal=qinsight.types.Goal(), budget=1)
+    with pytest.raises(qinsight.errors.InvalidParameterError, match="^plan: targets=.* no such argument"):
+        qinsight.plan(model, data[:3], data[3:], targets="sqnr>=30")

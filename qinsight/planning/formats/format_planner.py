@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import attrs
 from torch import nn
@@ -39,6 +39,7 @@ from qinsight.core.errors import InvalidParameterError
 from qinsight.core.formats import CurvePoint, FormatCost, FormatPlan, OrderCheck, WeightFormat, mean_bits
 from qinsight.core.metrics import higher_is_better
 from qinsight.core.notes import Note, NoteKind
+from qinsight.core.options import Goal, options
 from qinsight.core.plan import Budget, Target
 from qinsight.core.progress import Progress
 from qinsight.frontends.base import eval_mode
@@ -62,18 +63,33 @@ class FormatGoal:
     confidence: float | None = None  # held to the target: the score's pessimistic bound (language-model metrics)
 
 
-def format_goal(
-    formats: Iterable[str] | str,
-    target: str | Target | None,
-    budget: str | float | Budget | None,
-    metric: str | None,
-    confidence: float | None = None,
-) -> FormatGoal:
+DEFAULT_GOAL: Final = Goal(target=Target.parse("perplexity<=1.05"), confidence=0.95)
+
+
+def _goal(goal: Goal | str | Target | Budget | None, former: dict[str, Any]) -> Goal:
+    """``goal`` (default :data:`DEFAULT_GOAL`), or the former keywords as they were: the target
+    ``perplexity<=1.05`` unless given, held at the 0.95 bound where its metric is a language model's."""
+    if not former:
+        return DEFAULT_GOAL if goal is None else Goal.of(goal, "plan_formats")
+    given = {"target": "perplexity<=1.05", **former}
+    aim, _deploy = options("plan_formats", goal, None, given, budget_unit="bits", takes=("goal",))
+    metric = aim.metric if isinstance(aim.metric, str) else aim.target.metric if aim.target is not None else ""
+    if "confidence" not in former and aim.target is not None and metric in PER_POSITION:
+        aim = attrs.evolve(aim, confidence=0.95)
+    return aim
+
+
+def format_goal(formats: Iterable[str] | str, aim: Goal) -> FormatGoal:
+    """The formats and the goal of a format plan, checked: a target, a budget in bits, or both; the metric
+    the target's (SQNR for a budget alone); a confidence bound for a language-model target alone."""
     parsed = tuple(WeightFormat.parse(f) for f in (formats.split(",") if isinstance(formats, str) else formats))
     if not parsed or len(set(parsed)) != len(parsed):
         raise InvalidParameterError("plan_formats", "formats", [str(f) for f in parsed], "one or more distinct formats")
-    goal = Target.parse(target, "plan_formats") if isinstance(target, str) else target
-    limit = Budget.parse(budget, "bits", "plan_formats") if budget is not None else None
+    goal, limit, metric, confidence = aim.target, aim.budget, aim.metric, aim.confidence
+    if limit is not None:
+        limit = Budget.parse(limit, "bits", "plan_formats")
+    if not (metric is None or isinstance(metric, str)):
+        raise InvalidParameterError("plan_formats", "metric", type(metric).__name__, f"one of {', '.join(SCORES)}")
     if goal is None and limit is None:
         raise InvalidParameterError(
             "plan_formats", "target", None, "a target ('perplexity<=1.05'), a budget ('bits<=6') or both"
@@ -83,13 +99,11 @@ def format_goal(
         raise InvalidParameterError(
             "plan_formats", "metric", name, f"the target's own metric, one of {', '.join(SCORES)}"
         )
-    if confidence is not None and not (isinstance(confidence, (int, float)) and 0.5 <= confidence < 1):
-        raise InvalidParameterError(
-            "plan_formats", "confidence", confidence, "a one-sided confidence in [0.5, 1) (0.95), or None"
-        )
+    if confidence is not None and name not in PER_POSITION:
+        expected = f"None for a {name} target: a bound over the batch means holds a language-model metric's"
+        raise InvalidParameterError("plan_formats", "confidence", confidence, expected)
     torchao_config(parsed[0])  # torchao missing: one error, before any forward
-    held = float(confidence) if confidence is not None and goal is not None and name in PER_POSITION else None
-    return FormatGoal(formats=parsed, target=goal, budget=limit, metric=name, confidence=held)
+    return FormatGoal(formats=parsed, target=goal, budget=limit, metric=name, confidence=confidence)
 
 
 @attrs.frozen(kw_only=True)
@@ -185,13 +199,11 @@ def plan_formats(
     evaluation_data: Iterable[Any],
     *,
     formats: Iterable[str] = ("int8", "int4_g32"),
-    target: str | Target | None = "perplexity<=1.05",
-    budget: str | float | Budget | None = None,
-    metric: str | None = None,
+    goal: Goal | str | Target | Budget | None = None,
     held_out_data: Iterable[Any] | None = None,
     compare_orders: bool = True,
-    confidence: float | None = 0.95,
     progress: Progress | None = None,
+    **former: Any,
 ) -> FormatPlan:
     """The torchao format of every Linear of ``model``: the fewest bits per weight whose real score meets
     ``target``, within ``budget`` where given; with a budget alone, the best score within it.
@@ -206,18 +218,22 @@ def plan_formats(
         evaluation_data: the batches the search chooses on.
         formats: names (:class:`~qinsight.core.formats.WeightFormat`: ``int8``, ``int8_dynamic``,
             ``float8``, ``int4_g32``, ``int4_dynamic_g32``, ``float``).
-        target: ``"perplexity<=1.05"`` (the perplexity ratio to the float model on the batches' own next
-            tokens), ``"kl<=0.02"``, ``"sqnr>=30"``...
-        budget: ``"bits<=6"``: the mean bits per weight, scales included.
-        metric: the score's metric where ``target`` names none.
+        goal: a :class:`~qinsight.core.options.Goal`, or its shorthand: a target (``"kl<=0.02"``,
+            ``"sqnr>=30"``; the perplexity ratio to the float model on the batches' own next tokens,
+            ``"perplexity<=1.05"``), or a budget (``"bits<=6"``: the mean bits per weight, scales
+            included); a Goal may hold both. ``Goal.metric``: the score's metric where no target names
+            one. ``Goal.confidence``, with a language-model target: the search holds it at the
+            pessimistic end of the score's one-sided interval over the sizing tokens (``None``: at the
+            score itself, which text the search did not see often misses). Default:
+            ``Goal(target=perplexity<=1.05, confidence=0.95)``.
         held_out_data: the batches the plan is scored on again (default: the second half of
             ``evaluation_data``'s batches, the search keeping the first).
         compare_orders: the measured ranking compared with the Fisher and activation-weighted ones
             (:mod:`.proxies`), the best on the search data kept.
-        confidence: with a language-model metric the search holds the target at the pessimistic end of
-            the score's one-sided interval over the sizing tokens (``None``: at the score itself, which
-            text the search did not see often misses).
         progress: called at each stage (the command line's progress line).
+        former: ``target=``, ``budget=``, ``metric=``, ``confidence=`` (now ``goal``'s), for one release,
+            with a ``DeprecationWarning`` (a target given so keeps the former default bound, 0.95, where
+            its metric is a language model's).
 
     Returns:
         The :class:`FormatPlan`: a format per Linear, its mean bits, the search and held-out scores.
@@ -225,8 +241,7 @@ def plan_formats(
     Raises:
         InvalidParameterError: an argument outside what it takes, checked before the model runs.
     """
-    goal = format_goal(formats, target, budget, metric, confidence)
-    request = format_request(goal, evaluation_data, held_out_data, compare_orders)
+    request = format_request(format_goal(formats, _goal(goal, former)), evaluation_data, held_out_data, compare_orders)
     report = progress or (lambda _stage, _done, _total: None)
     with eval_mode(model):
         layers, notes = ladders.ladders(model, request.goal.formats)

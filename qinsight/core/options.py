@@ -1,0 +1,206 @@
+"""Options a user can name: where the quantized model goes (:class:`Deployment`) and what a planner aims
+at (:class:`Goal`). Each takes the shorthands users type (``"xnnpack"``, ``"sqnr>=30"``, ``"float<=3"``)
+and is checked once, when it is built: a mistake is one :class:`InvalidParameterError` naming the
+field, before any model runs. ``diagnose``, ``plan`` and ``plan_formats`` take them; their former
+keywords (``backend=``, ``flow=``, ``quantizer=``, ``lowered=``, ``qconfig_mapping=``, ``target=``,
+``budget=``, ``metric=``, ``confidence=``) still work for one release, with a ``DeprecationWarning``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import attrs
+
+from qinsight.core.backend import check_backend
+from qinsight.core.errors import InvalidParameterError
+from qinsight.core.plan import Budget, BudgetUnit, Target
+from qinsight.core.sites import FLOWS, FlowName, checked_flow
+
+
+def _backend(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None:
+        check_backend(type(instance).__name__, str(value)) if isinstance(value, str) else _wrong(attribute, value)
+
+
+def _flow(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None:
+        checked_flow(value, type(instance).__name__) if isinstance(value, str) else _wrong(attribute, value)
+
+
+def _wrong(attribute: attrs.Attribute[Any], value: object) -> None:
+    raise InvalidParameterError("Deployment", attribute.name, type(value).__name__, "a name (str) or None")
+
+
+def _quantizer(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not callable(getattr(value, "annotate", None)):
+        expected = "a torchao PT2E Quantizer (XNNPACKQuantizer, X86InductorQuantizer, a ComposableQuantizer) or None"
+        raise InvalidParameterError("Deployment", attribute.name, type(value).__name__, expected)
+
+
+@attrs.frozen(kw_only=True)
+class Deployment:
+    """Where the quantized model goes: the ``backend`` it runs on (``None``: your quantizer's, else x86),
+    the ``flow`` that quantizes it (``None``: the first serving the backend), the config you will
+    quantize with (``quantizer``: a PT2E ``Quantizer``; ``qconfig_mapping``: FX's), and whether the
+    program lowered for the backend is what is scored (``lowered``, PT2E).
+
+    ``Deployment.of`` takes the shorthands: a backend's name (``"xnnpack"``), a flow's (``"pt2e"``), a
+    quantizer, or a Deployment.
+    """
+
+    backend: str | None = attrs.field(default=None, validator=_backend)
+    flow: FlowName | None = attrs.field(default=None, validator=_flow)
+    quantizer: object | None = attrs.field(default=None, validator=_quantizer)
+    qconfig_mapping: object | None = None
+    lowered: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+
+    def __attrs_post_init__(self) -> None:
+        if self.quantizer is not None and self.qconfig_mapping is not None:
+            raise InvalidParameterError(
+                "Deployment", "quantizer", type(self.quantizer).__name__, "None beside qconfig_mapping= (one config)"
+            )
+
+    @classmethod
+    def of(cls, value: object, owner: str) -> Deployment:
+        """``value`` as a Deployment: a backend's or a flow's name, a PT2E quantizer, or one already built."""
+        if value is None:
+            return cls()
+        if isinstance(value, Deployment):
+            return value
+        if isinstance(value, str):
+            return cls(flow=checked_flow(value, owner)) if value in FLOWS else cls(backend=check_backend(owner, value))
+        if callable(getattr(value, "annotate", None)):
+            return cls(quantizer=value)
+        expected = "a Deployment, a backend's or a flow's name, or a PT2E quantizer"
+        raise InvalidParameterError(owner, "deploy", type(value).__name__, expected)
+
+
+MetricFunction = Callable[[Any, Any], float]
+
+
+def _target(value: Target | str | None) -> Target | None:
+    return Target.parse(value, "Goal") if isinstance(value, str) else value
+
+
+def _budget(value: Budget | str | None) -> Budget | None:
+    if not isinstance(value, str):
+        return value
+    units: tuple[BudgetUnit, ...] = ("float", "bits")
+    unit = next((u for u in units if value.replace(" ", "").startswith(f"{u}<=")), None)
+    if unit is None:
+        expected = "'float<=N' (sites kept in float) or 'bits<=N' (bits per weight)"
+        raise InvalidParameterError("Goal", "budget", value, expected)
+    return Budget.parse(value, unit, "Goal")
+
+
+def _confidence(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0.5 <= value < 1):
+        raise InvalidParameterError("Goal", "confidence", value, "a one-sided confidence in [0.5, 1) (0.95), or None")
+
+
+@attrs.frozen(kw_only=True)
+class Goal:
+    """What a planner aims at: a ``target`` to reach, or a ``budget`` to spend (then the best score of
+    ``metric`` within it; :func:`qinsight.plan_formats` takes both: the fewest bits meeting the target
+    within the budget); ``metric`` scores the outputs (a metric's name, or for :func:`qinsight.plan` a
+    function of the float and quantized outputs); ``confidence``: the target held at this one-sided bound
+    over the evaluation data, not at its mean (top-1 agreement: a Wilson bound over the rows;
+    a language-model metric: a bound over the batch means).
+
+    ``Goal.of`` takes the shorthands: ``"sqnr>=30"`` (a target), ``"float<=3"`` or ``"bits<=6"`` (a
+    budget), a :class:`Target`, a :class:`Budget`, or a Goal; its fields take their text too
+    (``Goal(target="top1>=0.93", confidence=0.95)``).
+    """
+
+    target: Target | None = attrs.field(default=None, converter=_target)
+    budget: Budget | None = attrs.field(default=None, converter=_budget)
+    metric: str | MetricFunction | None = None
+    confidence: float | None = attrs.field(default=None, validator=_confidence)
+
+    def __attrs_post_init__(self) -> None:
+        if self.confidence is not None and self.target is None:
+            raise InvalidParameterError(
+                "Goal", "confidence", self.confidence, "None without a target: a bound holds a target"
+            )
+
+    @classmethod
+    def of(cls, value: object, owner: str) -> Goal:
+        """``value`` as a Goal (``None``: an empty one, each planner's default)."""
+        if value is None:
+            return cls()
+        if isinstance(value, Goal):
+            return value
+        if isinstance(value, Target):
+            return cls(target=value)
+        if isinstance(value, Budget):
+            return cls(budget=value)
+        if isinstance(value, str):
+            units: tuple[BudgetUnit, ...] = ("float", "bits")
+            unit = next((u for u in units if value.replace(" ", "").startswith(f"{u}<=")), None)
+            return cls(budget=Budget.parse(value, unit, owner)) if unit else cls(target=Target.parse(value, owner))
+        expected = "a Goal, a target ('sqnr>=30'), a budget ('float<=3', 'bits<=6'), a Target or a Budget"
+        raise InvalidParameterError(owner, "goal", type(value).__name__, expected)
+
+
+GOAL_KEYWORDS: Final = ("target", "budget", "metric", "confidence")
+DEPLOY_KEYWORDS: Final = ("flow", "backend", "quantizer", "qconfig_mapping", "lowered")
+_RECORDS: Final = {"goal": ("Goal", GOAL_KEYWORDS), "deploy": ("Deployment", DEPLOY_KEYWORDS)}
+
+
+def options(
+    owner: str,
+    goal: Goal | str | Target | Budget | None,
+    deploy: Deployment | str | object | None,
+    former: Mapping[str, Any],
+    *,
+    budget_unit: BudgetUnit = "float",
+    takes: tuple[str, ...] = ("goal", "deploy"),
+) -> tuple[Goal, Deployment]:
+    """``owner``'s goal and deployment, from the records (or their shorthands) or from the former
+    keywords in ``former``, each warned of (``takes``: the records ``owner`` has; ``budget_unit``: what
+    its budget spends). Both for one record, or a keyword ``owner`` never took, is one
+    :class:`InvalidParameterError` (Python's ``TypeError`` would name no replacement)."""
+    given: dict[str, dict[str, Any]] = {"goal": {}, "deploy": {}}
+    for keyword, value in former.items():
+        record = next((r for r, (_, keywords) in _RECORDS.items() if keyword in keywords), None)
+        if record is None or record not in takes:
+            raise InvalidParameterError(owner, keyword, value, f"no such argument (see help(qinsight.{owner}))")
+        warnings.warn(
+            f"{owner}({keyword}=...) is now {owner}({record}=...): qinsight.types.{_RECORDS[record][0]}"
+            f"({keyword}=...) or its shorthand; the keyword goes in the next release",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        given[record][keyword] = value
+    for name, value in (("goal", goal), ("deploy", deploy)):
+        if given[name] and value is not None:
+            keywords = ", ".join(f"{k}=" for k in given[name])
+            expected = f"None beside {keywords} (one or the other)"
+            raise InvalidParameterError(owner, name, type(value).__name__, expected)
+    chosen = _former_goal(owner, given["goal"], budget_unit) if given["goal"] else Goal.of(goal, owner)
+    if chosen.budget is not None and chosen.budget.unit != budget_unit:
+        Budget.parse(chosen.budget, budget_unit, owner)  # one error naming the unit this planner spends
+    try:  # the former keywords' mistakes are the function's the user called
+        deployment = Deployment(**given["deploy"]) if given["deploy"] else Deployment.of(deploy, owner)
+    except InvalidParameterError as exc:
+        if not given["deploy"]:
+            raise
+        raise InvalidParameterError(owner, exc.name, exc.value, exc.expected) from None
+    return chosen, deployment
+
+
+def _former_goal(owner: str, given: Mapping[str, Any], unit: BudgetUnit) -> Goal:
+    target, budget = given.get("target"), given.get("budget")
+    aimed = Goal.of(target, owner)  # the target form of a budget ("float<=3") is a budget
+    return Goal(
+        target=aimed.target,
+        budget=Budget.parse(budget, unit, owner) if budget is not None else aimed.budget,
+        metric=given.get("metric"),
+        confidence=given.get("confidence"),
+    )
+
+
+__all__ = ["DEPLOY_KEYWORDS", "GOAL_KEYWORDS", "Deployment", "Goal", "MetricFunction", "options"]
