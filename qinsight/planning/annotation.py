@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 _HELPER = "_get_aten_graph_module_for_pattern"
-_EXPORTED: dict[object, Any] = {}  # one graph per pattern, for the process: a quantizer has a few dozen
+_LOG = logging.getLogger(__name__)
 
 
 def _key(pattern: Any, example_inputs: tuple[Any, ...], is_cuda: bool, kwargs: dict[str, Any]) -> object | None:
@@ -38,38 +39,55 @@ def _key(pattern: Any, example_inputs: tuple[Any, ...], is_cuda: bool, kwargs: d
     return key
 
 
-def _cached(original: Callable[..., Any]) -> Callable[..., Any]:
-    def exported(pattern: Any, example_inputs: tuple[Any, ...], is_cuda: bool = False, **kwargs: Any) -> Any:
-        key = _key(pattern, example_inputs, is_cuda, kwargs)
-        if key is None:
-            return original(pattern, example_inputs, is_cuda, **kwargs)
-        if key not in _EXPORTED:
-            _EXPORTED[key] = original(pattern, example_inputs, is_cuda, **kwargs)
-        return copy.deepcopy(_EXPORTED[key])
+class ExportedPatterns:
+    """The pattern graphs one plan's quantizer exports, each exported once: the cache's one owner is the
+    run that makes it (a :class:`~qinsight.planning.simulated_flows.Pt2eFlow`'s simulation), its bound
+    ``bound`` graphs (a quantizer has a few dozen patterns; past the bound a pattern is exported again,
+    not kept). It is let go with the run."""
 
-    return exported
+    def __init__(self, bound: int = 256) -> None:
+        self._graphs: dict[object, Any] = {}
+        self._bound = bound
 
+    def __len__(self) -> int:
+        return len(self._graphs)
 
-@contextlib.contextmanager
-def patterns_exported_once() -> Iterator[None]:
-    """Within it, every loaded module's reference to torchao's pattern-export helper answers from the
-    cache; outside, the helper is torchao's again (nothing changes where torchao is not loaded)."""
-    helpers = sys.modules.get("torchao.quantization.pt2e.utils")
-    original = getattr(helpers, _HELPER, None)
-    if original is None:
-        yield
-        return
-    holders = [
-        module for module in list(sys.modules.values()) if getattr(module, "__dict__", {}).get(_HELPER) is original
-    ]
-    replacement = _cached(original)
-    for module in holders:
-        setattr(module, _HELPER, replacement)
-    try:
-        yield
-    finally:
+    def _cached(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def exported(pattern: Any, example_inputs: tuple[Any, ...], is_cuda: bool = False, **kwargs: Any) -> Any:
+            key = _key(pattern, example_inputs, is_cuda, kwargs)
+            if key is None:
+                return original(pattern, example_inputs, is_cuda, **kwargs)
+            if key not in self._graphs:
+                graph = original(pattern, example_inputs, is_cuda, **kwargs)
+                if len(self._graphs) >= self._bound:
+                    return graph
+                self._graphs[key] = graph
+            return copy.deepcopy(self._graphs[key])  # its callers rewrite the graph they get
+
+        return exported
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """Within it, every loaded module's reference to torchao's pattern-export helper answers from this
+        cache; outside, the helper is torchao's again. Where torchao has no such helper (another version),
+        nothing changes, and a debug line says so."""
+        helpers = sys.modules.get("torchao.quantization.pt2e.utils")
+        original = getattr(helpers, _HELPER, None)
+        if original is None:
+            _LOG.debug("torchao has no %s: each config's annotation exports its patterns again", _HELPER)
+            yield
+            return
+        holders = [
+            module for module in list(sys.modules.values()) if getattr(module, "__dict__", {}).get(_HELPER) is original
+        ]
+        replacement = self._cached(original)
         for module in holders:
-            setattr(module, _HELPER, original)
+            setattr(module, _HELPER, replacement)
+        try:
+            yield
+        finally:
+            for module in holders:
+                setattr(module, _HELPER, original)
 
 
-__all__ = ["patterns_exported_once"]
+__all__ = ["ExportedPatterns"]

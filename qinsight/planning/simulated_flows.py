@@ -44,7 +44,7 @@ from qinsight.core.sites import FlowName, OpSite
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
 from qinsight.frontends import classify, example_inputs, exported_site_names, layer_names
 from qinsight.frontends.edges import site_nodes
-from qinsight.planning.annotation import patterns_exported_once
+from qinsight.planning.annotation import ExportedPatterns
 from qinsight.planning.kernels import QuantizedOps
 from qinsight.planning.observed import FxObserved, no_stack_traces
 from qinsight.planning.simulate import (
@@ -312,11 +312,12 @@ class Pt2eFlow(Flow):
         graph without its observers takes milliseconds. PT2E shares no observers: qparams never
         change with the config."""
         bare = _without_observers(prepared)
+        patterns = ExportedPatterns()  # this simulation's: hundreds of configs, each pattern exported once
 
         def quantized_edges(modes: Mapping[str, Mode]) -> dict[tuple[str, str], Mode]:
             for node in bare.graph.nodes:
                 node.meta.pop(_ANNOTATION, None)
-            with warnings.catch_warnings(), patterns_exported_once():  # hundreds of configs: export patterns once
+            with warnings.catch_warnings(), patterns.installed():
                 warnings.simplefilter("ignore")  # sites the quantizer cannot honour were said with the report
                 self.config(mode_suggestions(modes)).annotate(bare)  # type: ignore[attr-defined]
             edges: dict[tuple[str, str], Mode] = {}

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import fx
 
-from qinsight.planning.annotation import patterns_exported_once
+from qinsight.planning.annotation import ExportedPatterns
 
 from _support import ConvBnReluCNN
 
@@ -43,7 +43,8 @@ def test_a_quantizer_asked_again_annotates_the_same_and_exports_no_pattern_twice
     graph = torch.export.export(model, (torch.randn(2, 3, 8, 8),)).module()
     quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config())
     plain = _annotations(quantizer, graph)
-    with patterns_exported_once():
+    patterns = ExportedPatterns()  # one run's
+    with patterns.installed():
         first = _annotations(quantizer, graph)
     exports: list[object] = []
     export = torch.export.export
@@ -53,9 +54,30 @@ def test_a_quantizer_asked_again_annotates_the_same_and_exports_no_pattern_twice
         return export(*args, **kwargs)
 
     monkeypatch.setattr(torch.export, "export", counted)
-    with patterns_exported_once():
+    with patterns.installed():
         again = _annotations(quantizer, graph)
     assert len(plain) >= 4 and plain == first == again
     assert exports == []  # every pattern came from the first call's exports
     _annotations(quantizer, graph)
     assert exports  # outside, torchao's helper exports again
+    exports.clear()
+    with ExportedPatterns().installed():  # another run's cache: nothing shared with the first's
+        _annotations(quantizer, graph)
+    assert len(exports) == len(patterns) > 0
+    exports.clear()
+    with (bounded := ExportedPatterns(bound=2)).installed():  # past its bound a pattern is exported again, not kept
+        _annotations(quantizer, graph)
+        _annotations(quantizer, graph)
+    assert len(bounded) == 2 and len(exports) == 2 * len(patterns) - 2
+
+
+def test_without_torchaos_helper_nothing_changes_and_a_debug_line_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "torchao.quantization.pt2e.utils", types.ModuleType("utils"))
+    with caplog.at_level("DEBUG", logger="qinsight.planning.annotation"), ExportedPatterns().installed():
+        pass
+    assert "torchao has no _get_aten_graph_module_for_pattern" in caplog.text
