@@ -36,7 +36,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"qinsight {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     commands = parser.add_subparsers(dest="command", required=True)
+    for add in (_diagnose_command, _compare_command, _plan_command, _file_commands):
+        add(commands)
+    return parser
 
+
+def _diagnose_command(commands: typing.Any) -> None:
+    """``qinsight diagnose``: the model, what it is judged against, verification, outputs."""
     run = commands.add_parser("diagnose", help="diagnose a model and print the report")
     _model_source(run)
     run.add_argument(
@@ -64,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     _outputs(run)
 
+
+def _compare_command(commands: typing.Any) -> None:
+    """``qinsight compare``: a model quantized in a flow, compared with the float one (and lowered)."""
     compare = commands.add_parser("compare", help="quantize a model and compare it with the float one, layer by layer")
     _model_source(compare)
     compare.add_argument(
@@ -75,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--backend",
         default="x86",
-        help="FX: the qconfig backend; PT2E: x86 (X86InductorQuantizer) or xnnpack (XNNPACKQuantizer) (default x86)",
+        help=f"FX: the qconfig backend; PT2E: its quantizer; one of {', '.join(backend_names())} (default x86)",
     )
     compare.add_argument(
         "--lowered",
@@ -86,6 +95,9 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", metavar="FILE.json", help="write the comparison as a report file")
     compare.add_argument("--html", metavar="FILE.html", help="write it as a self-contained page")
 
+
+def _plan_command(commands: typing.Any) -> None:
+    """``qinsight plan``: the evaluation data, the goal, the deployment, smoothing, outputs."""
     planned = commands.add_parser(
         "plan", help="find what to keep in float so that the quantized model reaches a target"
     )
@@ -115,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     planned.add_argument(
         "--backend",
         default="x86",
-        help="FX: the qconfig backend; PT2E: x86 (X86InductorQuantizer) or xnnpack (XNNPACKQuantizer) (default x86)",
+        help=f"FX: the qconfig backend; PT2E: its quantizer; one of {', '.join(backend_names())} (default x86)",
     )
     planned.add_argument(
         "--lowered",
@@ -151,6 +163,9 @@ def _parser() -> argparse.ArgumentParser:
     planned.add_argument("--quiet", action="store_true", help="no progress lines")
     _outputs(planned)
 
+
+def _file_commands(commands: typing.Any) -> None:
+    """The commands on saved reports (merge, show, diff, plot) and on the installation (detectors, schema)."""
     merge = commands.add_parser("merge", help="merge reports of one model calibrated on disjoint data into one")
     merge.add_argument("files", nargs="+", metavar="REPORT.json")
     _outputs(merge)
@@ -181,7 +196,6 @@ def _parser() -> argparse.ArgumentParser:
 
     commands.add_parser("detectors", help="installed detectors, their versions and load failures")
     commands.add_parser("schema", help="print the report file schema (for the snapshot test)")
-    return parser
 
 
 def _model_source(command: argparse.ArgumentParser) -> None:
