@@ -28,9 +28,6 @@ from qinsight.compare import (
     compare_activations as compare_activations,
 )
 from qinsight.compare import (
-    compare_configs as compare_configs,
-)
-from qinsight.compare import (
     compare_lowered as compare_lowered,
 )
 from qinsight.compare import (
@@ -65,6 +62,9 @@ from qinsight.outputs.diff import diff_reports as diff_reports
 from qinsight.outputs.serde import load_report as load_report
 from qinsight.outputs.serde import save_report as save_report
 from qinsight.outputs.text import to_text as to_text
+from qinsight.pipeline import (
+    compare_configs as compare_configs,
+)
 from qinsight.pipeline import (
     comparison_report as comparison_report,
 )

@@ -229,7 +229,7 @@ def _calls(name: str) -> set[str]:
 def test_one_trial_quantizes_a_config_for_real() -> None:
     """torch's convert is called by the flow registry alone; the recipe ``qinsight.quantize`` follows is
     called by it and by the one trial, which verification and plans score every config through."""
-    assert _calls("convert_fx") | _calls("convert_pt2e") == {"qinsight.compare.quant_flows"}
+    assert _calls("convert_fx") | _calls("convert_pt2e") == {"qinsight.apply.torch_flows"}
     assert _calls("quantize_with") == {"qinsight.apply", "qinsight.apply.trial"}
     assert _calls("run_trial") == {"qinsight.pipeline.verifier", "qinsight.planning.simulated_flows"}
 

@@ -10,60 +10,29 @@ user's model is never changed: the flows prepare a copy.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from qinsight.apply.equalization_qconfig import equalization_qconfig_mapping
-from qinsight.apply.pt2e import on_top_of, pt2e_quantizer
-from qinsight.apply.qconfigs import qconfig_mapping
+from qinsight.apply.pt2e import on_top_of
 from qinsight.apply.smoothed_model import apply_smoothing
-from qinsight.apply.torchao import int8_dynamic, int8_recipe
-from qinsight.compare.quant_flows import QUANT_FLOWS, QuantFlow, prepare_config
+from qinsight.apply.torch_flows import TORCH_FLOWS, TorchFlow, prepare_config
 from qinsight.core.advice import Advice
 from qinsight.core.errors import FrontendError, InvalidParameterError
-from qinsight.core.flows import check_flow_backend, flow_spec, fx_engine, pt2e_quantizers
+from qinsight.core.flows import check_flow_backend, flow_spec
 from qinsight.core.notes import NoteKind, NoteWarning
 from qinsight.core.sites import FlowName
 from qinsight.frontends import eval_mode, example_inputs, run_batch
-
-# Each flow's config built from advice: its prepare and convert are qinsight.compare.quant_flows'.
-CONFIG_BUILDERS: dict[FlowName, Callable[[Advice], object]] = {
-    "fx": qconfig_mapping,
-    "pt2e": pt2e_quantizer,
-    "torchao": int8_recipe,
-}
-
-
-def _fx_default(backend: str) -> tuple[object, str]:
-    from torch.ao.quantization import get_default_qconfig_mapping
-
-    return get_default_qconfig_mapping(fx_engine(backend)), f"{backend} default"
-
-
-def _pt2e_default(backend: str) -> tuple[object, str]:
-    quantizers = pt2e_quantizers("compare", backend)
-    return quantizers.default(), quantizers.default_name
-
-
-def _torchao_default(_backend: str) -> tuple[object, str]:
-    return int8_dynamic(), "torchao Int8DynamicActivationInt8WeightConfig"
-
-
-DEFAULT_CONFIGS: dict[FlowName, Callable[[str], tuple[object, str]]] = {
-    "fx": _fx_default,
-    "pt2e": _pt2e_default,
-    "torchao": _torchao_default,
-}
 
 
 def default_config(flow: FlowName, backend: str, owner: str = "compare") -> tuple[object, str]:
     """torch's default config of ``flow`` for ``backend`` and its name: FX's default ``QConfigMapping``,
     the backend's PT2E quantizer; one error naming the flow that serves ``backend`` where ``flow`` does not."""
     check_flow_backend(owner, flow, backend)
-    return DEFAULT_CONFIGS[flow](backend)
+    return TORCH_FLOWS[flow].default(backend)
 
 
 def torch_config(advice: Advice, quantizer: object | None = None, owner: str = "quantize") -> object:
@@ -71,13 +40,13 @@ def torch_config(advice: Advice, quantizer: object | None = None, owner: str = "
     the user's ``quantizer``, that quantizer with the advice's float sites stripped (a plan made with
     ``quantizer=`` must be given it again: its config is not qinsight's to rebuild)."""
     if quantizer is not None:
-        if not QUANT_FLOWS[advice.flow].takes(quantizer):
+        if not TORCH_FLOWS[advice.flow].takes(quantizer):
             expected = f"a config the {advice.flow} flow takes (a torchao Quantizer for PT2E advice)"
             raise InvalidParameterError(owner, "quantizer", type(quantizer).__name__, expected)
         return on_top_of(quantizer, advice.sites, advice.suggestions)
     if advice.starts_from:
         raise InvalidParameterError(owner, "quantizer", None, f"the {advice.starts_from} the plan started from")
-    return CONFIG_BUILDERS[advice.flow](advice)
+    return TORCH_FLOWS[advice.flow].config_of(advice)
 
 
 def varying_shapes(batches: Sequence[object]) -> tuple[dict[int, Any] | None, ...] | None:
@@ -112,8 +81,8 @@ def calibrate(prepared: nn.Module, batches: Iterable[object]) -> None:
 
 def prepared(
     flow: str, model: nn.Module, config: object, example: tuple[Any, ...], shapes: Any, equalization: Any
-) -> tuple[nn.Module, QuantFlow]:
-    """:func:`~qinsight.compare.quant_flows.prepare_config`, its failures (tracing, export, a quantizer
+) -> tuple[nn.Module, TorchFlow]:
+    """:func:`~qinsight.apply.torch_flows.prepare_config`, its failures (tracing, export, a quantizer
     refusing a pattern: torch's errors have no common base) said as one :class:`FrontendError`."""
     try:
         return prepare_config(model, config, example, shapes, equalization)
@@ -142,7 +111,7 @@ def quantize_with(
     smoothed = apply_smoothing(model, advice.smoothing)
     spec = flow_spec(advice.flow)
     equalization = equalization_qconfig_mapping(advice.equalization) if spec.equalizes else None
-    shapes = varying_shapes([*calibration, *runs_on]) if spec.frontend == "export" else None
+    shapes = varying_shapes([*calibration, *runs_on]) if spec.exports else None
     ready, flow = prepared(
         advice.flow, smoothed, torch_config(advice, quantizer), example_inputs(calibration[0]), shapes, equalization
     )
@@ -151,8 +120,6 @@ def quantize_with(
 
 
 __all__ = [
-    "CONFIG_BUILDERS",
-    "DEFAULT_CONFIGS",
     "calibrate",
     "default_config",
     "prepared",

@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from qinsight.apply.recipe import quantize_with
+from qinsight.apply.torch_flows import release_fx_graphs
 from qinsight.compare.layers import quantized_layers
 from qinsight.compare.programs import shipped
-from qinsight.compare.quant_flows import release_fx_graphs
 from qinsight.core.advice import Advice
 from qinsight.core.backend import Lowering
 from qinsight.core.errors import describe

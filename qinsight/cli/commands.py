@@ -147,10 +147,10 @@ def _compare(args: argparse.Namespace) -> int:
     if launch is not None and args.lowered:
         raise UsageError("--lowered runs in one process: run it without torchrun")
     # torch: once the arguments are known to be right
-    from qinsight.compare import compare_activations, compare_lowered, compare_weights, quantize_candidates
+    from qinsight.compare import compare_activations, compare_lowered, compare_weights
     from qinsight.core.comparison import Comparison
     from qinsight.frontends import model_structure
-    from qinsight.pipeline import comparison_report
+    from qinsight.pipeline import comparison_report, quantize_candidates
 
     with ranks.process_group(launch):
         with ranks.checked_together(launch):

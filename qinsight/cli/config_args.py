@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from qinsight.core.backend import backend_names, check_backend, planned_backend
+from qinsight.core.backend import backend_names, check_backend, is_quantizer, planned_backend
 from qinsight.core.errors import UsageError
 from qinsight.core.flows import flow_spec, flows_serving
 from qinsight.core.sites import FlowName, checked_flow
@@ -53,7 +53,7 @@ def planned_config(args: argparse.Namespace) -> tuple[QConfigMapping | None, obj
         config = load_factory(args.qconfig, "--qconfig")()
     if isinstance(config, QConfigMapping):
         return config, None
-    if callable(getattr(config, "annotate", None)):  # a torchao Quantizer, composed or not
+    if is_quantizer(config):  # a torchao Quantizer, composed or not
         return None, config
     raise UsageError(f"--qconfig gave {type(config).__name__}, not a torch QConfigMapping or a PT2E Quantizer")
 

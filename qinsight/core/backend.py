@@ -113,6 +113,12 @@ class Backend:
         return self.fx_engine or self.fx_stand_in
 
 
+def is_quantizer(config: object) -> bool:
+    """Whether ``config`` is a PT2E quantizer: it annotates a graph (torchao's ``Quantizer``, a
+    ``ComposableQuantizer`` too, a third party's subclass): the one duck test."""
+    return callable(getattr(config, "annotate", None))
+
+
 def backend_names() -> tuple[str, ...]:
     """The backends installed here, by name, sorted (from metadata: nothing is imported)."""
     return tuple(sorted({entry.name for entry in installed(GROUP)} | set(BUILTIN_BACKENDS)))
@@ -242,6 +248,7 @@ __all__ = [
     "check_backend",
     "find_backend",
     "get_backend",
+    "is_quantizer",
     "backend_lowering",
     "planned_backend",
 ]

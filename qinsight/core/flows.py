@@ -8,7 +8,7 @@ ExecuTorch's XNNPACKQuantizer for xnnpack, a third party's for its own), torchao
 where its int8 kernels run (x86). ``quantize_`` takes the model as it is (no graph), so it quantizes
 models neither FX nor ``torch.export`` take, and its per-layer formats are planned by
 ``qinsight.plan_formats``. A flow's torch side (its config builder, prepare and convert) is
-registered under the same name in :mod:`qinsight.compare.quant_flows` and :mod:`qinsight.apply.recipe`.
+registered under the same name in :mod:`qinsight.apply.torch_flows` and :mod:`qinsight.apply.recipe`.
 """
 
 from __future__ import annotations
@@ -56,12 +56,19 @@ class FlowSpec:
             raise _unserved(owner, self, backend)
         return self.stand_in
 
+    @property
+    def exports(self) -> bool:
+        """Whether it quantizes the graph ``torch.export`` gives (PT2E): its inputs' varying dimensions
+        are exported dynamic."""
+        return self.frontend == EXPORTED
+
     def call(self, source: str) -> str:
         """The call that builds this flow's config of ``source`` (``"report"``, ``"plan"``)."""
         return self.config_call.format(source=source)
 
 
 NO_GRAPH: Final = "module"  # a FlowSpec's frontend where the flow takes the model as it is (quantize_)
+EXPORTED: Final = "export"  # a FlowSpec's frontend where the flow prepares the exported graph (PT2E)
 
 FLOW_SPECS: Final[dict[FlowName, FlowSpec]] = {
     "fx": FlowSpec(
@@ -130,7 +137,7 @@ def report_flow(frontend: str, backend: str) -> FlowName:
     own = [spec for spec in FLOW_SPECS.values() if spec.frontend == frontend]
     if own:
         return own[0].name if own[0].serves(backend) else flows_serving(backend)[0]
-    return next(spec.name for spec in FLOW_SPECS.values() if spec.frontend == "export")
+    return next(spec.name for spec in FLOW_SPECS.values() if spec.exports)
 
 
 def verifying_flows(frontend: str, backend: str) -> tuple[FlowName, ...]:
@@ -141,6 +148,19 @@ def verifying_flows(frontend: str, backend: str) -> tuple[FlowName, ...]:
     if reads_as_is(frontend):
         return (own,)
     return (own, *(spec.name for spec in FLOW_SPECS.values() if spec.frontend == NO_GRAPH and spec.serves(backend)))
+
+
+def observes_activations(frontend: str, backend: str) -> bool:
+    """Whether the report's own activation observing applies: a flow observing activations its way (FX)
+    serves ``backend``, and the model is not an exported graph (a flow preparing that observes 8 bits
+    after the clips already)."""
+    return frontend != EXPORTED and any(s.observes_activations and s.serves(backend) for s in FLOW_SPECS.values())
+
+
+def equalizes(frontend: str, backend: str) -> bool:
+    """Whether a flow serving ``backend`` equalizes the model (FX's ``prepare_fx``): not an exported
+    graph, which is not what ``prepare_fx`` equalizes (the user's module is)."""
+    return frontend != EXPORTED and any(s.equalizes and s.serves(backend) for s in FLOW_SPECS.values())
 
 
 def check_flow_backend(owner: str, flow: FlowName, backend: str) -> None:
@@ -182,6 +202,8 @@ __all__ = [
     "NO_GRAPH",
     "FlowSpec",
     "check_flow_backend",
+    "equalizes",
+    "observes_activations",
     "flow_spec",
     "flows_serving",
     "pt2e_quantizers",

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import attrs
 
-from qinsight.core.backend import check_backend
+from qinsight.core.backend import check_backend, is_quantizer
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.plan import Budget, BudgetUnit, Target
 from qinsight.core.sites import FLOWS, FlowName, checked_flow
@@ -35,7 +35,7 @@ def _wrong(attribute: attrs.Attribute[Any], value: object) -> None:
 
 
 def _quantizer(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and not callable(getattr(value, "annotate", None)):
+    if value is not None and not is_quantizer(value):
         expected = "a torchao PT2E Quantizer (XNNPACKQuantizer, X86InductorQuantizer, a ComposableQuantizer) or None"
         raise InvalidParameterError("Deployment", attribute.name, type(value).__name__, expected)
 
@@ -72,7 +72,7 @@ class Deployment:
             return value
         if isinstance(value, str):
             return cls(flow=checked_flow(value, owner)) if value in FLOWS else cls(backend=check_backend(owner, value))
-        if callable(getattr(value, "annotate", None)):
+        if is_quantizer(value):
             return cls(quantizer=value)
         expected = "a Deployment, a backend's or a flow's name, or a PT2E quantizer"
         raise InvalidParameterError(owner, "deploy", type(value).__name__, expected)

@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 import torch
 
+from qinsight.core.backend import is_quantizer
 from qinsight.core.errors import FrontendError, MissingExtraError
 from qinsight.core.sites import OpSite
 from qinsight.frontends.base import ModelViewBase, hookless_copy
@@ -45,7 +46,7 @@ def configure_by_quantizer(view: ModelView, quantizer: object, example: tuple[An
     not name keeps its own."""
     if not isinstance(view, ModelViewBase):  # every frontend's view is; a plugin's own may not be
         raise FrontendError(f"the {view.frontend} frontend's view cannot be configured by a quantizer")
-    if not callable(getattr(quantizer, "annotate", None)):
+    if not is_quantizer(quantizer):
         raise FrontendError(
             f"quantizer={type(quantizer).__name__} is not a torchao PT2E Quantizer (it has no annotate)"
         )

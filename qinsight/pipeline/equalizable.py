@@ -29,8 +29,8 @@ from torch.ao.quantization.fx._equalize import (
 )
 from torch.ao.quantization.quantize_fx import prepare_fx
 
+from qinsight.apply.torch_flows import release_fx_graphs
 from qinsight.compare.metric_functions import relative_l2
-from qinsight.compare.quant_flows import release_fx_graphs
 from qinsight.core.errors import describe
 from qinsight.core.flows import fx_engine
 from qinsight.frontends import eval_mode, example_inputs, hookless_copy, run_batch, shared_copy

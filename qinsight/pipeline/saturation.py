@@ -34,7 +34,7 @@ from torch.ao.quantization.quantize_fx import prepare_fx
 from torch.ao.quantization.utils import activation_is_dynamically_quantized
 
 from qinsight.apply.qconfigs import advice_mapping
-from qinsight.compare.quant_flows import QUANT_FLOWS, release_fx_graphs
+from qinsight.apply.torch_flows import TORCH_FLOWS, release_fx_graphs
 from qinsight.core.fx_activations import FxActivations, NarrowedInput
 from qinsight.core.report import Report
 from qinsight.frontends import eval_mode, example_inputs, hookless_copy, run_batch, shared_copy
@@ -197,7 +197,7 @@ def checked_activations(
                 prepared = prepare_fx(shared_copy(model), static_only(mapping_for(activations)), inputs)
                 with torch.no_grad():
                     run_batch(prepared, example)
-                off, kernels = saturated(QUANT_FLOWS["fx"].convert(prepared), example)
+                off, kernels = saturated(TORCH_FLOWS["fx"].convert(prepared), example)
             release_fx_graphs()
         except Exception:
             return None  # FX cannot quantize it: its config stays torch's

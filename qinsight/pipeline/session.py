@@ -26,7 +26,7 @@ from torch.ao.quantization import QConfigMapping
 
 from qinsight.core.backend import check_backend, planned_backend
 from qinsight.core.errors import CalibrationError, InvalidParameterError, describe
-from qinsight.core.flows import flow_spec
+from qinsight.core.flows import equalizes, observes_activations
 from qinsight.core.fx_activations import FxActivations
 from qinsight.core.options import Deployment
 from qinsight.core.options import options as chosen_options
@@ -229,16 +229,14 @@ class Session:
     def _fx_activations(self) -> FxActivations | None:
         """How the report's FX config observes activations: qinsight's way, its kernels checked where the
         config is verified (:func:`~qinsight.pipeline.saturation.kernels_checked`)."""
-        if self._example is None or self.view.frontend == "export" or not flow_spec("fx").serves(self._backend):
+        if self._example is None or not observes_activations(self.view.frontend, self._backend):
             return None  # PT2E observes 8 bits after the clips already
         return FxActivations(checked=False)
 
     def _refused_equalizations(self, fqns: tuple[str, ...]) -> dict[str, str]:
         """The suggested equalizations torch cannot apply (:mod:`.equalizable`), checked on the first batch."""
-        fx_equalizes = flow_spec("fx").serves(self._backend)
-        if not fqns or self._example is None or self.view.frontend == "export" or not fx_equalizes:
-            # an exported graph is not what prepare_fx equalizes (the user's module is); PT2E has no
-            # equalization at all (XNNPACK's only flow), which qinsight.pt2e_quantizer(report) says
+        if not fqns or self._example is None or not equalizes(self.view.frontend, self._backend):
+            # PT2E has no equalization at all (XNNPACK's only flow), which qinsight.pt2e_quantizer(report) says
             return {}
         return refused_equalizations(self.view.model, fqns, self._example, self._backend)
 

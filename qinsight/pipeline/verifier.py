@@ -28,10 +28,10 @@ import attrs
 import torch
 from torch import nn
 
+from qinsight.apply.torch_flows import TORCH_FLOWS, flow_of
 from qinsight.apply.trial import Trial, model_outputs, run_trial, weighted_layers
 from qinsight.compare.metric_functions import sqnr
 from qinsight.compare.outputs import output_rows
-from qinsight.compare.quant_flows import QUANT_FLOWS, flow_of
 from qinsight.core.advice import Advice, advice_of
 from qinsight.core.backend import Lowering, backend_lowering, planned_backend
 from qinsight.core.errors import InvalidParameterError
@@ -82,7 +82,7 @@ def chosen_flows(
         raise InvalidParameterError(owner, "verify", verify, expected)
     for flow in flows:
         flow_spec(flow).backend_for(owner, backend)
-        if quantizer is not None and not QUANT_FLOWS[flow].takes(quantizer):
+        if quantizer is not None and not TORCH_FLOWS[flow].takes(quantizer):
             raise InvalidParameterError(owner, "verify", flow, f"a flow your {type(quantizer).__name__} quantizes in")
     return tuple(dict.fromkeys(flows))
 

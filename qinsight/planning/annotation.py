@@ -3,7 +3,7 @@
 XNNPACKQuantizer's ``annotate`` exports its conv-batch-norm patterns with ``torch.export`` on every
 call (torchao's ``_get_aten_graph_module_for_pattern``, twelve exports): on MobileNetV2 that is all
 of its 2.3 s a call, and 4 MB torch never gives back. A plan asks the quantizer which edges each
-config quantizes (hundreds of configs), so within :func:`patterns_exported_once` the helper answers
+config quantizes (hundreds of configs), so within :meth:`ExportedPatterns.installed` the helper answers
 a pattern it has exported before with a copy of that graph (its callers rewrite the graph they get).
 """
 

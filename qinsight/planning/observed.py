@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 import torch
 from torch import fx, nn
 
-from qinsight.compare.quant_flows import release_fx_graphs
+from qinsight.apply.torch_flows import release_fx_graphs
 from qinsight.planning.simulate import Edge, QParams, observed_node, observer_nodes
 from qinsight.planning.switches import Mode
 

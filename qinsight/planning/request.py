@@ -9,9 +9,9 @@ from typing import Any
 
 import attrs
 
+from qinsight.apply.torch_flows import TORCH_FLOWS, flow_of
 from qinsight.compare.metric_functions import load_metric
-from qinsight.compare.quant_flows import QUANT_FLOWS, flow_of
-from qinsight.core.backend import Lowering, backend_lowering, planned_backend
+from qinsight.core.backend import Lowering, backend_lowering, is_quantizer, planned_backend
 from qinsight.core.errors import InvalidParameterError, QinsightError
 from qinsight.core.flows import check_flow_backend, flow_spec, flows_serving
 from qinsight.core.options import Deployment, Goal
@@ -102,9 +102,7 @@ def plan_request(
             "'fx' or 'pt2e' (qinsight.plan_formats plans torchao's quantize_, a format per Linear)",
         )
     # the quantizer first: the backend it implies is not what the user got wrong
-    if quantizer is not None and not (
-        QUANT_FLOWS[name].takes(quantizer) and callable(getattr(quantizer, "annotate", None))
-    ):
+    if quantizer is not None and not (TORCH_FLOWS[name].takes(quantizer) and is_quantizer(quantizer)):
         expected = "a torchao Quantizer, for flow='pt2e' (a plan starts from a PT2E quantizer)"
         raise InvalidParameterError("plan", "quantizer", type(quantizer).__name__, expected)
     check_flow_backend("plan", name, backend)

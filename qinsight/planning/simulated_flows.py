@@ -31,8 +31,8 @@ from torch.ao.quantization.quantize_fx import prepare_fx
 from qinsight.apply.equalization_qconfig import equalization_qconfig_mapping
 from qinsight.apply.qconfigs import advice_mapping
 from qinsight.apply.recipe import calibrate, prepared, torch_config, varying_shapes
+from qinsight.apply.torch_flows import TORCH_FLOWS
 from qinsight.apply.trial import Trial, run_trial
-from qinsight.compare.quant_flows import QUANT_FLOWS
 from qinsight.core.advice import Advice
 from qinsight.core.backend import Lowering, get_backend
 from qinsight.core.equalization import EqualizationMapping
@@ -262,7 +262,7 @@ class FxFlow(Flow):
         forms FX gives them (:mod:`.kernels`)."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            converted = typing.cast(fx.GraphModule, QUANT_FLOWS["fx"].convert(copy.deepcopy(prepared)))
+            converted = typing.cast(fx.GraphModule, TORCH_FLOWS[self.name].convert(copy.deepcopy(prepared)))
         modules = dict(converted.named_modules())
         kernels = {
             name: module

@@ -11,8 +11,8 @@ import pytest
 from torch.ao.quantization import get_default_qconfig_mapping
 
 import qinsight as api
-from qinsight.compare.configs import quantize_candidates
 from qinsight.examples import example
+from qinsight.pipeline.config_comparison import quantize_candidates
 
 from _cli import run_cli as qinsight
 

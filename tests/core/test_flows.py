@@ -17,7 +17,7 @@ from qinsight.core.flows import check_flow_backend, flow_spec, flows_serving, ve
 from qinsight.core.sites import FLOWS
 
 PACKAGE = Path(qinsight.__file__).resolve().parent
-REGISTRIES = {"core/flows.py", "compare/quant_flows.py"}  # where a flow's name may be spelled out and compared
+REGISTRIES = {"core/flows.py", "apply/torch_flows.py"}  # where a flow's name may be spelled out and compared
 
 
 def test_the_built_in_backends_are_records_registered_as_a_third_partys_are() -> None:

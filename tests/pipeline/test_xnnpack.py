@@ -50,7 +50,7 @@ def test_the_xnnpack_reports_advice_holds_in_the_program_executorch_runs() -> No
     default leaves the program 14 dB from fp32 on batches calibration never saw, the report's
     XNNPACKQuantizer 46 dB (measured: 14.1 and 45.8)."""
     from qinsight.backends.xnnpack import default_xnnpack_quantizer
-    from qinsight.compare import quantize_candidates
+    from qinsight.pipeline import quantize_candidates
 
     chosen = example("encoder")
     model, batches = chosen.model(), chosen.data(16)

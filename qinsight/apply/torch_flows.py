@@ -1,12 +1,12 @@
-"""Each flow's torch side: which configs it takes, how it prepares a model with one, how it converts.
+"""Each flow's torch side, one record per flow: which configs it takes, the config of some advice,
+its default config for a backend, how it prepares a model with a config, how it converts.
 
-Registered under the names of :data:`qinsight.core.flows.FLOW_SPECS` (what each flow can express).
-A config picks its flow by what it is: a ``QConfigMapping`` is FX's
-(``prepare_fx``/``convert_fx``), a torchao ``Quantizer``, composed or not, PT2E's (``torch.export``,
-then ``prepare_pt2e``/``convert_pt2e``), a torchao ``quantize_`` config or qinsight's
-:class:`~qinsight.compare.torchao_flow.Int8Recipe` torchao's (:mod:`.torchao_flow`). The advice's
-configs are built in :mod:`qinsight.apply`;
-the programs a backend lowers to, in :mod:`.programs` and :mod:`qinsight.backends`.
+What a flow can express, whether it exports, whether it lowers: its torch-free
+:class:`~qinsight.core.flows.FlowSpec` (:attr:`TorchFlow.spec`). A config picks its flow by what it
+is: a ``QConfigMapping`` is FX's (``prepare_fx``/``convert_fx``), a torchao ``Quantizer``, composed or
+not, PT2E's (``torch.export``, then ``prepare_pt2e``/``convert_pt2e``), a torchao ``quantize_`` config
+or qinsight's :class:`~qinsight.compare.torchao_flow.Int8Recipe` torchao's. The programs a backend
+lowers to: :mod:`qinsight.compare.programs` and :mod:`qinsight.backends`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,14 @@ import torch
 from torch import nn
 from torch.ao.quantization import QConfigMapping
 
+from qinsight.apply.pt2e import pt2e_quantizer
+from qinsight.apply.qconfigs import qconfig_mapping
+from qinsight.apply.torchao import int8_dynamic, int8_recipe
 from qinsight.compare.torchao_flow import convert_torchao, is_torchao_config, prepare_torchao
+from qinsight.core.advice import Advice
+from qinsight.core.backend import is_quantizer
 from qinsight.core.errors import InvalidParameterError
+from qinsight.core.flows import FLOW_SPECS, FlowSpec, fx_engine, pt2e_quantizers
 from qinsight.core.sites import FlowName
 from qinsight.frontends import separate_shared_calls
 
@@ -75,31 +81,73 @@ def release_fx_graphs() -> None:
         clear()
 
 
-def _is_quantizer(config: object) -> bool:
-    return callable(getattr(config, "annotate", None))  # torchao's Quantizer, ComposableQuantizer included
+def _fx_default(backend: str) -> tuple[object, str]:
+    from torch.ao.quantization import get_default_qconfig_mapping
+
+    return get_default_qconfig_mapping(fx_engine(backend)), f"{backend} default"
 
 
-@attrs.frozen
-class QuantFlow:
-    """One flow's calls: ``takes`` a config; ``prepare(model, config, example, dynamic_shapes,
-    equalization)`` a copy of the model (the user's is never changed); ``convert`` the calibrated one."""
+def _pt2e_default(backend: str) -> tuple[object, str]:
+    quantizers = pt2e_quantizers("compare", backend)
+    return quantizers.default(), quantizers.default_name
 
-    name: FlowName
+
+def _torchao_default(_backend: str) -> tuple[object, str]:
+    return int8_dynamic(), "torchao Int8DynamicActivationInt8WeightConfig"
+
+
+@attrs.frozen(kw_only=True)
+class TorchFlow:
+    """One flow's torch side: ``takes`` a config; ``config_of`` advice; its ``default`` config for a
+    backend and that config's name; ``prepare(model, config, example, dynamic_shapes, equalization)`` a
+    copy of the model (the user's is never changed); ``convert`` the calibrated one."""
+
+    spec: FlowSpec
     takes: Callable[[object], bool]
+    config_of: Callable[[Advice], object]
+    default: Callable[[str], tuple[object, str]]
     prepare: Callable[[nn.Module, object, tuple[Any, ...], Any, Any], nn.Module]
     convert: Callable[[nn.Module], nn.Module]
 
+    @property
+    def name(self) -> FlowName:
+        return self.spec.name
 
-QUANT_FLOWS: dict[FlowName, QuantFlow] = {
-    "fx": QuantFlow("fx", lambda config: isinstance(config, QConfigMapping), _prepare_fx, _convert_fx),
-    "pt2e": QuantFlow("pt2e", _is_quantizer, _prepare_pt2e, _convert_pt2e),
-    "torchao": QuantFlow("torchao", is_torchao_config, prepare_torchao, convert_torchao),
+
+TORCH_FLOWS: dict[FlowName, TorchFlow] = {
+    flow.name: flow
+    for flow in (
+        TorchFlow(
+            spec=FLOW_SPECS["fx"],
+            takes=lambda config: isinstance(config, QConfigMapping),
+            config_of=qconfig_mapping,
+            default=_fx_default,
+            prepare=_prepare_fx,
+            convert=_convert_fx,
+        ),
+        TorchFlow(
+            spec=FLOW_SPECS["pt2e"],
+            takes=is_quantizer,
+            config_of=pt2e_quantizer,
+            default=_pt2e_default,
+            prepare=_prepare_pt2e,
+            convert=_convert_pt2e,
+        ),
+        TorchFlow(
+            spec=FLOW_SPECS["torchao"],
+            takes=is_torchao_config,
+            config_of=int8_recipe,
+            default=_torchao_default,
+            prepare=prepare_torchao,
+            convert=convert_torchao,
+        ),
+    )
 }
 
 
-def flow_of(config: object, owner: str = "compare_configs", argument: str = "configs") -> QuantFlow:
+def flow_of(config: object, owner: str = "compare_configs", argument: str = "configs") -> TorchFlow:
     """The flow that takes ``config``, or one :class:`InvalidParameterError` saying what is taken."""
-    for flow in QUANT_FLOWS.values():
+    for flow in TORCH_FLOWS.values():
         if flow.takes(config):
             return flow
     expected = "a QConfigMapping, a torchao Quantizer or a torchao quantize_ config"
@@ -112,11 +160,11 @@ def prepare_config(
     example_inputs: tuple[Any, ...],
     dynamic_shapes: Any = None,
     equalization: QConfigMapping | None = None,
-) -> tuple[nn.Module, QuantFlow]:
+) -> tuple[nn.Module, TorchFlow]:
     """The prepared copy of ``model`` under ``config`` (FX with ``equalization`` as prepare_fx's
     ``_equalization_config``; PT2E exported with ``dynamic_shapes``), and the flow that prepared it."""
     flow = flow_of(config)
     return flow.prepare(model, config, example_inputs, dynamic_shapes, equalization), flow
 
 
-__all__ = ["QUANT_FLOWS", "QuantFlow", "flow_of", "prepare_config", "release_fx_graphs"]
+__all__ = ["TORCH_FLOWS", "TorchFlow", "flow_of", "prepare_config", "release_fx_graphs"]

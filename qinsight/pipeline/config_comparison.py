@@ -1,6 +1,6 @@
 """Several candidate quantization configs of one model, compared layer by layer (torch's n-shadows job).
 
-Each candidate is a config of one of the flows (:mod:`.quant_flows`): a torch ``QConfigMapping`` (FX)
+Each candidate is a config of one of the flows (:mod:`qinsight.apply.torch_flows`): a torch ``QConfigMapping`` (FX)
 or a torchao PT2E ``Quantizer``, composed or not (PT2E). All candidates calibrate in one pass over
 the calibration data, then one pass over the evaluation data measures every
 layer under every candidate (:func:`qinsight.compare.activations.measure_activations`):
@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from qinsight.apply.torch_flows import prepare_config
 from qinsight.compare.activations import measure_activations
 from qinsight.compare.metric_functions import DEFAULT
-from qinsight.compare.quant_flows import prepare_config
 from qinsight.core.comparison import (
     ConfigComparison,
     ConfigScore,
