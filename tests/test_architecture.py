@@ -184,6 +184,38 @@ def test_no_module_is_long() -> None:
     assert {name: n for name, n in lengths.items() if n > 500} == {}
 
 
+def _body_lines(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's lines, its docstring aside."""
+    first = function.body[0]
+    documented = (
+        isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    )
+    start = (first.end_lineno or first.lineno) + 1 if documented and len(function.body) > 1 else function.lineno
+    return (function.end_lineno or function.lineno) - start + 1
+
+
+def test_no_function_is_long() -> None:
+    """Past 60 lines (its docstring aside) a function does two things: each is a function of its own."""
+    long = {
+        f"{name}.{node.name}": _body_lines(node)
+        for name, path in modules().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and _body_lines(node) > 60
+    }
+    assert long == {}
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A module's name says its role: two ``flows.py`` make a reader ask which (the top-level facades,
+    ``qinsight/errors.py`` over ``core/errors.py``, are the one exception)."""
+    names: dict[str, list[str]] = {}
+    for name, path in modules().items():
+        parts = name.split(".")
+        if path.name != "__init__.py" and (len(parts) > 2 or parts[-1] not in FACADES):
+            names.setdefault(parts[-1], []).append(name)
+    assert {base: found for base, found in names.items() if len(found) > 1} == {}
+
+
 # Names that hold the words qinsight shows (a note, a check's change, a reason, a suggestion described):
 # code acts on kinds and fields, never on these words, so rewording a message changes no behaviour.
 SHOWN = {"change", "reason", "text", "note", "notes", "said", "error", "message"}

@@ -114,11 +114,6 @@ def _plan_command(commands: typing.Any) -> None:
         help="with --hf: evaluation text, one paragraph per line (default: qinsight's held-out paragraphs)",
     )
     planned.add_argument(
-        "--target",
-        help="sqnr>=DB, cosine>=X, top1>=X, kl<=NATS, token_agreement>=X, perplexity<=RATIO (logits), "
-        "a plugin metric's NAME>=X or NAME<=X (default sqnr>=30 without a --budget)",
-    )
-    planned.add_argument(
         "--flow",
         choices=FLOWS,
         help="prepare_fx/convert_fx (default), PT2E (the default with --backend xnnpack or --lowered), "
@@ -134,6 +129,24 @@ def _plan_command(commands: typing.Any) -> None:
         action="store_true",
         help="PT2E: score each config for real as the program lowered for the backend "
         "(xnnpack: ExecuTorch; x86: inductor)",
+    )
+    _plan_goal_arguments(planned)
+    planned.add_argument(
+        "--smooth",
+        action="store_true",
+        help="smooth the Linears' inputs first (SmoothQuant factors, chosen by measured error)",
+    )
+    _judged_against(planned)
+    planned.add_argument("--quiet", action="store_true", help="no progress lines")
+    _outputs(planned)
+
+
+def _plan_goal_arguments(planned: argparse.ArgumentParser) -> None:
+    """``qinsight plan``'s goal: the target, the formats of a format plan, the budget, the confidence."""
+    planned.add_argument(
+        "--target",
+        help="sqnr>=DB, cosine>=X, top1>=X, kl<=NATS, token_agreement>=X, perplexity<=RATIO (logits), "
+        "a plugin metric's NAME>=X or NAME<=X (default sqnr>=30 without a --budget)",
     )
     planned.add_argument(
         "--formats",
@@ -154,14 +167,6 @@ def _plan_command(commands: typing.Any) -> None:
         "at this confidence over the search tokens (default 0.95; 0.5: at the score itself); with a top1 target: "
         "at Wilson's bound over the evaluation rows (default: at the score itself)",
     )
-    planned.add_argument(
-        "--smooth",
-        action="store_true",
-        help="smooth the Linears' inputs first (SmoothQuant factors, chosen by measured error)",
-    )
-    _judged_against(planned)
-    planned.add_argument("--quiet", action="store_true", help="no progress lines")
-    _outputs(planned)
 
 
 def _file_commands(commands: typing.Any) -> None:

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import attrs
+
 from qinsight.cli import hf, ranks
 from qinsight.cli.config_args import compared_flow, load_factory, planned_config
 from qinsight.cli.gates import check_verdict_gates, parse_diff_gates, tripped_diff, tripped_findings, unverified
@@ -228,18 +230,7 @@ def _plan(args: argparse.Namespace) -> int:
     detectors = [*requested, *(d for d in OPT_IN_IDS if d not in requested)] if formats else None
     for line in check_verdict_gates(args.fail_on, detectors or requested):
         note(line)
-    target, budget = _goal(args, "bits" if formats else "float")  # before anything loads or runs
-    if formats:
-        from qinsight.planning.formats import format_goal
-        from qinsight.planning.scores import PER_POSITION
-
-        language = target is not None and target.metric in PER_POSITION  # bounded over the batch means
-        confidence = args.confidence if args.confidence is not None else 0.95 if language else None
-        goal = format_goal(args.formats, Goal(target=target, budget=budget, confidence=confidence))  # before any load
-        if args.lowered:
-            raise UsageError("--lowered is for PT2E plans: torchao's quantize_ model is not lowered")
-    elif args.confidence is not None and (target is None or target.metric != "top1"):
-        raise UsageError("--confidence holds a top1 target at its bound (with --flow torchao: a language-model target)")
+    goal, formats_asked = _plan_goal(args, formats)  # before anything loads or runs
     from qinsight.pipeline import diagnose  # torch: once the arguments are known to be right
     from qinsight.planning import plan, plan_formats
 
@@ -262,10 +253,7 @@ def _plan(args: argparse.Namespace) -> int:
                 verify=None if formats else False,
             )
             if formats:
-                aim = Goal(target=goal.target, budget=goal.budget, confidence=goal.confidence)
-                planned = plan_formats(
-                    model, evaluation, formats=[f.name for f in goal.formats], goal=aim, progress=progress
-                )
+                planned = plan_formats(model, evaluation, formats=formats_asked, goal=goal, progress=progress)
                 report, reached = report.with_formats(planned), planned.reached
                 missed = f"the plan: {verdict(planned)}"  # the target and the budget, each as it held
             else:
@@ -273,7 +261,7 @@ def _plan(args: argparse.Namespace) -> int:
                     model,
                     calibration,
                     evaluation,
-                    goal=Goal(target=target, budget=budget, confidence=args.confidence),
+                    goal=goal,
                     deploy=Deployment(flow=args.flow, backend=args.backend, lowered=args.lowered),
                     report=report,
                     progress=progress,
@@ -289,6 +277,29 @@ def _plan(args: argparse.Namespace) -> int:
         note(missed)
         return 1
     return status
+
+
+def _plan_goal(args: argparse.Namespace, formats: bool) -> tuple[Goal, list[str]]:
+    """``--target``, ``--budget``, ``--confidence`` (and ``--formats`` for a format plan) as the plan's
+    goal, checked before anything loads: a language-model target of a format plan held at the 0.95 bound
+    unless told."""
+    target, budget = _goal(args, "bits" if formats else "float")
+    if not formats:
+        if args.confidence is not None and (target is None or target.metric != "top1"):
+            raise UsageError(
+                "--confidence holds a top1 target at its bound (with --flow torchao: a language-model target)"
+            )
+        return Goal(target=target, budget=budget, confidence=args.confidence), []
+    from qinsight.planning.formats import format_goal
+    from qinsight.planning.scores import PER_POSITION
+
+    language = target is not None and target.metric in PER_POSITION  # bounded over the batch means
+    confidence = args.confidence if args.confidence is not None else 0.95 if language else None
+    goal = Goal(target=target, budget=budget, confidence=confidence)
+    checked = format_goal(args.formats, goal)
+    if args.lowered:
+        raise UsageError("--lowered is for PT2E plans: torchao's quantize_ model is not lowered")
+    return attrs.evolve(goal, budget=checked.budget), [f.name for f in checked.formats]
 
 
 def _show(args: argparse.Namespace) -> int:

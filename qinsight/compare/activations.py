@@ -372,31 +372,53 @@ def _measure(
         for key, found in layers.items()
     }
     streamer = _Streamer(float_model, layers, points, sums, structure.inner)
-    op_streamer = None
     try:
-        if float_ops is not None:
-            op_streamer = _OpStreamer(float_model, float_ops, ops, sums, streamer)
-        with contextlib.ExitStack() as stack:
-            for model in (float_model, *quantized_models.values()):
-                stack.enter_context(eval_mode(model))
-            stack.enter_context(torch.no_grad())
-            layout = FloatLayout()
-            for batch in batches:
-                compared = False
-                while not compared:
-                    streamer.new_batch()
-                    if op_streamer is not None:
-                        op_streamer.new_batch()
-                    for model in quantized_models.values():
-                        run_batch(model, batch)
-                    compared = layout.run(float_model, batch, streamer.outputs)
-                    if not compared:  # what the batch added is taken back: it runs again in the usual layout
-                        for errors in (errors for found in sums.values() for pair in found.values() for errors in pair):
-                            errors.clear()
+        op_streamer = _OpStreamer(float_model, float_ops, ops, sums, streamer) if float_ops is not None else None
+        _stream(float_model, quantized_models, batches, streamer, op_streamer, sums)
     finally:
         streamer.remove()
     if exchange is not None:
         _add_up(sums, exchange)
+    return _comparisons(layers, points, sums, float_ops, ops)
+
+
+def _stream(
+    float_model: nn.Module,
+    quantized_models: Mapping[str, nn.Module],
+    batches: Iterable[object],
+    streamer: _Streamer,
+    op_streamer: _OpStreamer | None,
+    sums: dict[str, dict[str, tuple[ErrorSums, ErrorSums]]],
+) -> None:
+    """Every batch through the quantized models and then the float one, in eval mode without gradients,
+    the streamers adding up the errors (a batch the float model must run in another layout runs again)."""
+    with contextlib.ExitStack() as stack:
+        for model in (float_model, *quantized_models.values()):
+            stack.enter_context(eval_mode(model))
+        stack.enter_context(torch.no_grad())
+        layout = FloatLayout()
+        for batch in batches:
+            compared = False
+            while not compared:
+                streamer.new_batch()
+                if op_streamer is not None:
+                    op_streamer.new_batch()
+                for model in quantized_models.values():
+                    run_batch(model, batch)
+                compared = layout.run(float_model, batch, streamer.outputs)
+                if not compared:  # what the batch added is taken back: it runs again in the usual layout
+                    for errors in (errors for found in sums.values() for pair in found.values() for errors in pair):
+                        errors.clear()
+
+
+def _comparisons(
+    layers: dict[str, dict[str, QuantizedLayer]],
+    points: dict[str, dict[str, ComparisonPoint]],
+    sums: dict[str, dict[str, tuple[ErrorSums, ErrorSums]]],
+    float_ops: FloatOps | None,
+    ops: dict[str, dict[str, list[GraphOp]]],
+) -> dict[str, ActivationComparison]:
+    """Each quantized model's comparison: a row per layer call and per op, from the sums."""
     return {
         key: ActivationComparison(
             layers=tuple(

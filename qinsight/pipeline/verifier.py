@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 import attrs
@@ -242,12 +242,9 @@ def verify_flow(
         equalization=attrs.evolve(suggested_advice.equalization, entries=()),
     )
     blank = ConfigVerification(
-        flow=flow,
-        calibrated=len(score.calibrating),
-        scored=len(score.scored),
-        held_out=len(batches) > 1,
-        lowered=lowering.runtime() if lowering is not None else "",
+        flow=flow, calibrated=len(score.calibrating), scored=len(score.scored), held_out=len(batches) > 1
     )
+    blank = attrs.evolve(blank, lowered=lowering.runtime() if lowering is not None else "")
     default = score(base)
     if default == -math.inf:
         return attrs.evolve(blank, error=f"the {flow} flow cannot quantize this model: {score.last_error}")
@@ -268,43 +265,15 @@ def verify_flow(
         )
 
     if not kinds:
-        verdict = attrs.evolve(
-            blank,
-            default=default,
-            suggested=default,
-            score=default,
-            notes=(
-                *blank.notes,
-                Note(NoteKind.NOTHING_SUGGESTED, "the report suggests nothing the flow's default does not do"),
-            ),
-        )
+        nothing = Note(NoteKind.NOTHING_SUGGESTED, "the report suggests nothing the flow's default does not do")
+        verdict = attrs.evolve(blank, default=default, suggested=default, score=default, notes=(*blank.notes, nothing))
         return _left_float(noting_yours(verdict), model, report, base, score.trials[base])
     suggested = score(config(()))
     error = score.last_error if suggested == -math.inf else ""
-    without = {kind: score(config([kind])) if len(kinds) > 1 else default for kind in kinds}
-    measured = {
-        frozenset(): suggested,
-        frozenset(kinds): default,
-        **{frozenset([kind]): without[kind] for kind in kinds},
-    }
-    hurting = frozenset(kind for kind in kinds if without[kind] > suggested)
-    if len(hurting) > 1 and hurting not in measured:
-        measured[hurting] = score(config(hurting))
+    without, measured = _left_out_each(kinds, lambda left_out: score(config(left_out)), suggested, default)
     # the best config measured (of equals, the one keeping most): kinds that hurt among the others may help alone
     dropped = max(measured, key=lambda kinds_left_out: (measured[kinds_left_out], -len(kinds_left_out)))
-    final = measured[dropped]
-    reason = _reason(suggested, final, dropped, error)
-    notes = (
-        (
-            Note(
-                NoteKind.DEFAULT_OFFERED,
-                f"the report's config scored {_said(suggested)}, the flow's default {_said(default)} better: the "
-                "default is offered",
-            ),
-        )
-        if dropped == frozenset(kinds) and default > suggested
-        else ()
-    )
+    reason = _reason(suggested, measured[dropped], dropped, error)
     checks = tuple(
         KindCheck(
             kind=kind,
@@ -316,11 +285,41 @@ def verify_flow(
         )
         for kind in kinds
     )
+    notes = _default_offered(suggested, default) if dropped == frozenset(kinds) else ()
     verdict = attrs.evolve(
-        blank, default=default, suggested=suggested, score=final, checks=checks, notes=blank.notes + notes
+        blank, default=default, suggested=suggested, score=measured[dropped], checks=checks, notes=blank.notes + notes
     )
     offered = base if dropped == frozenset(kinds) else config(dropped)
     return _left_float(noting_yours(verdict), model, report, offered, score.trials[offered])
+
+
+def _left_out_each(
+    kinds: tuple[SuggestionKind, ...],
+    scored: Callable[[Iterable[SuggestionKind]], float],
+    suggested: float,
+    default: float,
+) -> tuple[dict[SuggestionKind, float], dict[frozenset[SuggestionKind], float]]:
+    """Each kind left out once (``scored``: the config without the kinds given), and every config
+    measured by the kinds it leaves out: none (``suggested``), all (``default``), each, and those that
+    each hurt left out together."""
+    without = {kind: scored([kind]) if len(kinds) > 1 else default for kind in kinds}
+    measured = {
+        frozenset(): suggested,
+        frozenset(kinds): default,
+        **{frozenset([kind]): without[kind] for kind in kinds},
+    }
+    hurting = frozenset(kind for kind in kinds if without[kind] > suggested)
+    if len(hurting) > 1 and hurting not in measured:
+        measured[hurting] = scored(hurting)
+    return without, measured
+
+
+def _default_offered(suggested: float, default: float) -> tuple[Note, ...]:
+    """The note where the flow's default scored better than the report's config, and is offered."""
+    if not default > suggested:
+        return ()
+    said = f"the report's config scored {_said(suggested)}, the flow's default {_said(default)} better: the default"
+    return (Note(NoteKind.DEFAULT_OFFERED, f"{said} is offered"),)
 
 
 def _unfolded_norms(report: Report, flow: FlowName) -> tuple[Note, ...]:
