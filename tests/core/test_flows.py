@@ -110,28 +110,9 @@ def test_xnnpack_is_served_by_pt2e_alone_and_pt2e_stands_in_x86_for_fxs_other_en
         check_flow_backend("plan", "pt2e", "onednn")
 
 
-def _flow_name_comparisons(tree: ast.AST) -> list[int]:
-    """Lines comparing something with a flow's name (``flow == "fx"``, ``"pt2e" != name``, ``in ("fx", ...)``)."""
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Compare):
-            operands = [node.left, *node.comparators]
-            names = [o.value for o in operands if isinstance(o, ast.Constant)]
-            names += [
-                e.value
-                for o in operands
-                if isinstance(o, (ast.Tuple, ast.List, ast.Set))
-                for e in o.elts
-                if isinstance(e, ast.Constant)
-            ]
-            if any(name in FLOWS for name in names):
-                found.append(node.lineno)
-    return found
-
-
-def _backend_name_comparisons(tree: ast.AST) -> list[int]:
-    """Lines comparing something with a built-in backend's name (``backend == "x86"``, ``in ("x86", "fbgemm")``)."""
-    names = set(backend_names())
+def _comparisons_with(tree: ast.AST, names: set[str]) -> list[int]:
+    """Lines comparing something with one of ``names`` (``flow == "fx"``, ``"x86" != backend``,
+    ``in ("x86", "fbgemm")``)."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
@@ -153,7 +134,7 @@ def test_no_module_decides_by_a_backends_name() -> None:
     """A backend's facts are asked of its record: a third party's backend is then as able as x86."""
     offenders = {}
     for path in sorted(PACKAGE.rglob("*.py")):
-        if lines := _backend_name_comparisons(ast.parse(path.read_text())):
+        if lines := _comparisons_with(ast.parse(path.read_text()), set(backend_names())):
             offenders[path.relative_to(PACKAGE).as_posix()] = lines
     assert offenders == {}
 
@@ -166,7 +147,7 @@ def test_no_module_outside_the_registries_decides_by_a_flows_name() -> None:
         relative = path.relative_to(PACKAGE).as_posix()
         if relative in REGISTRIES or relative == "frontends/select.py":
             continue
-        lines = _flow_name_comparisons(ast.parse(path.read_text()))
+        lines = _comparisons_with(ast.parse(path.read_text()), set(FLOWS))
         if lines:
             offenders[relative] = lines
     assert offenders == {}
