@@ -106,8 +106,8 @@ def _diagnose(args: argparse.Namespace) -> int:
             model, data, name = _model_and_data(args, launch or part)
         progress = None if args.quiet else Progress()
         try:
-            deployment = Deployment(
-                backend=args.backend, qconfig_mapping=mapping, quantizer=quantizer, lowered=args.lowered
+            deployment = Deployment.named(
+                "diagnose", backend=args.backend, qconfig_mapping=mapping, quantizer=quantizer, lowered=args.lowered
             )
             report = diagnose(
                 model,
@@ -249,7 +249,7 @@ def _plan(args: argparse.Namespace) -> int:
                 calibration,
                 model_name=name,
                 detectors=detectors,
-                deploy=Deployment(backend=args.backend, qconfig_mapping=mapping, quantizer=quantizer),
+                deploy=Deployment.named("diagnose", backend=args.backend, qconfig_mapping=mapping, quantizer=quantizer),
                 verify=None if formats else False,
             )
             if formats:
@@ -262,7 +262,7 @@ def _plan(args: argparse.Namespace) -> int:
                     calibration,
                     evaluation,
                     goal=goal,
-                    deploy=Deployment(flow=args.flow, backend=args.backend, lowered=args.lowered),
+                    deploy=Deployment.named("plan", flow=args.flow, backend=args.backend, lowered=args.lowered),
                     report=report,
                     progress=progress,
                     smoothing=args.smooth,

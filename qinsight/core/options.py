@@ -16,22 +16,30 @@ import attrs
 
 from qinsight.core.backend import check_backend, is_quantizer
 from qinsight.core.errors import InvalidParameterError
+from qinsight.core.flows import FLOW_SPECS, check_flow_backend, flow_spec
 from qinsight.core.plan import Budget, BudgetUnit, Target
 from qinsight.core.sites import FLOWS, FlowName, checked_flow
 
 
 def _backend(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None:
-        check_backend(type(instance).__name__, str(value)) if isinstance(value, str) else _wrong(attribute, value)
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise InvalidParameterError("Deployment", attribute.name, type(value).__name__, "a backend's name or None")
+    check_backend("Deployment", value)
 
 
 def _flow(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None:
-        checked_flow(value, type(instance).__name__) if isinstance(value, str) else _wrong(attribute, value)
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise InvalidParameterError("Deployment", attribute.name, type(value).__name__, "a flow's name or None")
+    checked_flow(value, "Deployment")
 
 
-def _wrong(attribute: attrs.Attribute[Any], value: object) -> None:
-    raise InvalidParameterError("Deployment", attribute.name, type(value).__name__, "a name (str) or None")
+def _flag(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, bool):
+        raise InvalidParameterError(type(instance).__name__, attribute.name, value, "True or False")
 
 
 def _quantizer(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -55,13 +63,28 @@ class Deployment:
     flow: FlowName | None = attrs.field(default=None, validator=_flow)
     quantizer: object | None = attrs.field(default=None, validator=_quantizer)
     qconfig_mapping: object | None = None
-    lowered: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    lowered: bool = attrs.field(default=False, validator=_flag)
 
     def __attrs_post_init__(self) -> None:
         if self.quantizer is not None and self.qconfig_mapping is not None:
             raise InvalidParameterError(
                 "Deployment", "quantizer", type(self.quantizer).__name__, "None beside qconfig_mapping= (one config)"
             )
+        if self.flow is not None and self.backend is not None:
+            check_flow_backend("Deployment", self.flow, self.backend)
+        if self.lowered and self.flow is not None and not flow_spec(self.flow).lowers:
+            lowering = next(name for name, spec in FLOW_SPECS.items() if spec.lowers)
+            expected = f"flow={lowering!r} (the {self.flow} flow's model is not lowered)"
+            raise InvalidParameterError("Deployment", "lowered", True, expected)
+
+    @classmethod
+    def named(cls, owner: str, **fields: Any) -> Deployment:
+        """A Deployment of ``fields`` that ``owner``'s arguments gave (its former keywords, a command
+        line's options): a mistake is ``owner``'s, the function or command the user called."""
+        try:
+            return cls(**fields)
+        except InvalidParameterError as exc:
+            raise InvalidParameterError(owner, exc.name, exc.value, exc.expected) from None
 
     @classmethod
     def of(cls, value: object, owner: str) -> Deployment:
@@ -183,12 +206,7 @@ def options(
     chosen = _former_goal(owner, given["goal"], budget_unit) if given["goal"] else Goal.of(goal, owner)
     if chosen.budget is not None and chosen.budget.unit != budget_unit:
         Budget.parse(chosen.budget, budget_unit, owner)  # one error naming the unit this planner spends
-    try:  # the former keywords' mistakes are the function's the user called
-        deployment = Deployment(**given["deploy"]) if given["deploy"] else Deployment.of(deploy, owner)
-    except InvalidParameterError as exc:
-        if not given["deploy"]:
-            raise
-        raise InvalidParameterError(owner, exc.name, exc.value, exc.expected) from None
+    deployment = Deployment.named(owner, **given["deploy"]) if given["deploy"] else Deployment.of(deploy, owner)
     return chosen, deployment
 
 
