@@ -69,7 +69,7 @@ def rank_main(rank: int, world_size: int, folder: str, fail: bool) -> None:
     try:
         batches = data()
         results: dict[str, Any] = {
-            "report": qinsight.diagnose(model(), qinsight.shard(batches), detectors=SAMPLED, distributed=True),
+            "report": qinsight.diagnose(model(), qinsight.shard(batches), detectors=SAMPLED, shard="distributed"),
             "compare": qinsight.compare_activations(
                 model(), quantized(model(), batches), qinsight.shard(batches), distributed=True
             ),
@@ -95,7 +95,7 @@ def _failure(rank: int) -> str:
             yield batch
 
     try:
-        qinsight.diagnose(model(), batches(), distributed=True)
+        qinsight.diagnose(model(), batches(), shard="distributed")
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return "no error"

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import attrs
 
-from qinsight.core.backend import check_backend, is_quantizer
+from qinsight.core.backend import backend_names, check_backend, is_quantizer
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.flows import FLOW_SPECS, check_flow_backend, flow_spec
 from qinsight.core.plan import Budget, BudgetUnit, Target
@@ -94,7 +94,12 @@ class Deployment:
         if isinstance(value, Deployment):
             return value
         if isinstance(value, str):
-            return cls(flow=checked_flow(value, owner)) if value in FLOWS else cls(backend=check_backend(owner, value))
+            if value in FLOWS:
+                return cls(flow=checked_flow(value, owner))
+            if value not in backend_names():
+                expected = f"a backend's name ({', '.join(backend_names())}) or a flow's ({', '.join(FLOWS)})"
+                raise InvalidParameterError(owner, "deploy", value, expected)
+            return cls(backend=value)
         if is_quantizer(value):
             return cls(quantizer=value)
         expected = "a Deployment, a backend's or a flow's name, or a PT2E quantizer"
@@ -105,10 +110,14 @@ MetricFunction = Callable[[Any, Any], float]
 
 
 def _target(value: Target | str | None) -> Target | None:
+    if value is not None and not isinstance(value, (str, Target)):
+        raise InvalidParameterError("Goal", "target", type(value).__name__, "a target ('sqnr>=30'), a Target or None")
     return Target.parse(value, "Goal") if isinstance(value, str) else value
 
 
 def _budget(value: Budget | str | None) -> Budget | None:
+    if value is not None and not isinstance(value, (str, Budget)):
+        raise InvalidParameterError("Goal", "budget", value, "'float<=N' or 'bits<=N', a Budget or None")
     if not isinstance(value, str):
         return value
     units: tuple[BudgetUnit, ...] = ("float", "bits")

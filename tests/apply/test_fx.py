@@ -36,7 +36,7 @@ def is_quantized(module: nn.Module) -> bool:
 def test_mapping_quantizes_every_module_it_names(name: str, backend: str) -> None:
     model = seeded(MLP()) if name == "mlp" else seeded(ConvBnReluCNN())
     data = gaussian_batches((8, 16) if name == "mlp" else (2, 3, 8, 8), 4)
-    report = qinsight.diagnose(model, data, backend=backend)
+    report = qinsight.diagnose(model, data, deploy=backend)
     mapping = qinsight.qconfig_mapping(report)
     assert mapping.global_qconfig is not None
     layers = [s.fqn for s in report.sites if s.kind.is_layer]

@@ -220,9 +220,7 @@ def test_the_report_checks_its_activations_and_a_user_base_keeps_its_own() -> No
     assert not any(
         isinstance(q.activation(), ClippedHistogramObserver) for q in mapped.module_name_qconfigs.values() if q
     )
-    onednn = qinsight.diagnose(
-        model, batches, backend="onednn", verify=False
-    )  # 8 bits by default, but before the clips
+    onednn = qinsight.diagnose(model, batches, deploy="onednn", verify=False)  # 8 bits by default, but before the clips
     onednn = saturation.kernels_checked(model, onednn, batches[0])
     assert _checked_kernels(onednn.fx_activations) == 4
     assert any(

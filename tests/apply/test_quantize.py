@@ -63,7 +63,7 @@ def test_quantize_gives_the_model_of_the_three_step_recipe(name: str, flow: str)
     state = {key: value.clone() for key, value in model.state_dict().items()}
     calibration, held_out = gaussian_batches(shape, 4), gaussian_batches(shape, 2, seed=1)
     report = qinsight.diagnose(model, calibration)
-    plan = qinsight.plan(model, calibration, held_out, target="sqnr>=20", flow=flow, report=report)
+    plan = qinsight.plan(model, calibration, held_out, goal="sqnr>=20", deploy=flow, report=report)
     for source in (report, plan, report.with_plan(plan)):
         ours = qinsight.quantize(model, source, calibration, flow=flow)
         theirs = three_steps(model, source, calibration, flow)

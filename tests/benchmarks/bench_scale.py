@@ -66,7 +66,7 @@ def _rank(rank: int, world_size: int, folder: str, name: str) -> None:
     batches = [batch(i) for i in range(rank, BATCHES, world_size)]
     dist.barrier()
     start = time.perf_counter()
-    qinsight.diagnose(model, batches, distributed=True)
+    qinsight.diagnose(model, batches, shard="distributed")
     elapsed = time.perf_counter() - start
     if rank == 0:
         with open(os.path.join(folder, "seconds"), "w") as out:

@@ -33,7 +33,7 @@ def _run(name: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         start = time.perf_counter()
-        report = qinsight.diagnose(model, calibration, backend="xnnpack")
+        report = qinsight.diagnose(model, calibration, deploy="xnnpack")
         diagnosed = time.perf_counter() - start
         converted = {
             "XNNPACK default": _reference(model, _quantizer("xnnpack"), calibration),

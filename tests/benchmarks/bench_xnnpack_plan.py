@@ -51,7 +51,7 @@ def main() -> None:
     held_out = photo_crops(args.held_out, seed=3, photos=unseen)
 
     began = time.perf_counter()
-    report = qinsight.diagnose(model, calibration, backend="xnnpack")
+    report = qinsight.diagnose(model, calibration, deploy="xnnpack")
     diagnosed = time.perf_counter() - began
     verdict = report.verification_for("pt2e")
     advice = type(qinsight.pt2e_quantizer(report).inner).__name__  # inside the wrapper that strips float sites
@@ -62,12 +62,10 @@ def main() -> None:
         model,
         calibration,
         evaluation,
-        target=args.target,
-        backend="xnnpack",
-        lowered=True,
+        goal=qinsight.types.Goal(target=args.target, confidence=args.confidence),
+        deploy=qinsight.types.Deployment(backend="xnnpack", lowered=True),
         report=report,
         held_out_data=held_out,
-        confidence=args.confidence,
     )
     planned = time.perf_counter() - began
     print(f"planned in {planned:.0f} s ({plan.evaluations} evaluations), scored on {plan.lowered or 'the reference'}")

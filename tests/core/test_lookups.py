@@ -15,7 +15,7 @@ def test_every_lookup_finds_or_names_what_there_is() -> None:
     data = gaussian_batches((8, 16), 4)
     report = qinsight.diagnose(model, data[:2])
     quantized = qinsight.quantize(model, report, data[:2])
-    plan = qinsight.plan(model, data[:2], data[2:], target="sqnr>=20", report=report)
+    plan = qinsight.plan(model, data[:2], data[2:], goal="sqnr>=20", report=report)
     activations = qinsight.compare_activations(model, quantized, data[2:])
     result = report.result("qinsight.per_channel")
     found = [

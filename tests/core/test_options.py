@@ -38,6 +38,8 @@ def test_the_shorthands_a_user_types_become_records() -> None:
         (lambda: Goal(confidence=0.95), "Goal: confidence=0.95 is invalid; expected None without a target"),
         (lambda: Goal.of("sqnr>=", "plan"), "plan: target='sqnr>='"),
         (lambda: Goal.of(["sqnr>=30"], "plan"), "plan: goal='list' is invalid"),
+        (lambda: Goal(budget=2), "Goal: budget=2 is invalid; expected 'float<=N' or 'bits<=N'"),
+        (lambda: Deployment.of("eager", "plan"), "plan: deploy='eager' is invalid; expected a backend's name ("),
     ],
 )
 def test_a_record_is_checked_once_when_it_is_built(build: object, message: str) -> None:

@@ -290,7 +290,7 @@ def test_equalizations_are_checked_by_what_torch_does() -> None:
 @pytest.mark.slow
 def test_a_plan_measures_each_equalization_for_real_and_keeps_what_helps() -> None:
     model, calibration, held_out = seeded_outlier_mlp(), outlier_batches(8, 0), outlier_batches(4, 1)
-    plan = qinsight.plan(model, calibration, held_out, target="sqnr>=25", flow="fx")
+    plan = qinsight.plan(model, calibration, held_out, goal="sqnr>=25", deploy="fx")
     (check,) = [c for c in plan.checks if SuggestionKind.EQUALIZE in c.kinds]
     assert check.fqn == "fc1" and check.kept and check.measured
     assert check.alone > check.before + 2.0  # measured: the default config 27.5 dB, with fc1 equalized 31.8 dB
@@ -312,7 +312,7 @@ def test_a_plan_measures_each_equalization_for_real_and_keeps_what_helps() -> No
     assert 20 * math.log10(reference.norm() / error.norm()) == pytest.approx(plan.verified_score, abs=0.01)
     assert plan.verified_score > plan.default_score + 2.0
 
-    pt2e = qinsight.plan(model, calibration, held_out, target="sqnr>=25", flow="pt2e")
+    pt2e = qinsight.plan(model, calibration, held_out, goal="sqnr>=25", deploy="pt2e")
     (unmeasured,) = [c for c in pt2e.checks if SuggestionKind.EQUALIZE in c.kinds]
     assert not unmeasured.kept and unmeasured.why is NoteKind.UNEQUALIZED
     assert pt2e.equalization_mapping().fqns == ()
@@ -325,7 +325,7 @@ def test_a_plan_drops_an_equalization_that_lowers_the_real_score() -> None:
     report = qinsight.diagnose(model, data[:6])
     # As a report from elsewhere might say: equalize both convs (torch carries conv2's scale into conv1).
     asked = attrs.evolve(report, suggestions=tuple(attrs.evolve(s, equalize=True) for s in report.suggestions))
-    plan = qinsight.plan(model, data[:6], data[6:], target="sqnr>=25", flow="fx", report=asked)
+    plan = qinsight.plan(model, data[:6], data[6:], goal="sqnr>=25", deploy="fx", report=asked)
     checks = {c.fqn: c for c in plan.checks if SuggestionKind.EQUALIZE in c.kinds}
     assert not checks["conv2"].kept and checks["conv2"].why is NoteKind.HURTS
     assert checks["conv2"].alone < checks["conv2"].before - 30.0  # measured: 29.1 dB -> -18.3 dB

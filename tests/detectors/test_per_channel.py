@@ -35,7 +35,10 @@ def run(
     model: nn.Module, data: list[torch.Tensor], backend: str, mapping: QConfigMapping | None = None
 ) -> qinsight.Report:
     return qinsight.diagnose(
-        model, data, detectors=[PerChannelDetector(backend=backend)], backend=backend, qconfig_mapping=mapping
+        model,
+        data,
+        detectors=[PerChannelDetector(backend=backend)],
+        deploy=qinsight.types.Deployment(backend=backend, qconfig_mapping=mapping),
     )
 
 

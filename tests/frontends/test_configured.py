@@ -22,7 +22,12 @@ from torchao.quantization.pt2e.quantizer import ComposableQuantizer  # noqa: E40
 
 def _verdicts(quantizer: object) -> dict[str, str]:
     chosen = example("cnn")
-    report = qinsight.diagnose(chosen.model(), chosen.data(4), backend="xnnpack", quantizer=quantizer, verify=False)
+    report = qinsight.diagnose(
+        chosen.model(),
+        chosen.data(4),
+        deploy=qinsight.types.Deployment(backend="xnnpack", quantizer=quantizer),
+        verify=False,
+    )
     return {finding.fqn: finding.verdict for finding in report.result("qinsight.per_channel").findings}
 
 
@@ -46,7 +51,12 @@ def test_a_layer_the_quantizer_leaves_float_is_not_quantized_in_the_report() -> 
     chosen = example("cnn")
     config = get_symmetric_quantization_config(is_per_channel=True)
     quantizer = XNNPACKQuantizer().set_module_name("fc", config).set_module_name("conv1", config)
-    report = qinsight.diagnose(chosen.model(), chosen.data(4), backend="xnnpack", quantizer=quantizer, verify=False)
+    report = qinsight.diagnose(
+        chosen.model(),
+        chosen.data(4),
+        deploy=qinsight.types.Deployment(backend="xnnpack", quantizer=quantizer),
+        verify=False,
+    )
     layers = {site.fqn: site for site in report.sites if site.kind.is_layer}
     assert layers["fc"].quantized and layers["fc"].weight_scheme is qinsight.types.WeightScheme.PER_CHANNEL
     assert not layers["conv1"].quantized and layers["conv1"].weight_scheme is None
@@ -59,7 +69,11 @@ def test_a_quantizer_beside_a_mapping_or_not_a_quantizer_is_one_error() -> None:
     model, batches = chosen.model(), chosen.data(2)
     with pytest.raises(qinsight.errors.InvalidParameterError, match="None beside qconfig_mapping="):
         qinsight.diagnose(
-            model, batches, qconfig_mapping=get_default_qconfig_mapping("x86"), quantizer=XNNPACKQuantizer()
+            model,
+            batches,
+            deploy=qinsight.types.Deployment(
+                qconfig_mapping=get_default_qconfig_mapping("x86"), quantizer=XNNPACKQuantizer()
+            ),
         )
     with pytest.raises(qinsight.errors.InvalidParameterError, match="^Deployment: quantizer='str' is invalid"):
         qinsight.diagnose(model, batches, deploy=qinsight.types.Deployment(quantizer="xnnpack"), verify=False)
@@ -83,7 +97,7 @@ def test_the_backend_is_the_one_the_quantizer_is_for_unless_given() -> None:
     model, batches = chosen.model(), chosen.data(2)
     assert quantizer_backend(ComposableQuantizer([XNNPACKQuantizer(), XNNPACKQuantizer()])) == "xnnpack"
     assert quantizer_backend(ComposableQuantizer([XNNPACKQuantizer(), X86InductorQuantizer()])) is None
-    report = qinsight.diagnose(model, batches, quantizer=XNNPACKQuantizer(), verify=False)
+    report = qinsight.diagnose(model, batches, deploy=XNNPACKQuantizer(), verify=False)
     assert report.metadata.backend == "xnnpack"
     with warns_note(NoteKind.UNEQUALIZED):
         assert quantizer_backend(qinsight.pt2e_quantizer(report)) == "xnnpack"  # qinsight's own, seen through
@@ -97,6 +111,6 @@ def test_the_backend_is_the_one_the_quantizer_is_for_unless_given() -> None:
     with pytest.raises(
         qinsight.errors.InvalidParameterError, match="'xnnpack', the backend your XNNPACKQuantizer quantizes"
     ):
-        qinsight.diagnose(model, batches, backend="x86", quantizer=XNNPACKQuantizer())
+        qinsight.diagnose(model, batches, deploy=qinsight.types.Deployment(backend="x86", quantizer=XNNPACKQuantizer()))
     with pytest.raises(qinsight.errors.InvalidParameterError, match="a flow your X86InductorQuantizer quantizes in"):
-        qinsight.diagnose(model, batches, quantizer=X86InductorQuantizer(), verify="fx")
+        qinsight.diagnose(model, batches, deploy=X86InductorQuantizer(), verify="fx")

@@ -103,9 +103,8 @@ def test_a_plan_keeps_the_fp32_accuracy_on_the_test_digits(digits: Digits, flow:
         digits.model,
         calibration,
         evaluation,
-        target=f"accuracy>={fp32}",
-        flow=flow,
-        metric=_accuracy_metric(digits.test_labels),
+        goal=qinsight.types.Goal(target=f"accuracy>={fp32}", metric=_accuracy_metric(digits.test_labels)),
+        deploy=flow,
     )
     assert plan.reached and plan.verified_score >= fp32 and plan.verified_score >= plan.default_score
     # Only what the target needs stays in float. Where the default config already holds the float

@@ -88,7 +88,7 @@ def test_minilm_ops_are_sites_with_what_fx_does_with_them() -> None:
     assert sites["bert.encoder.layer.0.intermediate.intermediate_act_fn"].kind is OpKind.GELU
     # a mapping that leaves adds in float says so for every add
     mapping = get_default_qconfig_mapping("x86").set_object_type(operator.add, None)
-    planned = qinsight.diagnose(model, [batch], qconfig_mapping=mapping, verify=False)
+    planned = qinsight.diagnose(model, [batch], deploy=qinsight.types.Deployment(qconfig_mapping=mapping), verify=False)
     adds = [site for site in planned.sites if site.kind is OpKind.ADD]
     assert len(adds) == 20 and not any(site.quantized for site in adds)
 
@@ -302,7 +302,7 @@ def test_mobilenet_v2_fx_on_onednn_observes_after_the_clips_and_gains_2_db() -> 
     from qinsight.pipeline.saturation import quantized_engine
 
     model, calibration, held_out = mobilenet_v2_or_skip(), photo_crops(32, 0), photo_crops(32, 1)
-    report = qinsight.diagnose(model, calibration, backend="onednn")
+    report = qinsight.diagnose(model, calibration, deploy="onednn")
     assert report.fx_activations is not None and report.fx_activations.kernels >= 50
     reference = outputs(model, held_out)
     with quantized_engine("onednn"):

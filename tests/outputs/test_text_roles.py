@@ -118,7 +118,7 @@ def test_a_report_with_a_plan_leads_with_its_verdict() -> None:
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
     batches = [torch.randn(8, 16) for _ in range(4)]
     report = qinsight.diagnose(model, batches[:2])
-    plan = qinsight.plan(model, batches[:2], batches[2:], report=report, target="sqnr>=30")
+    plan = qinsight.plan(model, batches[:2], batches[2:], report=report, goal="sqnr>=30")
     lines = qinsight.to_text(report.with_plan(plan)).splitlines()
     verdict = lines.index(
         next(line for line in lines if line.startswith("Plan (fx, backend x86): target sqnr>=30 reached"))

@@ -102,7 +102,7 @@ def test_merge_refuses_reports_that_are_not_one_model_diagnosed_one_way() -> Non
             batches,
             detectors=["qinsight.per_channel", qinsight.detectors.OutlierDetector(ratio_threshold=9.0)],
         ),
-        "backend": qinsight.diagnose(_distributed.model(), batches, backend="onednn"),
+        "backend": qinsight.diagnose(_distributed.model(), batches, deploy="onednn"),
     }
     for message, other in cases.items():
         with pytest.raises(qinsight.errors.MergeError, match=message):
@@ -116,7 +116,7 @@ def test_merge_refuses_reports_that_are_not_one_model_diagnosed_one_way() -> Non
 
 def test_distributed_needs_a_process_group_and_shard_excludes_it() -> None:
     with pytest.raises(qinsight.errors.InvalidParameterError, match="initialized process group"):
-        qinsight.diagnose(_distributed.model(), _distributed.data()[:1], distributed=True)
+        qinsight.diagnose(_distributed.model(), _distributed.data()[:1], shard="distributed")
     with pytest.raises(qinsight.errors.InvalidParameterError, match="initialized process group"):
         list(qinsight.shard([1, 2]))
 

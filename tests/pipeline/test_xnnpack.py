@@ -22,7 +22,7 @@ pytest.importorskip("executorch")
 def test_an_xnnpack_report_is_verified_in_pt2e_and_speaks_that_flow() -> None:
     chosen = example("cnn")
     model, batches = chosen.model(), chosen.data(8)
-    report = qinsight.diagnose(model, batches, backend="xnnpack")
+    report = qinsight.diagnose(model, batches, deploy="xnnpack")
     assert [verdict.flow for verdict in report.verification] == ["pt2e"]
     assert report.verification[0].verified and report.fx_activations is None
     with warns_note(NoteKind.UNEQUALIZED) as notes:
@@ -41,7 +41,7 @@ def test_an_xnnpack_report_is_verified_in_pt2e_and_speaks_that_flow() -> None:
         qinsight.errors.InvalidParameterError,
         match="backend='xnnpack' is invalid; expected one of fbgemm, onednn, qnnpack, x86 for flow='fx'",
     ):
-        qinsight.diagnose(model, batches, backend="xnnpack", verify="fx")
+        qinsight.diagnose(model, batches, deploy="xnnpack", verify="fx")
 
 
 @pytest.mark.slow
@@ -55,7 +55,7 @@ def test_the_xnnpack_reports_advice_holds_in_the_program_executorch_runs() -> No
     chosen = example("encoder")
     model, batches = chosen.model(), chosen.data(16)
     calibration, unseen = batches[:8], batches[8:]
-    report = qinsight.diagnose(model, calibration, backend="xnnpack")
+    report = qinsight.diagnose(model, calibration, deploy="xnnpack")
     verdict = report.verification_for("pt2e")
     assert verdict is not None and verdict.score > verdict.default + 10.0
     ours = qinsight.quantize(model, report, calibration)  # the report's own flow: PT2E, XNNPACKQuantizer
@@ -74,7 +74,7 @@ def test_verify_report_lowered_scores_the_program_executorch_runs() -> None:
     fp32 on the held-out quarter, as compare_lowered measures it after calibrating on the rest."""
     chosen = example("cnn")
     model, batches = chosen.model(), chosen.data(8)
-    report = qinsight.diagnose(model, batches, backend="xnnpack", verify=False)
+    report = qinsight.diagnose(model, batches, deploy="xnnpack", verify=False)
     verified = qinsight.verify_report(model, report, batches, lowered=True)
     verdict = verified.verification_for("pt2e")
     assert verdict is not None and verdict.lowered.endswith("runtime, XNNPACK delegate")
@@ -90,8 +90,12 @@ def test_verify_report_lowered_scores_the_program_executorch_runs() -> None:
             model, qinsight.diagnose(model, batches, verify=False), batches, flows="fx", lowered=True
         )
     with pytest.raises(qinsight.errors.InvalidParameterError, match=r"^diagnose: lowered=True is invalid; .* not fx$"):
-        qinsight.diagnose(model, batches, lowered=True)  # x86 verifies in FX: refused before calibration
-    lowered = qinsight.diagnose(model, batches, backend="xnnpack", lowered=True).verification_for("pt2e")
+        qinsight.diagnose(
+            model, batches, deploy=qinsight.types.Deployment(lowered=True)
+        )  # x86 verifies in FX: refused before calibration
+    lowered = qinsight.diagnose(
+        model, batches, deploy=qinsight.types.Deployment(backend="xnnpack", lowered=True)
+    ).verification_for("pt2e")
     assert lowered is not None and lowered.lowered == verdict.lowered and lowered.score == verdict.score
 
 
@@ -112,7 +116,7 @@ def test_verification_starts_from_the_users_quantizer(tmp_path: Path) -> None:
     chosen = example("cnn")
     model, batches = chosen.model().eval(), chosen.data(8)
     yours = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=False))
-    report = qinsight.diagnose(model, batches, quantizer=yours)
+    report = qinsight.diagnose(model, batches, deploy=yours)
     verdict = report.verification_for("pt2e")
     assert report.metadata.backend == "xnnpack" and verdict is not None and verdict.yours_from == "XNNPACKQuantizer"
     prepared = prepare_pt2e(torch.export.export(model, (batches[0],)).module(), yours)

@@ -46,7 +46,9 @@ def test_a_top1_target_held_at_its_bound_makes_the_config_agree_on_more_rows(tmp
     needed = agreeing_needed(0.9, rows, 0.95)
     assert needed is not None and needed > math.ceil(0.9 * rows)  # stricter than the share itself
     report = qinsight.diagnose(model, data[:3])
-    plan = qinsight.plan(model, data[:3], evaluation, target="top1>=0.9", confidence=0.95, report=report)
+    plan = qinsight.plan(
+        model, data[:3], evaluation, goal=qinsight.types.Goal(target="top1>=0.9", confidence=0.95), report=report
+    )
     assert plan.confidence == 0.95 and str(plan.target) == "top1>=0.9"
     agreeing = round(plan.verified_score * rows)
     assert plan.reached == (agreeing >= needed)

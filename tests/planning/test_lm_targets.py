@@ -35,7 +35,7 @@ def test_a_plan_reaches_targets_on_the_next_token_distribution() -> None:
     g = torch.Generator().manual_seed(1)
     tokens = [torch.randint(0, 200, (4, 16), generator=g) for _ in range(6)]
     for target, better in (("kl<=0.005", lambda a, b: a <= b), ("token_agreement>=0.97", lambda a, b: a >= b)):
-        plan = qinsight.plan(model, tokens[:3], tokens[3:], target=target)
+        plan = qinsight.plan(model, tokens[:3], tokens[3:], goal=target)
         assert plan.reached and plan.metric == target.split("<")[0].split(">")[0]
         assert better(plan.verified_score, plan.default_score)
         # the score is the metric on the logits, per position, of the config quantized as a user would
@@ -58,7 +58,7 @@ def test_a_static_plan_scores_perplexity_on_the_batches_own_next_tokens() -> Non
         model.head.weight.mul_(6.0)  # confident predictions: quantization moves the perplexity
     g = torch.Generator().manual_seed(1)
     tokens = [torch.randint(0, 200, (4, 16), generator=g) for _ in range(6)]
-    plan = qinsight.plan(model, tokens[:3], tokens[3:], target="perplexity<=1.02")
+    plan = qinsight.plan(model, tokens[:3], tokens[3:], goal="perplexity<=1.02")
     quantized = qinsight.quantize(model, plan, tokens[:3])
 
     def loss(m: nn.Module) -> float:

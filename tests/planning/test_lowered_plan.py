@@ -42,7 +42,12 @@ def test_a_lowered_xnnpack_plan_scores_the_program_executorch_runs() -> None:
     model, batches = _cnn()
     calibration, evaluation, held_out = batches[:6], batches[6:9], batches[9:]
     plan = qinsight.plan(
-        model, calibration, evaluation, target="sqnr>=40", backend="xnnpack", lowered=True, held_out_data=held_out
+        model,
+        calibration,
+        evaluation,
+        goal="sqnr>=40",
+        deploy=qinsight.types.Deployment(backend="xnnpack", lowered=True),
+        held_out_data=held_out,
     )
     assert plan.flow == "pt2e" and plan.reached
     assert plan.lowered.startswith("ExecuTorch ") and plan.lowered.endswith("runtime, XNNPACK delegate")

@@ -64,7 +64,7 @@ def residual() -> tuple[nn.Module, list[Any], list[Any], qinsight.Report]:
 @pytest.fixture(scope="module")
 def residual_plan(residual: tuple[nn.Module, list[Any], list[Any], qinsight.Report]) -> QuantPlan:
     model, calibration, held_out, report = residual
-    return qinsight.plan(model, calibration, held_out, target="sqnr>=50", report=report)
+    return qinsight.plan(model, calibration, held_out, goal="sqnr>=50", report=report)
 
 
 @pytest.mark.parametrize(
@@ -416,7 +416,7 @@ def test_a_plan_is_never_worse_than_the_default_and_a_budget_keeps_at_most_n_sit
     residual: tuple[nn.Module, list[Any], list[Any], qinsight.Report],
 ) -> None:
     model, calibration, held_out, report = residual
-    plan = qinsight.plan(model, calibration, held_out, budget="float<=1", report=report)
+    plan = qinsight.plan(model, calibration, held_out, goal="float<=1", report=report)
     assert plan.target == Budget(unit="float", limit=1) and plan.reached
     suggested = {s.fqn for s in report.suggestions if s.keep_float}
     assert len(set(plan.kept_float) - suggested) <= 1
@@ -428,7 +428,9 @@ def test_a_budget_keeps_the_best_score_in_its_metrics_direction() -> None:
     with the lowest KL, not the highest; its real score beats the default's the same way."""
     chosen = example("cnn")
     model, data = chosen.model(), chosen.data(8)
-    plan = qinsight.plan(model, data[:4], data[4:], budget=2, metric="kl", flow="fx")
+    plan = qinsight.plan(
+        model, data[:4], data[4:], goal=qinsight.types.Goal(budget="float<=2", metric="kl"), deploy="fx"
+    )
     taken = [step for step in plan.steps if step.stage == "budget"]
     scores = [plan.steps[0].score, *(step.score for step in taken)]
     best = scores.index(min(scores))
@@ -444,7 +446,7 @@ def test_a_plan_on_a_cnn_in_both_flows(flow: str) -> None:
         pytest.importorskip("torchao")
     chosen = example("cnn")
     model, data = chosen.model(), chosen.data(6)
-    plan = qinsight.plan(model, data[:3], data[3:], target="sqnr>=40", flow=flow)
+    plan = qinsight.plan(model, data[:3], data[3:], goal="sqnr>=40", deploy=flow)
     assert plan.flow == flow and plan.verified_score >= plan.default_score
     assert plan.reached == (plan.verified_score >= 40.0)
     assert plan.steps[0].fqn == "" and plan.steps[0].score >= plan.default_score  # every candidate in float
@@ -454,7 +456,7 @@ def test_a_plan_on_a_cnn_in_both_flows(flow: str) -> None:
 def test_a_top1_plan_searches_in_both_orders_and_keeps_the_one_that_quantizes_more() -> None:
     chosen = example("cnn")
     model, data = chosen.model(), chosen.data(8)
-    plan = qinsight.plan(model, data[:3], data[3:], target="top1>=0.9")
+    plan = qinsight.plan(model, data[:3], data[3:], goal="top1>=0.9")
     assert [o.order for o in plan.orders] == ["output noise", "top-1 margins"]
     (taken,) = [o for o in plan.orders if o.taken]
     # of the orders that met the target (or, none meeting it, of all), the taken one quantized the most
@@ -475,7 +477,7 @@ def test_ops_that_are_no_sites_follow_the_float_ones_in_fx() -> None:
     Kept float with the sites around it, the plan reaches the target with every weight int8."""
     chosen = example("encoder")
     model, data = chosen.model(), chosen.data(5)
-    plan = qinsight.plan(model, data[:3], data[3:], target="sqnr>=30")
+    plan = qinsight.plan(model, data[:3], data[3:], goal="sqnr>=30")
     assert plan.reached and plan.quantized_fraction == 1.0  # measured 34.5 dB; default 1.4 dB
     mapping = qinsight.qconfig_mapping(plan)
     assert mapping.object_type_qconfigs["mean"] is None and mapping.object_type_qconfigs["transpose"] is None
@@ -505,8 +507,8 @@ def test_what_the_simulation_cannot_apply_is_measured_for_real(flow: str) -> Non
         model,
         data[:6],
         data[6:],
-        target="sqnr>=20",
-        flow=flow,
+        goal="sqnr>=20",
+        deploy=flow,
         report=attrs.evolve(report, suggestions=as_a_plugin_says),
     )
     checks = {c.fqn: c for c in plan.checks if c.kinds == (SuggestionKind.PER_TENSOR,)}
@@ -618,18 +620,18 @@ def test_a_flow_that_cannot_prepare_the_model_says_so_in_one_error() -> None:
     with pytest.raises(
         qinsight.errors.FrontendError, match="the pt2e flow cannot prepare DataDependent: GuardOnDataDependent"
     ):
-        qinsight.plan(DataDependent(), data[:1], data[1:], flow="pt2e")
+        qinsight.plan(DataDependent(), data[:1], data[1:], deploy="pt2e")
 
 
 def test_a_model_fx_cannot_trace_is_planned_in_pt2e_unless_told() -> None:
     pytest.importorskip("torchao")
     torch.manual_seed(0)
     model, data = ShapeBranching().eval(), [torch.randn(8, 16) for _ in range(4)]
-    plan = qinsight.plan(model, data[:2], data[2:], target="sqnr>=25")
+    plan = qinsight.plan(model, data[:2], data[2:], goal="sqnr>=25")
     assert plan.flow == "pt2e" and plan.reached and plan.verified_score >= 25.0
     assert sqnr(outputs(model, data[2:]), outputs(qinsight.quantize(model, plan, data[:2]), data[2:])) >= 25.0
     with pytest.raises(qinsight.errors.FrontendError, match="the fx flow cannot prepare ShapeBranching"):
-        qinsight.plan(model, data[:2], data[2:], flow="fx")  # asked for: FX, which cannot trace it
+        qinsight.plan(model, data[:2], data[2:], deploy="fx")  # asked for: FX, which cannot trace it
 
 
 def test_wrong_inputs_are_refused_before_any_work(
@@ -639,11 +641,11 @@ def test_wrong_inputs_are_refused_before_any_work(
     with pytest.raises(qinsight.errors.InvalidParameterError, match="evaluation_data"):
         qinsight.plan(model, calibration, [], report=report)
     with pytest.raises(qinsight.errors.InvalidParameterError, match="flow"):
-        qinsight.plan(model, calibration, held_out, flow="eager", report=report)
+        qinsight.plan(model, calibration, held_out, deploy="eager", report=report)  # neither a backend nor a flow
     with pytest.raises(ValueError, match="sqnr>=30"):
-        qinsight.plan(model, calibration, held_out, target="better", report=report)
+        qinsight.plan(model, calibration, held_out, goal="better", report=report)
     with pytest.raises(qinsight.errors.InvalidParameterError, match="metric"):
-        qinsight.plan(model, calibration, held_out, target="psnr>=3", report=report)
+        qinsight.plan(model, calibration, held_out, goal="psnr>=3", report=report)
 
 
 def _quantized_share(plan: QuantPlan, kind: str) -> float:
@@ -667,7 +669,7 @@ def test_minilm_fx_plan_with_smoothing_keeps_nine_tenths_of_the_linear_weights_i
     model = minilm_or_skip()
     batches = sentence_batches()
     calibration, held_out = batches[:4], batches[4:]
-    plan = qinsight.plan(model, calibration, held_out, target="cosine>=0.995", smoothing=True)
+    plan = qinsight.plan(model, calibration, held_out, goal="cosine>=0.995", smoothing=True)
     assert plan.reached and plan.verified_score >= 0.995 and plan.default_score < 0.4  # measured 0.9953; default 0.21
     assert _quantized_share(plan, "linear") >= 0.9  # measured 1.0, most Linears dynamic
     assert len(plan.smoothing) >= 30 and all(e.sqnr_after > e.sqnr_before for e in plan.smoothing.entries)
@@ -697,7 +699,7 @@ def test_minilm_pt2e_plan_keeps_nine_tenths_of_the_linear_weights_int8() -> None
     model = minilm_or_skip()
     batches = sentence_batches()
     calibration, held_out = batches[:4], batches[4:]
-    plan = qinsight.plan(model, calibration, held_out, target="cosine>=0.995", flow="pt2e")
+    plan = qinsight.plan(model, calibration, held_out, goal="cosine>=0.995", deploy="pt2e")
     assert plan.reached and plan.verified_score >= 0.995  # measured 0.9951; default 0.9938
     assert _quantized_share(plan, "linear") >= 0.9  # measured 0.944
     # what a user does with the plan: export (the token count varies), prepare_pt2e, calibrate, convert_pt2e
@@ -732,7 +734,7 @@ def test_mobilenet_v2_fx_plan_keeps_nine_tenths_of_the_conv_weights_int8() -> No
     model = mobilenet_v2_or_skip().eval()
     calibration, held_out = photo_crops(16, seed=1), photo_crops(16, seed=2)
     report = qinsight.diagnose(model, calibration)
-    plan = qinsight.plan(model, calibration, held_out, target="top1>=0.93", flow="fx", report=report)
+    plan = qinsight.plan(model, calibration, held_out, goal="top1>=0.93", deploy="fx", report=report)
     assert plan.reached and plan.verified_score >= 15 / 16 and plan.verified_score >= plan.default_score
     # the report's activation observing is measured for real against torch's and kept where it scores no worse:
     # measured 12/16 against torch's 13/16 on these crops (torch 2.13, one thread), so the plan drops it
@@ -781,7 +783,7 @@ def test_mobilenet_v2_pt2e_plan_keeps_three_quarters_of_the_conv_weights_int8() 
     model = mobilenet_v2_or_skip().eval()
     calibration, held_out = photo_crops(16, seed=1), photo_crops(32, seed=2)
     report = qinsight.diagnose(model, calibration)
-    plan = qinsight.plan(model, calibration, held_out, target="top1>=0.93", flow="pt2e", report=report)
+    plan = qinsight.plan(model, calibration, held_out, goal="top1>=0.93", deploy="pt2e", report=report)
     assert plan.reached and plan.verified_score >= 30 / 32 and plan.verified_score >= plan.default_score
     assert _quantized_share(plan, "conv2d") >= 0.75
     prepared = prepare_pt2e(
@@ -836,7 +838,7 @@ def test_plan_leaves_the_models_state_bit_identical() -> None:
     model = seeded(MLP())
     before = {key: value.clone() for key, value in model.state_dict().items()}
     data = gaussian_batches((8, 16), 4)
-    qinsight.plan(model, data[:2], data[2:], target="sqnr>=40", smoothing=True)
+    qinsight.plan(model, data[:2], data[2:], goal="sqnr>=40", smoothing=True)
     after = model.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     assert not model.training

@@ -28,9 +28,13 @@ def test_a_quantizer_a_plan_cannot_start_from_is_one_error_before_any_forward() 
     with pytest.raises(
         qinsight.errors.InvalidParameterError, match="plan: quantizer='QConfigMapping' is invalid; expected a torchao"
     ):
-        qinsight.plan(model, batches[:2], batches[2:], quantizer=get_default_qconfig_mapping("x86"))
+        qinsight.plan(
+            model, batches[:2], batches[2:], quantizer=get_default_qconfig_mapping("x86")
+        )  # the former keyword
     with pytest.raises(qinsight.errors.InvalidParameterError, match="plan: quantizer='XNNPACKQuantizer' is invalid"):
-        qinsight.plan(model, batches[:2], batches[2:], flow="fx", quantizer=XNNPACKQuantizer())
+        qinsight.plan(
+            model, batches[:2], batches[2:], deploy=qinsight.types.Deployment(flow="fx", quantizer=XNNPACKQuantizer())
+        )
 
 
 @pytest.mark.slow
@@ -46,9 +50,8 @@ def test_a_plan_on_top_of_the_users_quantizer_keeps_float_only_what_it_must() ->
         model,
         calibration,
         evaluation,
-        target="sqnr>=50",
-        backend="xnnpack",
-        quantizer=quantizer,
+        goal="sqnr>=50",
+        deploy=qinsight.types.Deployment(backend="xnnpack", quantizer=quantizer),
         held_out_data=held_out,
     )
     assert plan.flow == "pt2e" and plan.starts_from == "XNNPACKQuantizer" and plan.reached

@@ -28,7 +28,7 @@ def test_a_config_torch_cannot_run_is_left_out_and_the_plan_goes_on() -> None:
     report = qinsight.diagnose(model, rows)
     assert [s.fqn for s in report.suggestions if s.equalize] == ["0"]
     sequences = [batch.reshape(8, 8, 32) for batch in rows]
-    plan = qinsight.plan(model, sequences[:4], sequences[4:], target="sqnr>=20", report=report)
+    plan = qinsight.plan(model, sequences[:4], sequences[4:], goal="sqnr>=20", report=report)
     (check,) = [c for c in plan.checks if SuggestionKind.EQUALIZE in c.kinds]
     assert not check.kept and check.why is NoteKind.FLOW_CANNOT_RUN
     (note,) = [n.text for n in plan.notes if n.kind is NoteKind.FAILED_CONFIGS]
@@ -54,7 +54,7 @@ def test_a_default_config_the_flow_cannot_run_ends_the_plan_in_one_error() -> No
     with pytest.raises(
         QinsightError, match=r"default config cannot quantize and run Sequential .*ValueError: Input shape must be"
     ):
-        qinsight.plan(model, calibration, unbatched, target="sqnr>=20")
+        qinsight.plan(model, calibration, unbatched, goal="sqnr>=20")
 
 
 def test_a_model_the_flow_leaves_float_is_said_and_its_fraction_is_zero() -> None:
@@ -65,7 +65,7 @@ def test_a_model_the_flow_leaves_float_is_said_and_its_fraction_is_zero() -> Non
 
     torch.manual_seed(0)
     model, batches = Stream().eval(), [torch.randn(4, 8, 20) for _ in range(4)]
-    plan = qinsight.plan(model, batches[:3], batches[3:], target="sqnr>=25", flow="pt2e")
+    plan = qinsight.plan(model, batches[:3], batches[3:], goal="sqnr>=25", deploy="pt2e")
     assert plan.quantized_fraction == 0.0
     assert [note.kind for note in plan.notes] == [NoteKind.LEFT_FLOAT] and "conv" in plan.notes[0].text
     assert "0.0% of the layers' parameters quantized" in qinsight.to_text(plan)
@@ -91,7 +91,7 @@ def test_a_pt2e_plan_runs_through_a_subgraph_the_exported_graph_holds() -> None:
     torch.manual_seed(0)
     model = _AutocastBlock().eval()
     data = [torch.randn(8, 16) for _ in range(4)]
-    plan = qinsight.plan(model, data[:2], data[2:], target="sqnr>=20", flow="pt2e")
+    plan = qinsight.plan(model, data[:2], data[2:], goal="sqnr>=20", deploy="pt2e")
     assert plan.reached and plan.verified_score >= 20.0 and plan.quantized_fraction > 0.5
 
 
@@ -101,7 +101,7 @@ def test_a_plan_does_not_claim_a_target_its_held_out_data_misses() -> None:
     generator = torch.Generator().manual_seed(1)
     calm = [torch.randn(16, 32, generator=generator) for _ in range(8)]
     wild = [8 * torch.randn(16, 32, generator=generator) for _ in range(2)]
-    plan = qinsight.plan(model, calm[:4], calm[4:6], target="sqnr>=25", held_out_data=wild)
+    plan = qinsight.plan(model, calm[:4], calm[4:6], goal="sqnr>=25", held_out_data=wild)
     assert plan.target.met(plan.verified_score) and not plan.target.met(plan.held_out_score) and not plan.reached
     assert NoteKind.HELD_OUT_MISS in [note.kind for note in plan.notes]
     # the held-out score is the plan's config, quantized as a user would, on the held-out batches
@@ -109,7 +109,7 @@ def test_a_plan_does_not_claim_a_target_its_held_out_data_misses() -> None:
     with torch.no_grad():
         reference, actual = torch.cat([model(b) for b in wild]), torch.cat([quantized(b) for b in wild])
     assert plan.held_out_score == pytest.approx(qinsight.compare.metric_functions.sqnr(reference, actual), abs=1e-9)
-    steady = qinsight.plan(model, calm[:4], calm[4:6], target="sqnr>=25", held_out_data=calm[6:])
+    steady = qinsight.plan(model, calm[:4], calm[4:6], goal="sqnr>=25", held_out_data=calm[6:])
     assert steady.reached and steady.held_out_score >= 25.0
     assert "on held-out data" in qinsight.to_text(steady).splitlines()[0]
 
@@ -127,6 +127,6 @@ def test_a_pt2e_plan_on_an_exported_llm_finishes_and_applies_as_planned() -> Non
 
     model = smollm2_or_skip()
     calibration, evaluation = token_batches(TEXTS, tokens=32)[:4], token_batches(HELD_OUT_TEXTS, tokens=32)[:2]
-    plan = qinsight.plan(model, calibration, evaluation, target="perplexity<=1.1", flow="pt2e")
+    plan = qinsight.plan(model, calibration, evaluation, goal="perplexity<=1.1", deploy="pt2e")
     assert plan.reached and plan.verified_score <= 1.1 < plan.default_score
     assert plan.quantized_fraction > 0.5

@@ -128,4 +128,4 @@ def test_backend_reaches_detectors_that_take_one() -> None:
     detectors, _ = resolve_detectors(["qinsight.per_channel"], backend="qnnpack")
     assert detectors[0] == qinsight.detectors.PerChannelDetector(backend="qnnpack")
     with pytest.raises(qinsight.errors.InvalidParameterError, match="backend='tpu'"):
-        qinsight.diagnose(seeded(MLP()), [torch.randn(2, 16)], backend="tpu")
+        qinsight.diagnose(seeded(MLP()), [torch.randn(2, 16)], deploy=qinsight.types.Deployment(backend="tpu"))

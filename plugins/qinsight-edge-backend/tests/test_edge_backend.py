@@ -35,7 +35,7 @@ def test_diagnose_by_name_or_by_quantizer_gives_an_edge_report_verified_as_an_ed
     cnn: tuple[torch.nn.Module, list[torch.Tensor]],
 ) -> None:
     model, batches = cnn
-    report = qinsight.diagnose(model, batches[:4], backend="edge")
+    report = qinsight.diagnose(model, batches[:4], deploy="edge")
     assert report.metadata.backend == "edge"
     verification = report.verification_for("pt2e")
     # quantized for real in PT2E: EdgeQuantizer's default and the report's config, scored on held-out batches
@@ -43,7 +43,7 @@ def test_diagnose_by_name_or_by_quantizer_gives_an_edge_report_verified_as_an_ed
     assert verification.score > 20.0 and verification.held_out
     quantizer = qinsight.pt2e_quantizer(report)
     assert isinstance(quantizer.inner, edge_quantizer_class())  # the report's advice, as this backend's quantizer
-    by_quantizer = qinsight.diagnose(model, batches[:4], quantizer=default_quantizer(), verify=False)
+    by_quantizer = qinsight.diagnose(model, batches[:4], deploy=default_quantizer(), verify=False)
     assert by_quantizer.metadata.backend == "edge"
     with pytest.raises(
         qinsight.errors.InvalidParameterError, match="for flow='fx' \\(edge is served by flow='pt2e'\\)"
@@ -57,7 +57,9 @@ def test_a_lowered_edge_plan_scores_the_program_and_compare_lowered_measures_it(
 ) -> None:
     model, batches = cnn
     calibration, evaluation = batches[:6], batches[6:9]
-    plan = qinsight.plan(model, calibration, evaluation, target="sqnr>=35", backend="edge", lowered=True)
+    plan = qinsight.plan(
+        model, calibration, evaluation, goal="sqnr>=35", deploy=qinsight.types.Deployment(backend="edge", lowered=True)
+    )
     assert plan.flow == "pt2e" and plan.backend == "edge" and plan.reached
     assert plan.lowered.endswith("runtime, edge target")
     quantized = qinsight.quantize(model, plan, calibration)
