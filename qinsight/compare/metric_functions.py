@@ -113,14 +113,20 @@ def _positions(reference: torch.Tensor, actual: torch.Tensor) -> tuple[torch.Ten
     return reference.detach().double().reshape(-1, vocabulary), actual.detach().double().reshape(-1, vocabulary)
 
 
+def kl_per_position(reference_log: torch.Tensor, actual_log: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) at each position (row), in nats, from the log-softmax rows of p and q: the one KL of
+    :func:`kl`, a plan's damage and its confidence bound (a caller scoring many runs computes the
+    reference's log-softmax once, in the precision it wants)."""
+    return (reference_log.exp() * (reference_log - actual_log)).sum(dim=1)
+
+
 def kl(reference: torch.Tensor, actual: torch.Tensor) -> float:
     """The mean over positions of KL(p || q), p and q the softmax of the reference's and the actual
     logits over the last dimension, in nats: 0 for identical logits (or logits that differ by a constant)."""
     x, y = _positions(reference, actual)
     if x.numel() == 0:
         return 0.0
-    p_log, q_log = torch.log_softmax(x, dim=1), torch.log_softmax(y, dim=1)
-    per_position = (p_log.exp() * (p_log - q_log)).sum(dim=1)
+    per_position = kl_per_position(torch.log_softmax(x, dim=1), torch.log_softmax(y, dim=1))
     return max(0.0, float(per_position.mean()))  # rounding can dip below 0 for identical logits
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from qinsight.compare.metric_functions import load_metric, sqnr
+from qinsight.compare.metric_functions import kl_per_position, load_metric, sqnr
 from qinsight.compare.outputs import floating_leaves, output_rows
 from qinsight.core.errors import InvalidParameterError, QinsightError
 from qinsight.core.metrics import higher_is_better, spec_of
@@ -146,8 +146,7 @@ class Scorer:
         if self.reads != "rows":
             if self._reference_log is None:  # the float distributions, once: a plan takes hundreds of damages
                 self._reference_log = torch.log_softmax(self.rows, dim=1)
-            q_log = torch.log_softmax(self._matrix(outputs), dim=1)
-            per_position = (self._reference_log.exp() * (self._reference_log - q_log)).sum(dim=1)
+            per_position = kl_per_position(self._reference_log, torch.log_softmax(self._matrix(outputs), dim=1))
             return max(0.0, float(per_position.double().mean()))
         return self.noise(outputs)[OUTPUT_NOISE]
 
@@ -193,7 +192,7 @@ class Scorer:
         if self._labels is not None:
             return _token_losses(rows, self._labels) - reference
         if self.metric == "kl":
-            return (reference.exp() * (reference - torch.log_softmax(rows.double(), dim=1))).sum(dim=1)
+            return kl_per_position(reference, torch.log_softmax(rows.double(), dim=1))
         return (reference == rows.argmax(dim=1)).double()
 
     @property
