@@ -120,7 +120,7 @@ def flows_serving(backend: str, *, lowered: bool = False) -> tuple[FlowName, ...
     if record is None:
         return ()
     lowers = record.lowering is not None
-    return tuple(name for name in record.flows if lowers and FLOW_SPECS[name].lowers or not lowered)
+    return tuple(name for name in record.flows if (lowers and FLOW_SPECS[name].lowers) or not lowered)
 
 
 def reads_as_is(frontend: str) -> bool:
