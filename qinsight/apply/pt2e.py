@@ -24,6 +24,7 @@ import torch
 from torch import fx
 
 from qinsight.core.advice import Advice
+from qinsight.core.backend import PT2E_HINT
 from qinsight.core.errors import MissingExtraError
 from qinsight.core.flows import pt2e_quantizers
 from qinsight.core.sites import OpSite
@@ -83,7 +84,7 @@ def honouring(
     try:
         from torchao.quantization.pt2e.quantizer import Quantizer
     except ImportError as exc:
-        raise MissingExtraError(f"PT2E quantization needs torchao: pip install 'qinsight[pt2e]' ({exc})") from exc
+        raise MissingExtraError(f"{PT2E_HINT} ({exc})") from exc
 
     layers = {site.fqn for site in sites if site.kind.is_layer}
     kept_float = {s.fqn for s in suggestions if s.keep_float}

@@ -14,19 +14,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from qinsight.core.backend import Backend, Program, Pt2eQuantizers
+from qinsight.core.backend import PT2E_HINT, Backend, Program, Pt2eQuantizers
 from qinsight.core.errors import MissingExtraError
 from qinsight.core.sites import OpSite, WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion
-
-INSTALL_HINT = "PT2E quantization needs torchao: pip install 'qinsight[pt2e]'"
 
 
 def _torchao() -> Any:
     try:
         from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer
     except ImportError as exc:
-        raise MissingExtraError(f"{INSTALL_HINT} ({exc})") from exc
+        raise MissingExtraError(f"{PT2E_HINT} ({exc})") from exc
     return x86_inductor_quantizer
 
 
@@ -121,4 +119,4 @@ X86 = Backend(
     runs_quantize_=True,
 )
 
-__all__ = ["INSTALL_HINT", "X86", "InductorLowering", "advice_quantizer", "default_x86_quantizer"]
+__all__ = ["X86", "InductorLowering", "advice_quantizer", "default_x86_quantizer"]

@@ -10,8 +10,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import attrs
-
 from qinsight.cli import hf, ranks
 from qinsight.cli.config_args import compared_flow, load_factory, planned_config
 from qinsight.cli.gates import check_verdict_gates, parse_diff_gates, tripped_diff, tripped_findings, unverified
@@ -299,7 +297,7 @@ def _plan_goal(args: argparse.Namespace, formats: bool) -> tuple[Goal, list[str]
     checked = format_goal(args.formats, goal)
     if args.lowered:
         raise UsageError("--lowered is for PT2E plans: torchao's quantize_ model is not lowered")
-    return attrs.evolve(goal, budget=checked.budget), [f.name for f in checked.formats]
+    return goal, [f.name for f in checked.formats]
 
 
 def _show(args: argparse.Namespace) -> int:

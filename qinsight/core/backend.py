@@ -38,6 +38,7 @@ BUILTIN_BACKENDS: Final = {
     "xnnpack": "qinsight.backends.xnnpack:XNNPACK",
 }
 DEFAULT_BACKEND: Final = "x86"
+PT2E_HINT: Final = "PT2E quantization needs torchao: pip install 'qinsight[pt2e]'"  # every PT2E quantizer's extra
 
 
 class Program(Protocol):
@@ -171,11 +172,7 @@ def backend_lowering(owner: str, backend: str) -> Lowering:
     """The lowering of ``backend``; one :class:`InvalidParameterError` naming the backends that lower if none."""
     record = get_backend(backend, owner)
     if record.lowering is None:
-        lowering = [
-            name
-            for name in backend_names()
-            if find_backend(name) is not None and get_backend(name).lowering is not None
-        ]
+        lowering = [name for name in backend_names() if (found := find_backend(name)) and found.lowering is not None]
         raise InvalidParameterError(
             owner, "backend", backend, "one whose program qinsight lowers: " + ", ".join(lowering)
         )
@@ -211,7 +208,7 @@ def backend_of(quantizer: object) -> Backend | None:
     """The backend ``quantizer`` quantizes for, seen through composition (``ComposableQuantizer``'s
     ``quantizers``, qinsight's wrappers' ``inner``): ``None`` where it is no installed backend's, or
     more than one's."""
-    known = {name: _recognized(get_backend(name)) for name in backend_names() if find_backend(name) is not None}
+    known = {name: _recognized(record) for name in backend_names() if (record := find_backend(name)) is not None}
     found: set[str] = set()
     pending = [quantizer]
     while pending:
@@ -237,6 +234,7 @@ def planned_backend(owner: str, backend: str | None, quantizer: object | None) -
 __all__ = [
     "BUILTIN_BACKENDS",
     "DEFAULT_BACKEND",
+    "PT2E_HINT",
     "GROUP",
     "AdviceQuantizer",
     "Backend",

@@ -109,6 +109,12 @@ class Deployment:
 MetricFunction = Callable[[Any, Any], float]
 
 
+def _budget_unit(text: str) -> BudgetUnit | None:
+    """The unit a budget's text spends (``"float<=3"``, ``"bits <= 6"``); ``None``: the text is no budget."""
+    units: tuple[BudgetUnit, ...] = ("float", "bits")
+    return next((unit for unit in units if text.replace(" ", "").startswith(f"{unit}<=")), None)
+
+
 def _target(value: Target | str | None) -> Target | None:
     if value is not None and not isinstance(value, (str, Target)):
         raise InvalidParameterError("Goal", "target", type(value).__name__, "a target ('sqnr>=30'), a Target or None")
@@ -120,8 +126,7 @@ def _budget(value: Budget | str | None) -> Budget | None:
         raise InvalidParameterError("Goal", "budget", value, "'float<=N' or 'bits<=N', a Budget or None")
     if not isinstance(value, str):
         return value
-    units: tuple[BudgetUnit, ...] = ("float", "bits")
-    unit = next((u for u in units if value.replace(" ", "").startswith(f"{u}<=")), None)
+    unit = _budget_unit(value)
     if unit is None:
         expected = "'float<=N' (sites kept in float) or 'bits<=N' (bits per weight)"
         raise InvalidParameterError("Goal", "budget", value, expected)
@@ -170,8 +175,7 @@ class Goal:
         if isinstance(value, Budget):
             return cls(budget=value)
         if isinstance(value, str):
-            units: tuple[BudgetUnit, ...] = ("float", "bits")
-            unit = next((u for u in units if value.replace(" ", "").startswith(f"{u}<=")), None)
+            unit = _budget_unit(value)
             return cls(budget=Budget.parse(value, unit, owner)) if unit else cls(target=Target.parse(value, owner))
         expected = "a Goal, a target ('sqnr>=30'), a budget ('float<=3', 'bits<=6'), a Target or a Budget"
         raise InvalidParameterError(owner, "goal", type(value).__name__, expected)

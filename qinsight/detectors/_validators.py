@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from qinsight.core.backend import backend_names
+from qinsight.core.backend import check_backend
 from qinsight.core.errors import InvalidParameterError
 
 Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
@@ -49,9 +49,9 @@ def installed_backend() -> Validator:
     """The name of a backend installed here (:func:`~qinsight.core.backend.backend_names`: metadata only)."""
 
     def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        names = backend_names()
-        if value not in names:
-            raise InvalidParameterError(type(instance).__name__, attribute.name, value, "one of " + ", ".join(names))
+        if not isinstance(value, str):
+            raise InvalidParameterError(type(instance).__name__, attribute.name, value, "a backend's name")
+        check_backend(type(instance).__name__, value)
 
     return check
 
