@@ -27,6 +27,7 @@ from qinsight.plugin.metric import ErrorTotals, Metric
 
 TensorMetric = Callable[[torch.Tensor, torch.Tensor], float]
 TotalsMetric = Callable[[ErrorTotals], float]
+PositionMetric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _pair(reference: torch.Tensor, actual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,22 +121,33 @@ def kl_per_position(reference_log: torch.Tensor, actual_log: torch.Tensor) -> to
     return (reference_log.exp() * (reference_log - actual_log)).sum(dim=1)
 
 
-def kl(reference: torch.Tensor, actual: torch.Tensor) -> float:
-    """The mean over positions of KL(p || q), p and q the softmax of the reference's and the actual
-    logits over the last dimension, in nats: 0 for identical logits (or logits that differ by a constant)."""
+def kl_positions(reference: torch.Tensor, actual: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) at each position, p and q the softmax of the reference's and the actual logits over
+    the last dimension, in nats (float64): what :func:`kl` is the mean of."""
     x, y = _positions(reference, actual)
-    if x.numel() == 0:
+    return kl_per_position(torch.log_softmax(x, dim=1), torch.log_softmax(y, dim=1))
+
+
+def kl(reference: torch.Tensor, actual: torch.Tensor) -> float:
+    """The mean over positions of KL(p || q) (:func:`kl_positions`): 0 for identical logits (or logits
+    that differ by a constant)."""
+    per_position = kl_positions(reference, actual)
+    if per_position.numel() == 0:
         return 0.0
-    per_position = kl_per_position(torch.log_softmax(x, dim=1), torch.log_softmax(y, dim=1))
     return max(0.0, float(per_position.mean()))  # rounding can dip below 0 for identical logits
+
+
+def agreement_positions(reference: torch.Tensor, actual: torch.Tensor) -> torch.Tensor:
+    """1 at each position whose argmax over the last dimension (the next token) agrees, else 0 (float64):
+    what :func:`token_agreement` is the mean of."""
+    x, y = _positions(reference, actual)
+    return (x.argmax(dim=1) == y.argmax(dim=1)).double()
 
 
 def token_agreement(reference: torch.Tensor, actual: torch.Tensor) -> float:
     """The share of positions whose argmax over the last dimension (the next token) agrees; 1 for none."""
-    x, y = _positions(reference, actual)
-    if x.shape[0] == 0:
-        return 1.0
-    return float((x.argmax(dim=1) == y.argmax(dim=1)).double().mean())
+    agreeing = agreement_positions(reference, actual)
+    return float(agreeing.mean()) if agreeing.numel() else 1.0
 
 
 _COMPUTED: Final[dict[str, tuple[TensorMetric, TotalsMetric | None]]] = {
@@ -148,10 +160,16 @@ _COMPUTED: Final[dict[str, tuple[TensorMetric, TotalsMetric | None]]] = {
     "kl": (kl, None),
     "token_agreement": (token_agreement, None),
 }
+# The metrics that are a mean over a language model's positions: what each is the mean of (a plan bounds them).
+_PER_POSITION: Final[dict[str, PositionMetric]] = {"kl": kl_positions, "token_agreement": agreement_positions}
 # Each metric of the one table (qinsight.core.metrics), computed: its direction and range come from there.
 BUILTIN: Final[dict[str, Metric]] = {
     name: Metric(
-        name=name, higher_is_better=spec.higher_is_better, on_tensors=_COMPUTED[name][0], from_totals=_COMPUTED[name][1]
+        name=name,
+        higher_is_better=spec.higher_is_better,
+        on_tensors=_COMPUTED[name][0],
+        from_totals=_COMPUTED[name][1],
+        per_position=_PER_POSITION.get(name),
     )
     for name, spec in table.METRICS.items()
 }

@@ -17,9 +17,12 @@ direction themselves (:class:`~qinsight.plugin.Metric`) and have no range.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Literal
 
 import attrs
+
+from qinsight.core.outcomes import FailedConfig, Outcome
 
 
 @attrs.frozen(kw_only=True)
@@ -37,6 +40,18 @@ class MetricSpec:
     meaning: str = ""
     reads: Literal["rows", "positions", "labels"] = "rows"
     margins: bool = False
+
+    def worse(self, score: Outcome, than: Outcome) -> bool:
+        """Whether ``score`` is worse than ``than`` in this metric's direction: a config the flow could
+        not build or run is worse than any score; never where a score is NaN (not measured: nothing is
+        dropped or replaced on a number that is not there)."""
+        if isinstance(score, FailedConfig) or isinstance(than, FailedConfig):
+            return isinstance(score, FailedConfig) and not isinstance(than, FailedConfig)
+        return worse(score, than, self.higher_is_better)
+
+    def best(self, scores: Iterable[float]) -> float:
+        """The best of ``scores`` in this metric's direction."""
+        return max(scores) if self.higher_is_better else min(scores)
 
     def admits(self, value: float) -> bool:
         return self.lower <= value <= self.upper

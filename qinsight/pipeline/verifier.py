@@ -37,6 +37,7 @@ from qinsight.core.backend import Lowering, backend_lowering, planned_backend
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.flows import flow_spec, verifying_flows
 from qinsight.core.notes import Note, NoteKind
+from qinsight.core.outcomes import FailedConfig, Outcome
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
 from qinsight.core.sites import FLOWS, FlowName, OpKind
@@ -186,24 +187,22 @@ def _prepared(model: nn.Module) -> bool:
 
 class _Scorer:
     """A config's SQNR for real (:func:`~qinsight.apply.trial.run_trial`): quantized on the calibrating
-    batches, run on the scored ones. Per config of the report's, its :class:`~qinsight.apply.trial.Trial`
-    (:attr:`trials`: the layers the converted model quantizes); the flow's error, where it cannot build or
-    run a config, kept for the reason."""
+    batches, run on the scored ones: a score, or where the flow cannot build or run the config, a
+    :class:`FailedConfig` carrying its error. Per config of the report's, its
+    :class:`~qinsight.apply.trial.Trial` (:attr:`trials`: the layers the converted model quantizes)."""
 
     def __init__(self, model: nn.Module, batches: Sequence[Any], lowering: Lowering | None = None) -> None:
         self.model, self.lowering = model, lowering
         self.calibrating, self.scored = split(batches)
         self.reference = _rows(model_outputs(model, self.scored))
-        self.last_error = ""
         self.trials: dict[Advice, Trial] = {}
 
-    def __call__(self, advice: Advice, quantizer: object | None = None) -> float:
+    def __call__(self, advice: Advice, quantizer: object | None = None) -> Outcome:
         found = run_trial(
             self.model, advice, self.calibrating, self.scored, quantizer=quantizer, lowering=self.lowering
         )
         if found.failed:
-            self.last_error = found.error
-            return -math.inf
+            return FailedConfig(found.error)
         if quantizer is None:  # the user's config: what it quantizes is not the report's to name
             self.trials[advice] = attrs.evolve(found, outputs=())  # kept for its layers: not a model's outputs each
         return sqnr(self.reference, _rows(found.outputs))
@@ -246,11 +245,11 @@ def verify_flow(
     )
     blank = attrs.evolve(blank, lowered=lowering.runtime() if lowering is not None else "")
     default = score(base)
-    if default == -math.inf:
-        return attrs.evolve(blank, error=f"the {flow} flow cannot quantize this model: {score.last_error}")
+    if isinstance(default, FailedConfig):
+        return attrs.evolve(blank, error=f"the {flow} flow cannot quantize this model: {default.error}")
     blank = attrs.evolve(blank, notes=blank.notes + _unfolded_norms(report, flow))
     if quantizer is not None:
-        blank = _beside_yours(blank, score(base, quantizer), type(quantizer).__name__, score.last_error)
+        blank = _beside_yours(blank, score(base, quantizer), type(quantizer).__name__)
     parts = ConfigParts(suggested_advice.suggestions, suggested_advice.fx_activations, suggested_advice.equalization)
     # a flow without equalization (PT2E): suggested ones change nothing there (advice_of notes so)
     kinds = tuple(kind for kind in kinds_of(parts) if flow_spec(flow).equalizes or kind is not SuggestionKind.EQUALIZE)
@@ -268,12 +267,12 @@ def verify_flow(
         nothing = Note(NoteKind.NOTHING_SUGGESTED, "the report suggests nothing the flow's default does not do")
         verdict = attrs.evolve(blank, default=default, suggested=default, score=default, notes=(*blank.notes, nothing))
         return _left_float(noting_yours(verdict), model, report, base, score.trials[base])
-    suggested = score(config(()))
-    error = score.last_error if suggested == -math.inf else ""
-    without, measured = _left_out_each(kinds, lambda left_out: score(config(left_out)), suggested, default)
+    outcome = score(config(()))
+    suggested = recorded(outcome)
+    without, measured = _left_out_each(kinds, lambda left_out: recorded(score(config(left_out))), suggested, default)
     # the best config measured (of equals, the one keeping most): kinds that hurt among the others may help alone
     dropped = max(measured, key=lambda kinds_left_out: (measured[kinds_left_out], -len(kinds_left_out)))
-    reason = _reason(suggested, measured[dropped], dropped, error)
+    reason = _reason(outcome, measured[dropped], dropped)
     checks = tuple(
         KindCheck(
             kind=kind,
@@ -340,11 +339,13 @@ def _unfolded_norms(report: Report, flow: FlowName) -> tuple[Note, ...]:
     return (Note(NoteKind.UNFOLDED_NORMS, said),)
 
 
-def _beside_yours(blank: ConfigVerification, yours: float, name: str, error: str) -> ConfigVerification:
+def _beside_yours(blank: ConfigVerification, yours: Outcome, name: str) -> ConfigVerification:
     """``blank`` with the user's quantizer's score; a note where the flow cannot run it."""
-    failed = yours == -math.inf
-    said = Note(NoteKind.YOURS_FAILED, f"your {name} cannot quantize this model in the {blank.flow} flow: {error}")
-    return attrs.evolve(blank, yours=yours, yours_from=name, notes=blank.notes + ((said,) if failed else ()))
+    notes = blank.notes
+    if isinstance(yours, FailedConfig):
+        said = f"your {name} cannot quantize this model in the {blank.flow} flow: {yours.error}"
+        notes += (Note(NoteKind.YOURS_FAILED, said),)
+    return attrs.evolve(blank, yours=recorded(yours), yours_from=name, notes=notes)
 
 
 def noting_yours(verdict: ConfigVerification) -> ConfigVerification:
@@ -382,12 +383,19 @@ def _left_float(
     return attrs.evolve(verdict, left_float=left, notes=verdict.notes + (Note(NoteKind.LEFT_FLOAT, said),))
 
 
-def _reason(suggested: float, final: float, dropped: frozenset[SuggestionKind], error: str) -> Note:
+def recorded(outcome: Outcome) -> float:
+    """``outcome`` as a :class:`ConfigVerification` records it: its score, ``-inf`` where the flow could not
+    build or run the config (what a report file says for "cannot run", its reason naming the error)."""
+    return -math.inf if isinstance(outcome, FailedConfig) else outcome
+
+
+def _reason(suggested: Outcome, final: float, dropped: frozenset[SuggestionKind]) -> Note:
     names = " and ".join(kind.value for kind in SuggestionKind if kind in dropped)
-    if suggested == -math.inf:
+    if isinstance(suggested, FailedConfig):
         return Note(
             NoteKind.FLOW_CANNOT_RUN,
-            f"not applied: with it the flow cannot build or run the config ({error}); without {names} {_said(final)}",
+            f"not applied: with it the flow cannot build or run the config ({suggested.error}); "
+            f"without {names} {_said(final)}",
         )
     return Note(
         NoteKind.HURTS,

@@ -12,8 +12,9 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 
 from qinsight.core.flows import FlowSpec
-from qinsight.core.metrics import worse
+from qinsight.core.metrics import MetricSpec
 from qinsight.core.notes import Note, NoteKind
+from qinsight.core.outcomes import FailedConfig, Outcome, measured
 from qinsight.core.plan import SuggestionCheck
 from qinsight.core.sites import WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion, merge_suggestions
@@ -21,19 +22,19 @@ from qinsight.planning.simulate import Run, Simulation
 from qinsight.planning.switches import Mode
 
 Score = Callable[[Run], float]
-RealScore = Callable[[tuple[QuantSuggestion, ...]], float]  # a config quantized by the flow, scored
+RealScore = Callable[[tuple[QuantSuggestion, ...]], Outcome]  # a config quantized by the flow: scored, or failed
 
 
 @attrs.frozen
 class Measuring:
     """How a suggestion is measured: in ``sim``, run on ``evaluation`` and scored by ``score``; or for real
-    (``real``), where the simulation cannot express it. Scores compare in the metric's direction."""
+    (``real``), where the simulation cannot express it. Scores compare in the direction of ``spec``."""
 
     sim: Simulation
     score: Score
     real: RealScore
     evaluation: Sequence[object]
-    higher_is_better: bool
+    spec: MetricSpec
 
 
 def is_default(suggestion: QuantSuggestion) -> bool:
@@ -90,7 +91,7 @@ def check_simulated(
     for suggestion in suggestions:
         fqn = suggestion.fqn
         if fqn in measurable:
-            kept = not worse(together, without[fqn], measuring.higher_is_better)
+            kept = not measuring.spec.worse(together, without[fqn])
             check = SuggestionCheck.of(
                 suggestion,
                 before=before,
@@ -140,27 +141,28 @@ def check_real(
     checks = []
     for part in parts:
         without = real(tuple(s for s in together_config if s is not part))
-        kept = not worse(together, without, measuring.higher_is_better)
+        kept = not measuring.spec.worse(together, without)
         reason = (
             Note(NoteKind.MEASURED_REAL, "measured for real (prepare, calibrate, convert)")
             if kept
             else Note(
                 NoteKind.FLOW_CANNOT_RUN,
-                "not applied: with it the flow cannot build or run the config (the plan's notes say why)",
+                f"not applied: with it the flow cannot build or run the config: {together.error}",
             )
-            if math.isinf(together)
+            if isinstance(together, FailedConfig)
             else Note(
                 NoteKind.HURTS,
-                f"not applied: {together - without:+.3g} on the output among the other suggestions, measured for real",
+                f"not applied: {together - measured(without):+.3g} on the output among the other suggestions, "
+                "measured for real",
             )
         )
         checks.append(
             SuggestionCheck.of(
                 part,
                 before=before,
-                alone=real((part,)),
-                together=together,
-                without=without,
+                alone=measured(real((part,))),
+                together=measured(together),
+                without=measured(without),
                 kept=kept,
                 reason=reason.text,
                 why=reason.kind,

@@ -16,7 +16,6 @@ from typing import Any
 import attrs
 from torch import nn
 
-from qinsight.apply.trial import model_outputs
 from qinsight.core.flows import check_flow_backend, flow_spec, reads_as_is, report_flow
 from qinsight.core.fx_activations import FxActivations
 from qinsight.core.notes import Note, NoteKind
@@ -28,8 +27,9 @@ from qinsight.core.sites import OpSite
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.planning import stages, verify
+from qinsight.planning.plan_run import PlanRun
 from qinsight.planning.request import PlanRequest, plan_request
-from qinsight.planning.scores import Scorer, held_out_miss
+from qinsight.planning.scores import held_out_miss
 from qinsight.planning.search import order_notes
 
 
@@ -116,53 +116,31 @@ def plan(
         check_flow_backend("plan", request.flow, request.backend)  # as plan_request checks a flow given
     if flow_spec(request.flow).observes_activations:  # the FX config's kernels, checked as a verification checks them
         report = kernels_checked(model, report, request.calibration[0])
-    scorer = Scorer(model_outputs(model, request.evaluation), request.metric, request.metric_name, request.evaluation)
-    asked, request = (
-        request,
-        attrs.evolve(request, goal=request.held_goal(len(scorer.rows))),
-    )  # the search holds the bound
-    failed = stages.FailedConfigs()
-    base = stages.baseline(request, model, report, scorer, failed)
-    chosen = stages.subject(request, model, report, base, failed, progress)
-    found = stages.checked(request, chosen, base, scorer, progress)
-    measured = stages.sensitivity(request, found)
-    search = stages.searched(request, found, measured)
-    real = verify.verified(
-        chosen.real(request, scorer),
-        request.goal,
-        found.kept,
-        found.checks,
-        found.start,
-        search.steps,
-        search.modes,
-        base.score,
-        request.higher_is_better,
-    )
+    run = PlanRun(request, model, progress)
+    base = stages.baseline(run, report)
+    chosen = stages.subject(run, report, base)
+    found = stages.checked(run, chosen, base)
+    measured = stages.sensitivity(run, found)
+    search = stages.searched(run, found, measured)
+    real = verify.verified(run.real_score(chosen.flow), run.request.goal, run.spec, found, search, base.score)
     final = base.flow if real.default else chosen.flow
-    held = (
-        Scorer(model_outputs(model, request.held_out), request.metric, request.metric_name, request.held_out)
-        if request.held_out
-        else None
-    )
-    applied = stages.converted(request, final, real.suggestions, chosen.report, held)
-    return _assembled(asked, len(scorer.rows), base, chosen, found, measured, search, real, applied)
+    applied = stages.converted(run, final, real.suggestions, chosen.report)
+    return _assembled(run, base, chosen, measured, search, real, applied)
 
 
 def _assembled(
-    request: PlanRequest,
-    rows: int,
+    run: PlanRun,
     base: stages.Baseline,
     chosen: stages.Subject,
-    found: stages.Checked,
     measured: stages.Sensitivity,
     search: stages.Searched,
     real: verify.Verified,
     applied: stages.Converted,
 ) -> QuantPlan:
     """The stages' records as one :class:`QuantPlan` (the default config's flow where it replaced the plan's),
-    for the plan as asked; the search held its goal on the ``rows`` evaluation rows (:meth:`PlanRequest.held_goal`)."""
+    for the plan as asked (:attr:`PlanRun.asked`: the search held its bound, :attr:`PlanRun.request`)."""
+    request, held, rows = run.asked, run.request.goal, len(run.scorer.rows)
     flow = base.flow if real.default else chosen.flow
-    held = request.held_goal(rows)
     sensitivities = measured.sites
     missed: tuple[Note, ...]
     reached, missed = True, ()  # a budget is spent, not reached: the best score within it is the plan
@@ -187,10 +165,10 @@ def _assembled(
         agreement=spearman([-s.quantized_only for s in sensitivities], [s.gain for s in sensitivities]),
         suggestions=real.suggestions,
         sites=_named_sites(chosen.report.sites, real.suggestions, flow.activations),
-        evaluations=math.ceil(found.search.sim.evaluations),
+        evaluations=math.ceil(run.search.sim.evaluations),
         notes=order_notes(search.orders)
         + real.notes
-        + chosen.failed.notes(flow.name)
+        + run.failure_notes(flow.name)
         + applied.notes(flow.name)
         + (missed if request.held_out else ())
         + _bound_note(request, held, rows),
@@ -199,7 +177,7 @@ def _assembled(
         lowered=request.lowering.runtime() if request.lowering is not None else "",
         starts_from=type(request.quantizer).__name__ if request.quantizer is not None else "",
         confidence=request.confidence,
-        higher_is_better=request.higher_is_better,
+        higher_is_better=run.spec.higher_is_better,
     )
 
 

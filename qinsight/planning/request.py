@@ -10,14 +10,21 @@ from typing import Any
 import attrs
 
 from qinsight.apply.torch_flows import TORCH_FLOWS, flow_of
-from qinsight.compare.metric_functions import load_metric
 from qinsight.core.backend import Lowering, backend_lowering, is_quantizer, planned_backend
-from qinsight.core.errors import InvalidParameterError, QinsightError
+from qinsight.core.errors import InvalidParameterError
 from qinsight.core.flows import check_flow_backend, flow_spec, flows_serving
+from qinsight.core.metrics import MetricSpec, spec_of
 from qinsight.core.options import Deployment, Goal
 from qinsight.core.plan import Budget, Target
 from qinsight.core.sites import FlowName, checked_flow
-from qinsight.planning.scores import SCORES, MetricFunction, agreeing_needed, metric_direction, rows_needed
+from qinsight.planning.scores import (
+    SCORES,
+    MetricFunction,
+    agreeing_needed,
+    metric_direction,
+    rows_needed,
+    scored_metric,
+)
 
 DEFAULT_TARGET = "sqnr>=30"  # what a plan reaches where it is given neither a target nor a budget
 
@@ -61,12 +68,16 @@ class PlanRequest:
         return attrs.evolve(self.goal, threshold=(needed - 0.5) / rows)
 
     @property
-    def higher_is_better(self) -> bool:
-        """The direction scores are compared in: the target's; for a budget, its metric's (the one
-        metric table, a plugin's own; a function of one's own: higher is better)."""
-        if isinstance(self.goal, Target):
-            return self.goal.higher_is_better
-        return metric_direction(self.metric_name)
+    def spec(self) -> MetricSpec:
+        """The plan's metric as one spec, the direction every comparison of its scores takes: the one
+        table's, a plugin metric's own, a function of one's own higher is better; the target's direction
+        where it names one (``accuracy>=0.98`` for a function)."""
+        spec = spec_of(self.metric_name) or MetricSpec(
+            name=self.metric_name, higher_is_better=metric_direction(self.metric_name)
+        )
+        if isinstance(self.goal, Target) and self.goal.higher_is_better != spec.higher_is_better:
+            return attrs.evolve(spec, higher_is_better=self.goal.higher_is_better)
+        return spec
 
     @property
     def everything(self) -> list[Any]:
@@ -152,10 +163,10 @@ def _metric(goal: Target | Budget, metric: str | MetricFunction | None) -> tuple
     if metric is None:
         if isinstance(goal, Budget):
             return "sqnr", "sqnr"
-        _scored(goal.metric, goal, given=False)
+        scored_metric("plan", goal.metric, goal, given=False)
         return goal.metric, goal.metric
     if isinstance(metric, str):
-        _scored(metric, goal, given=True)
+        scored_metric("plan", metric, goal, given=True)
         if isinstance(goal, Target) and metric != goal.metric:
             raise InvalidParameterError("plan", "metric", metric, f"the target's own metric, {goal.metric!r}")
         return metric, metric
@@ -164,30 +175,6 @@ def _metric(goal: Target | Budget, metric: str | MetricFunction | None) -> tuple
             "plan", "metric", type(metric).__name__, f"one of {', '.join(SCORES)}, a plugin metric or a function"
         )
     return metric, goal.metric if isinstance(goal, Target) else getattr(metric, "__name__", "metric")
-
-
-def _scored(name: str, goal: Target | Budget, given: bool) -> None:
-    """``name`` checked as a metric a plan can score: a built-in, or a plugin's (``qinsight.metrics``)
-    bounded the way it says is better; else one :class:`InvalidParameterError` (``given``: the user
-    named it as ``metric``; else it is the target's)."""
-    if name in SCORES:
-        return
-    try:
-        plugin = load_metric(name)
-    except QinsightError:
-        if given:
-            expected = f"one of {', '.join(SCORES)}, a plugin metric (qinsight.metrics) or a function"
-            raise InvalidParameterError("plan", "metric", name, expected) from None
-        expected = (
-            f"a function scoring the outputs for the target's {name!r} (built in: {', '.join(SCORES)}; "
-            "or a plugin metric, qinsight.metrics)"
-        )
-        raise InvalidParameterError("plan", "metric", None, expected) from None
-    if isinstance(goal, Target) and goal.metric == name and goal.higher_is_better != plugin.higher_is_better:
-        wanted = ">=" if plugin.higher_is_better else "<="
-        raise InvalidParameterError(
-            "plan", "target", str(goal), f"{name}{wanted}N: the plugin says {name} is bounded so"
-        )
 
 
 __all__ = ["PlanRequest", "plan_request"]

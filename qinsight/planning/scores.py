@@ -25,7 +25,7 @@ from qinsight.compare.outputs import floating_leaves, output_rows
 from qinsight.core.errors import InvalidParameterError, QinsightError
 from qinsight.core.metrics import higher_is_better, spec_of
 from qinsight.core.notes import Note, NoteKind
-from qinsight.core.plan import Target
+from qinsight.core.plan import Budget, Target
 
 MetricFunction = Callable[[Sequence[Any], Sequence[Any]], float]
 
@@ -123,7 +123,7 @@ class Scorer:
         self.rows = self._matrix(reference)  # a language model's: one row per position
         self._margins = TopMargins(self.rows) if spec is not None and spec.margins else None
         self._reference_log: torch.Tensor | None = None
-        self._reference_positions: torch.Tensor | None = None  # the float model's side of _per_position, once
+        self._reference_losses: torch.Tensor | None = None  # perplexity's float token losses, once
         self._labels = next_tokens(self.rows, inputs) if self.reads == "labels" else None
         self._loss = _loss(self.rows, self._labels) if self._labels is not None else 0.0
 
@@ -166,34 +166,22 @@ class Scorer:
 
     def bounded(self, outputs: Sequence[Any], confidence: float | None) -> tuple[float, float]:
         """The score of ``outputs`` and the pessimistic end of its one-sided ``confidence`` interval
-        (:func:`pessimistic_bound`) over the positions a language-model metric averages; NaN where the
-        metric is not such a mean, or ``confidence`` is ``None``."""
-        if confidence is None or self.reads == "rows":
-            return self(outputs), math.nan
-        rows = self._matrix(outputs)
-        score, values = self._score(outputs, rows), self._per_position(rows)
-        if self._labels is not None:  # perplexity: the ratio is exp(mean difference of the token losses)
-            return score, math.exp(pessimistic_bound(values, confidence, higher_is_better=False))
-        return score, pessimistic_bound(values, confidence, higher_is_better=metric_direction(str(self.metric)))
-
-    def _per_position(self, rows: torch.Tensor) -> torch.Tensor:
-        """The per-position values a language-model metric is the mean of, in token order: each next
-        token's loss minus the float model's (perplexity), the KL of its distributions (kl), whether
-        its argmax agrees (token_agreement)."""
-        if self._reference_positions is None:  # the float model's side, once: a plan scores hundreds of runs
-            self._reference_positions = (
-                _token_losses(self.rows, self._labels)
-                if self._labels is not None
-                else torch.log_softmax(self.rows.double(), dim=1)
-                if self.metric == "kl"
-                else self.rows.argmax(dim=1)
-            )
-        reference = self._reference_positions
-        if self._labels is not None:
-            return _token_losses(rows, self._labels) - reference
-        if self.metric == "kl":
-            return kl_per_position(reference, torch.log_softmax(rows.double(), dim=1))
-        return (reference == rows.argmax(dim=1)).double()
+        (:func:`pessimistic_bound`) over the positions the metric averages (its
+        :attr:`~qinsight.plugin.Metric.per_position`, perplexity's token losses); NaN where the metric is
+        not such a mean, or ``confidence`` is ``None``."""
+        computed, labels = self._computed, self._labels
+        if confidence is not None and computed is not None and computed.per_position is not None:
+            rows = self._matrix(outputs)
+            values = computed.per_position(self.rows, rows)
+            bound = pessimistic_bound(values, confidence, higher_is_better=computed.higher_is_better)
+            return self._score(outputs, rows), bound
+        if confidence is not None and labels is not None:  # perplexity: exp(mean difference of the token losses)
+            rows = self._matrix(outputs)
+            if self._reference_losses is None:  # the float model's, once: a plan scores hundreds of runs
+                self._reference_losses = _token_losses(self.rows, labels)
+            values = _token_losses(rows, labels) - self._reference_losses
+            return self._score(outputs, rows), math.exp(pessimistic_bound(values, confidence, higher_is_better=False))
+        return self(outputs), math.nan
 
     @property
     def orders(self) -> tuple[str, ...]:
@@ -296,7 +284,30 @@ def held_out_miss(goal: Target, data: str, met: bool, score: float, held_out: fl
     return (Note(NoteKind.HELD_OUT_MISS, said),)
 
 
+def scored_metric(owner: str, name: str, goal: Target | Budget | None, given: bool, functions: bool = True) -> None:
+    """``name`` checked as a metric ``owner`` (a planner) can score: a built-in, or a plugin's
+    (``qinsight.metrics``) bounded the way it says is better; else one :class:`InvalidParameterError`
+    (``given``: the user named it as ``metric``, else it is the target's; ``functions``: the owner takes
+    a function of one's own too)."""
+    if name in SCORES:
+        return
+    try:
+        plugin = load_metric(name)
+    except QinsightError:
+        known = f"one of {', '.join(SCORES)}, a plugin metric (qinsight.metrics)"
+        if given or not functions:
+            expected = f"{known} or a function" if functions else known
+            raise InvalidParameterError(owner, "metric", name, expected) from None
+        expected = f"a function scoring the outputs for the target's {name!r} ({known})"
+        raise InvalidParameterError(owner, "metric", None, expected) from None
+    if isinstance(goal, Target) and goal.metric == name and goal.higher_is_better != plugin.higher_is_better:
+        wanted = ">=" if plugin.higher_is_better else "<="
+        expected = f"{name}{wanted}N: the plugin says {name} is bounded so"
+        raise InvalidParameterError(owner, "target", str(goal), expected)
+
+
 __all__ = [
+    "scored_metric",
     "held_out_miss",
     "MARGIN_NOISE",
     "PER_POSITION",

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
-from qinsight.core.metrics import worse
+from qinsight.core.metrics import MetricSpec
 from qinsight.core.notes import Note, NoteKind
 from qinsight.core.plan import Budget, PlanStep, SearchedOrder, Target
 from qinsight.core.progress import Progress
@@ -32,7 +32,8 @@ REFINE_PASSES = 3
 
 @attrs.define
 class Search:
-    """What every stage shares: the simulation, the scorer and each candidate's weight count."""
+    """The simulation's side of a plan (its :class:`~qinsight.planning.plan_run.PlanRun` owns it): the
+    calibrated simulation, the scorer, the candidate sites with their kinds and weight counts."""
 
     sim: Simulation
     scorer: Scorer
@@ -40,12 +41,8 @@ class Search:
     parameters: dict[str, int]
     kinds: dict[str, str]
     progress: Progress
-    fixed: dict[str, Mode] = attrs.field(factory=dict)  # sites in the config that are not searched
-    higher_is_better: bool = True  # the direction the plan's scores are compared in (PlanRequest's)
-
-    def best(self, scores: Iterable[float]) -> float:
-        """The best of ``scores`` in the plan's direction."""
-        return max(scores) if self.higher_is_better else min(scores)
+    fixed: dict[str, Mode]  # sites in the config that are not searched
+    spec: MetricSpec  # the plan's metric: the direction its scores are compared in (PlanRequest.spec)
 
     def everything_float(self) -> dict[str, Mode]:
         """Every candidate in float; the fixed sites as they are fixed."""
@@ -95,13 +92,13 @@ def choose_order(
     for order, by_site in noise.items():
         steps, modes = choose(search, goal, start, float_run, quantized_run, by_site, dynamic_noise[order])
         budget = isinstance(goal, Budget)
-        score = search.best(step.score for step in steps) if budget else final_score(steps)
+        score = search.spec.best(step.score for step in steps) if budget else final_score(steps)
         met = isinstance(goal, Budget) or goal.met(score)
         reached = SearchedOrder(
             order=order, quantized_fraction=search.fraction(modes), score=score, met=met, taken=False
         )
         found.append((steps, modes, reached))
-    sign = 1.0 if search.higher_is_better else -1.0
+    sign = 1.0 if search.spec.higher_is_better else -1.0
     # ranked by whether it meets the target, then the share of the weights quantized, then the score; the
     # first of equals: the output's noise
     steps, modes, best = max(found, key=lambda f: (f[2].met, f[2].quantized_fraction, sign * f[2].score))
@@ -239,7 +236,7 @@ def within_budget(
         steps.append(
             PlanStep(fqn=site, score=score, kept=True, quantized_fraction=search.fraction(modes), stage="budget")
         )
-        if worse(best, score, search.higher_is_better):
+        if search.spec.worse(best, score):
             best, best_modes = score, dict(modes)
     return tuple(steps), best_modes
 

@@ -24,7 +24,7 @@ import functools
 import operator
 import sys
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import fx, nn
@@ -34,6 +34,9 @@ from qinsight.core.errors import FrontendError
 from qinsight.frontends import batch_arguments, fetch_attr
 from qinsight.planning.kernels import NOT_RUN, QuantizedOps
 from qinsight.planning.switches import Mode, Switch
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 class Owners:
@@ -125,9 +128,7 @@ class Simulation:
                 node: (mode, regrouped.get(self._edges[node]) if node in self._regroupable else None)
                 for node, mode in decided.items()
             }
-            if len(self._decided) > 1024:  # a search asks for a few hundred configs; bound it anyway
-                self._decided.clear()
-            self._decided[key] = found
+            _remember(self._decided, key, found)
         return found
 
     def configure(self, modes: Mapping[str, Mode]) -> None:
@@ -150,7 +151,7 @@ class Simulation:
                 if node not in found:
                     found.add(node)
                     stack.extend(node.users)
-            self._downstream[key] = found
+            _remember(self._downstream, key, found)
         return self._downstream[key]
 
     def run(self, modes: Mapping[str, Mode], batches: Sequence[object]) -> Run:
@@ -215,7 +216,7 @@ class Simulation:
             while missing:
                 found |= missing
                 missing = self._unkept_inputs(missing, found)
-            self._recompute[key] = found
+            _remember(self._recompute, key, found)
         return self._recompute[key]
 
     def _unkept_inputs(self, nodes: Iterable[fx.Node], recomputed: set[fx.Node]) -> set[fx.Node]:
@@ -264,6 +265,15 @@ class Simulation:
 
 
 _OUTPUT = "__output__"
+MEMO_BOUND = 1024  # a search asks for a few hundred configs: each memo of the simulation holds this many at most
+
+
+def _remember(memo: dict[K, V], key: K, value: V) -> None:
+    """``memo[key] = value``, the memo emptied first where it holds :data:`MEMO_BOUND` entries (each of a
+    simulation's memos is its own, bounded so: what a config or a set of changed nodes decides)."""
+    if len(memo) >= MEMO_BOUND:
+        memo.clear()
+    memo[key] = value
 
 
 _IN_PLACE: dict[object, object] = {

@@ -1,5 +1,8 @@
 """The stages of :func:`qinsight.plan`, each a function returning a frozen record of what it measured.
 
+Each takes the plan's :class:`~qinsight.planning.plan_run.PlanRun` (what the stages share: the request,
+the scorer, the failures, the search) and returns plain values.
+
 1. :func:`baseline`: the flow's default config quantized for real and scored; in FX, the report's
    activation observing measured against torch's (kept where it scores no worse).
 2. :func:`subject`: what the plan quantizes: the model as given, or smoothed first
@@ -20,22 +23,22 @@ import attrs
 from torch import nn
 
 from qinsight.apply.smoothed_model import apply_smoothing
-from qinsight.apply.trial import Trial, weight_counts, weighted_layers
+from qinsight.apply.trial import model_outputs, weighted_layers
 from qinsight.core.errors import FrontendError, MissingExtraError, describe
 from qinsight.core.fx_activations import FxActivations
-from qinsight.core.metrics import worse
 from qinsight.core.notes import Note, NoteKind
+from qinsight.core.outcomes import FailedConfig, measured
 from qinsight.core.plan import PlanStep, SearchedOrder, SiteSensitivity, SuggestionCheck
-from qinsight.core.progress import Progress
 from qinsight.core.report import Report
 from qinsight.core.sites import OpKind, OpSite
 from qinsight.core.smoothing import SmoothingMapping
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.core.verification import SuggestionKind
-from qinsight.planning.checks import Measuring, RealScore, check_all, is_default
+from qinsight.planning.checks import Measuring, check_all, is_default
+from qinsight.planning.plan_run import PlanRun
 from qinsight.planning.request import PlanRequest
 from qinsight.planning.scores import Scorer
-from qinsight.planning.search import Noise, Search, choose_order, measure_dynamic_noise
+from qinsight.planning.search import Noise, choose_order, measure_dynamic_noise
 from qinsight.planning.simulate import Run
 from qinsight.planning.simulated_flows import Flow, flow_for
 from qinsight.planning.smoothing_search import choose_smoothing
@@ -54,65 +57,22 @@ class Baseline:
     start_score: float
 
 
-class FailedConfigs:
-    """The configs a flow could not build or run: each scores the worst there is, so no stage can choose
-    it and the search goes on; the plan's notes say each distinct error once (no config kills a plan)."""
-
-    def __init__(self) -> None:
-        self._errors: dict[str, int] = {}
-
-    def record(self, trial: Trial) -> None:
-        self._errors[trial.error] = self._errors.get(trial.error, 0) + 1
-
-    def notes(self, flow: str) -> tuple[Note, ...]:
-        return tuple(
-            Note(
-                NoteKind.FAILED_CONFIGS,
-                f"{count} candidate config{'s' if count > 1 else ''} the {flow} flow could not build or run, "
-                f"left out: {error}",
-            )
-            for error, count in self._errors.items()
-        )
-
-
-def real_score(flow: Flow, request: PlanRequest, scorer: Scorer, failed: FailedConfigs) -> RealScore:
-    """A config's score quantized for real through ``flow`` (:meth:`Flow.trial`: prepare, calibrate,
-    convert, run); the worst score there is where the flow cannot build or run it (a metric's own error
-    is not caught)."""
-    worst = -math.inf if request.higher_is_better else math.inf
-
-    def score(advice: tuple[QuantSuggestion, ...]) -> float:
-        found = flow.trial(advice, request.calibration, request.evaluation)
-        if found.failed:
-            failed.record(found)
-            return worst
-        return scorer(list(found.outputs))
-
-    return score
-
-
 @attrs.frozen
 class Subject:
     """What the plan quantizes: ``model`` (smoothed by ``smoothing``, if it smooths), its ``report``,
-    the ``flow`` that quantizes it, and the configs that flow ``failed`` to build or run."""
+    and the ``flow`` that quantizes it."""
 
     model: nn.Module
     report: Report
     smoothing: SmoothingMapping
     flow: Flow
-    failed: FailedConfigs
-
-    def real(self, request: PlanRequest, scorer: Scorer) -> RealScore:
-        """A config's score quantized for real through the flow (:func:`real_score`)."""
-        return real_score(self.flow, request, scorer, self.failed)
 
 
 @attrs.frozen
 class Checked:
-    """The calibrated simulation and its search, the suggestions' checks, the modes the search starts
-    from and the suggestions kept."""
+    """The suggestions' checks, the modes the search starts from and the suggestions kept (the
+    calibrated simulation is the run's: :attr:`PlanRun.search`)."""
 
-    search: Search
     checks: tuple[SuggestionCheck, ...]
     start: dict[str, Mode]
     kept: tuple[QuantSuggestion, ...]
@@ -147,77 +107,75 @@ def _flow(
     return flow_for(request.flow, model, sites, request.backend, request.everything, activations, *scoring)
 
 
-def baseline(request: PlanRequest, model: nn.Module, report: Report, scorer: Scorer, failed: FailedConfigs) -> Baseline:
+def baseline(run: PlanRun, report: Report) -> Baseline:
     """The flow's default config for real (where the flow cannot build or run even that, the plan ends
     here, in one error); where the flow observes activations the report's way (FX), that too, kept if it
     scores no worse (a check saying so either way)."""
-    default = _flow(request, model, report.sites)
-    score = _score(default, request, scorer)
+    default = _flow(run.request, run.model, report.sites)
+    score = _score(default, run)
     activations = default.observing(report.fx_activations)
     if activations is None:
         return Baseline(default, score, default, (), score)
-    candidate = _flow(request, model, report.sites, activations)
-    observed = real_score(candidate, request, scorer, failed)(())
-    kept = not worse(observed, score, request.higher_is_better)
+    candidate = _flow(run.request, run.model, report.sites, activations)
+    observed = run.real(candidate, ())
+    kept = not run.spec.worse(observed, score)
+    why, reason = (NoteKind.MEASURED_REAL, "measured for real (prepare, calibrate, convert)")
+    if isinstance(observed, FailedConfig):
+        why, reason = NoteKind.FLOW_CANNOT_RUN, f"not applied: with it the flow cannot build or run: {observed.error}"
+    elif not kept:
+        why = NoteKind.HURTS
+        reason = (
+            f"not applied: {observed - score:+.3g} on the output against torch's default observing, measured for real"
+        )
     check = SuggestionCheck(
         fqn="",
         change=activations.describe(),
         kinds=(SuggestionKind.ACTIVATIONS,),
         before=score,
-        alone=observed,
+        alone=measured(observed),
         kept=kept,
-        reason="measured for real (prepare, calibrate, convert)"
-        if kept
-        else f"not applied: {observed - score:+.3g} on the output against torch's default observing, measured for real",
-        why=NoteKind.MEASURED_REAL if kept else NoteKind.HURTS,
+        reason=reason,
+        why=why,
     )
-    return Baseline(default, score, candidate if kept else default, (check,), observed if kept else score)
+    return Baseline(default, score, candidate if kept else default, (check,), measured(observed) if kept else score)
 
 
-def subject(
-    request: PlanRequest, model: nn.Module, report: Report, base: Baseline, failed: FailedConfigs, progress: Progress
-) -> Subject:
+def subject(run: PlanRun, report: Report, base: Baseline) -> Subject:
     """The model the plan quantizes: with ``smoothing``, the Linears' inputs smoothed where that lowers
     their measured error, the smoothed model diagnosed again and a flow of its own."""
+    request, model = run.request, run.model
     if not request.smoothing:
-        return Subject(model, report, SmoothingMapping(), base.chosen, failed)
+        return Subject(model, report, SmoothingMapping(), base.chosen)
     from qinsight.pipeline import diagnose
     from qinsight.pipeline.saturation import kernels_checked
 
-    progress("smoothing the Linears' inputs", 0, 1)
+    run.progress("smoothing the Linears' inputs", 0, 1)
     linears = [site.fqn for site in report.sites if site.kind is OpKind.LINEAR]
     mapping = choose_smoothing(model, list(request.calibration), linears, base.chosen.smoothing_bits())
     if not mapping.entries:
-        return Subject(model, report, mapping, base.chosen, failed)
+        return Subject(model, report, mapping, base.chosen)
     smoothed = apply_smoothing(model, mapping)
     again = diagnose(smoothed, list(request.calibration), deploy=request.backend, verify=False)
     if base.chosen.activations is not None:
         again = kernels_checked(smoothed, again, request.calibration[0])
     observing = again.fx_activations if base.chosen.activations is not None else None  # the smoothed model's own check
     flow = _flow(request, smoothed, again.sites, observing)
-    return Subject(smoothed, again, mapping, flow, failed)
+    return Subject(smoothed, again, mapping, flow)
 
 
-def checked(request: PlanRequest, chosen: Subject, base: Baseline, scorer: Scorer, progress: Progress) -> Checked:
-    """The simulation calibrated and its search set up; each report suggestion measured (:mod:`.checks`)."""
-    progress("calibrating the simulation", 0, 1)
-    sim = chosen.flow.simulation(list(request.calibration))
-    names = {site.fqn for site in chosen.report.sites}
-    # the smoothing's divisions stay float, unsearched: quantized, they would quantize the factors per tensor
-    divisions = {site: Mode.FLOAT for site in chosen.smoothing.divisions if site in sim.sites}
-    candidates = [site for site in sim.sites if site in names and site not in divisions]
+def checked(run: PlanRun, chosen: Subject, base: Baseline) -> Checked:
+    """The simulation calibrated and the run's search set up; each report suggestion measured (:mod:`.checks`)."""
     kinds = {site.fqn: site.kind.value for site in chosen.report.sites}
-    parameters = weight_counts(chosen.model, candidates)
-    search = Search(sim, scorer, candidates, parameters, kinds, progress, divisions, request.higher_is_better)
-    default = {**{site: Mode.STATIC for site in candidates}, **divisions}
-    real = chosen.real(request, scorer)
-    start_score = base.start_score if not chosen.smoothing.entries else real(())
-    applicable, decided = _applicable(request, chosen.report.suggestions, start_score)
-    measuring = Measuring(
-        sim, lambda run: scorer(run.outputs), real, list(request.evaluation), request.higher_is_better
-    )
+    # the smoothing's divisions stay float, unsearched: quantized, they would quantize the factors per tensor
+    search = run.calibrated(chosen.flow, chosen.model, kinds, chosen.smoothing.divisions)
+    default = {**{site: Mode.STATIC for site in search.candidates}, **search.fixed}
+    real = run.real_score(chosen.flow)
+    start_score = base.start_score if not chosen.smoothing.entries else measured(real(()))
+    applicable, decided = _applicable(run.request, chosen.report.suggestions, start_score)
+    scorer = run.scorer
+    measuring = Measuring(search.sim, lambda done: scorer(done.outputs), real, list(run.request.evaluation), run.spec)
     checks, start, kept = check_all(measuring, applicable, default, chosen.flow.spec, start_score)
-    return Checked(search, base.checks + checks + decided, start, kept)
+    return Checked(base.checks + checks + decided, start, kept)
 
 
 def _applicable(
@@ -243,10 +201,10 @@ def _applicable(
     return tuple(s for s in suggestions if s.keep_float), decided
 
 
-def sensitivity(request: PlanRequest, found: Checked) -> Sensitivity:
+def sensitivity(run: PlanRun, found: Checked) -> Sensitivity:
     """Each site alone in float and alone quantized; the noise of each alone quantized, per order the
     search can take (:attr:`Scorer.orders`), and dynamically for the Linears that start static."""
-    search, start, evaluation = found.search, found.start, list(request.evaluation)
+    search, start, evaluation = run.search, found.start, list(run.request.evaluation)
     sim, scorer = search.sim, search.scorer
     quantized_run = sim.run(start, evaluation)
     everything_float = search.everything_float()
@@ -272,16 +230,16 @@ def sensitivity(request: PlanRequest, found: Checked) -> Sensitivity:
             )
         )
     # on top of the user's quantizer no Linear is made dynamic: the quantizer decides that
-    fixed = request.quantizer is not None
+    fixed = run.request.quantizer is not None
     dynamic_noise = {order: {} for order in noise} if fixed else measure_dynamic_noise(search, start, float_run, noise)
     return Sensitivity(tuple(sites), noise, dynamic_noise, quantized_run, float_run)
 
 
-def searched(request: PlanRequest, found: Checked, measured: Sensitivity) -> Searched:
+def searched(run: PlanRun, found: Checked, measured: Sensitivity) -> Searched:
     """The curve and its refinement, in each order the noise was measured in (:func:`.search.choose_order`)."""
     steps, modes, orders = choose_order(
-        found.search,
-        request.goal,
+        run.search,
+        run.request.goal,
         found.start,
         measured.float_run,
         measured.quantized_run,
@@ -310,20 +268,18 @@ class Converted:
         return (Note(NoteKind.LEFT_FLOAT, said),)
 
 
-def converted(
-    request: PlanRequest,
-    flow: Flow,
-    advice: tuple[QuantSuggestion, ...],
-    report: Report,
-    held_out: Scorer | None = None,
-) -> Converted:
+def converted(run: PlanRun, flow: Flow, advice: tuple[QuantSuggestion, ...], report: Report) -> Converted:
     """What ``flow`` really quantizes of ``advice``'s config, over every layer of ``report`` (prepare,
     calibrate, convert, then the converted model's layers read: quantized modules in FX, weights
     dequantized in the PT2E graph), and that converted model's score on the held-out data."""
-    found = flow.trial(advice, request.calibration, request.held_out if held_out is not None else ())
+    request = run.request
+    found = flow.trial(advice, request.calibration, request.held_out)
     if found.failed:
         raise FrontendError(f"the {flow.name} flow cannot quantize the plan's config again: {found.error}")
-    held = held_out(list(found.outputs)) if held_out is not None else math.nan
+    held = math.nan
+    if request.held_out:  # the float model's held-out outputs only now: the search never holds them
+        reference = model_outputs(run.model, request.held_out)
+        held = Scorer(reference, request.metric, request.metric_name, request.held_out)(list(found.outputs))
     weighted = weighted_layers(flow.model, report.sites)
     total = sum(weighted.values())
     fraction = sum(n for fqn, n in weighted.items() if fqn in found.quantized) / total if total else 1.0
@@ -331,9 +287,9 @@ def converted(
     return Converted(fraction, found.left_float(fqn for fqn in weighted if fqn not in kept), held)
 
 
-def _score(flow: Flow, request: PlanRequest, scorer: Scorer) -> float:
+def _score(flow: Flow, run: PlanRun) -> float:
     """The flow's config without suggestions, quantized for real: what every plan starts from."""
-    found = flow.trial((), request.calibration, request.evaluation)
+    found = flow.trial((), run.request.calibration, run.request.evaluation)
     if isinstance(found.failure, (FrontendError, MissingExtraError)):
         raise found.failure
     if found.failure is not None:
@@ -341,14 +297,13 @@ def _score(flow: Flow, request: PlanRequest, scorer: Scorer) -> float:
             f"the {flow.name} flow's default config cannot quantize and run {type(flow.model).__name__} on these "
             f"calibration and evaluation batches, and every plan starts from it: {describe(found.failure)}"
         ) from found.failure
-    return scorer(list(found.outputs))
+    return run.scorer(list(found.outputs))
 
 
 __all__ = [
     "Baseline",
     "Checked",
     "Converted",
-    "FailedConfigs",
     "Searched",
     "Sensitivity",
     "Subject",

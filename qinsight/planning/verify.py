@@ -9,19 +9,20 @@ default config is replaced by the default, and says so.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import attrs
 
-from qinsight.core.metrics import worse
+from qinsight.core.metrics import MetricSpec
 from qinsight.core.notes import Note, NoteKind
-from qinsight.core.plan import Budget, PlanStep, SuggestionCheck, Target
+from qinsight.core.outcomes import FailedConfig, Outcome, measured
+from qinsight.core.plan import Budget, SuggestionCheck, Target
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.core.verification import suggestion_kinds
 from qinsight.planning.checks import RealScore, mode_of, split_for_real
 from qinsight.planning.search import final_score, taken
 from qinsight.planning.simulated_flows import mode_suggestions
+from qinsight.planning.stages import Checked, Searched
 from qinsight.planning.switches import Mode
 
 
@@ -40,50 +41,42 @@ class Verified:
 
 
 def verified(
-    real: RealScore,
-    goal: Target | Budget,
-    kept: tuple[QuantSuggestion, ...],
-    checks: tuple[SuggestionCheck, ...],
-    start: dict[str, Mode],
-    steps: tuple[PlanStep, ...],
-    modes: dict[str, Mode],
-    default_score: float,
-    higher_is_better: bool,
+    real: RealScore, goal: Target | Budget, spec: MetricSpec, found: Checked, search: Searched, default_score: float
 ) -> Verified:
-    """The searched config quantized for real, the unseen parts checked, bisected where it misses;
-    the default config where that scored better."""
-    kept, checks, score, notes = _unseen_parts_checked(real, goal, kept, checks, steps, modes, higher_is_better)
-    modes, score, more = _bisected(real, goal, kept, start, steps, modes, score)
+    """The searched config (``found``'s kept suggestions, ``search``'s modes) quantized for real (``real``:
+    :meth:`PlanRun.real_score`), the unseen parts checked, bisected where it misses ``goal``; the default
+    config where that scored better (in ``spec``'s direction) or the flow could not build or run it."""
+    kept, checks, score, notes = _unseen_parts_checked(real, goal, found.kept, found.checks, search, spec)
+    modes, score, more = _bisected(real, goal, kept, found.start, search, score)
     notes += more
-    if worse(score, default_score, higher_is_better):
-        notes.append(
-            Note(
-                NoteKind.DEFAULT_RETURNED,
-                f"the plan ({score:.4g}) scored below the default config ({default_score:.4g}): the default is "
-                "returned",
-            )
+    if isinstance(score, FailedConfig) or spec.worse(score, default_score):
+        said = (
+            f"the flow cannot build or run the plan's config ({score.error})"
+            if isinstance(score, FailedConfig)
+            else f"the plan ({score:.4g}) scored below the default config ({default_score:.4g})"
         )
+        notes.append(Note(NoteKind.DEFAULT_RETURNED, f"{said}: the default is returned"))
         return Verified((), {site: Mode.STATIC for site in modes}, checks, default_score, tuple(notes), default=True)
     return Verified(advice(kept, modes), modes, checks, score, tuple(notes))
 
 
 def _bisected(
-    real_score: Callable[[tuple[QuantSuggestion, ...]], float],
+    real_score: RealScore,
     goal: Target | Budget,
     kept: tuple[QuantSuggestion, ...],
     start: dict[str, Mode],
-    steps: tuple[PlanStep, ...],
-    modes: dict[str, Mode],
-    as_searched: float,
-) -> tuple[dict[str, Mode], float, list[Note]]:
+    search: Searched,
+    as_searched: Outcome,
+) -> tuple[dict[str, Mode], Outcome, list[Note]]:
     """The plan's config as quantized for real scored ``as_searched``. Where it misses a target the
     simulation reached, the longest prefix of the quantized sites (in the order they were taken)
     that reaches it for real is found by bisection: each probe is one real quantization."""
 
-    def real(prefix_modes: Mapping[str, Mode]) -> float:
+    def real(prefix_modes: Mapping[str, Mode]) -> Outcome:
         return real_score(advice(kept, prefix_modes))
 
-    if isinstance(goal, Budget) or goal.met(as_searched) or not goal.met(final_score(steps)):
+    modes, steps = search.modes, search.steps
+    if isinstance(goal, Budget) or _met(goal, as_searched) or not goal.met(final_score(steps)):
         return modes, as_searched, []
     path = [(step.fqn, Mode(step.mode) if step.mode else start[step.fqn]) for step in steps if step.fqn and step.kept]
     floats = {site: Mode.FLOAT for site, _ in path}
@@ -91,47 +84,55 @@ def _bisected(
     def prefix(n: int) -> dict[str, Mode]:
         return taken({**modes, **floats}, path[:n])
 
-    low, high, best = 0, len(path), math.nan  # prefix(low) is assumed to reach the target, prefix(high) does not
+    low, high = 0, len(path)  # prefix(low) is assumed to reach the target, prefix(high) does not
+    best: Outcome | None = None
     while high - low > 1:
         middle = (low + high) // 2
         score = real(prefix(middle))
-        if goal.met(score):
+        if _met(goal, score):
             low, best = middle, score
         else:
             high = middle
-    if math.isnan(best):
+    if best is None:
         best = real(prefix(low))
+    said = f"{as_searched:.6g}" if not isinstance(as_searched, FailedConfig) else "a config it cannot build or run"
     note = Note(
         NoteKind.BISECTED,
-        f"the real flow scored {as_searched:.6g} where the simulation reached the target: "
+        f"the real flow scored {said} where the simulation reached the target: "
         f"{len(path) - low} of the {len(path)} steps the search took are undone after bisecting for real",
     )
     return prefix(low), best, [note]
 
 
+def _met(goal: Target, outcome: Outcome) -> bool:
+    """Whether ``outcome`` meets ``goal``: a config the flow could not build or run meets none."""
+    return not isinstance(outcome, FailedConfig) and goal.met(outcome)
+
+
 def _unseen_parts_checked(
-    real_score: Callable[[tuple[QuantSuggestion, ...]], float],
+    real_score: RealScore,
     goal: Target | Budget,
     kept: tuple[QuantSuggestion, ...],
     checks: tuple[SuggestionCheck, ...],
-    steps: tuple[PlanStep, ...],
-    modes: dict[str, Mode],
-    higher_is_better: bool,
-) -> tuple[tuple[QuantSuggestion, ...], tuple[SuggestionCheck, ...], float, list[Note]]:
+    search: Searched,
+    spec: MetricSpec,
+) -> tuple[tuple[QuantSuggestion, ...], tuple[SuggestionCheck, ...], Outcome, list[Note]]:
     """The plan's config quantized for real, with the kept parts the search cannot see (equalization,
     per-tensor weights: they were measured on the default config, not on this one). Where that
     misses a target the simulation reached, the config as searched is quantized too, and where it
     scores better those parts are dropped, their checks saying why."""
-    score = real_score(advice(kept, modes))
+    score = real_score(advice(kept, search.modes))
     as_searched, unseen = split_for_real(kept)
-    if not unseen or isinstance(goal, Budget) or goal.met(score) or not goal.met(final_score(steps)):
+    if not unseen or isinstance(goal, Budget) or _met(goal, score) or not goal.met(final_score(search.steps)):
         return kept, checks, score, []
     searched = tuple(as_searched)  # one part per kept suggestion, as ``kept`` has one per site
-    without = real_score(advice(searched, modes))
-    if not worse(score, without, higher_is_better):
+    without = real_score(advice(searched, search.modes))
+    if not spec.worse(score, without):
         return kept, checks, score, []
     said = ", ".join(part.describe() + " at " + part.fqn for part in unseen)
-    reason = f"not applied: the planned config scored {score:.4g} with it, {without:.4g} without, measured for real"
+    with_them = f"{score:.4g}" if not isinstance(score, FailedConfig) else f"nothing (the flow failed: {score.error})"
+    without_them = f"{measured(without):.4g}"
+    reason = f"not applied: the planned config scored {with_them} with it, {without_them} without, measured for real"
     dropped = {(part.fqn, suggestion_kinds(part)) for part in unseen}
     checks = tuple(
         attrs.evolve(check, kept=False, reason=reason, why=NoteKind.UNSEEN_DROPPED)
@@ -139,17 +140,11 @@ def _unseen_parts_checked(
         else check
         for check in checks
     )
-    return (
-        searched,
-        checks,
-        without,
-        [
-            Note(
-                NoteKind.UNSEEN_DROPPED,
-                f"{said}: dropped, the planned config scored {score:.4g} with them, {without:.4g} without",
-            )
-        ],
+    dropped_note = Note(
+        NoteKind.UNSEEN_DROPPED,
+        f"{said}: dropped, the planned config scored {with_them} with them, {without_them} without",
     )
+    return searched, checks, without, [dropped_note]
 
 
 def advice(kept: tuple[QuantSuggestion, ...], modes: Mapping[str, Mode]) -> tuple[QuantSuggestion, ...]:

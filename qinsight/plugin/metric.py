@@ -9,6 +9,12 @@ cosine; errors such as relative L2 are better lower) and two forms:
   at once, from running sums (O(1) memory per layer). Without it, an
   activation comparison takes the mean of ``on_tensors`` over batches.
 
+A metric that is the mean of a value per position of a language model's
+logits (the built-in ``kl`` and ``token_agreement``) gives that value too,
+``per_position(reference, actual) -> Tensor`` (one float64 value per row of
+the logits, the last dimension the vocabulary): a format plan bounds such a
+metric at a confidence over those values.
+
 The direction is what ``worst()``, the best config per layer and the tables
 sort by, and it is written into report files with every value, so a file
 reads right where the plugin is not installed.
@@ -45,6 +51,7 @@ class Metric:
     higher_is_better: bool
     on_tensors: TensorMetric
     from_totals: Callable[[ErrorTotals], float] | None = None
+    per_position: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def __call__(self, reference: torch.Tensor, actual: torch.Tensor) -> float:
         return self.on_tensors(reference, actual)

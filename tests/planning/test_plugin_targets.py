@@ -4,6 +4,7 @@ number for the config quantized as a user would."""
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -83,3 +84,23 @@ def test_the_former_keywords_still_plan_for_one_release_and_say_their_record() -
         qinsight.plan(model, data[:3], data[3:], goal=qinsight.types.Goal(), budget=1)
     with pytest.raises(qinsight.errors.InvalidParameterError, match="^plan: targets=.* no such argument"):
         qinsight.plan(model, data[:3], data[3:], targets="sqnr>=30")
+
+
+def test_a_plugin_metric_is_a_format_plans_target_too(plugin: object) -> None:
+    """``plan_formats`` scores a plugin metric as ``plan`` does: on the output rows, in the plugin's
+    direction (``worst``: lower is better), to a target between the uniform formats' scores."""
+    pytest.importorskip("torchao.quantization")
+    chosen = example("encoder")
+    model, data = chosen.model(), chosen.data(6)
+    every = qinsight.plan_formats(model, data, goal=qinsight.types.Goal(budget="bits<=32", metric="worst"))
+    uniform = {point.label: point.score for point in every.uniform}
+    int8, int4 = uniform["uniform int8"], uniform["uniform int4_g32"]
+    assert 0.0 < int8 < int4  # the plugin's numbers: int4 moves the worst output further
+    threshold = math.sqrt(int8 * int4)
+    plan = qinsight.plan_formats(model, data, goal=f"worst<={threshold:.6f}", compare_orders=False)
+    assert plan.metric == "worst" and plan.reached and plan.chosen.score <= threshold
+    assert {layer.format for layer in plan.layers} == {"int8", "int4_g32"}  # some layers take the cheaper one
+    with pytest.raises(qinsight.errors.InvalidParameterError, match=r"^plan_formats: target='worst>=0.5'.*worst<=N"):
+        qinsight.plan_formats(model, data, goal="worst>=0.5")
+    with pytest.raises(qinsight.errors.InvalidParameterError, match=r"^plan_formats: metric='nope'.*plugin metric"):
+        qinsight.plan_formats(model, data, goal=qinsight.types.Goal(budget="bits<=6", metric="nope"))

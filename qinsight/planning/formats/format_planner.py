@@ -37,7 +37,6 @@ from qinsight.apply.torchao import applied, state_bytes, torchao_config
 from qinsight.apply.trial import model_outputs
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.formats import CurvePoint, FormatCost, FormatPlan, OrderCheck, WeightFormat, mean_bits
-from qinsight.core.metrics import higher_is_better
 from qinsight.core.notes import Note, NoteKind
 from qinsight.core.options import Goal, options
 from qinsight.core.plan import Budget, Target
@@ -45,7 +44,7 @@ from qinsight.core.progress import Progress
 from qinsight.frontends.base import eval_mode
 from qinsight.planning.formats import ladders, proxies
 from qinsight.planning.formats.ladders import Move, Rungs
-from qinsight.planning.scores import PER_POSITION, SCORES, Scorer, held_out_miss
+from qinsight.planning.scores import PER_POSITION, SCORES, Scorer, held_out_miss, metric_direction, scored_metric
 
 CURVE_POINTS = 6  # sizes along the plan's order quantized for real, besides the plan itself
 MEASURED = "measured (end to end)"  # the order of each layer's own measured damage
@@ -89,16 +88,16 @@ def format_goal(formats: Iterable[str] | str, aim: Goal) -> FormatGoal:
     if limit is not None:
         limit = Budget.parse(limit, "bits", "plan_formats")
     if not (metric is None or isinstance(metric, str)):
-        raise InvalidParameterError("plan_formats", "metric", type(metric).__name__, f"one of {', '.join(SCORES)}")
+        expected = f"a metric's name: one of {', '.join(SCORES)}, or a plugin metric (qinsight.metrics)"
+        raise InvalidParameterError("plan_formats", "metric", type(metric).__name__, expected)
     if goal is None and limit is None:
         raise InvalidParameterError(
             "plan_formats", "target", None, "a target ('perplexity<=1.05'), a budget ('bits<=6') or both"
         )
     name = metric or (goal.metric if goal is not None else "sqnr")
-    if name not in SCORES or (goal is not None and name != goal.metric):
-        raise InvalidParameterError(
-            "plan_formats", "metric", name, f"the target's own metric, one of {', '.join(SCORES)}"
-        )
+    scored_metric("plan_formats", name, goal, given=metric is not None, functions=False)
+    if goal is not None and name != goal.metric:
+        raise InvalidParameterError("plan_formats", "metric", name, f"the target's own metric, {goal.metric!r}")
     if confidence is not None and name not in PER_POSITION:
         expected = f"None for a {name} target: a bound over the batch means holds a language-model metric's"
         raise InvalidParameterError("plan_formats", "confidence", confidence, expected)
@@ -308,7 +307,7 @@ def _best_order(
     """The order whose searched size scored best on the search data: the target met within the budget
     with the fewest bits (then the better score), else the better score (then the fewer bits)."""
     goal = measure.request.goal
-    higher = goal.target.higher_is_better if goal.target is not None else higher_is_better(goal.metric)
+    higher = goal.target.higher_is_better if goal.target is not None else metric_direction(goal.metric)
 
     def rank(name: str) -> tuple[bool, float, float]:
         point = measure.point(name, ladders.assignment(measure.layers, orders[name], searched[name][0]))

@@ -1,0 +1,91 @@
+"""One plan being made: the object that owns what its stages share.
+
+:func:`qinsight.plan` builds a :class:`PlanRun` once, and every stage (:mod:`.stages`, :mod:`.verify`)
+reads and records through it: the request as the search holds it, the float model's scorer, the
+progress line, the configs the flow failed to build or run, and (from :meth:`PlanRun.calibrated` on)
+the simulation's :class:`~qinsight.planning.search.Search`. What a stage returns is a frozen record of
+plain values; nothing mutable travels in one.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection, Mapping
+
+import attrs
+from torch import nn
+
+from qinsight.apply.trial import model_outputs, weight_counts
+from qinsight.core.errors import QinsightError
+from qinsight.core.metrics import MetricSpec
+from qinsight.core.notes import Note, NoteKind
+from qinsight.core.outcomes import FailedConfig, Outcome
+from qinsight.core.progress import Progress
+from qinsight.core.suggestions import QuantSuggestion
+from qinsight.planning.checks import RealScore
+from qinsight.planning.request import PlanRequest
+from qinsight.planning.scores import Scorer
+from qinsight.planning.search import Search
+from qinsight.planning.simulated_flows import Flow
+from qinsight.planning.switches import Mode
+
+
+class PlanRun:
+    """A plan's shared state: the request as ``asked`` and as the search holds it (:attr:`request`: with
+    a confidence, the agreement whose bound meets the target over these evaluation rows), the float
+    ``model``'s :attr:`scorer` on the evaluation data, ``progress``, the failures and the search."""
+
+    def __init__(self, asked: PlanRequest, model: nn.Module, progress: Progress) -> None:
+        self.asked, self.model, self.progress = asked, model, progress
+        self.scorer = Scorer(model_outputs(model, asked.evaluation), asked.metric, asked.metric_name, asked.evaluation)
+        self.request = attrs.evolve(asked, goal=asked.held_goal(len(self.scorer.rows)))
+        self.spec: MetricSpec = asked.spec  # the direction every comparison of scores takes
+        self._failures: dict[str, int] = {}  # each distinct error of the flow, and how many configs it ended
+        self._search: Search | None = None
+
+    def real(self, flow: Flow, advice: tuple[QuantSuggestion, ...]) -> Outcome:
+        """``advice``'s config quantized for real through ``flow`` (prepare, calibrate, convert, run) and
+        scored; where the flow cannot build or run it, a :class:`FailedConfig`, recorded for the notes (a
+        metric's own error is not caught: it is the user's)."""
+        found = flow.trial(advice, self.request.calibration, self.request.evaluation)
+        if found.failed:
+            self._failures[found.error] = self._failures.get(found.error, 0) + 1
+            return FailedConfig(found.error)
+        return self.scorer(list(found.outputs))
+
+    def real_score(self, flow: Flow) -> RealScore:
+        """:meth:`real` through ``flow``, as a function of the config."""
+        return functools.partial(self.real, flow)
+
+    def failure_notes(self, flow: str) -> tuple[Note, ...]:
+        """Each distinct error of the flow once, with how many candidate configs it left out."""
+        return tuple(
+            Note(
+                NoteKind.FAILED_CONFIGS,
+                f"{count} candidate config{'s' if count > 1 else ''} the {flow} flow could not build or run, "
+                f"left out: {error}",
+            )
+            for error, count in self._failures.items()
+        )
+
+    def calibrated(self, flow: Flow, model: nn.Module, kinds: Mapping[str, str], floats: Collection[str]) -> Search:
+        """The simulation of ``flow`` (quantizing ``model``) calibrated on the request's calibration data,
+        and the search over its sites that ``kinds`` names (site: its kind), now the run's; ``floats``
+        stay float, unsearched."""
+        self.progress("calibrating the simulation", 0, 1)
+        sim = flow.simulation(list(self.request.calibration))
+        fixed = {site: Mode.FLOAT for site in floats if site in sim.sites}
+        candidates = [site for site in sim.sites if site in kinds and site not in fixed]
+        parameters = weight_counts(model, candidates)
+        self._search = Search(sim, self.scorer, candidates, parameters, dict(kinds), self.progress, fixed, self.spec)
+        return self._search
+
+    @property
+    def search(self) -> Search:
+        """The search :meth:`calibrated` set up; a stage asking before it is qinsight's own mistake."""
+        if self._search is None:
+            raise QinsightError("qinsight's plan asked for its search before calibrating the simulation")
+        return self._search
+
+
+__all__ = ["PlanRun"]
