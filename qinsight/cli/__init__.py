@@ -167,6 +167,12 @@ def _plan_goal_arguments(planned: argparse.ArgumentParser) -> None:
         "at this confidence over the search tokens (default 0.95; 0.5: at the score itself); with a top1 target: "
         "at Wilson's bound over the evaluation rows (default: at the score itself)",
     )
+    planned.add_argument(
+        "--memory-budget",
+        metavar="BYTES",
+        help="fx and pt2e: what the plan's simulation may hold beyond one batch's values, e.g. 4GB (default 2GiB): "
+        "more is faster, never another plan",
+    )
 
 
 def _file_commands(commands: typing.Any) -> None:

@@ -17,7 +17,7 @@ from qinsight.cli.output import Progress, check_targets, note, write, wrote
 from qinsight.core.entry_points import installed
 from qinsight.core.errors import InvalidParameterError, PluginLoadError, UsageError
 from qinsight.core.flows import flow_spec
-from qinsight.core.options import Deployment, Goal
+from qinsight.core.options import Deployment, Goal, byte_count
 from qinsight.core.plan import BUDGET_UNITS, Budget, BudgetUnit, Target
 from qinsight.core.report import Report
 from qinsight.core.shards import Shard
@@ -229,6 +229,8 @@ def _plan(args: argparse.Namespace) -> int:
     for line in check_verdict_gates(args.fail_on, detectors or requested):
         note(line)
     goal, formats_asked = _plan_goal(args, formats)  # before anything loads or runs
+    if args.memory_budget is not None:
+        byte_count("plan", "memory_budget", args.memory_budget)
     from qinsight.pipeline import diagnose  # torch: once the arguments are known to be right
     from qinsight.planning import plan, plan_formats
 
@@ -264,6 +266,7 @@ def _plan(args: argparse.Namespace) -> int:
                     report=report,
                     progress=progress,
                     smoothing=args.smooth,
+                    memory_budget=args.memory_budget,
                 )
                 report, reached = report.with_plan(found), found.reached
                 missed = f"the plan does not reach {found.target}"

@@ -8,6 +8,7 @@ keywords (``backend=``, ``flow=``, ``quantizer=``, ``lowered=``, ``qconfig_mappi
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -234,4 +235,23 @@ def _former_goal(owner: str, given: Mapping[str, Any], unit: BudgetUnit) -> Goal
     )
 
 
-__all__ = ["DEPLOY_KEYWORDS", "GOAL_KEYWORDS", "Deployment", "Goal", "MetricFunction", "options"]
+_BYTE_UNITS: Final = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def byte_count(owner: str, argument: str, value: object) -> int:
+    """``value`` as a number of bytes: a whole number of them, or its text with a unit (``"2GB"``,
+    ``"512 MiB"``); anything else, or under one MiB, is one :class:`InvalidParameterError`."""
+    expected = "a number of bytes of at least 1 MiB, or its text with a unit ('2GB', '512MiB')"
+    found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value) if isinstance(value, str) else None
+    if isinstance(value, bool) or not (isinstance(value, int) or found):
+        raise InvalidParameterError(owner, argument, value, expected)
+    unit = _BYTE_UNITS.get(found.group(2).lower()) if found else 1
+    if unit is None:
+        raise InvalidParameterError(owner, argument, value, expected)
+    count = int(float(found.group(1)) * unit) if found else int(str(value))
+    if count < 2**20:
+        raise InvalidParameterError(owner, argument, value, expected)
+    return count
+
+
+__all__ = ["DEPLOY_KEYWORDS", "GOAL_KEYWORDS", "Deployment", "Goal", "MetricFunction", "byte_count", "options"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -18,10 +19,11 @@ from qinsight.core.outcomes import FailedConfig, Outcome, measured
 from qinsight.core.plan import SuggestionCheck
 from qinsight.core.sites import WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion, merge_suggestions
-from qinsight.planning.simulate import Run, Simulation
+from qinsight.planning.simulate import Simulation
+from qinsight.planning.sweep import sweep
 from qinsight.planning.switches import Mode
 
-Score = Callable[[Run], float]
+Score = Callable[[list[Any]], float]  # a config's outputs, one entry per evaluation batch, scored
 RealScore = Callable[[tuple[QuantSuggestion, ...]], Outcome]  # a config quantized by the flow: scored, or failed
 
 
@@ -76,15 +78,14 @@ def check_simulated(
 ) -> tuple[tuple[SuggestionCheck, ...], dict[str, Mode]]:
     """Every suggestion checked in the simulation; the modes the search starts from (the default
     with the kept ones)."""
-    sim, score = measuring.sim, measuring.score
-    base = sim.run(default, measuring.evaluation)
-    before = score(base)
+    sim, score, evaluation = measuring.sim, measuring.score, measuring.evaluation
     measurable = {s.fqn: mode_of(s) for s in suggestions if not is_default(s) and s.fqn in default}
-    alone = {fqn: score(sim.run_changed({**default, fqn: mode}, base)) for fqn, mode in measurable.items()}
     together_modes = {**default, **measurable}
-    together_run = sim.run_changed(together_modes, base)
-    together = score(together_run)
-    without = {fqn: score(sim.run_changed({**together_modes, fqn: default[fqn]}, together_run)) for fqn in measurable}
+    each_alone = [{**default, fqn: mode} for fqn, mode in measurable.items()]
+    before, scores = sweep(sim, default, [*each_alone, together_modes], evaluation, score)
+    alone, together = dict(zip(measurable, scores)), scores[-1]
+    each_left_out = [{**together_modes, fqn: default[fqn]} for fqn in measurable]
+    without = dict(zip(measurable, sweep(sim, together_modes, each_left_out, evaluation, score)[1]))
 
     checks: list[SuggestionCheck] = []
     start = dict(default)

@@ -74,10 +74,14 @@ class PlanRun:
         stay float, unsearched."""
         self.progress("calibrating the simulation", 0, 1)
         sim = flow.simulation(list(self.request.calibration))
+        sim.memory_budget = self.request.memory_budget
         fixed = {site: Mode.FLOAT for site in floats if site in sim.sites}
         candidates = [site for site in sim.sites if site in kinds and site not in fixed]
         parameters = weight_counts(model, candidates)
-        self._search = Search(sim, self.scorer, candidates, parameters, dict(kinds), self.progress, fixed, self.spec)
+        evaluation = list(self.request.evaluation)
+        self._search = Search(
+            sim, self.scorer, evaluation, candidates, parameters, dict(kinds), self.progress, fixed, self.spec
+        )
         return self._search
 
     @property

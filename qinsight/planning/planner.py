@@ -48,6 +48,7 @@ def plan(
     smoothing: bool = False,
     held_out_data: Iterable[Any] | None = None,
     progress: Progress | None = None,
+    memory_budget: int | str | None = None,
     **former: Any,
 ) -> QuantPlan:
     """The sites to keep in float so that ``model``, quantized with ``flow``, reaches ``target`` on
@@ -82,6 +83,12 @@ def plan(
         held_out_data: batches the search never chose on: the config as converted is scored again on
             them (``held_out_score``), and ``reached`` holds only where they meet the target too.
         progress: called at each stage (the command line's progress line).
+        memory_budget: what the simulation may hold beyond one batch's values (default 2 GiB; a number
+            of bytes, or ``"2GB"``, ``"512MiB"``): configurations run batch by batch, so the values it
+            holds are one batch's whatever the evaluation data; the outputs of the configurations scored
+            together wait within the budget (else in turns, each one more forward), and the refinement
+            holds its config's values for every batch where they fit (else it runs it again per window
+            of steps). A larger budget buys speed, never another plan.
         former: ``target=``, ``budget=``, ``metric=``, ``confidence=`` (now ``goal``'s) and ``flow=``,
             ``backend=``, ``lowered=``, ``quantizer=`` (now ``deploy``'s), for one release, with a
             ``DeprecationWarning``.
@@ -102,6 +109,7 @@ def plan(
         evaluation_data=evaluation_data,
         smoothing=smoothing,
         held_out_data=held_out_data,
+        memory_budget=memory_budget,
     )
     progress = progress or _quiet
     from qinsight.pipeline import diagnose

@@ -14,7 +14,7 @@ from qinsight.core.backend import Lowering, backend_lowering, is_quantizer, plan
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.flows import check_flow_backend, flow_spec, flows_serving
 from qinsight.core.metrics import MetricSpec, spec_of
-from qinsight.core.options import Deployment, Goal
+from qinsight.core.options import Deployment, Goal, byte_count
 from qinsight.core.plan import Budget, Target
 from qinsight.core.sites import FlowName, checked_flow
 from qinsight.planning.scores import (
@@ -25,6 +25,7 @@ from qinsight.planning.scores import (
     rows_needed,
     scored_metric,
 )
+from qinsight.planning.simulate import MEMORY_BUDGET
 
 DEFAULT_TARGET = "sqnr>=30"  # what a plan reaches where it is given neither a target nor a budget
 
@@ -47,6 +48,7 @@ class PlanRequest:
     lowering: Lowering | None = None  # configs scored as the program it lowers them to (lowered=True)
     quantizer: Any = None  # the user's quantizer every config starts from (quantizer=): float sites stripped from it
     confidence: float | None = None  # a top1 target held at this one-sided bound over the evaluation rows
+    memory_budget: int = MEMORY_BUDGET  # bytes of configs' outputs the simulation's sweeps hold at once
 
     def held_goal(self, rows: int) -> Target | Budget:
         """The goal the search and its verification hold on ``rows`` evaluation rows: the target, or with
@@ -93,6 +95,7 @@ def plan_request(
     evaluation_data: Iterable[Any],
     smoothing: bool = False,
     held_out_data: Iterable[Any] | None = None,
+    memory_budget: int | str | None = None,
 ) -> PlanRequest:
     """The arguments of :func:`qinsight.plan`, checked; the batches read once into tuples. No flow: the
     first serving the backend (FX for x86, PT2E for XNNPACK), one that lowers where ``lowered``. No
@@ -149,6 +152,7 @@ def plan_request(
         lowering=lowering,
         quantizer=quantizer,
         confidence=float(confidence) if confidence is not None else None,
+        memory_budget=MEMORY_BUDGET if memory_budget is None else byte_count("plan", "memory_budget", memory_budget),
     )
 
 

@@ -188,6 +188,10 @@ class Scorer:
         """The noises the search may order sites by: the output's, and for ``top1`` the margins' too."""
         return (OUTPUT_NOISE, MARGIN_NOISE) if self._margins is not None else (OUTPUT_NOISE,)
 
+    def with_noise(self, outputs: Sequence[Any]) -> tuple[float, dict[str, float]]:
+        """The score of ``outputs`` and their :meth:`noise`."""
+        return self(outputs), self.noise(outputs)
+
     def noise(self, outputs: Sequence[Any]) -> dict[str, float]:
         """Each of :attr:`orders`' noise in ``outputs``: the output error's power over the output's,
         ``10 ** (-SQNR / 10)``, and for ``top1`` :func:`margin_noise`."""

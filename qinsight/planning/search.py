@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -21,7 +22,8 @@ from qinsight.core.notes import Note, NoteKind
 from qinsight.core.plan import Budget, PlanStep, SearchedOrder, Target
 from qinsight.core.progress import Progress
 from qinsight.planning.scores import Scorer
-from qinsight.planning.simulate import Run, Simulation
+from qinsight.planning.simulate import Simulation
+from qinsight.planning.sweep import Move, greedy, sweep
 from qinsight.planning.switches import Mode
 
 # Refinement passes over the steps still not taken: a step refused at one point can fit once others
@@ -37,6 +39,7 @@ class Search:
 
     sim: Simulation
     scorer: Scorer
+    batches: list[Any]  # the evaluation batches the scorer's reference is of
     candidates: list[str]
     parameters: dict[str, int]
     kinds: dict[str, str]
@@ -58,30 +61,28 @@ class Search:
 Noise = dict[str, dict[str, float]]  # per order (Scorer.orders), per site: its noise quantized alone
 
 
-def measure_dynamic_noise(search: Search, start: dict[str, Mode], float_run: Run, noise: Noise) -> Noise:
+def measure_dynamic_noise(search: Search, start: dict[str, Mode], noise: Noise) -> Noise:
     """For each Linear that starts static, the noise with it alone quantized dynamically, per order,
     where that is less than static: those get a step to dynamic (weights int8, the input per batch)
     before the step to static. One partial run each, from the all-float run."""
     everything_float = search.everything_float()
     found: Noise = {order: {} for order in noise}
     linears = [site for site in search.candidates if search.kinds.get(site) == "linear" and start[site] is Mode.STATIC]
-    for done, site in enumerate(linears):
-        search.progress("measuring dynamic Linears", done, len(linears))
-        alone = search.sim.run_changed({**everything_float, site: Mode.DYNAMIC}, float_run).outputs
-        for order, dynamic in search.scorer.noise(alone).items():
+
+    def measuring(done: int, total: int) -> None:
+        search.progress("measuring dynamic Linears", done, total)
+
+    each = [{**everything_float, site: Mode.DYNAMIC} for site in linears]
+    noises = sweep(search.sim, everything_float, each, search.batches, search.scorer.noise, progress=measuring)[1]
+    for site, by_order in zip(linears, noises):
+        for order, dynamic in by_order.items():
             if dynamic < noise[order][site]:
                 found[order][site] = dynamic
     return found
 
 
 def choose_order(
-    search: Search,
-    goal: Target | Budget,
-    start: dict[str, Mode],
-    float_run: Run,
-    quantized_run: Run,
-    noise: Noise,
-    dynamic_noise: Noise,
+    search: Search, goal: Target | Budget, start: dict[str, Mode], noise: Noise, dynamic_noise: Noise
 ) -> tuple[tuple[PlanStep, ...], dict[str, Mode], tuple[SearchedOrder, ...]]:
     """:func:`choose` in each order the noise was measured in. With several (top-1: the output's
     noise and the margins'), neither is better everywhere (MobileNetV2 at 30/32: PT2E kept 73% of
@@ -90,7 +91,7 @@ def choose_order(
     Returns its steps and modes, and what each order reached (none where there was one)."""
     found: list[tuple[tuple[PlanStep, ...], dict[str, Mode], SearchedOrder]] = []
     for order, by_site in noise.items():
-        steps, modes = choose(search, goal, start, float_run, quantized_run, by_site, dynamic_noise[order])
+        steps, modes = choose(search, goal, start, by_site, dynamic_noise[order])
         budget = isinstance(goal, Budget)
         score = search.spec.best(step.score for step in steps) if budget else final_score(steps)
         met = isinstance(goal, Budget) or goal.met(score)
@@ -126,9 +127,6 @@ def final_score(steps: Sequence[PlanStep]) -> float:
     return kept[-1] if kept else math.nan
 
 
-Move = tuple[str, Mode]  # a site, and the mode a search step gives it
-
-
 def steps_down(
     search: Search, start: dict[str, Mode], noise: Mapping[str, float], dynamic_noise: Mapping[str, float]
 ) -> list[Move]:
@@ -153,8 +151,6 @@ def choose(
     search: Search,
     goal: Target | Budget,
     start: dict[str, Mode],
-    float_run: Run,
-    quantized_run: Run,
     noise: Mapping[str, float],
     dynamic_noise: Mapping[str, float],
 ) -> tuple[tuple[PlanStep, ...], dict[str, Mode]]:
@@ -162,50 +158,63 @@ def choose(
     float, each prefix scored; the longest prefix that meets the target is kept, and each step after
     it is tried alone on top and kept if the target still holds, in passes until one takes none."""
     if isinstance(goal, Budget):
-        return within_budget(search, goal.sites, start, quantized_run, noise)
+        return within_budget(search, goal.sites, start, noise)
     moves = steps_down(search, start, noise, dynamic_noise)
-    modes = search.everything_float()
-    run = float_run
-    steps = [_start(search, modes, run)]
-    curve = []
-    for done, (site, mode) in enumerate(moves):
-        search.progress("scoring the curve", done, len(moves))
-        modes = {**modes, site: mode}
-        run = search.sim.run_changed(modes, run)
-        curve.append(_step(search, site, mode, search.scorer(run.outputs), modes, "curve"))
+    everything_float = search.everything_float()
+    prefixes = [taken(everything_float, moves[: n + 1]) for n in range(len(moves))]
+
+    def scoring(done: int, total: int) -> None:
+        search.progress("scoring the curve", done, total)
+
+    first, scores = sweep(
+        search.sim, everything_float, prefixes, search.batches, search.scorer, chained=True, progress=scoring
+    )
+    curve = [
+        _step(search, site, mode, score, modes, "curve") for (site, mode), score, modes in zip(moves, scores, prefixes)
+    ]
     met = [index for index, step in enumerate(curve) if goal.met(step.score)]
     longest = met[-1] + 1 if met else 0
+    steps = [_start(search, everything_float, first)]
     steps += [attrs.evolve(step, kept=index < longest) for index, step in enumerate(curve)]
-    modes = taken(search.everything_float(), moves[:longest])
-    run = search.sim.run_changed(modes, run)
+    modes = taken(everything_float, moves[:longest])
     pending = moves[longest:]
     for _ in range(REFINE_PASSES):
-        rejected: list[Move] = []
-        for done, (site, mode) in enumerate(pending):
-            search.progress("refining", done, len(pending))
-            if mode is Mode.STATIC and site in dynamic_noise and modes[site] is not Mode.DYNAMIC:
-                rejected.append((site, mode))  # its step to dynamic is not taken (yet)
-                continue
-            trial = {**modes, site: mode}
-            trial_run = search.sim.run_changed(trial, run)
-            score = search.scorer(trial_run.outputs)
-            kept = goal.met(score)
-            if kept:
-                modes, run = trial, trial_run
-            else:
-                rejected.append((site, mode))
-            steps.append(attrs.evolve(_step(search, site, mode, score, modes, "refine"), kept=kept))
+        modes, rejected, tried = _refined(search, goal, modes, pending, dynamic_noise)
+        steps += tried
         if len(rejected) == len(pending):
             break
         pending = rejected
     return tuple(steps), modes
 
 
-def _start(search: Search, modes: Mapping[str, Mode], run: Run) -> PlanStep:
-    """The step every search starts from: ``modes`` as ``run`` scores them, no site taken yet."""
-    return PlanStep(
-        fqn="", score=search.scorer(run.outputs), kept=True, quantized_fraction=search.fraction(modes), stage="start"
-    )
+def _refined(
+    search: Search, goal: Target, modes: dict[str, Mode], pending: Sequence[Move], dynamic_noise: Mapping[str, float]
+) -> tuple[dict[str, Mode], list[Move], list[PlanStep]]:
+    """One refinement pass: each pending step tried alone on top of ``modes`` in order, kept where the
+    target still holds (:func:`~qinsight.planning.sweep.greedy`). Returns the modes, the steps not taken
+    and the steps tried."""
+
+    def applies(current: Mapping[str, Mode], move: Move) -> bool:  # a Linear's step to static waits for its dynamic one
+        site, mode = move
+        return not (mode is Mode.STATIC and site in dynamic_noise and current[site] is not Mode.DYNAMIC)
+
+    def refining(done: int, total: int) -> None:
+        search.progress("refining", done, total)
+
+    sim, batches, scorer = search.sim, search.batches, search.scorer
+    final, tried = greedy(sim, modes, pending, batches, scorer, goal.met, applies, refining)
+    steps = []
+    for (site, mode), score, kept in tried:  # replayed: each step's fraction is of the modes it left
+        if score is None:
+            continue
+        modes = {**modes, site: mode} if kept else modes
+        steps.append(attrs.evolve(_step(search, site, mode, score, modes, "refine"), kept=kept))
+    return final, [move for move, _score, kept in tried if not kept], steps
+
+
+def _start(search: Search, modes: Mapping[str, Mode], score: float) -> PlanStep:
+    """The step every search starts from: ``modes`` scored ``score``, no site taken yet."""
+    return PlanStep(fqn="", score=score, kept=True, quantized_fraction=search.fraction(modes), stage="start")
 
 
 def _step(search: Search, site: str, mode: Mode, score: float, modes: Mapping[str, Mode], stage: str) -> PlanStep:
@@ -223,16 +232,15 @@ def taken(modes: Mapping[str, Mode], moves: Iterable[Move]) -> dict[str, Mode]:
 
 
 def within_budget(
-    search: Search, budget: int, start: dict[str, Mode], quantized_run: Run, noise: Mapping[str, float]
+    search: Search, budget: int, start: dict[str, Mode], noise: Mapping[str, float]
 ) -> tuple[tuple[PlanStep, ...], dict[str, Mode]]:
     """At most ``budget`` sites in float: the costliest alone, one by one, and the best prefix."""
-    modes, run = dict(start), quantized_run
-    steps = [_start(search, modes, run)]
-    best, best_modes = steps[0].score, dict(modes)
-    for site in sorted((s for s in search.candidates if start[s] is not Mode.FLOAT), key=lambda s: -noise[s])[:budget]:
-        modes = {**modes, site: Mode.FLOAT}
-        run = search.sim.run_changed(modes, run)
-        score = search.scorer(run.outputs)
+    floated = sorted((s for s in search.candidates if start[s] is not Mode.FLOAT), key=lambda s: -noise[s])[:budget]
+    prefixes = [{**start, **{site: Mode.FLOAT for site in floated[: n + 1]}} for n in range(len(floated))]
+    first, scores = sweep(search.sim, start, prefixes, search.batches, search.scorer, chained=True)
+    steps = [_start(search, start, first)]
+    best, best_modes = first, dict(start)
+    for site, score, modes in zip(floated, scores, prefixes):
         steps.append(
             PlanStep(fqn=site, score=score, kept=True, quantized_fraction=search.fraction(modes), stage="budget")
         )

@@ -11,10 +11,12 @@ config (an :data:`EdgeRule`: PT2E's quantizer annotates the graph again, FX
 prepares it again); where the flow shares an observer otherwise than in the
 calibrated graph, the switch takes that group's qparams (a :data:`Regroup`).
 
-Runs are graph interpretations that can start where a change starts: the
-values of every node under one configuration are cached, and a configuration
+Runs are graph interpretations of one batch that can start where a change
+starts: a batch's values under one configuration are kept, and a configuration
 that differs in a few sites recomputes only the nodes downstream of them
-(in-place ops are made out-of-place first, so no run changes a cached value).
+(in-place ops are made out-of-place first, so no run changes a kept value).
+Which configurations run on which batches, and in what order, is
+:mod:`.sweep`'s: batch by batch, so memory does not grow with the data.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import collections
 import functools
 import operator
 import sys
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -113,6 +115,7 @@ class Simulation:
         self._kept = self._read_later()
         self._recompute: dict[frozenset[fx.Node], set[fx.Node]] = {}
         self.evaluations = 0.0  # in whole forwards over the data: a partial run counts its share of nodes
+        self.memory_budget = MEMORY_BUDGET  # bytes of configs' outputs a sweep holds at once (plan's memory_budget)
 
     def _states(self, modes: Mapping[str, Mode]) -> dict[fx.Node, tuple[Mode, QParams | None]]:
         """Each switch's mode when the sites run in ``modes``, as the flow says it (``edge_rule``: PT2E's
@@ -154,33 +157,37 @@ class Simulation:
             _remember(self._downstream, key, found)
         return self._downstream[key]
 
-    def run(self, modes: Mapping[str, Mode], batches: Sequence[object]) -> Run:
-        """Every batch under ``modes``, keeping the values later runs may start from."""
+    def values(self, modes: Mapping[str, Mode], batch: object, share: float = 1.0) -> BatchValues:
+        """``batch`` run under ``modes``: its output and the values later runs may start from; ``share``:
+        the batch's share of the data, what the run adds to :attr:`evaluations`."""
         self.configure(modes)
-        self.evaluations += 1
-        return Run(dict(modes), [self._interpret(batch, None, None) for batch in batches])
+        self.evaluations += share
+        with torch.no_grad():  # a weight's autograd graph would keep every value it saw alive with the output
+            return BatchValues(dict(modes), self._interpret(batch, None, None))
 
-    def run_changed(self, modes: Mapping[str, Mode], before: Run) -> Run:
-        """The batches of ``before`` under ``modes``, recomputing only what the sites whose mode
-        changed reach (the rest is ``before``'s values)."""
-        starts = self._starts(modes, before)
+    def changed(self, modes: Mapping[str, Mode], before: BatchValues, share: float = 1.0) -> BatchValues:
+        """``before``'s batch under ``modes``, recomputing only what the sites whose mode changed reach
+        (the rest is ``before``'s values); it adds its share of the nodes times ``share`` to :attr:`evaluations`."""
+        starts = self._starts(modes, before.modes)
         self.configure(modes)
         recompute = self._recomputed(starts)
-        self.evaluations += len(recompute) / max(len(self.nodes), 1)
-        return Run(dict(modes), [self._interpret(None, recompute, values) for values in before.values])
+        self.evaluations += share * len(recompute) / max(len(self.nodes), 1)
+        with torch.no_grad():
+            return BatchValues(dict(modes), self._interpret(None, recompute, before.values))
 
-    def _starts(self, modes: Mapping[str, Mode], before: Run) -> list[fx.Node]:
-        """The nodes a run under ``modes`` recomputes from ``before`` at the least: those whose value changes."""
-        was, now = self._states(before.modes), self._states(modes)
+    def _starts(self, modes: Mapping[str, Mode], before: Mapping[str, Mode]) -> list[fx.Node]:
+        """The nodes a run under ``modes`` recomputes from one under ``before`` at the least: those whose
+        value changes."""
+        was, now = self._states(before), self._states(modes)
         starts = [node for node in self.switches if was[node][0] is not now[node][0]]
         starts += [self._requantized(node) for node in self.switches if was[node][1] != now[node][1]]
         starts += [
             node
             for site, node in self._weight_users.items()
-            if (modes.get(site, Mode.STATIC) is Mode.FLOAT) != (before.modes.get(site, Mode.STATIC) is Mode.FLOAT)
+            if (modes.get(site, Mode.STATIC) is Mode.FLOAT) != (before.get(site, Mode.STATIC) is Mode.FLOAT)
         ]
         if self.ops is not None:
-            changed = {site for site in {*modes, *before.modes} if modes.get(site) is not before.modes.get(site)}
+            changed = {site for site in {*modes, *before} if modes.get(site) is not before.get(site)}
             starts += self.ops.nodes_of(changed)
         return starts
 
@@ -265,6 +272,7 @@ class Simulation:
 
 
 _OUTPUT = "__output__"
+MEMORY_BUDGET = 2 << 30  # bytes a plan's simulation may hold beyond one batch's values, unless told: 2 GiB
 MEMO_BOUND = 1024  # a search asks for a few hundred configs: each memo of the simulation holds this many at most
 
 
@@ -375,15 +383,16 @@ def observer_types() -> tuple[type, ...]:
     return (ObserverBase, torchao_observers.ObserverBase)
 
 
-class Run:
-    """The node values of every batch under one configuration (``modes``)."""
+class BatchValues:
+    """One batch's values under one configuration (``modes``): its output, and the node values a later
+    run of the batch may start from (:meth:`Simulation.changed`)."""
 
-    def __init__(self, modes: dict[str, Mode], values: list[dict[Any, Any]]) -> None:
+    def __init__(self, modes: dict[str, Mode], values: dict[Any, Any]) -> None:
         self.modes, self.values = modes, values
 
     @property
-    def outputs(self) -> list[Any]:
-        return [values[_OUTPUT] for values in self.values]
+    def output(self) -> Any:
+        return self.values[_OUTPUT]
 
 
 def _weight(model: fx.GraphModule, node: object) -> torch.Tensor:

@@ -39,9 +39,9 @@ from qinsight.planning.plan_run import PlanRun
 from qinsight.planning.request import PlanRequest
 from qinsight.planning.scores import Scorer
 from qinsight.planning.search import Noise, choose_order, measure_dynamic_noise
-from qinsight.planning.simulate import Run
 from qinsight.planning.simulated_flows import Flow, flow_for
 from qinsight.planning.smoothing_search import choose_smoothing
+from qinsight.planning.sweep import sweep
 from qinsight.planning.switches import Mode
 
 
@@ -80,14 +80,11 @@ class Checked:
 
 @attrs.frozen
 class Sensitivity:
-    """Each candidate's sensitivity, the noises the search orders sites by, and the all-quantized
-    and all-float runs later runs start from."""
+    """Each candidate's sensitivity, and the noises the search orders sites by."""
 
     sites: tuple[SiteSensitivity, ...]
     noise: Noise
     dynamic_noise: Noise
-    quantized_run: Run
-    float_run: Run
 
 
 @attrs.frozen
@@ -172,8 +169,7 @@ def checked(run: PlanRun, chosen: Subject, base: Baseline) -> Checked:
     real = run.real_score(chosen.flow)
     start_score = base.start_score if not chosen.smoothing.entries else measured(real(()))
     applicable, decided = _applicable(run.request, chosen.report.suggestions, start_score)
-    scorer = run.scorer
-    measuring = Measuring(search.sim, lambda done: scorer(done.outputs), real, list(run.request.evaluation), run.spec)
+    measuring = Measuring(search.sim, run.scorer, real, list(run.request.evaluation), run.spec)
     checks, start, kept = check_all(measuring, applicable, default, chosen.flow.spec, start_score)
     return Checked(base.checks + checks + decided, start, kept)
 
@@ -204,47 +200,44 @@ def _applicable(
 def sensitivity(run: PlanRun, found: Checked) -> Sensitivity:
     """Each site alone in float and alone quantized; the noise of each alone quantized, per order the
     search can take (:attr:`Scorer.orders`), and dynamically for the Linears that start static."""
-    search, start, evaluation = run.search, found.start, list(run.request.evaluation)
-    sim, scorer = search.sim, search.scorer
-    quantized_run = sim.run(start, evaluation)
+    search, start = run.search, found.start
+    sim, scorer, candidates, evaluation = search.sim, search.scorer, search.candidates, search.batches
     everything_float = search.everything_float()
-    float_run = sim.run(everything_float, evaluation)
-    all_quantized = scorer(quantized_run.outputs)
-    sites: list[SiteSensitivity] = []
-    noise: Noise = {order: {} for order in scorer.orders}
-    for done, site in enumerate(search.candidates):
-        search.progress("measuring sensitivity", done, len(search.candidates))
-        float_only = scorer(sim.run_changed({**start, site: Mode.FLOAT}, quantized_run).outputs)
-        quantized_mode = start[site] if start[site] is not Mode.FLOAT else Mode.STATIC
-        alone = sim.run_changed({**everything_float, site: quantized_mode}, float_run).outputs
-        for order, value in scorer.noise(alone).items():
-            noise[order][site] = value
-        sites.append(
-            SiteSensitivity(
-                fqn=site,
-                kind=search.kinds.get(site, ""),
-                parameters=search.parameters[site],
-                float_only=float_only,
-                quantized_only=scorer(alone),
-                gain=float_only - all_quantized,
-            )
+
+    def measuring(done: int, total: int) -> None:
+        search.progress("measuring sensitivity", done, total)
+
+    each_float = [{**start, site: Mode.FLOAT} for site in candidates]
+    all_quantized, float_only = sweep(sim, start, each_float, evaluation, scorer, progress=measuring)
+    each_quantized = [{**everything_float, site: _quantized(start[site])} for site in candidates]
+    alone = sweep(sim, everything_float, each_quantized, evaluation, scorer.with_noise, progress=measuring)[1]
+    noise: Noise = {order: {site: found[1][order] for site, found in zip(candidates, alone)} for order in scorer.orders}
+    sites = tuple(
+        SiteSensitivity(
+            fqn=site,
+            kind=search.kinds.get(site, ""),
+            parameters=search.parameters[site],
+            float_only=floated,
+            quantized_only=quantized[0],
+            gain=floated - all_quantized,
         )
+        for site, floated, quantized in zip(candidates, float_only, alone)
+    )
     # on top of the user's quantizer no Linear is made dynamic: the quantizer decides that
     fixed = run.request.quantizer is not None
-    dynamic_noise = {order: {} for order in noise} if fixed else measure_dynamic_noise(search, start, float_run, noise)
-    return Sensitivity(tuple(sites), noise, dynamic_noise, quantized_run, float_run)
+    dynamic_noise = {order: {} for order in noise} if fixed else measure_dynamic_noise(search, start, noise)
+    return Sensitivity(sites, noise, dynamic_noise)
+
+
+def _quantized(mode: Mode) -> Mode:
+    """The mode a site takes quantized alone: the one it starts in, static for a site starting in float."""
+    return mode if mode is not Mode.FLOAT else Mode.STATIC
 
 
 def searched(run: PlanRun, found: Checked, measured: Sensitivity) -> Searched:
     """The curve and its refinement, in each order the noise was measured in (:func:`.search.choose_order`)."""
     steps, modes, orders = choose_order(
-        run.search,
-        run.request.goal,
-        found.start,
-        measured.float_run,
-        measured.quantized_run,
-        measured.noise,
-        measured.dynamic_noise,
+        run.search, run.request.goal, found.start, measured.noise, measured.dynamic_noise
     )
     return Searched(steps, modes, orders)
 

@@ -35,6 +35,7 @@ from qinsight.core.suggestions import QuantSuggestion  # noqa: E402
 from qinsight.planning.planner import spearman  # noqa: E402
 from qinsight.planning.scores import Scorer  # noqa: E402
 from qinsight.planning.simulated_flows import flow_for  # noqa: E402
+from qinsight.planning.sweep import sweep  # noqa: E402
 from qinsight.planning.switches import Mode  # noqa: E402
 
 
@@ -70,9 +71,8 @@ def main() -> None:
     sim = flow.simulation(calibration)
     sites = [site for site in sim.sites if site in set(layers)]
     start = {site: Mode.STATIC for site in sim.sites}
-    quantized = sim.run(start, evaluation)
-    base = scorer(quantized.outputs)
-    simulated = [scorer(sim.run_changed({**start, site: Mode.FLOAT}, quantized).outputs) - base for site in sites]
+    base, floated = sweep(sim, start, [{**start, site: Mode.FLOAT} for site in sites], evaluation, scorer)
+    simulated = [score - base for score in floated]
     sim_seconds, sim_forwards = time.perf_counter() - began, sim.evaluations
 
     began = time.perf_counter()

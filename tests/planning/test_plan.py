@@ -25,6 +25,7 @@ from qinsight.examples import example
 from qinsight.planning.planner import spearman
 from qinsight.planning.scores import Scorer, margin_noise
 from qinsight.planning.simulated_flows import flow_for
+from qinsight.planning.sweep import sweep
 from qinsight.planning.switches import Mode
 from qinsight.types import Budget, NoteKind, SuggestionCheck, SuggestionKind, Target
 
@@ -179,32 +180,31 @@ def test_a_run_started_from_a_cached_one_is_the_full_run(flow: str) -> None:
     sim = planned.simulation(batches[:1])
     assert len(sim.sites) >= (8 if flow == "fx" else 4)  # FX: Linears, adds, matmuls, norms; PT2E: Linears
     everything_float = {site: Mode.FLOAT for site in sim.sites}
-    run = start = sim.run(everything_float, batches[1:])
-    modes = dict(everything_float)
+    data = batches[1:]
+    chain, modes = [], dict(everything_float)
     for site in random.Random(0).sample(sim.sites, min(6, len(sim.sites) - 1)):
         modes = {**modes, site: Mode.STATIC}
-        run = sim.run_changed(modes, run)
-    full = sim.run(modes, batches[1:])
-    assert torch.equal(run.outputs[0], full.outputs[0])
+        chain.append(modes)
+    start, chained = sweep(sim, everything_float, chain, data, list, chained=True)
+    full = sweep(sim, modes, [], data, list)[0]
+    assert torch.equal(chained[-1][0], full[0]) and not torch.equal(chained[-1][0], start[0])
+    # one config at a time (a budget holding one config's outputs): the same outputs, each turn its base again
+    assert all(
+        torch.equal(a[0], b[0])
+        for a, b in zip(chained, sweep(sim, everything_float, chain, data, list, chained=True, budget=1)[1])
+    )
     # a run keeps what later runs start from, not every value: a switch's input is recomputed from before it
     computed = {node for node in sim.nodes if node.op.startswith("call_")}
-    kept = {node for node in full.values[0] if node in computed}
+    kept = {node for node in sim.values(modes, data[0]).values if node in computed}
     assert kept and len(kept) < len(computed)
     assert not kept & {switch.args[0] for switch in sim.switches}
-    assert not torch.equal(run.outputs[0], start.outputs[0])
     # and back: from every site quantized, sites floated one by one (FX: an op between quantized
     # neighbours runs on quantized tensors until it is floated, though no switch around it changes)
-    run = sim.run({site: Mode.STATIC for site in sim.sites}, batches[1:])
-    for site in random.Random(1).sample(sim.sites, min(6, len(sim.sites) - 1)):
-        run = sim.run_changed({**run.modes, site: Mode.FLOAT}, run)
-        assert torch.equal(run.outputs[0], sim.run(run.modes, batches[1:]).outputs[0]), site
-    # every site in float is the float model, simulated and real: in FX too, whose global qconfig would
-    # quantize the attention's transposes, which are no sites, had the config not kept them float
-    everything = tuple(QuantSuggestion(fqn=site, keep_float=True) for site in sim.sites)
-    (real,) = _real(planned, everything, batches[:1], batches[1:2])
-    assert sqnr(real, start.outputs[0]) > 60.0
-    assert torch.allclose(start.outputs[0], model(batches[1]), atol=1e-4)
-    assert torch.allclose(real, model(batches[1]), atol=1e-4)
+    quantized = {site: Mode.STATIC for site in sim.sites}
+    floated = random.Random(1).sample(sim.sites, min(6, len(sim.sites) - 1))
+    back = [{**quantized, **{site: Mode.FLOAT for site in floated[: n + 1]}} for n in range(len(floated))]
+    for site, modes, found in zip(floated, back, sweep(sim, quantized, back, data, list, chained=True)[1]):
+        assert torch.equal(found[0], sweep(sim, modes, [], data, list)[0][0]), site
 
 
 @pytest.mark.parametrize("flow", ["fx", "pt2e"])
@@ -216,7 +216,7 @@ def test_the_simulated_default_config_scores_what_the_real_flow_does(flow: str) 
     report = qinsight.diagnose(model, calibration)
     planned = flow_for(flow, model, report.sites, "x86", calibration + held_out)
     sim = planned.simulation(calibration)
-    simulated = sim.run({site: Mode.STATIC for site in sim.sites}, held_out).outputs
+    simulated = sweep(sim, {site: Mode.STATIC for site in sim.sites}, [], held_out, list)[0]
     real = _real(planned, (), calibration, held_out)
     scorer = Scorer(model_outputs(model, held_out), "sqnr", "sqnr")
     # FX: fbgemm's kernels run in the simulation where FX runs them; PT2E's quantize rounds as fake quantization
@@ -292,11 +292,12 @@ def _real(planned: Any, advice: tuple[QuantSuggestion, ...], calibration: list[A
 
 
 def _floated_as_simulated_and_for_real(
-    planned: Any, sim: Any, quantized: Any, floats: list[str], calibration: list[Any], held_out: list[Any]
+    planned: Any, sim: Any, floats: list[str], calibration: list[Any], held_out: list[Any]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The outputs with ``floats`` kept in float: simulated (started from the all-quantized run
-    ``quantized``) and through the real flow (prepare, calibrate, convert)."""
-    simulated = sim.run_changed({**quantized.modes, **dict.fromkeys(floats, Mode.FLOAT)}, quantized).outputs
+    """The outputs with ``floats`` kept in float: simulated (run from every site quantized, recomputing
+    what the change reaches) and through the real flow (prepare, calibrate, convert)."""
+    everything = {site: Mode.STATIC for site in sim.sites}
+    simulated = sweep(sim, everything, [{**everything, **dict.fromkeys(floats, Mode.FLOAT)}], held_out, list)[1][0]
     real = _real(planned, tuple(QuantSuggestion(fqn=s, keep_float=True) for s in floats), calibration, held_out)
     return torch.cat(simulated), torch.cat(real)
 
@@ -320,15 +321,14 @@ def test_leave_one_float_simulated_is_the_real_flow_bit_for_bit(flow: str) -> No
     report = qinsight.diagnose(model, calibration, verify=False)  # its sites alone: speed
     planned = flow_for(flow, model, report.sites, "x86", calibration + held_out)
     sim = planned.simulation(calibration)
-    everything = {site: Mode.STATIC for site in sim.sites}
-    quantized = sim.run(everything, held_out)
+    quantized = sweep(sim, {site: Mode.STATIC for site in sim.sites}, [], held_out, list)[0]
     configs = [[site] for site in ("features.3.conv.2", "features.9.conv.0.0", "classifier.1")]
     if flow == "fx":  # a config FX calibrates otherwise (below): the ReLU6s in float
         configs.append([site.fqn for site in report.sites if site.kind.value == "hardtanh"])
     for floats in configs:
-        simulated, real = _floated_as_simulated_and_for_real(planned, sim, quantized, floats, calibration, held_out)
+        simulated, real = _floated_as_simulated_and_for_real(planned, sim, floats, calibration, held_out)
         assert torch.equal(real, simulated), (floats[:2], sqnr(real, simulated))
-        assert not torch.equal(simulated, torch.cat(quantized.outputs))  # the change is seen
+        assert not torch.equal(simulated, torch.cat(quantized))  # the change is seen
 
 
 @pytest.mark.slow
@@ -349,11 +349,10 @@ def test_the_fx_simulation_calibrates_observers_fx_shares_otherwise_under_a_conf
     report = qinsight.diagnose(model, calibration, verify=False)  # its sites alone: speed
     planned = flow_for("fx", model, report.sites, "x86", calibration + held_out)
     sim = planned.simulation(calibration)
-    everything = {site: Mode.STATIC for site in sim.sites}
-    quantized = sim.run(everything, held_out)
-    assert torch.equal(torch.cat(quantized.outputs), torch.cat(_real(planned, (), calibration, held_out)))
+    quantized = sweep(sim, {site: Mode.STATIC for site in sim.sites}, [], held_out, list)[0]
+    assert torch.equal(torch.cat(quantized), torch.cat(_real(planned, (), calibration, held_out)))
     for site in ("bert.encoder.layer.0.attention.self.key", "bert.encoder.layer.3.intermediate.dense"):
-        simulated, real = _floated_as_simulated_and_for_real(planned, sim, quantized, [site], calibration, held_out)
+        simulated, real = _floated_as_simulated_and_for_real(planned, sim, [site], calibration, held_out)
         assert torch.equal(real, simulated), (site, sqnr(real, simulated))
 
 
@@ -766,6 +765,8 @@ class CountingMLP(MLP):
         ({"budget": "bits<=6"}, "budget='bits<=6'"),
         ({"budget": 2}, "goal='sqnr>=30 and float<=2' is invalid; expected a target or a budget, not both"),
         ({"evaluation_data": []}, "evaluation_data='no batches'"),
+        ({"memory_budget": "2 XB"}, "memory_budget='2 XB' is invalid; expected a number of bytes of at least 1 MiB"),
+        ({"memory_budget": 4096}, "memory_budget=4096"),
     ],
 )
 def test_plan_refuses_a_wrong_argument_before_any_forward(arguments: dict[str, Any], named: str) -> None:

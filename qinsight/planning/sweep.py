@@ -1,0 +1,218 @@
+"""Configurations scored on every evaluation batch, batch by batch: a plan's memory bounded by a batch.
+
+A plan scores hundreds of configurations of one simulation (:mod:`.simulate`), most of them a few
+sites away from a configuration it ran already. Run config by config, each config's values had to be
+kept for every batch for the next config to start from them, and a plan's memory grew with its data:
+MobileNetV2's values are about 0.1 GB a 224² crop a configuration, and a plan on 48 crops peaked near
+16 GB. A sweep turns the loops around. For each batch it runs the base configuration once and each
+config from it (or, chained, from the config before it), recomputing only what a change reaches, and
+drops the batch's values before the next batch: the values held at once are one batch's, of two
+configurations. What a sweep keeps across batches is each config's output per batch (a model's final
+outputs: a CNN's logits are 4 kB a crop), until the config is scored. Where the outputs of every
+config would pass ``budget`` bytes (a language model's logits), the configs run in turns that fit,
+each turn running its base again: one more forward a turn, never more memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import torch
+from torch.utils import _pytree
+
+from qinsight.planning.simulate import MEMORY_BUDGET, BatchValues, Simulation
+from qinsight.planning.switches import Mode
+
+T = TypeVar("T")
+Modes = Mapping[str, Mode]
+Progress = Callable[[int, int], None]  # batches done, batches in all
+
+
+def sweep(
+    sim: Simulation,
+    base: Modes,
+    configs: Sequence[Modes],
+    batches: Sequence[object],
+    score: Callable[[list[Any]], T],
+    *,
+    chained: bool = False,
+    budget: int | None = None,
+    progress: Progress | None = None,
+) -> tuple[T, list[T]]:
+    """``score`` of ``base``'s outputs on ``batches`` (one entry per batch) and of each config's, the
+    configs run from ``base`` (``chained``: each from the config before it, the first from ``base``),
+    batch by batch (the module docstring). The scores are those of running each config on every batch
+    alone: a run from another recomputes what the change reaches, exactly. ``budget``: bytes of outputs
+    held at once, default the simulation's (:attr:`Simulation.memory_budget`, the plan's ``memory_budget``)."""
+    budget = sim.memory_budget if budget is None else budget
+    share = 1.0 / max(len(batches), 1)
+    start, done = base, 0
+    base_score: list[T] = []
+    scores: list[T] = []
+    while done < len(configs) or not base_score:
+        turn, outputs = _turn(sim, start, configs[done:], batches, share, chained, budget, progress)
+        if not base_score:
+            base_score.append(score(outputs[0]))
+        scores += [score(found) for found in outputs[1:]]
+        done += len(outputs) - 1
+        if chained and turn:
+            start = turn[-1]
+    return base_score[0], scores
+
+
+def _turn(
+    sim: Simulation,
+    start: Modes,
+    configs: Sequence[Modes],
+    batches: Sequence[object],
+    share: float,
+    chained: bool,
+    budget: int,
+    progress: Progress | None,
+) -> tuple[Sequence[Modes], list[list[Any]]]:
+    """As many of ``configs`` as ``budget`` holds the outputs of, run on every batch from ``start``: the
+    configs run and the outputs per batch of ``start`` first, then of each config."""
+    turn: Sequence[Modes] = configs
+    outputs: list[list[Any]] = []
+    for index, batch in enumerate(batches):
+        before = sim.values(start, batch, share)
+        if index == 0:  # the outputs' size is known from the first batch: the turn takes what fits
+            turn = configs[: _fitting(before.output, len(batches), budget)]
+            outputs = [[] for _ in range(len(turn) + 1)]
+        outputs[0].append(before.output)
+        for slot, modes in enumerate(turn, start=1):
+            after: BatchValues = sim.changed(modes, before, share)
+            outputs[slot].append(after.output)
+            if chained:
+                before = after
+        if progress is not None:
+            progress(index + 1, len(batches))
+    return turn, outputs
+
+
+Move = tuple[str, Mode]  # a site, and the mode a step gives it
+
+
+def greedy(
+    sim: Simulation,
+    modes: Modes,
+    moves: Sequence[Move],
+    batches: Sequence[object],
+    score: Callable[[list[Any]], T],
+    accept: Callable[[T], bool],
+    applies: Callable[[Modes, Move], bool],
+    progress: Progress | None = None,
+) -> tuple[dict[str, Mode], list[tuple[Move, T | None, bool]]]:
+    """Each move tried in order alone on top of ``modes`` (where it ``applies`` to them), scored on every
+    batch and kept where ``accept`` says, a kept move changing the config the later ones are tried on
+    (a search's refinement). Returns the final modes and each move as tried.
+
+    Each decision needs every batch's score, so the config the moves are tried on is needed for every
+    batch at once. Where twice its values on every batch fit the simulation's budget, they are held, and
+    each move recomputes only what it reaches (the cheapest way). Else moves are scored a window at a time
+    from the config, batch by batch, its values computed again for each window: a kept move ends its
+    window (the window's later moves run again), so the window follows the share of moves kept."""
+    held = _held(sim, modes, batches)
+    if held is not None:
+        return _greedy_held(sim, dict(modes), held, moves, score, accept, applies, progress)
+    return _greedy_windows(sim, dict(modes), moves, batches, score, accept, applies, progress)
+
+
+def _held(sim: Simulation, modes: Modes, batches: Sequence[object]) -> list[BatchValues] | None:
+    """``modes`` run on every batch, its values held, where twice their bytes fit ``sim``'s budget."""
+    share = 1.0 / max(len(batches), 1)
+    first = sim.values(modes, batches[0], share)
+    if 2 * _value_bytes(first) * len(batches) > sim.memory_budget:
+        return None
+    return [first, *(sim.values(modes, batch, share) for batch in batches[1:])]
+
+
+def _greedy_held(
+    sim: Simulation,
+    modes: dict[str, Mode],
+    held: list[BatchValues],
+    moves: Sequence[Move],
+    score: Callable[[list[Any]], T],
+    accept: Callable[[T], bool],
+    applies: Callable[[Modes, Move], bool],
+    progress: Progress | None,
+) -> tuple[dict[str, Mode], list[tuple[Move, T | None, bool]]]:
+    share = 1.0 / len(held)
+    tried: list[tuple[Move, T | None, bool]] = []
+    for done, move in enumerate(moves):
+        if not applies(modes, move):
+            tried.append((move, None, False))
+            continue
+        trial = {**modes, move[0]: move[1]}
+        after = [sim.changed(trial, before, share) for before in held]
+        value = score([values.output for values in after])
+        kept = accept(value)
+        if kept:
+            modes, held = trial, after
+        tried.append((move, value, kept))
+        if progress is not None:
+            progress(done + 1, len(moves))
+    return modes, tried
+
+
+WINDOW_MOST = 16  # the most moves a window scores from one config
+
+
+def _greedy_windows(
+    sim: Simulation,
+    modes: dict[str, Mode],
+    moves: Sequence[Move],
+    batches: Sequence[object],
+    score: Callable[[list[Any]], T],
+    accept: Callable[[T], bool],
+    applies: Callable[[Modes, Move], bool],
+    progress: Progress | None,
+) -> tuple[dict[str, Mode], list[tuple[Move, T | None, bool]]]:
+    tried: list[tuple[Move, T | None, bool]] = []
+    decided = kept_count = 0
+    queue = list(moves)
+    while queue:
+        # about as many moves as are decided between two kept ones (a window costs one forward more)
+        width = max(1, min(WINDOW_MOST, round((decided + 8) / (kept_count + 1))))
+        window = queue[:width]
+        apply = [applies(modes, move) for move in window]
+        trials = [{**modes, site: mode} for (site, mode), applied in zip(window, apply) if applied]
+        scores = iter(sweep(sim, modes, trials, batches, score)[1])
+        used = 0
+        for move, applied in zip(window, apply):
+            used += 1
+            if not applied:
+                tried.append((move, None, False))
+                continue
+            value = next(scores)
+            kept = accept(value)
+            decided, kept_count = decided + 1, kept_count + kept
+            tried.append((move, value, kept))
+            if kept:
+                modes = {**modes, move[0]: move[1]}
+                break
+        queue = queue[used:]
+        if progress is not None:
+            progress(len(moves) - len(queue), len(moves))
+    return modes, tried
+
+
+def _value_bytes(values: BatchValues) -> int:
+    """The bytes of the values a run computed and keeps (the graph's constants are the model's, shared)."""
+    return sum(
+        leaf.nbytes
+        for node, value in values.values.items()
+        if getattr(node, "op", "") != "get_attr"
+        for leaf in _pytree.tree_leaves(value)
+        if isinstance(leaf, torch.Tensor)
+    )
+
+
+def _fitting(output: Any, batches: int, budget: int) -> int:
+    """How many configs' outputs on ``batches`` batches like ``output`` fit ``budget`` bytes (one at least)."""
+    per_batch = sum(leaf.nbytes for leaf in _pytree.tree_leaves(output) if isinstance(leaf, torch.Tensor))
+    return max(1, budget // max(per_batch * batches, 1))
+
+
+__all__ = ["MEMORY_BUDGET", "Move", "greedy", "sweep"]
