@@ -27,7 +27,17 @@ from qinsight.core.fx_activations import FxActivations, NarrowedInput
 from qinsight.core.metrics import MetricSpec
 from qinsight.core.notes import Note, NoteKind
 from qinsight.core.options import Deployment, Goal
-from qinsight.core.plan import Budget, PlanStep, QuantPlan, SearchedOrder, SiteSensitivity, SuggestionCheck, Target
+from qinsight.core.plan import (
+    Budget,
+    PlanCost,
+    PlanStep,
+    QuantPlan,
+    SearchedOrder,
+    SiteSensitivity,
+    StageTime,
+    SuggestionCheck,
+    Target,
+)
 from qinsight.core.precision import SideBits
 from qinsight.core.progress import Progress
 from qinsight.core.report import DetectorFailure, DetectorResult, FailureStage, Parameter, Report, ReportMetadata
@@ -94,6 +104,7 @@ __all__ = [
     "OpSite",
     "OrderCheck",
     "Parameter",
+    "PlanCost",
     "PlanStep",
     "Progress",
     "QuantPlan",
@@ -101,6 +112,7 @@ __all__ = [
     "Report",
     "ReportMetadata",
     "SearchedOrder",
+    "StageTime",
     "Shard",
     "Side",
     "SideBits",

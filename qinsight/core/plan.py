@@ -265,6 +265,46 @@ class PlanStep:
     mode: str = attrs.field(default="", validator=attrs.validators.in_(STEP_MODES))
 
 
+@attrs.frozen(kw_only=True)
+class StageTime:
+    """One stage of a plan and the wall seconds it took (``real_configs`` of them quantizing a config
+    for real: prepare, calibrate, convert and run, lowered too where the plan scores programs)."""
+
+    stage: str
+    seconds: float = attrs.field(validator=attrs.validators.ge(0.0))
+    real_configs: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    real_seconds: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
+
+
+@attrs.frozen(kw_only=True)
+class PlanCost:
+    """Where a plan's time went: each stage in order (:class:`StageTime`), and the whole forwards the
+    simulation ran (a partial run counts its share of the graph)."""
+
+    stages: tuple[StageTime, ...] = ()
+    simulated_forwards: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
+
+    @property
+    def seconds(self) -> float:
+        return sum(stage.seconds for stage in self.stages)
+
+    @property
+    def real_configs(self) -> int:
+        return sum(stage.real_configs for stage in self.stages)
+
+    @property
+    def real_seconds(self) -> float:
+        return sum(stage.real_seconds for stage in self.stages)
+
+    def describe(self) -> str:
+        """One line: the time, the stages' shares, the configs quantized for real and the forwards."""
+        shares = ", ".join(f"{stage.stage} {stage.seconds:.0f} s" for stage in self.stages)
+        return (
+            f"{self.seconds:.0f} s ({shares}); {self.real_configs} configs quantized for real in "
+            f"{self.real_seconds:.0f} s, {self.simulated_forwards:.0f} simulated forwards of the data"
+        )
+
+
 def _direction(plan: QuantPlan) -> bool:
     return plan.target.higher_is_better if isinstance(plan.target, Target) else higher_is_better(plan.metric)
 
@@ -325,6 +365,7 @@ class QuantPlan:
     # the direction of the plan's scores, as it compared them (a plugin metric's own, which a file keeps
     # where the plugin is not installed); absent before 4.0: the target's, or the one table's for a budget
     higher_is_better: bool = attrs.field(default=attrs.Factory(lambda plan: _direction(plan), takes_self=True))
+    cost: PlanCost | None = None  # where its time went; None: a plan saved before 4.3
 
     @property
     def kept_float(self) -> tuple[str, ...]:

@@ -31,6 +31,8 @@ def summary_lines(plan: QuantPlan) -> list[str]:
         f"  {plan.quantized_fraction:.1%} of the layers' parameters quantized; {len(floats)} sites kept in float; "
         f"{plan.evaluations} simulated evaluations of the data",
     ]
+    if plan.cost is not None:
+        lines.append(f"  time: {plan.cost.describe()}")
     if floats:
         shown = ", ".join(floats[:DEFAULT_LIMIT]) + (
             f" and {len(floats) - DEFAULT_LIMIT} more" if len(floats) > DEFAULT_LIMIT else ""

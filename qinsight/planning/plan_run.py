@@ -10,16 +10,19 @@ plain values; nothing mutable travels in one.
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Mapping
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, TypeVar
 
 import attrs
 from torch import nn
 
-from qinsight.apply.trial import model_outputs, weight_counts
+from qinsight.apply.trial import Trial, model_outputs, weight_counts
 from qinsight.core.errors import QinsightError
 from qinsight.core.metrics import MetricSpec
 from qinsight.core.notes import Note, NoteKind
 from qinsight.core.outcomes import FailedConfig, Outcome
+from qinsight.core.plan import PlanCost, StageTime
 from qinsight.core.progress import Progress
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.planning.checks import RealScore
@@ -28,6 +31,8 @@ from qinsight.planning.scores import Scorer
 from qinsight.planning.search import Search
 from qinsight.planning.simulated_flows import Flow
 from qinsight.planning.switches import Mode
+
+T = TypeVar("T")
 
 
 class PlanRun:
@@ -42,12 +47,39 @@ class PlanRun:
         self.spec: MetricSpec = asked.spec  # the direction every comparison of scores takes
         self._failures: dict[str, int] = {}  # each distinct error of the flow, and how many configs it ended
         self._search: Search | None = None
+        self._stages: list[StageTime] = []
+        self._real_configs, self._real_seconds = 0, 0.0  # configs quantized for real so far, and their seconds
+
+    def timed(self, stage: str, step: Callable[..., T], *args: Any) -> T:
+        """``step(*args)``, its wall time and the configs it quantized for real recorded as ``stage``."""
+        began, configs, seconds = time.perf_counter(), self._real_configs, self._real_seconds
+        try:
+            return step(*args)
+        finally:
+            took = time.perf_counter() - began
+            real, real_seconds = self._real_configs - configs, self._real_seconds - seconds
+            self._stages.append(StageTime(stage=stage, seconds=took, real_configs=real, real_seconds=real_seconds))
+
+    def cost(self, before: tuple[StageTime, ...] = ()) -> PlanCost:
+        """Where the plan's time went: ``before`` (the diagnosis, where the plan made it), then each
+        stage :meth:`timed`, and the simulation's forwards."""
+        forwards = self._search.sim.evaluations if self._search is not None else 0.0
+        return PlanCost(stages=(*before, *self._stages), simulated_forwards=forwards)
+
+    def trial(self, flow: Flow, advice: tuple[QuantSuggestion, ...], scored: Sequence[object]) -> Trial:
+        """``advice``'s config quantized for real through ``flow`` on the calibration data and run on
+        ``scored`` (:meth:`Flow.trial`), counted and timed for :meth:`cost`."""
+        began = time.perf_counter()
+        found = flow.trial(advice, self.request.calibration, scored)
+        self._real_configs += 1
+        self._real_seconds += time.perf_counter() - began
+        return found
 
     def real(self, flow: Flow, advice: tuple[QuantSuggestion, ...]) -> Outcome:
         """``advice``'s config quantized for real through ``flow`` (prepare, calibrate, convert, run) and
         scored; where the flow cannot build or run it, a :class:`FailedConfig`, recorded for the notes (a
         metric's own error is not caught: it is the user's)."""
-        found = flow.trial(advice, self.request.calibration, self.request.evaluation)
+        found = self.trial(flow, advice, self.request.evaluation)
         if found.failed:
             self._failures[found.error] = self._failures.get(found.error, 0) + 1
             return FailedConfig(found.error)

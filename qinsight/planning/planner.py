@@ -10,8 +10,9 @@ is the flow's (:mod:`.simulated_flows`), so another flow is one more :class:`~qi
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import attrs
 from torch import nn
@@ -20,7 +21,7 @@ from qinsight.core.flows import check_flow_backend, flow_spec, reads_as_is, repo
 from qinsight.core.fx_activations import FxActivations
 from qinsight.core.notes import Note, NoteKind
 from qinsight.core.options import Deployment, Goal, options
-from qinsight.core.plan import Budget, QuantPlan, Target
+from qinsight.core.plan import Budget, QuantPlan, StageTime, Target
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
 from qinsight.core.sites import OpSite
@@ -31,6 +32,8 @@ from qinsight.planning.plan_run import PlanRun
 from qinsight.planning.request import PlanRequest, plan_request
 from qinsight.planning.scores import held_out_miss
 from qinsight.planning.search import order_notes
+
+T = TypeVar("T")
 
 
 def _quiet(_stage: str, _done: int, _total: int) -> None:
@@ -115,8 +118,11 @@ def plan(
     from qinsight.pipeline import diagnose
     from qinsight.pipeline.saturation import kernels_checked
 
+    diagnosis: tuple[StageTime, ...] = ()
     if report is None:
+        began = time.perf_counter()
         report = diagnose(model, list(request.calibration), deploy=request.backend, verify=False)  # the plan verifies
+        diagnosis = (StageTime(stage="diagnosis", seconds=time.perf_counter() - began),)
     if deployment.flow is None and not reads_as_is(
         report.metadata.frontend
     ):  # FX cannot trace it: the flow that exports it
@@ -125,15 +131,23 @@ def plan(
     if flow_spec(request.flow).observes_activations:  # the FX config's kernels, checked as a verification checks them
         report = kernels_checked(model, report, request.calibration[0])
     run = PlanRun(request, model, progress)
-    base = stages.baseline(run, report)
-    chosen = stages.subject(run, report, base)
-    found = stages.checked(run, chosen, base)
-    measured = stages.sensitivity(run, found)
-    search = stages.searched(run, found, measured)
-    real = verify.verified(run.real_score(chosen.flow), run.request.goal, run.spec, found, search, base.score)
+    base = run.timed("baseline", stages.baseline, run, report)
+    chosen = (
+        run.timed("smoothing", stages.subject, run, report, base) if smoothing else stages.subject(run, report, base)
+    )
+    found = run.timed("checks", stages.checked, run, chosen, base)
+    measured = run.timed("sensitivity", stages.sensitivity, run, found)
+    search = run.timed("search", stages.searched, run, found, measured)
+    verifying = (run.real_score(chosen.flow), run.request.goal, run.spec, found, search, base.score)
+    real = run.timed("verification", verify.verified, *verifying)
     final = base.flow if real.default else chosen.flow
-    applied = stages.converted(run, final, real.suggestions, chosen.report)
-    return _assembled(run, base, chosen, measured, search, real, applied)
+    applied = run.timed("converted", stages.converted, run, final, real.suggestions, chosen.report)
+    return attrs.evolve(_assembled(run, base, chosen, measured, search, real, applied), cost=run.cost(diagnosis))
+
+
+def _untimed(_stage: str, step: Callable[..., T], *args: Any) -> T:
+    """``step(*args)``, not a stage of the plan's cost (the model as given: nothing to time)."""
+    return step(*args)
 
 
 def _assembled(

@@ -266,7 +266,7 @@ def converted(run: PlanRun, flow: Flow, advice: tuple[QuantSuggestion, ...], rep
     calibrate, convert, then the converted model's layers read: quantized modules in FX, weights
     dequantized in the PT2E graph), and that converted model's score on the held-out data."""
     request = run.request
-    found = flow.trial(advice, request.calibration, request.held_out)
+    found = run.trial(flow, advice, request.held_out)
     if found.failed:
         raise FrontendError(f"the {flow.name} flow cannot quantize the plan's config again: {found.error}")
     held = math.nan
@@ -282,7 +282,7 @@ def converted(run: PlanRun, flow: Flow, advice: tuple[QuantSuggestion, ...], rep
 
 def _score(flow: Flow, run: PlanRun) -> float:
     """The flow's config without suggestions, quantized for real: what every plan starts from."""
-    found = flow.trial((), run.request.calibration, run.request.evaluation)
+    found = run.trial(flow, (), run.request.evaluation)
     if isinstance(found.failure, (FrontendError, MissingExtraError)):
         raise found.failure
     if found.failure is not None:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 
-def measure(crops: int, deploy: str) -> dict[str, float]:
+def measure(crops: int, deploy: str) -> dict[str, object]:
     """In the child process: one plan on ``crops`` evaluation crops, its peak RSS growth in MB."""
     import resource
     import time
@@ -75,6 +75,8 @@ def main() -> None:
             f"{row['seconds']:6.1f} s ({row['seconds'] / first['seconds']:.2f}x), {row['evaluations']} evaluations, "
             f"{row['floats']} sites in float"
         )
+        if row["cost"]:
+            print(f"  time: {row['cost']}")
 
 
 if __name__ == "__main__":

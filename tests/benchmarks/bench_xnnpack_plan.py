@@ -69,6 +69,8 @@ def main() -> None:
     )
     planned = time.perf_counter() - began
     print(f"planned in {planned:.0f} s ({plan.evaluations} evaluations), scored on {plan.lowered or 'the reference'}")
+    if plan.cost is not None:
+        print(f"  time: {plan.cost.describe()}")
     print(
         f"  reached {plan.reached}: default {plan.default_score:.4f}, verified {plan.verified_score:.4f}, "
         f"held out {plan.held_out_score:.4f}"

@@ -265,6 +265,19 @@ st.register_type_strategy(
         checks=st.lists(st.from_type(qinsight.types.KindCheck), max_size=3).map(tuple),
     ),
 )
+SECONDS = st.floats(min_value=0.0, allow_infinity=False)
+st.register_type_strategy(
+    qinsight.types.StageTime,
+    st.builds(qinsight.types.StageTime, stage=st.text(), seconds=SECONDS, real_configs=COUNTS, real_seconds=SECONDS),
+)
+st.register_type_strategy(
+    qinsight.types.PlanCost,
+    st.builds(
+        qinsight.types.PlanCost,
+        stages=st.lists(st.from_type(qinsight.types.StageTime), max_size=3).map(tuple),
+        simulated_forwards=SECONDS,
+    ),
+)
 
 SNAPSHOT = Path(__file__).parent.parent / "data" / "report_schema.json"
 

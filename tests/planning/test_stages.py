@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,23 @@ def test_verification_drops_kept_parts_the_search_cannot_see_where_they_lower_th
     same = verified(lambda advice: asked.append(advice) or 0.94, goal, TOP1, checked, searched, default_score=0.5)
     assert (same.checks, same.score, same.notes) == ((check,), 0.94, ()) and len(asked) == 1
     assert {s.fqn: s for s in same.suggestions}["conv1"].equalize
+
+
+def test_a_plan_says_where_its_time_went_stage_by_stage_and_its_file_keeps_it(tmp_path: Path) -> None:
+    chosen = example("cnn")
+    model, data = chosen.model(), chosen.data(8)
+    plan = qinsight.plan(model, data[:4], data[4:], goal="sqnr>=20", deploy="fx")
+    cost = plan.cost
+    assert cost is not None
+    names = [stage.stage for stage in cost.stages]
+    assert names == ["diagnosis", "baseline", "checks", "sensitivity", "search", "verification", "converted"]
+    assert {s.stage: s.real_configs for s in cost.stages}["baseline"] >= 1  # the default config, for real
+    assert {s.stage: s.real_configs for s in cost.stages}["converted"] == 1  # the plan's config, read back
+    assert cost.real_configs >= 3 and 0.0 < cost.real_seconds <= cost.seconds
+    assert math.ceil(cost.simulated_forwards) == plan.evaluations > 0
+    report = qinsight.diagnose(model, data[:4], deploy="fx", verify=False).with_plan(plan)
+    assert f"time: {cost.describe()}" in qinsight.to_text(report)
+    path = tmp_path / "report.json"
+    qinsight.save_report(report, path)
+    loaded = qinsight.load_report(path).plan
+    assert loaded is not None and loaded.cost == cost
