@@ -13,7 +13,9 @@ Two tiers (README):
 
 An explicit ``-m`` wins over both. The suite runs with the defaults a user gets: ``diagnose`` verifies
 its config for real and the command prints its progress, unless a test that wants speed says
-``verify=False`` (``--no-verify``, ``--quiet``) itself. The helpers live in ``_support.py`` and its siblings; importing
+``verify=False`` (``--no-verify``, ``--quiet``) itself. The helpers live in ``_models.py``
+(test models), ``_data.py`` (batches, sentences, photos), ``_real.py`` (real weights), ``_peers.py``
+(torch's side), ``_checks.py`` and their siblings; importing
 them changes nothing global: what is global (warnings aside, which pyproject.toml filters) is set here.
 """
 
@@ -23,10 +25,9 @@ import os
 
 import pytest
 import torch
+from _models import MLP, ConvBnReluCNN, seeded
 from hypothesis import HealthCheck, settings
 from torch import nn
-
-from _support import MLP, ConvBnReluCNN, seeded
 
 settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("quick", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=10)

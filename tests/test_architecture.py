@@ -428,7 +428,7 @@ TESTS = Path(__file__).resolve().parent
 
 
 def test_no_test_imports_another_test_module_or_a_private_name() -> None:
-    """Tests share what they share through the helper modules (``_support``, ``_cli``...), not through
+    """Tests share what they share through the helper modules (``_models``, ``_data``, ``_cli``...), not through
     each other, and use qinsight as its users can: no private name imported."""
     wrong = []
     for path in sorted(TESTS.rglob("*.py")):

@@ -6,6 +6,9 @@ import copy
 
 import pytest
 import torch
+from _data import gaussian_batches, shifting_batches
+from _models import MLP, ConvBnReluCNN, seeded
+from _peers import prepared_fx
 from torch import nn
 from torch.ao.quantization import QConfigMapping, get_default_qconfig
 from torch.ao.quantization.fx._model_report.detector import DynamicStaticDetector as TorchDynamicStatic
@@ -16,8 +19,6 @@ from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 import qinsight
 from qinsight.apply.qconfigs import qconfig_for
 from qinsight.types import ActivationMode, QuantSuggestion, WeightScheme
-
-from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, shifting_batches
 
 
 def convert(model: nn.Module, mapping: QConfigMapping, data: list[torch.Tensor]) -> nn.Module:

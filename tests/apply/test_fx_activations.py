@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from _checks import examples
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import fx, nn
@@ -25,8 +26,6 @@ from qinsight.core.suggestions import QuantSuggestion
 from qinsight.frontends.fx import fx_view
 from qinsight.pipeline import saturation
 from qinsight.pipeline.saturation import checked_activations, saturated
-
-from _support import examples
 
 
 class Blocks(nn.Module):

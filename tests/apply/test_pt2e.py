@@ -10,12 +10,12 @@ import warnings
 import attrs
 import pytest
 import torch
+from _checks import warns_note
+from _data import gaussian_batches
 from torch import nn
 
 import qinsight
 from qinsight.types import ActivationMode, NoteKind, QuantSuggestion, WeightScheme
-
-from _support import gaussian_batches, warns_note
 
 pytest.importorskip("torchao")
 with warnings.catch_warnings():
@@ -169,10 +169,12 @@ def test_the_quantizer_says_which_suggested_sites_it_leaves_float() -> None:
 
 
 def test_ops_kept_float_lose_their_annotations() -> None:
+    from _data import residual_stream
+    from _models import ResidualBlock
+    from _peers import outputs, sqnr
+
     from qinsight.backends.x86 import default_x86_quantizer
     from qinsight.frontends import exported_op_names
-
-    from _support import ResidualBlock, outputs, residual_stream, sqnr
 
     torch.manual_seed(0)
     model, calibration, held_out = ResidualBlock().eval(), residual_stream(4, 0), residual_stream(4, 1)

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 import torch
+from _data import gaussian_batches
+from _models import MLP, ConvBnReluCNN, seeded
 from torch import nn
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 import qinsight
-
-from _support import MLP, ConvBnReluCNN, gaussian_batches, seeded
 
 FLOWS = [
     "fx",

@@ -8,6 +8,8 @@ import copy
 
 import pytest
 import torch
+from _checks import warns_note
+from _peers import outputs, sqnr
 from torch import nn
 
 import qinsight
@@ -17,8 +19,6 @@ from qinsight.core.sites import OpKind
 from qinsight.errors import InvalidParameterError
 from qinsight.planning.smoothing_search import ALPHAS, choose_smoothing
 from qinsight.types import NoteKind, SmoothingEntry
-
-from _support import outputs, sqnr, warns_note
 
 
 class WideChannels(nn.Module):
@@ -155,7 +155,7 @@ def _applied(
     report = qinsight.diagnose(model, calibration).with_plan(plan)
     smoothed = qinsight.smoothed(model, plan)
     if flow == "fx":
-        from _support import quantize
+        from _peers import quantize
 
         with warns_note(NoteKind.SMOOTHED_MODEL):
             mapping = qinsight.qconfig_mapping(report)

@@ -21,13 +21,13 @@ from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _data import photo_crops
+
 import qinsight  # noqa: E402
 from qinsight.backends.x86 import default_x86_quantizer
 from qinsight.backends.xnnpack import default_xnnpack_quantizer  # noqa: E402
 from qinsight.examples.mobilenet import load_padded_mobilenet_v2  # noqa: E402
 from qinsight.frontends import separate_shared_calls  # noqa: E402
-
-from _support import photo_crops  # noqa: E402
 
 
 def _score(float_model: torch.nn.Module, quantized: torch.nn.Module, held: list[torch.Tensor]) -> str:

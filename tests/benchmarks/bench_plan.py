@@ -40,7 +40,8 @@ from qinsight.planning.switches import Mode  # noqa: E402
 
 
 def _model_and_data(name: str, calibration: int, evaluation: int) -> tuple[torch.nn.Module, list[Any], list[Any], str]:
-    from _support import minilm_or_skip, mobilenet_v2_or_skip, photo_crops, sentence_batches
+    from _data import photo_crops, sentence_batches
+    from _real import minilm_or_skip, mobilenet_v2_or_skip
 
     if name == "mobilenet_v2":
         return mobilenet_v2_or_skip(), photo_crops(calibration, seed=1), photo_crops(evaluation, seed=2), "sqnr"

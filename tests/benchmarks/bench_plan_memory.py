@@ -30,9 +30,10 @@ def measure(crops: int, deploy: str) -> dict[str, object]:
     import torch
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    import qinsight
+    from _data import photo_crops
+    from _real import mobilenet_v2_or_skip
 
-    from _support import mobilenet_v2_or_skip, photo_crops
+    import qinsight
 
     torch.set_num_threads(2)
     warnings.simplefilter("ignore")

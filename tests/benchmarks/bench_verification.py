@@ -32,7 +32,8 @@ from qinsight.frontends import run_batch  # noqa: E402
 
 
 def _model_and_data(name: str) -> tuple[nn.Module, list[Any], list[Any]]:
-    from _support import minilm_or_skip, mobilenet_v2_or_skip, photo_crops, sentence_batches
+    from _data import photo_crops, sentence_batches
+    from _real import minilm_or_skip, mobilenet_v2_or_skip
 
     if name == "mobilenet_v2":
         return mobilenet_v2_or_skip(), photo_crops(32, seed=0), photo_crops(16, seed=1)

@@ -31,7 +31,8 @@ import qinsight  # noqa: E402
 
 
 def main() -> None:
-    from _support import mobilenet_v2_or_skip, photo_crops
+    from _data import photo_crops
+    from _real import mobilenet_v2_or_skip
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="top1>=0.93")

@@ -317,7 +317,7 @@ def test_hf_mistakes_end_in_one_line(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.extended(3)
 def test_diagnose_a_hugging_face_gguf_with_its_own_tokenizer_verified_in_pt2e(tmp_path: Path) -> None:
-    from _support import smollm2_hf_or_skip
+    from _real import smollm2_hf_or_skip
 
     smollm2_hf_or_skip()  # skips without transformers or the packaged weights
     from qinsight.examples.smollm import gguf_path

@@ -8,11 +8,12 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from _data import gaussian_batches
+from _models import seeded
+from _peers import quantized_fx
 from torch import nn
 
 import qinsight
-
-from _support import gaussian_batches, quantized_fx, seeded
 
 
 class Activations(nn.Module):

@@ -8,6 +8,8 @@ import math
 import pytest
 import torch
 import torch.ao.ns._numeric_suite_fx as ns
+from _data import gaussian_batches
+from _models import MLP, ConvBnReluCNN, seeded
 from torch import nn
 from torch.ao.ns.fx.qconfig_multi_mapping import QConfigMultiMapping
 from torch.ao.quantization import QConfig, QConfigMapping, get_default_qconfig
@@ -16,8 +18,6 @@ from torch.ao.quantization.observer import default_per_channel_weight_observer, 
 
 import qinsight
 from qinsight.core.errors import InvalidParameterError
-
-from _support import MLP, ConvBnReluCNN, gaussian_batches, seeded
 
 # Same activations (x86's histogram observer), weights per tensor or per channel.
 X86 = get_default_qconfig("x86")

@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 import torch
+from _data import gaussian_batches
+from _models import ConvBnReluCNN, seeded
+from _peers import quantized_fx
 from torch import nn
 
 import qinsight
 from qinsight.compare import accumulate
-
-from _support import ConvBnReluCNN, gaussian_batches, quantized_fx, seeded
 
 
 def layouts_seen(model: nn.Module) -> list[bool]:

@@ -183,9 +183,8 @@ def test_a_lowered_comparison_is_kept_in_the_report_file_and_shown(
 
 
 def test_what_cannot_be_lowered_says_what_to_change(net: nn.Module) -> None:
+    from _peers import quantize
     from torch.ao.quantization import get_default_qconfig_mapping
-
-    from _support import quantize
 
     batches = _batches(2, seed=0)
     fx_model = quantize(net, get_default_qconfig_mapping("x86"), batches)

@@ -10,6 +10,9 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
+from _data import gaussian_batches
+from _models import ConvBnReluCNN, seeded
+from _peers import quantized_fx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.ao.quantization import QConfig, QConfigMapping, get_default_qconfig
@@ -21,8 +24,6 @@ from qinsight.core.comparison import MetricValue
 from qinsight.outputs.serde import report_from_json, report_to_dict
 from qinsight.plugin import ErrorTotals, Metric
 from qinsight.plugin.testing import write_distribution
-
-from _support import ConvBnReluCNN, gaussian_batches, quantized_fx, seeded
 
 
 @pytest.fixture(scope="module")

@@ -9,22 +9,16 @@ from typing import Any
 
 import pytest
 import torch
+from _checks import hooks_left
+from _data import residual_stream, sentence_batches
+from _models import ResidualBlock
+from _peers import outputs, quantize, sqnr
+from _real import minilm_or_skip
 from torch import nn
 from torch.ao.quantization import get_default_qconfig_mapping
 
 import qinsight
 from qinsight.frontends.base import batch_arguments
-
-from _support import (
-    ResidualBlock,
-    hooks_left,
-    minilm_or_skip,
-    outputs,
-    quantize,
-    residual_stream,
-    sentence_batches,
-    sqnr,
-)
 
 
 def pt2e_quantized(

@@ -8,14 +8,15 @@ from typing import NamedTuple
 
 import pytest
 import torch
+from _data import gaussian_batches
+from _models import conv_bn_model
+from _peers import pt2e_quantized, quantized_fx
 from torch import nn
 from torch.ao.quantization import QConfig, QConfigMapping
 from torch.ao.quantization.observer import HistogramObserver, default_per_channel_weight_observer
 
 import qinsight
 from qinsight.pipeline.saturation import quantized_engine
-
-from _support import conv_bn_model, gaussian_batches, pt2e_quantized, quantized_fx
 
 xiq = pytest.importorskip("torchao.quantization.pt2e.quantizer.x86_inductor_quantizer")
 from torchao.quantization.pt2e import _numeric_debugger as torchao_debugger  # noqa: E402
@@ -142,7 +143,7 @@ def test_pt2e_layers_reached_by_name_and_called_ops_only() -> None:
 
 @pytest.mark.slow
 def test_real_mobilenet_v2_in_both_flows() -> None:
-    from _support import mobilenet_v2_or_skip
+    from _real import mobilenet_v2_or_skip
 
     model = mobilenet_v2_or_skip()
     calibration, data = gaussian_batches((2, 3, 224, 224), 3, seed=1), gaussian_batches((2, 3, 224, 224), 2, seed=2)

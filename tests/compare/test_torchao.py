@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 import torch
+from _data import sentence_batches
+from _real import minilm_or_skip
 from torch import nn
 
 import qinsight
-
-from _support import minilm_or_skip, sentence_batches
 
 torchao_quantization = pytest.importorskip("torchao.quantization")
 

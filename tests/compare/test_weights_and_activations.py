@@ -10,6 +10,11 @@ from typing import Any
 import pytest
 import torch
 import torch.ao.ns._numeric_suite_fx as ns
+from _checks import HostReads, examples
+from _data import gaussian_batches
+from _models import MLP, ConvBnReluCNN, TwiceLinear, seeded
+from _peers import quantized_fx
+from _real import mobilenet_v2_or_skip
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -26,18 +31,6 @@ from qinsight.compare import metric_functions as metrics
 from qinsight.compare.weights import compare_weights, fold_batchnorm
 from qinsight.core.errors import PluginLoadError
 from qinsight.plugin.testing import write_distribution
-
-from _support import (
-    MLP,
-    ConvBnReluCNN,
-    HostReads,
-    TwiceLinear,
-    examples,
-    gaussian_batches,
-    mobilenet_v2_or_skip,
-    quantized_fx,
-    seeded,
-)
 
 
 def test_metric_edge_values() -> None:

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import pytest
+from _data import gaussian_batches
+from _models import MLP, seeded
 
 import qinsight
-
-from _support import MLP, gaussian_batches, seeded
 
 
 def test_every_lookup_finds_or_names_what_there_is() -> None:

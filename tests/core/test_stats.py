@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from _checks import examples
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -14,8 +15,6 @@ from hypothesis.extra import numpy as hnp
 from qinsight.core.sites import ObserverSpec
 from qinsight.core.stats import ActivationStats, BatchMoments
 from qinsight.observe.observers import ActivationObserver
-
-from _support import examples
 
 SPEC = ObserverSpec(channel_axis=1, per_channel=True, moments=True, percentiles=(0.5, 0.9), tails=True)
 

@@ -7,6 +7,9 @@ import copy
 
 import pytest
 import torch
+from _data import gaussian_batches, shifting_batches
+from _models import MLP, ConvBnReluCNN, seeded
+from _peers import prepared_fx, torch_model_report, torch_name
 from torch import nn
 from torch.ao.quantization.fx._model_report.detector import DynamicStaticDetector as TorchDynamicStatic
 
@@ -14,17 +17,6 @@ import qinsight
 from qinsight.detectors import DynamicStaticDetector, DynamicStaticFinding, Stationarity
 from qinsight.errors import InvalidParameterError
 from qinsight.types import DataCondition
-
-from _support import (
-    MLP,
-    ConvBnReluCNN,
-    gaussian_batches,
-    prepared_fx,
-    seeded,
-    shifting_batches,
-    torch_model_report,
-    torch_name,
-)
 
 
 def dynamic_static(report: qinsight.Report) -> dict[str, DynamicStaticFinding]:

@@ -11,6 +11,9 @@ import math
 import attrs
 import pytest
 import torch
+from _data import gaussian_batches, outlier_batches
+from _models import MLP, ConvBnReluCNN, seeded
+from _peers import prepared_fx, torch_model_report, torch_name
 from torch import nn
 from torch.ao.quantization import get_default_qconfig_mapping
 from torch.ao.quantization.fx._model_report.detector import InputWeightEqualizationDetector as TorchEqualization
@@ -22,17 +25,6 @@ from qinsight.detectors import EqualizationFinding, InputWeightEqualizationDetec
 from qinsight.errors import InvalidParameterError
 from qinsight.observe.instrumenter import weight_rows
 from qinsight.types import DataCondition, NoteKind, SuggestionKind
-
-from _support import (
-    MLP,
-    ConvBnReluCNN,
-    gaussian_batches,
-    outlier_batches,
-    prepared_fx,
-    seeded,
-    torch_model_report,
-    torch_name,
-)
 
 
 class OutlierMLP(nn.Module):

@@ -11,6 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from _checks import examples
+from _data import gaussian_batches, photo_crops
+from _models import MLP, ConvBnReluCNN, seeded
+from _peers import prepared_fx, torch_model_report, torch_name
+from _real import mobilenet_v2_or_skip
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -26,19 +31,6 @@ from qinsight.observe.observers import ActivationObserver
 from qinsight.observe.sampling import BatchClock, ColumnSampler, sampled_view
 from qinsight.observe.selection import candidate_blocks, channel_percentile, channel_view, lower_rank, top_blocks
 from qinsight.types import DataCondition
-
-from _support import (
-    MLP,
-    ConvBnReluCNN,
-    examples,
-    gaussian_batches,
-    mobilenet_v2_or_skip,
-    photo_crops,
-    prepared_fx,
-    seeded,
-    torch_model_report,
-    torch_name,
-)
 
 
 def outliers(report: qinsight.Report) -> dict[str, OutlierFinding]:

@@ -7,6 +7,9 @@ import json
 
 import pytest
 import torch
+from _data import gaussian_batches
+from _models import MLP, ConvBnReluCNN, seeded
+from _peers import prepared_fx, torch_model_report, torch_name
 from torch import nn
 from torch.ao.nn import intrinsic as nni
 from torch.ao.quantization import (
@@ -22,8 +25,6 @@ import qinsight
 from qinsight.detectors import PerChannelDetector, PerChannelFinding
 from qinsight.errors import InvalidParameterError
 from qinsight.outputs.serde import report_from_json, report_to_dict
-
-from _support import MLP, ConvBnReluCNN, gaussian_batches, prepared_fx, seeded, torch_model_report, torch_name
 
 
 def per_channel(report: qinsight.Report) -> dict[str, PerChannelFinding]:

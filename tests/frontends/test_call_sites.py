@@ -12,6 +12,9 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from _checks import examples, warns_note
+from _data import gaussian_batches
+from _models import TwiceLinear, seeded
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -26,8 +29,6 @@ from qinsight.examples.builtin import example
 from qinsight.examples.mobilenet import Conv2dSamePadding, PaddedMobileNetV2
 from qinsight.frontends import exported_view
 from qinsight.outputs.tables import config_table
-
-from _support import TwiceLinear, examples, gaussian_batches, seeded, warns_note
 
 
 class Shapes(nn.Module):
@@ -141,7 +142,7 @@ def test_a_report_file_keeps_its_call_sites(tmp_path: Path) -> None:
 def test_the_resnet18_examples_blocks_are_compared_at_each_call_of_their_relu() -> None:
     # Its blocks call one ReLU twice: after conv1's batch norm, and after the residual add. FX fuses the
     # first into conv1 (ConvReLU2d), so conv1 is compared at the ReLU's first call, and only there.
-    from _support import quantized_fx
+    from _peers import quantized_fx
 
     model = example("resnet18").model()
     data = gaussian_batches((2, 3, 64, 64), 2)
@@ -284,7 +285,7 @@ class _ConvModules(nn.Module):
 
 
 def test_fx_rows_for_functional_convs_hold_their_quantized_weight() -> None:
-    from _support import quantized_fx
+    from _peers import quantized_fx
 
     model, data = _randomized_norms(seeded(PaddedBlock())), gaussian_batches((2, 3, 16, 16), 3)
     _, converted = quantized_fx(model, data)
@@ -341,7 +342,7 @@ class SlicedModel(nn.Module):
 
 def test_a_shape_that_still_disagrees_is_one_error_naming_the_site() -> None:
     pytest.importorskip("torchao")
-    from _support import pt2e_quantized
+    from _peers import pt2e_quantized
 
     model, data = seeded(SlicedModel()), gaussian_batches((4, 8), 2)
     converted, _reference = pt2e_quantized(model, data)

@@ -4,12 +4,11 @@ qconfig_mapping= does for FX: asked of the quantizer on the exported graph, a Co
 from __future__ import annotations
 
 import pytest
+from _checks import warns_note
 
 import qinsight
 from qinsight.examples.builtin import example
 from qinsight.types import NoteKind
-
-from _support import warns_note
 
 pytest.importorskip("executorch")
 

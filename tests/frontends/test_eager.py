@@ -7,21 +7,15 @@ import copy
 import attrs
 import pytest
 import torch
+from _checks import hooks_left
+from _data import gaussian_batches
+from _models import MLP, ConvBnReluCNN, TwiceLinear, seeded
+from _real import mobilenet_v2_or_skip
 from torch import nn
 
 import qinsight
 from qinsight.errors import FrontendError
 from qinsight.examples import example
-
-from _support import (
-    MLP,
-    ConvBnReluCNN,
-    TwiceLinear,
-    gaussian_batches,
-    hooks_left,
-    mobilenet_v2_or_skip,
-    seeded,
-)
 
 
 class Branchy(nn.Module):

@@ -11,6 +11,9 @@ import attrs
 import pytest
 import torch
 import torch.nn.functional as F
+from _data import gaussian_batches
+from _models import MLP, ConvBnReluCNN, TwiceLinear, seeded
+from _real import mobilenet_v2_or_skip
 from torch import nn
 
 import qinsight
@@ -18,15 +21,6 @@ from qinsight.detectors import PerChannelFinding
 from qinsight.errors import FrontendError
 from qinsight.examples import example
 from qinsight.types import OpKind, Side, WeightScheme
-
-from _support import (
-    MLP,
-    ConvBnReluCNN,
-    TwiceLinear,
-    gaussian_batches,
-    mobilenet_v2_or_skip,
-    seeded,
-)
 
 
 def exported(model: nn.Module, batch: torch.Tensor) -> torch.fx.GraphModule:

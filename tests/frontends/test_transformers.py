@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _data import gaussian_batches
+from _peers import prepared_fx, torch_model_report
 from torch import nn
 from torch.ao.quantization.fx._model_report.detector import (
     InputWeightEqualizationDetector as TorchEqualization,
@@ -13,8 +15,6 @@ from torch.ao.quantization.fx._model_report.detector import OutlierDetector as T
 import qinsight
 from qinsight.detectors import EqualizationFinding, OutlierFinding
 from qinsight.examples import example
-
-from _support import gaussian_batches, prepared_fx, torch_model_report
 
 
 def test_encoder_with_sequence_inputs() -> None:

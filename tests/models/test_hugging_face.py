@@ -8,13 +8,12 @@ import copy
 
 import pytest
 import torch
+from _real import smollm2_hf_or_skip
 from torch import nn
 
 import qinsight
 from qinsight.detectors import OutlierFinding
 from qinsight.examples.smollm import TEXTS, token_batches
-
-from _support import smollm2_hf_or_skip
 
 pytestmark = pytest.mark.slow
 torchao_quantization = pytest.importorskip("torchao.quantization")

@@ -6,13 +6,13 @@ import copy
 
 import pytest
 import torch
+from _data import sentence_batches
+from _real import minilm_or_skip
 from torch import nn
 from torch.ao.quantization import QConfigMapping, get_default_qconfig, get_default_qconfig_mapping
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
 import qinsight
-
-from _support import minilm_or_skip, sentence_batches
 
 pytestmark = pytest.mark.slow  # real weights, or processes of their own: the whole suite's tier
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _real import smollm2_or_skip
 from torch import nn
 
 import qinsight
 from qinsight.detectors import OutlierFinding, PrecisionFinding
 from qinsight.outputs.html import render_html
 from qinsight.types import ActivationMode
-
-from _support import smollm2_or_skip
 
 pytestmark = pytest.mark.slow  # real weights, or processes of their own: the whole suite's tier
 

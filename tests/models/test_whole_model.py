@@ -14,6 +14,10 @@ from typing import Any
 import attrs
 import pytest
 import torch
+from _data import gaussian_batches, photo_crops, residual_stream, sentence_batches
+from _models import MLP, ConvBnReluCNN, ResidualBlock, seeded
+from _peers import cosine, outputs, quantize, sqnr
+from _real import minilm_or_skip, mobilenet_v2_or_skip
 from torch import nn
 from torch.ao.quantization import get_default_qconfig_mapping
 from torch.ao.quantization.quantize_fx import prepare_fx
@@ -24,23 +28,6 @@ from qinsight.examples import example
 from qinsight.frontends import resolve_target
 from qinsight.outputs.html import config_code
 from qinsight.types import OpKind
-
-from _support import (
-    MLP,
-    ConvBnReluCNN,
-    ResidualBlock,
-    cosine,
-    gaussian_batches,
-    minilm_or_skip,
-    mobilenet_v2_or_skip,
-    outputs,
-    photo_crops,
-    quantize,
-    residual_stream,
-    seeded,
-    sentence_batches,
-    sqnr,
-)
 
 # --- sites ---------------------------------------------------------------------------------------
 

@@ -9,12 +9,11 @@ from typing import Any
 
 import pytest
 import torch
+from _checks import HostReads
 
 import qinsight
 from qinsight.examples.stack import llama_stack, stack_batches
 from qinsight.observe import observers
-
-from _support import HostReads
 
 # The aten ops behind a host read (and behind a reading from C++), as the profiler names them.
 SYNC_OPS = {"aten::item", "aten::_local_scalar_dense"}

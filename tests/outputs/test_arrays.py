@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _checks import examples
+from _data import gaussian_batches
+from _models import MLP, seeded
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,8 +25,6 @@ import qinsight
 from qinsight.detectors.outliers import ChannelStatus
 from qinsight.outputs.arrays import SHORTEST, floats_in, floats_out, ints_in, ints_out
 from qinsight.outputs.serde import report_from_json, report_to_dict
-
-from _support import MLP, examples, gaussian_batches, seeded
 
 
 def same_floats(a: tuple[float, ...], b: tuple[float, ...]) -> bool:

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import attrs
 import pytest
+from _data import gaussian_batches
+from _models import ConvBnReluCNN, seeded
+from _peers import quantized_fx
 from torch.ao.quantization import QConfig, QConfigMapping, get_default_qconfig
 from torch.ao.quantization.observer import default_weight_observer
 
@@ -16,7 +19,6 @@ from qinsight.outputs.html import render_html
 from qinsight.outputs.serde import report_from_json, report_to_dict
 
 from _cli import run_cli
-from _support import ConvBnReluCNN, gaussian_batches, quantized_fx, seeded
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +86,8 @@ def test_qinsight_show_prints_the_comparison(
 
 def test_a_file_may_hold_a_comparison_only(tmp_path: Path) -> None:
     pytest.importorskip("torchao")
-    from _support import conv_bn_model, pt2e_quantized
+    from _models import conv_bn_model
+    from _peers import pt2e_quantized
 
     model = conv_bn_model()
     data = gaussian_batches((4, 3, 16, 16), 3, seed=5)

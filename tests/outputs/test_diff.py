@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 
 import torch
+from _data import gaussian_batches, shifting_batches
+from _models import MLP, seeded
 
 import qinsight
 from qinsight import diff_reports
-
-from _support import MLP, gaussian_batches, seeded, shifting_batches
 
 
 def test_same_report_has_no_differences() -> None:

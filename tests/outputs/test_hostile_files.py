@@ -14,6 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _checks import examples, json_paths
+from _data import gaussian_batches
+from _models import MLP, seeded
+from _peers import quantized_fx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,8 +25,6 @@ import qinsight
 from qinsight.core import entry_points
 from qinsight.outputs.arrays import compacted
 from qinsight.outputs.serde import load_report, report_from_json, report_to_dict
-
-from _support import MLP, examples, gaussian_batches, json_paths, quantized_fx, seeded
 
 
 @cache

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import attrs
 import pytest
+from _data import gaussian_batches
+from _models import MLP, seeded
 
 import qinsight
 from qinsight.examples import example
 from qinsight.outputs.html import config_code, render_html
 from qinsight.outputs.plots import plot_channels, plot_feature, plot_histogram
 from qinsight.outputs.view import ReportView
-
-from _support import MLP, gaussian_batches, seeded
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,9 @@ from typing import Any
 
 import attrs
 import pytest
+from _checks import examples
+from _data import gaussian_batches
+from _models import MLP, seeded
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -39,7 +42,6 @@ from qinsight.outputs.serde import (
 from qinsight.plugin.testing import write_distribution
 
 from _plugin_sources import WIDTHS
-from _support import MLP, examples, gaussian_batches, seeded
 
 # Values the classes accept: counts are >= 0 and per-channel tuples have one entry per channel, which
 # their validators check; hypothesis cannot read validators, so the valid values are spelled out.

@@ -80,9 +80,9 @@ def test_a_roles_row_names_its_worst_modules_first(report: qinsight.Report) -> N
 @pytest.mark.slow
 def test_an_llm_report_fits_a_screen_and_names_its_worst_layers() -> None:
     # SmolLM2-135M's real weights: 211 Linears, 545 ops around them, 30 decoder layers
-    from qinsight.examples.smollm import token_batches
+    from _real import smollm2_or_skip
 
-    from _support import smollm2_or_skip
+    from qinsight.examples.smollm import token_batches
 
     report = qinsight.diagnose(smollm2_or_skip(), token_batches(), model_name="SmolLM2-135M", verify=False)
     text = qinsight.to_text(report)

@@ -13,6 +13,9 @@ from typing import Any, ClassVar
 import attrs
 import pytest
 import torch
+from _checks import examples, hooks_left, json_paths
+from _data import gaussian_batches
+from _models import MLP, seeded
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -21,8 +24,6 @@ import qinsight
 from qinsight.outputs.diff import diff_reports
 from qinsight.outputs.serde import report_from_json, report_to_dict
 from qinsight.plugin import DetectorResult, Finding, ModelView, ObservedStats, result_of
-
-from _support import MLP, examples, gaussian_batches, hooks_left, json_paths, seeded
 
 
 def batch(kind: str, seed: int) -> object:

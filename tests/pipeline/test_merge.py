@@ -6,13 +6,13 @@ from pathlib import Path
 
 import attrs
 import torch
+from _models import MLP, seeded
 
 import qinsight
 from qinsight.core.fx_activations import FxActivations
 from qinsight.core.report import Report
 
 from _same import assert_same, report_json
-from _support import MLP, seeded
 
 
 def test_the_merge_of_a_runs_shards_equals_the_run_field_for_field(tmp_path: Path) -> None:

@@ -9,6 +9,10 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+from _checks import hooks_left
+from _data import gaussian_batches
+from _models import TwiceLinear, seeded
+from _peers import prepared_fx
 from torch import nn
 
 import qinsight
@@ -18,8 +22,6 @@ from qinsight.core.stats import ObservedStats
 from qinsight.detectors import DynamicStaticDetector, DynamicStaticFinding, PerChannelDetector
 from qinsight.errors import CalibrationError, FrontendError
 from qinsight.types import DataCondition, FailureStage, Side
-
-from _support import TwiceLinear, gaussian_batches, hooks_left, prepared_fx, seeded
 
 
 def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -132,7 +134,7 @@ def test_module_called_twice_is_a_site_per_call() -> None:
 
 
 def test_untraceable_model_is_a_frontend_error() -> None:
-    from _support import DataDependent
+    from _models import DataDependent
 
     with pytest.raises(FrontendError, match=r"DataDependent cannot be FX-traced"):
         qinsight.diagnose(DataDependent(), [torch.randn(2, 4)], frontend="fx")

@@ -9,6 +9,10 @@ from typing import Any
 
 import pytest
 import torch
+from _data import photo_crops, sentence_batches
+from _models import DataDependent, ShapeBranching, Stream
+from _peers import sqnr
+from _real import minilm_or_skip, mobilenet_v2_or_skip
 from torch import nn
 
 import qinsight
@@ -20,17 +24,6 @@ from qinsight.examples.builtin import example
 from qinsight.frontends import run_batch
 from qinsight.outputs.html import render_html
 from qinsight.types import NoteKind
-
-from _support import (
-    DataDependent,
-    ShapeBranching,
-    Stream,
-    minilm_or_skip,
-    mobilenet_v2_or_skip,
-    photo_crops,
-    sentence_batches,
-    sqnr,
-)
 
 
 def outputs(model: nn.Module, batches: list[Any]) -> torch.Tensor:

@@ -8,13 +8,12 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
+from _checks import warns_note
 
 import qinsight
 from qinsight.examples.builtin import example
 from qinsight.outputs.html import render_html
 from qinsight.types import NoteKind
-
-from _support import warns_note
 
 pytest.importorskip("executorch")
 

@@ -6,11 +6,10 @@ from typing import Any
 
 import pytest
 import torch
+from _models import ConvBnReluCNN
 from torch import fx
 
 from qinsight.planning.annotation import ExportedPatterns
-
-from _support import ConvBnReluCNN
 
 
 def _annotations(quantizer: Any, graph: fx.GraphModule) -> dict[str, tuple[object, ...]]:

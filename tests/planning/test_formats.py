@@ -277,9 +277,9 @@ def test_smollm2_mixes_formats_below_int8_bits_and_reaches_its_target_on_text_it
     to perplexity <= 1.05x fp32 on six paragraphs (231 tokens: three rank the layers, three choose the
     size) and scored on six others it never saw. Measured: 1.011 (95% bound 1.040) on the sizing
     paragraphs, 1.043 held out, at 7.41 bits (36 int4 layers); uniform int4 1.359 held out."""
-    from qinsight.examples.smollm import HELD_OUT_TEXTS, TEXTS, token_batches
+    from _real import smollm2_or_skip
 
-    from _support import smollm2_or_skip
+    from qinsight.examples.smollm import HELD_OUT_TEXTS, TEXTS, token_batches
 
     smollm = smollm2_or_skip()
     paragraphs = token_batches(TEXTS, tokens=1000)

@@ -12,6 +12,10 @@ from typing import Any
 import attrs
 import pytest
 import torch
+from _checks import warns_note
+from _data import gaussian_batches, residual_stream
+from _models import MLP, ConvBnReluCNN, DataDependent, ResidualBlock, ShapeBranching, seeded
+from _peers import cosine, outputs, quantize, sqnr
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
@@ -28,22 +32,6 @@ from qinsight.planning.simulated_flows import flow_for
 from qinsight.planning.sweep import sweep
 from qinsight.planning.switches import Mode
 from qinsight.types import Budget, NoteKind, SuggestionCheck, SuggestionKind, Target
-
-from _support import (
-    MLP,
-    ConvBnReluCNN,
-    DataDependent,
-    ResidualBlock,
-    ShapeBranching,
-    cosine,
-    gaussian_batches,
-    outputs,
-    quantize,
-    residual_stream,
-    seeded,
-    sqnr,
-    warns_note,
-)
 
 # Why a check may drop a suggestion: each says it (a kept one may have nothing to add)
 DROPPED_BECAUSE = {
@@ -314,7 +302,8 @@ def test_leave_one_float_simulated_is_the_real_flow_bit_for_bit(flow: str) -> No
     tests/benchmarks/bench_plan.py does all 53 layers: Spearman 1.0 against brute force in both."""
     if flow == "pt2e":
         pytest.importorskip("torchao")
-    from _support import mobilenet_v2_or_skip, photo_crops
+    from _data import photo_crops
+    from _real import mobilenet_v2_or_skip
 
     model = mobilenet_v2_or_skip()
     calibration, held_out = photo_crops(8, seed=1), photo_crops(8, seed=2)
@@ -341,7 +330,8 @@ def test_the_fx_simulation_calibrates_observers_fx_shares_otherwise_under_a_conf
     observed apart from its clamp. The simulation asks prepare_fx for each config's groups and
     calibrates the ones it has not seen: a config with one Linear in float scores what the real flow
     does, bit for bit (leave-one-float of MiniLM's Linears had Spearman 0.135 against brute force)."""
-    from _support import minilm_or_skip, sentence_batches
+    from _data import sentence_batches
+    from _real import minilm_or_skip
 
     model = minilm_or_skip()
     batches = sentence_batches()
@@ -609,7 +599,8 @@ def test_minilm_fx_plan_with_smoothing_keeps_nine_tenths_of_the_linear_weights_i
     FX x86 quantizes a Linear's input per tensor with 7 bits (fbgemm): every Linear dynamic and all
     else in float measures 0.979, so without smoothing 0.995 kept 54% of the Linear weights int8.
     Smoothed (alpha 0.7 for 33 of the 36 Linears, chosen by measured error), the same measures 0.9959."""
-    from _support import minilm_or_skip, sentence_batches
+    from _data import sentence_batches
+    from _real import minilm_or_skip
 
     model = minilm_or_skip()
     batches = sentence_batches()
@@ -637,9 +628,9 @@ def test_minilm_pt2e_plan_keeps_nine_tenths_of_the_linear_weights_int8() -> None
     """The same target through PT2E: reached for real with >= 90% of the Linear weights int8, and the
     plan's quantizer, applied as a user would (export, prepare_pt2e, convert_pt2e), scores it again."""
     pytest.importorskip("torchao")
+    from _data import sentence_batches
+    from _real import minilm_or_skip
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
-    from _support import minilm_or_skip, sentence_batches
 
     model = minilm_or_skip()
     batches = sentence_batches()
@@ -672,9 +663,9 @@ def test_mobilenet_v2_fx_plan_keeps_nine_tenths_of_the_conv_weights_int8() -> No
     the conv weights int8, the default config 23/32."""
     import copy
 
+    from _data import photo_crops
+    from _real import mobilenet_v2_or_skip
     from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
-
-    from _support import mobilenet_v2_or_skip, photo_crops
 
     model = mobilenet_v2_or_skip().eval()
     calibration, held_out = photo_crops(16, seed=1), photo_crops(16, seed=2)
@@ -721,9 +712,9 @@ def test_mobilenet_v2_pt2e_plan_keeps_three_quarters_of_the_conv_weights_int8() 
     pytest.importorskip("torchao")
     import copy
 
+    from _data import photo_crops
+    from _real import mobilenet_v2_or_skip
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
-    from _support import mobilenet_v2_or_skip, photo_crops
 
     model = mobilenet_v2_or_skip().eval()
     calibration, held_out = photo_crops(16, seed=1), photo_crops(32, seed=2)

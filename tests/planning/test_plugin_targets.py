@@ -10,12 +10,11 @@ import warnings
 from pathlib import Path
 
 import pytest
+from _peers import outputs
 
 import qinsight
 from qinsight.examples import example
 from qinsight.plugin.testing import write_distribution
-
-from _support import outputs
 
 CLOSENESS = """
 from qinsight.plugin import Metric

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _data import outlier_batches
+from _models import Stream
 from torch import nn
 
 import qinsight
 from qinsight.core.errors import QinsightError
 from qinsight.types import NoteKind, SuggestionKind
-
-from _support import Stream, outlier_batches
 
 
 def _mlp() -> nn.Module:
@@ -121,9 +121,9 @@ def test_a_pt2e_plan_on_an_exported_llm_finishes_and_applies_as_planned() -> Non
     Measured (626 s): perplexity 1.017 for real against the default config's 2.114, 92.2% of the layers'
     parameters quantized; the simulation's path was bisected for real where the two disagreed."""
     pytest.importorskip("torchao")
-    from qinsight.examples.smollm import HELD_OUT_TEXTS, TEXTS, token_batches
+    from _real import smollm2_or_skip
 
-    from _support import smollm2_or_skip
+    from qinsight.examples.smollm import HELD_OUT_TEXTS, TEXTS, token_batches
 
     model = smollm2_or_skip()
     calibration, evaluation = token_batches(TEXTS, tokens=32)[:4], token_batches(HELD_OUT_TEXTS, tokens=32)[:2]

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from _data import gaussian_batches
+from _models import MLP, seeded
 
 import qinsight
 from qinsight.core.errors import PluginLoadError
@@ -15,7 +17,6 @@ from qinsight.plugin.testing import write_distribution
 from qinsight.types import FailureStage
 
 from _plugin_sources import WIDTHS
-from _support import MLP, gaussian_batches, seeded
 
 BROKEN = {
     "acme.import_error": ("acme_import_error", "import not_a_module_anywhere\n", "acme_import_error:X"),
