@@ -178,7 +178,7 @@ def _greedy_windows(
         window = queue[:width]
         apply = [applies(modes, move) for move in window]
         trials = [{**modes, site: mode} for (site, mode), applied in zip(window, apply) if applied]
-        scores = iter(sweep(sim, modes, trials, batches, score)[1])
+        scores = iter(sweep(sim, modes, trials, batches, score)[1] if trials else ())  # none: nothing to run
         used = 0
         for move, applied in zip(window, apply):
             used += 1
