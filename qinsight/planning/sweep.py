@@ -50,8 +50,9 @@ def sweep(
     start, done = base, 0
     base_score: list[T] = []
     scores: list[T] = []
+    tick = _ticks((len(configs) + 1) * len(batches), progress)  # runs of one config on one batch
     while done < len(configs) or not base_score:
-        turn, outputs = _turn(sim, start, configs[done:], batches, share, chained, budget, progress)
+        turn, outputs = _turn(sim, start, configs[done:], batches, share, chained, budget, tick)
         if not base_score:
             base_score.append(score(outputs[0]))
         scores += [score(found) for found in outputs[1:]]
@@ -69,7 +70,7 @@ def _turn(
     share: float,
     chained: bool,
     budget: int,
-    progress: Progress | None,
+    tick: Callable[[], None],
 ) -> tuple[Sequence[Modes], list[list[Any]]]:
     """As many of ``configs`` as ``budget`` holds the outputs of, run on every batch from ``start``: the
     configs run and the outputs per batch of ``start`` first, then of each config."""
@@ -81,14 +82,29 @@ def _turn(
             turn = configs[: _fitting(before.output, len(batches), budget)]
             outputs = [[] for _ in range(len(turn) + 1)]
         outputs[0].append(before.output)
+        tick()
         for slot, modes in enumerate(turn, start=1):
             after: BatchValues = sim.changed(modes, before, share)
             outputs[slot].append(after.output)
+            tick()
             if chained:
                 before = after
-        if progress is not None:
-            progress(index + 1, len(batches))
     return turn, outputs
+
+
+def _ticks(runs: int, progress: Progress | None) -> Callable[[], None]:
+    """What a sweep calls after each run of a config on a batch: ``progress`` told the runs done of
+    ``runs`` (told 0 at once; a turn's base run again is not counted past ``runs``)."""
+    done = [0]
+    if progress is not None:
+        progress(0, runs)
+
+    def tick() -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(min(done[0], runs), runs)
+
+    return tick
 
 
 Move = tuple[str, Mode]  # a site, and the mode a step gives it
@@ -113,6 +129,8 @@ def greedy(
     each move recomputes only what it reaches (the cheapest way). Else moves are scored a window at a time
     from the config, batch by batch, its values computed again for each window: a kept move ends its
     window (the window's later moves run again), so the window follows the share of moves kept."""
+    if progress is not None:
+        progress(0, len(moves))
     held = _held(sim, modes, batches)
     if held is not None:
         return _greedy_held(sim, dict(modes), held, moves, score, accept, applies, progress)
