@@ -47,7 +47,9 @@ class MetricSpec:
         dropped or replaced on a number that is not there)."""
         if isinstance(score, FailedConfig) or isinstance(than, FailedConfig):
             return isinstance(score, FailedConfig) and not isinstance(than, FailedConfig)
-        return worse(score, than, self.higher_is_better)
+        if math.isnan(score) or math.isnan(than):
+            return False
+        return score < than if self.higher_is_better else score > than
 
     def best(self, scores: Iterable[float]) -> float:
         """The best of ``scores`` in this metric's direction."""
@@ -125,14 +127,6 @@ def higher_is_better(name: str) -> bool:
     return spec is None or spec.higher_is_better
 
 
-def worse(score: float, than: float, higher_is_better: bool) -> bool:
-    """Whether ``score`` is worse than ``than`` for a metric going that way; never where either is NaN
-    (not measured: nothing is dropped or replaced on a number that is not there)."""
-    if math.isnan(score) or math.isnan(than):
-        return False
-    return score < than if higher_is_better else score > than
-
-
 def sqnr_of_sums(ref_sq: float, err_sq: float) -> float:
     """SQNR in dB from the sums of x² and of (x - y)²: inf without error, -inf without signal."""
     if err_sq == 0.0:
@@ -148,5 +142,4 @@ __all__ = [
     "higher_is_better",
     "spec_of",
     "sqnr_of_sums",
-    "worse",
 ]

@@ -30,8 +30,4 @@ def measured(outcome: Outcome) -> float:
     return math.nan if isinstance(outcome, FailedConfig) else outcome
 
 
-def failed(outcome: Outcome) -> bool:
-    return isinstance(outcome, FailedConfig)
-
-
-__all__ = ["FailedConfig", "Outcome", "failed", "measured"]
+__all__ = ["FailedConfig", "Outcome", "measured"]

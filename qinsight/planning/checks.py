@@ -8,35 +8,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import attrs
 
 from qinsight.core.flows import FlowSpec
-from qinsight.core.metrics import MetricSpec
 from qinsight.core.notes import Note, NoteKind
 from qinsight.core.outcomes import FailedConfig, Outcome, measured
 from qinsight.core.plan import SuggestionCheck
 from qinsight.core.sites import WeightScheme
 from qinsight.core.suggestions import ActivationMode, QuantSuggestion, merge_suggestions
-from qinsight.planning.simulate import Simulation
+from qinsight.planning.search import Search
 from qinsight.planning.sweep import sweep
 from qinsight.planning.switches import Mode
 
-Score = Callable[[list[Any]], float]  # a config's outputs, one entry per evaluation batch, scored
 RealScore = Callable[[tuple[QuantSuggestion, ...]], Outcome]  # a config quantized by the flow: scored, or failed
 
 
 @attrs.frozen
 class Measuring:
-    """How a suggestion is measured: in ``sim``, run on ``evaluation`` and scored by ``score``; or for real
-    (``real``), where the simulation cannot express it. Scores compare in the direction of ``spec``."""
+    """How a suggestion is measured: in the ``search``'s simulation, on its batches, by its scorer (scores
+    compare in its metric's direction); or for real (``real``), where the simulation cannot express it."""
 
-    sim: Simulation
-    score: Score
+    search: Search
     real: RealScore
-    evaluation: Sequence[object]
-    spec: MetricSpec
 
 
 def is_default(suggestion: QuantSuggestion) -> bool:
@@ -78,7 +72,8 @@ def check_simulated(
 ) -> tuple[tuple[SuggestionCheck, ...], dict[str, Mode]]:
     """Every suggestion checked in the simulation; the modes the search starts from (the default
     with the kept ones)."""
-    sim, score, evaluation = measuring.sim, measuring.score, measuring.evaluation
+    search = measuring.search
+    sim, score, evaluation = search.sim, search.scorer, search.batches
     measurable = {s.fqn: mode_of(s) for s in suggestions if not is_default(s) and s.fqn in default}
     together_modes = {**default, **measurable}
     each_alone = [{**default, fqn: mode} for fqn, mode in measurable.items()]
@@ -92,7 +87,7 @@ def check_simulated(
     for suggestion in suggestions:
         fqn = suggestion.fqn
         if fqn in measurable:
-            kept = not measuring.spec.worse(together, without[fqn])
+            kept = not search.spec.worse(together, without[fqn])
             check = SuggestionCheck.of(
                 suggestion,
                 before=before,
@@ -142,7 +137,7 @@ def check_real(
     checks = []
     for part in parts:
         without = real(tuple(s for s in together_config if s is not part))
-        kept = not measuring.spec.worse(together, without)
+        kept = not measuring.search.spec.worse(together, without)
         reason = (
             Note(NoteKind.MEASURED_REAL, "measured for real (prepare, calibrate, convert)")
             if kept

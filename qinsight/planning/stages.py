@@ -169,7 +169,7 @@ def checked(run: PlanRun, chosen: Subject, base: Baseline) -> Checked:
     real = run.real_score(chosen.flow)
     start_score = base.start_score if not chosen.smoothing.entries else measured(real(()))
     applicable, decided = _applicable(run.request, chosen.report.suggestions, start_score)
-    measuring = Measuring(search.sim, run.scorer, real, list(run.request.evaluation), run.spec)
+    measuring = Measuring(search, real)
     checks, start, kept = check_all(measuring, applicable, default, chosen.flow.spec, start_score)
     return Checked(base.checks + checks + decided, start, kept)
 

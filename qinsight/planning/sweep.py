@@ -16,7 +16,7 @@ each turn running its base again: one more forward a turn, never more memory.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch.utils import _pytree
@@ -132,71 +132,18 @@ def greedy(
     if progress is not None:
         progress(0, len(moves))
     held = _held(sim, modes, batches)
-    if held is not None:
-        return _greedy_held(sim, dict(modes), held, moves, score, accept, applies, progress)
-    return _greedy_windows(sim, dict(modes), moves, batches, score, accept, applies, progress)
-
-
-def _held(sim: Simulation, modes: Modes, batches: Sequence[object]) -> list[BatchValues] | None:
-    """``modes`` run on every batch, its values held, where twice their bytes fit ``sim``'s budget."""
-    share = 1.0 / max(len(batches), 1)
-    first = sim.values(modes, batches[0], share)
-    if 2 * _value_bytes(first) * len(batches) > sim.memory_budget:
-        return None
-    return [first, *(sim.values(modes, batch, share) for batch in batches[1:])]
-
-
-def _greedy_held(
-    sim: Simulation,
-    modes: dict[str, Mode],
-    held: list[BatchValues],
-    moves: Sequence[Move],
-    score: Callable[[list[Any]], T],
-    accept: Callable[[T], bool],
-    applies: Callable[[Modes, Move], bool],
-    progress: Progress | None,
-) -> tuple[dict[str, Mode], list[tuple[Move, T | None, bool]]]:
-    share = 1.0 / len(held)
-    tried: list[tuple[Move, T | None, bool]] = []
-    for done, move in enumerate(moves):
-        if not applies(modes, move):
-            tried.append((move, None, False))
-            continue
-        trial = {**modes, move[0]: move[1]}
-        after = [sim.changed(trial, before, share) for before in held]
-        value = score([values.output for values in after])
-        kept = accept(value)
-        if kept:
-            modes, held = trial, after
-        tried.append((move, value, kept))
-        if progress is not None:
-            progress(done + 1, len(moves))
-    return modes, tried
-
-
-WINDOW_MOST = 16  # the most moves a window scores from one config
-
-
-def _greedy_windows(
-    sim: Simulation,
-    modes: dict[str, Mode],
-    moves: Sequence[Move],
-    batches: Sequence[object],
-    score: Callable[[list[Any]], T],
-    accept: Callable[[T], bool],
-    applies: Callable[[Modes, Move], bool],
-    progress: Progress | None,
-) -> tuple[dict[str, Mode], list[tuple[Move, T | None, bool]]]:
+    # how moves are scored on top of the current config: each class gives width, scores and keep
+    trier: _HeldTrier[T] | _WindowTrier[T] = (
+        _HeldTrier(sim, held, score) if held is not None else _WindowTrier(sim, batches, score)
+    )
+    current, queue = dict(modes), list(moves)
     tried: list[tuple[Move, T | None, bool]] = []
     decided = kept_count = 0
-    queue = list(moves)
     while queue:
-        # about as many moves as are decided between two kept ones (a window costs one forward more)
-        width = max(1, min(WINDOW_MOST, round((decided + 8) / (kept_count + 1))))
-        window = queue[:width]
-        apply = [applies(modes, move) for move in window]
-        trials = [{**modes, site: mode} for (site, mode), applied in zip(window, apply) if applied]
-        scores = iter(sweep(sim, modes, trials, batches, score)[1] if trials else ())  # none: nothing to run
+        window = queue[: trier.width(decided, kept_count)]
+        apply = [applies(current, move) for move in window]
+        trials = [{**current, site: mode} for (site, mode), applied in zip(window, apply) if applied]
+        scores = iter(trier.scores(current, trials) if trials else ())  # none: nothing to run
         used = 0
         for move, applied in zip(window, apply):
             used += 1
@@ -208,29 +155,74 @@ def _greedy_windows(
             decided, kept_count = decided + 1, kept_count + kept
             tried.append((move, value, kept))
             if kept:
-                modes = {**modes, move[0]: move[1]}
+                current = {**current, move[0]: move[1]}
+                trier.keep()
                 break
         queue = queue[used:]
         if progress is not None:
             progress(len(moves) - len(queue), len(moves))
-    return modes, tried
+    return current, tried
 
 
-def _value_bytes(values: BatchValues) -> int:
-    """The bytes of the values a run computed and keeps (the graph's constants are the model's, shared)."""
-    return sum(
-        leaf.nbytes
-        for node, value in values.values.items()
-        if getattr(node, "op", "") != "get_attr"
-        for leaf in _pytree.tree_leaves(value)
-        if isinstance(leaf, torch.Tensor)
-    )
+def _held(sim: Simulation, modes: Modes, batches: Sequence[object]) -> list[BatchValues] | None:
+    """``modes`` run on every batch, its values held, where twice their bytes fit ``sim``'s budget."""
+    share = 1.0 / max(len(batches), 1)
+    first = sim.values(modes, batches[0], share)
+    if 2 * _nbytes(first.values) * len(batches) > sim.memory_budget:
+        return None
+    return [first, *(sim.values(modes, batch, share) for batch in batches[1:])]
+
+
+class _HeldTrier(Generic[T]):
+    """The config's values held for every batch: one move at a time, each recomputing what it reaches."""
+
+    def __init__(self, sim: Simulation, held: list[BatchValues], score: Callable[[list[Any]], T]) -> None:
+        self.sim, self.held, self.score = sim, held, score
+        self.last: list[BatchValues] = held
+
+    def width(self, decided: int, kept: int) -> int:
+        return 1
+
+    def scores(self, modes: dict[str, Mode], trials: list[dict[str, Mode]]) -> list[T]:
+        share = 1.0 / len(self.held)
+        self.last = [self.sim.changed(trials[0], before, share) for before in self.held]
+        return [self.score([values.output for values in self.last])]
+
+    def keep(self) -> None:  # the move just scored is kept: its values are the config's now
+        self.held = self.last
+
+
+WINDOW_MOST = 16  # the most moves a window scores from one config
+
+
+class _WindowTrier(Generic[T]):
+    """The config run again for each window of moves, batch by batch (:func:`sweep`)."""
+
+    def __init__(self, sim: Simulation, batches: Sequence[object], score: Callable[[list[Any]], T]) -> None:
+        self.sim, self.batches, self.score = sim, batches, score
+
+    def width(self, decided: int, kept: int) -> int:
+        # about as many moves as are decided between two kept ones (a window costs one forward more)
+        return max(1, min(WINDOW_MOST, round((decided + 8) / (kept + 1))))
+
+    def scores(self, modes: dict[str, Mode], trials: list[dict[str, Mode]]) -> list[T]:
+        return sweep(self.sim, modes, trials, self.batches, self.score)[1]
+
+    def keep(self) -> None:  # the next window runs the new config again: nothing held
+        return None
+
+
+def _nbytes(value: Any) -> int:
+    """The bytes of the tensors in ``value`` (a node's value, an output; a batch's values: the graph's
+    constants left out, the model's own and shared)."""
+    if isinstance(value, dict):
+        return sum(_nbytes(found) for node, found in value.items() if getattr(node, "op", "") != "get_attr")
+    return sum(leaf.nbytes for leaf in _pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor))
 
 
 def _fitting(output: Any, batches: int, budget: int) -> int:
     """How many configs' outputs on ``batches`` batches like ``output`` fit ``budget`` bytes (one at least)."""
-    per_batch = sum(leaf.nbytes for leaf in _pytree.tree_leaves(output) if isinstance(leaf, torch.Tensor))
-    return max(1, budget // max(per_batch * batches, 1))
+    return max(1, budget // max(_nbytes(output) * batches, 1))
 
 
 __all__ = ["MEMORY_BUDGET", "Move", "greedy", "sweep"]
