@@ -1,8 +1,8 @@
 """The recipe behind ``qinsight.quantize``: what a user does with advice: smooth, prepare, calibrate, convert.
 
 FX: ``prepare_fx(model, mapping, example_inputs, _equalization_config=...)``;
-PT2E: ``torch.export`` (every input dimension that differs between the
-calibration batches dynamic), then ``prepare_pt2e(exported, quantizer)``. Both
+PT2E: ``torch.export`` (the batch dimension and every input dimension that
+differs between the calibration batches dynamic), then ``prepare_pt2e(exported, quantizer)``. Both
 calibrate on every batch in eval mode without gradients, then convert. The
 user's model is never changed: the flows prepare a copy.
 """
@@ -50,8 +50,11 @@ def torch_config(advice: Advice, quantizer: object | None = None, owner: str = "
 
 
 def varying_shapes(batches: Sequence[object]) -> tuple[dict[int, Any] | None, ...] | None:
-    """``torch.export``'s ``dynamic_shapes`` making every input dimension that differs between
-    ``batches`` dynamic (token counts); ``None`` where every batch has one shape."""
+    """``torch.export``'s ``dynamic_shapes``: every input dimension that differs between ``batches``
+    (token counts) dynamic, and every batch dimension (the first, of a size above 1), where the model
+    allows it (``Dim.AUTO``: a model whose code fixes it gets it fixed), so that the quantized model
+    runs batches of another size than its calibration's; ``None`` where nothing is dynamic. A batch of
+    1 cannot say it is a batch dimension: torch fixes a size-1 dimension."""
     examples = [example_inputs(batch) for batch in batches]
     first = examples[0]
 
@@ -62,7 +65,8 @@ def varying_shapes(batches: Sequence[object]) -> tuple[dict[int, Any] | None, ..
         dims = {
             dim: torch.export.Dim.AUTO
             for dim in range(value.dim())
-            if any(
+            if (dim == 0 and value.shape[0] > 1)
+            or any(
                 isinstance(e[position], torch.Tensor) and e[position].shape[dim] != value.shape[dim] for e in examples
             )
         }

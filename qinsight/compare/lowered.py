@@ -27,7 +27,7 @@ from qinsight.compare.programs import lowered, timed
 from qinsight.core.backend import Program, backend_lowering
 from qinsight.core.comparison import LayerParity, LoweredComparison, MetricValue, ProgramCost
 from qinsight.core.errors import InvalidParameterError
-from qinsight.frontends import eval_mode, example_inputs, exported_sites
+from qinsight.frontends import eval_mode, example_inputs, exported_sites, misfit_input
 from qinsight.plugin.metric import Metric
 
 OWNER = "compare_lowered"
@@ -66,6 +66,21 @@ def _checked_reference(quantized: nn.Module) -> fx.GraphModule:
             "FX and quantize_ models are not lowered",
         )
     return quantized
+
+
+def _check_fits(reference: fx.GraphModule, inputs: tuple[Any, ...]) -> None:
+    """The batches fit the shapes the reference was exported for; else one error saying how to get a
+    model for them (torch's guard would fail inside the lowering with a traceback)."""
+    misfit = misfit_input(reference, inputs)
+    if misfit:
+        raise InvalidParameterError(
+            OWNER,
+            "data",
+            misfit,
+            "batches of the shape the quantized model was exported for: qinsight.quantize keeps the batch "
+            "dimension dynamic where the model allows it, except from calibration batches of 1 (torch fixes a "
+            "size-1 dimension): quantize on batches of 2 or more to run any batch size",
+        )
 
 
 def _metric_values(
@@ -121,6 +136,7 @@ def compare_lowered(
     if layer_batches < 1:
         raise InvalidParameterError(OWNER, "layer_batches", layer_batches, "at least 1")
     batches = _batches(data)
+    _check_fits(reference, batches[0])
     measured = load_metrics(tuple(DEFAULT if metrics is None else metrics))  # an unknown name fails before any lowering
     parities: tuple[LayerParity, ...] = ()
     skipped: tuple[str, ...] = ()

@@ -270,6 +270,34 @@ def exported_sites(model: nn.Module) -> list[fx.Node]:
     return [n for n in model.graph.nodes if n.op == "call_function" and n.target in ATEN_KINDS]
 
 
+def fixed_input_shapes(model: fx.GraphModule) -> list[tuple[int | None, ...] | None]:
+    """Each positional input's shape as ``model`` was exported for it: a size where the export fixed the
+    dimension, ``None`` where it is dynamic; ``None`` for an input that is no tensor (or not known)."""
+    shapes: list[tuple[int | None, ...] | None] = []
+    for node in model.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            shapes.append(tuple(size if isinstance(size, int) else None for size in value.shape))
+        else:
+            shapes.append(None)
+    return shapes
+
+
+def misfit_input(model: fx.GraphModule, inputs: Sequence[object]) -> str:
+    """What of ``inputs`` an exported ``model`` cannot run, said in one phrase (its guard would fail
+    with a torch traceback): ``"input 0 shaped (8, 3, 32, 32), exported for (1, 3, 32, 32)"``; ``""``:
+    none."""
+    for position, (fixed, value) in enumerate(zip(fixed_input_shapes(model), inputs, strict=False)):
+        if fixed is None or not isinstance(value, torch.Tensor):
+            continue
+        if len(fixed) != value.dim() or any(size not in (None, got) for size, got in zip(fixed, value.shape)):
+            said = ", ".join("any" if size is None else str(size) for size in fixed)
+            return f"input {position} shaped {tuple(value.shape)}, exported for ({said})"
+    return ""
+
+
 class _Tap(nn.Module):
     def __init__(self, observe: Callable[[torch.Tensor], object]) -> None:
         super().__init__()

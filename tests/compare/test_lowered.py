@@ -199,6 +199,21 @@ def test_what_cannot_be_lowered_says_what_to_change(net: nn.Module) -> None:
         qinsight.compare_lowered(net, reference, [])
 
 
+@pytest.mark.slow  # ExecuTorch or a command's subprocesses: tens of seconds, the whole suite's tier
+def test_a_model_quantized_on_small_batches_is_compared_on_larger_ones(net: nn.Module) -> None:
+    """What a user does: quantize as a report advises on batches of 2, lower and compare on batches of
+    8. The batch dimension is exported dynamic; from batches of 1 (which torch fixes), one line says so."""
+    pairs = [torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(seed)) for seed in range(3)]
+    report = qinsight.diagnose(net, pairs, backend="xnnpack")
+    larger = _batches(2, seed=5) + [torch.randn(8, 3, 16, 16)]
+    eights = [torch.cat([larger[0], larger[1]])]
+    lowered = qinsight.compare_lowered(net, qinsight.quantize(net, report, pairs), eights, layers=False)
+    assert lowered.batches == 1 and 10.0 < lowered.metric("reference_vs_float") < 60.0
+    singles = [batch[:1] for batch in pairs]
+    with pytest.raises(InvalidParameterError, match=r"exported for \(1, 3, 16, 16\).*batches of 2 or more"):
+        qinsight.compare_lowered(net, qinsight.quantize(net, report, singles), eights, layers=False)
+
+
 def test_without_executorch_one_error_names_the_extra(net: nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
     batches = _batches(2, seed=0)
     reference = _reference(net, _xnnpack(), batches)
