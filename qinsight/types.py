@@ -18,6 +18,7 @@ from qinsight.core.comparison import (
     LayerWeightComparison,
     LoweredComparison,
     MetricValue,
+    ProgramCost,
     WeightComparison,
 )
 from qinsight.core.equalization import EqualizationEntry, EqualizationMapping
@@ -30,10 +31,12 @@ from qinsight.core.options import Deployment, Goal
 from qinsight.core.plan import (
     Budget,
     PlanCost,
+    PlanPrograms,
     PlanStep,
     QuantPlan,
     SearchedOrder,
     SiteSensitivity,
+    SpeedBound,
     StageTime,
     SuggestionCheck,
     Target,
@@ -105,7 +108,9 @@ __all__ = [
     "OrderCheck",
     "Parameter",
     "PlanCost",
+    "PlanPrograms",
     "PlanStep",
+    "ProgramCost",
     "Progress",
     "QuantPlan",
     "QuantSuggestion",
@@ -117,6 +122,7 @@ __all__ = [
     "Side",
     "SideBits",
     "SiteSensitivity",
+    "SpeedBound",
     "SmoothingEntry",
     "SmoothingMapping",
     "SuggestionCheck",

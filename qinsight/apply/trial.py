@@ -22,9 +22,10 @@ from torch import nn
 from qinsight.apply.recipe import quantize_with
 from qinsight.apply.torch_flows import release_fx_graphs
 from qinsight.compare.layers import quantized_layers
-from qinsight.compare.programs import shipped
+from qinsight.compare.programs import LoweredModule, shipped
 from qinsight.core.advice import Advice
 from qinsight.core.backend import Lowering
+from qinsight.core.comparison import ProgramCost
 from qinsight.core.errors import describe
 from qinsight.core.sites import OpSite
 from qinsight.frontends import classify, eval_mode, run_batch
@@ -33,11 +34,13 @@ from qinsight.frontends import classify, eval_mode, run_batch
 @attrs.frozen(eq=False)
 class Trial:
     """A config quantized for real: the shipped model's ``outputs`` on each batch it ran, the layers of
-    the float model the converted one ``quantized``; or the ``failure`` of the flow to build or run it."""
+    the float model the converted one ``quantized``, and where it was lowered, its ``program``'s time
+    and size; or the ``failure`` of the flow to build or run it."""
 
     outputs: tuple[Any, ...] = ()
     quantized: frozenset[str] = frozenset()
     failure: Exception | None = None
+    program: ProgramCost | None = None
 
     @property
     def failed(self) -> bool:
@@ -82,13 +85,15 @@ def run_trial(
     try:
         with _measuring():
             converted = quantize_with(model, advice, calibration, quantizer, runs_on=[*scored, *shaped_for])
-            outputs = tuple(model_outputs(shipped(converted, lowering), scored))
+            ships = shipped(converted, lowering)
+            outputs = tuple(model_outputs(ships, scored))
     except Exception as exc:  # torch's errors have no common base: prepare, convert and the run alike
         return Trial(failure=exc)
     finally:
         release_fx_graphs()  # verification and plans quantize for real many times
     layers = quantized_layers(model, converted)
-    return Trial(outputs, frozenset(fqn for fqn, layer in layers.items() if layer.quantized))
+    program = ships.cost() if isinstance(ships, LoweredModule) else None
+    return Trial(outputs, frozenset(fqn for fqn, layer in layers.items() if layer.quantized), program=program)
 
 
 def model_outputs(model: nn.Module, batches: Iterable[object]) -> list[Any]:

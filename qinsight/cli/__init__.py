@@ -142,7 +142,8 @@ def _plan_command(commands: typing.Any) -> None:
 
 
 def _plan_goal_arguments(planned: argparse.ArgumentParser) -> None:
-    """``qinsight plan``'s goal: the target, the formats of a format plan, the budget, the confidence."""
+    """``qinsight plan``'s goal: the target, the formats of a format plan, the budget, the confidence,
+    the program's speed."""
     planned.add_argument(
         "--target",
         help="sqnr>=DB, cosine>=X, top1>=X, kl<=NATS, token_agreement>=X, perplexity<=RATIO (logits), "
@@ -166,6 +167,12 @@ def _plan_goal_arguments(planned: argparse.ArgumentParser) -> None:
         "bound "
         "at this confidence over the search tokens (default 0.95; 0.5: at the score itself); with a top1 target: "
         "at Wilson's bound over the evaluation rows (default: at the score itself)",
+    )
+    planned.add_argument(
+        "--speed",
+        metavar="speedup>=X|latency<=MS",
+        help="with --lowered: what the program must run at beside the target: speedup>=X (X times the float "
+        "program's speed, lowered alike) or latency<=MS (milliseconds a batch)",
     )
     planned.add_argument(
         "--memory-budget",

@@ -18,7 +18,7 @@ from qinsight.core.entry_points import installed
 from qinsight.core.errors import InvalidParameterError, PluginLoadError, UsageError
 from qinsight.core.flows import flow_spec
 from qinsight.core.options import Deployment, Goal, byte_count
-from qinsight.core.plan import BUDGET_UNITS, Budget, BudgetUnit, Target
+from qinsight.core.plan import BUDGET_UNITS, Budget, BudgetUnit, SpeedBound, Target
 from qinsight.core.report import Report
 from qinsight.core.shards import Shard
 from qinsight.core.sites import FLOWS
@@ -218,6 +218,18 @@ def _goal(args: argparse.Namespace, unit: BudgetUnit) -> tuple[Target | None, Bu
         raise UsageError(f"--target {text!r}: expected {exc.expected}") from exc
 
 
+def _speed(args: argparse.Namespace, formats: bool) -> SpeedBound | None:
+    """``--speed`` read: only where the plan lowers its configs (``--lowered``, not a format plan)."""
+    if args.speed is None:
+        return None
+    if formats or not args.lowered:
+        raise UsageError("--speed bounds the program a PT2E plan lowers: add --lowered (a pt2e flow's backend)")
+    try:
+        return SpeedBound.parse(args.speed)
+    except InvalidParameterError as exc:
+        raise UsageError(f"--speed {args.speed!r}: expected {exc.expected}") from exc
+
+
 def _plan(args: argparse.Namespace) -> int:
     from qinsight.outputs.format_plans import verdict
 
@@ -269,7 +281,7 @@ def _plan(args: argparse.Namespace) -> int:
                     memory_budget=args.memory_budget,
                 )
                 report, reached = report.with_plan(found), found.reached
-                missed = f"the plan does not reach {found.target}"
+                missed = f"the plan does not reach {found.aim}"
     finally:
         if progress is not None:
             progress.finish()
@@ -285,12 +297,13 @@ def _plan_goal(args: argparse.Namespace, formats: bool) -> tuple[Goal, list[str]
     goal, checked before anything loads: a language-model target of a format plan held at the 0.95 bound
     unless told."""
     target, budget = _goal(args, "bits" if formats else "float")
+    speed = _speed(args, formats)
     if not formats:
         if args.confidence is not None and (target is None or target.metric != "top1"):
             raise UsageError(
                 "--confidence holds a top1 target at its bound (with --flow torchao: a language-model target)"
             )
-        return Goal(target=target, budget=budget, confidence=args.confidence), []
+        return Goal(target=target, budget=budget, confidence=args.confidence, speed=speed), []
     from qinsight.planning.formats import format_goal
     from qinsight.planning.scores import PER_POSITION
 

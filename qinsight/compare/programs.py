@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ import torch
 from torch import fx, nn
 
 from qinsight.core.backend import Lowering, Program
+from qinsight.core.comparison import ProgramCost
 from qinsight.core.errors import FrontendError, MissingExtraError
 from qinsight.frontends import fetch_attr
 
@@ -82,12 +84,15 @@ def lowered(lowering: Lowering, module: nn.Module, example: tuple[Any, ...], wha
 
 class LoweredModule(nn.Module):
     """``module``'s program for ``lowering``, as a module: lowered at the first batch of each shape
-    (a program runs one shape). What a plan scores with ``lowered=True``: the program that ships."""
+    (a program runs one shape), and every call timed. What a plan scores with ``lowered=True``: the
+    program that ships, and what it costs (:meth:`cost`)."""
 
-    def __init__(self, lowering: Lowering, module: nn.Module) -> None:
+    def __init__(self, lowering: Lowering, module: nn.Module, what: str = "the quantized model") -> None:
         super().__init__()
         self._lowering, self._reference = lowering, [module]  # a list: not a submodule, whose modes it would set
+        self._what = what
         self._programs: dict[tuple[object, ...], Program] = {}
+        self._times: list[float] = []  # each call's milliseconds
 
     def forward(self, *inputs: Any) -> Any:
         shapes = tuple(
@@ -95,9 +100,19 @@ class LoweredModule(nn.Module):
         )
         program = self._programs.get(shapes)
         if program is None:
-            program = lowered(self._lowering, self._reference[0], inputs, "the quantized model")
+            program = lowered(self._lowering, self._reference[0], inputs, self._what)
             self._programs[shapes] = program
-        return program(*inputs)
+            program(*inputs)  # warm, untimed: the first call allocates, compiles or loads
+        output, milliseconds = timed(program, inputs)
+        self._times.append(milliseconds)
+        return output
+
+    def cost(self) -> ProgramCost | None:
+        """The median time of a call so far and the largest program's size; ``None``: never called."""
+        if not self._times:
+            return None
+        size = max(program.size_bytes for program in self._programs.values())
+        return ProgramCost(latency_ms=statistics.median(self._times), size_bytes=size)
 
 
 def shipped(module: nn.Module, lowering: Lowering | None) -> nn.Module:

@@ -40,6 +40,8 @@ class NoteKind(enum.Enum):
     NO_HELD_OUT = "no_held_out"  # no held-out data: the score is the one the plan was chosen on
     AT_BOUND = "at_bound"  # the target held at a confidence bound, not at the score
     MISSED_AT_BOUND = "missed_at_bound"  # the target does not hold at the confidence bound
+    SLOWER_THAN_FLOAT = "slower_than_float"  # the plan's lowered program runs slower than the float program
+    SPEED_MISSED = "speed_missed"  # the plan's lowered program misses the speed bound asked beside the target
     UNREACHABLE = "unreachable"  # not even the most bits reach the target
     BUDGET_OVER_TARGET = "budget_over_target"  # the budget needs more moves down than the target allows
     # format plans

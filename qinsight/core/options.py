@@ -18,7 +18,7 @@ import attrs
 from qinsight.core.backend import backend_names, check_backend, is_quantizer
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.flows import FLOW_SPECS, check_flow_backend, flow_spec
-from qinsight.core.plan import Budget, BudgetUnit, Target
+from qinsight.core.plan import Budget, BudgetUnit, SpeedBound, Target
 from qinsight.core.sites import FLOWS, FlowName, checked_flow
 
 
@@ -134,6 +134,13 @@ def _budget(value: Budget | str | None) -> Budget | None:
     return Budget.parse(value, unit, "Goal")
 
 
+def _speed(value: object) -> SpeedBound | None:
+    if value is not None and not isinstance(value, (str, SpeedBound)):
+        expected = "a speed bound ('speedup>=1.5', 'latency<=30'), a SpeedBound or None"
+        raise InvalidParameterError("Goal", "speed", type(value).__name__, expected)
+    return SpeedBound.parse(value, "Goal") if isinstance(value, str) else value
+
+
 def _confidence(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0.5 <= value < 1):
         raise InvalidParameterError("Goal", "confidence", value, "a one-sided confidence in [0.5, 1) (0.95), or None")
@@ -146,7 +153,9 @@ class Goal:
     within the budget); ``metric`` scores the outputs (a metric's name, or for :func:`qinsight.plan` a
     function of the float and quantized outputs); ``confidence``: the target held at this one-sided bound
     over the evaluation data, not at its mean (top-1 agreement: a Wilson bound over the rows;
-    a language-model metric: a bound over the batch means).
+    a language-model metric: a bound over the batch means); ``speed``: what the program must run at
+    beside the target, where a plan lowers its configs (``"speedup>=1.5"``: at least 1.5x the float
+    program's speed; ``"latency<=30"``: ms a batch).
 
     ``Goal.of`` takes the shorthands: ``"sqnr>=30"`` (a target), ``"float<=3"`` or ``"bits<=6"`` (a
     budget), a :class:`Target`, a :class:`Budget`, or a Goal; its fields take their text too
@@ -157,6 +166,7 @@ class Goal:
     budget: Budget | None = attrs.field(default=None, converter=_budget)
     metric: str | MetricFunction | None = None
     confidence: float | None = attrs.field(default=None, validator=_confidence)
+    speed: SpeedBound | None = attrs.field(default=None, converter=_speed)
 
     def __attrs_post_init__(self) -> None:
         if self.confidence is not None and self.target is None:

@@ -7,6 +7,9 @@ only its immutable results, saved in report files like everything else:
 - :class:`Target`: what "good enough" means (``sqnr>=30``, ``cosine>=0.995``,
   ``top1>=0.94``, a user's metric); :class:`Budget`: what a plan may spend instead
   (``float<=5``: the best score with at most 5 sites in float; ``bits<=6`` for format plans);
+- :class:`SpeedBound`: what the program a plan ships must run at beside its target
+  (``speedup>=1.5``: at least 1.5x the float program's speed; ``latency<=30``: ms a batch), and
+  :class:`PlanPrograms`: the programs a lowered plan timed and sized;
 - :class:`SuggestionCheck`: a report suggestion applied alone, its measured
   effect, and whether the plan kept it (and why not);
 - :class:`SiteSensitivity`: the output metric with only this site in float,
@@ -26,6 +29,7 @@ from typing import Any, Literal
 
 import attrs
 
+from qinsight.core.comparison import ProgramCost
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.errors import InvalidParameterError, InvalidValueError, NotFoundError
 from qinsight.core.fx_activations import FxActivations
@@ -153,6 +157,96 @@ class Budget:
 
     def __str__(self) -> str:
         return f"{self.unit}<={self.limit:g}"
+
+
+SpeedMeasure = Literal["speedup", "latency"]
+# What each speed bound measures of the program a plan ships, and its operator.
+SPEED_MEASURES: dict[str, str] = {
+    "speedup": ">=: times the float program's speed, each lowered alike",
+    "latency": "<=: milliseconds a batch",
+}
+
+
+def _positive(_instance: object, _attribute: object, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidValueError(f"a speed bound's limit must be a positive number, not {value}")
+
+
+@attrs.frozen(kw_only=True)
+class PlanPrograms:
+    """The programs a lowered plan timed (the median wall time per evaluation batch, after a first call
+    that is not timed) and sized: its config's (``planned``), the flow's default config's
+    (``default``), and the float model lowered the same way (``float_model``)."""
+
+    planned: ProgramCost
+    default: ProgramCost
+    float_model: ProgramCost
+
+    @property
+    def speedup(self) -> float:
+        """The float program's time over the plan's: above 1, the plan's program is faster."""
+        return self.float_model.latency_ms / self.planned.latency_ms if self.planned.latency_ms > 0 else math.nan
+
+    @property
+    def default_speedup(self) -> float:
+        """The float program's time over the default int8 program's."""
+        return self.float_model.latency_ms / self.default.latency_ms if self.default.latency_ms > 0 else math.nan
+
+    @property
+    def slower_than_float(self) -> bool:
+        return self.planned.latency_ms > self.float_model.latency_ms
+
+    def describe(self) -> str:
+        """One line: the plan's program's time and size, against the float and the default int8 programs."""
+        planned, floated, default = self.planned, self.float_model, self.default
+        pace = "SLOWER than" if self.slower_than_float else "faster than"
+        return (
+            f"the program runs {planned.latency_ms:.3g} ms a batch, {self.speedup:.2f}x the float program's speed "
+            f"({pace} its {floated.latency_ms:.3g} ms; the default int8 program: {default.latency_ms:.3g} ms, "
+            f"{self.default_speedup:.2f}x), {_megabytes(planned.size_bytes)} "
+            f"(float {_megabytes(floated.size_bytes)}, default {_megabytes(default.size_bytes)})"
+        )
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 1e6:.3g} MB"
+
+
+@attrs.frozen(kw_only=True)
+class SpeedBound:
+    """What the program a plan ships must run at, beside its quality target: at least ``limit`` times
+    the float program's speed (``"speedup>=1.5"``), or at most ``limit`` milliseconds a batch
+    (``"latency<=30"``), timed as the plan times programs (:class:`PlanPrograms`)."""
+
+    measure: SpeedMeasure
+    limit: float = attrs.field(validator=_positive)
+
+    @classmethod
+    def parse(cls, text: str, owner: str = "plan") -> SpeedBound:
+        """``"speedup>=1.5"`` or ``"latency<=30"`` (ms; a trailing ``ms`` is read too), else one
+        :class:`InvalidParameterError` naming ``owner``."""
+        expected = "a speed bound like 'speedup>=1.5' (times the float program's speed) or 'latency<=30' (ms a batch)"
+        given = text.strip()
+        measure, higher, limit = _bound(owner, "speed", given.removesuffix("ms") if given else given, expected)
+        if measure not in SPEED_MEASURES or higher != (measure == "speedup") or not limit > 0:
+            raise InvalidParameterError(owner, "speed", text, expected)
+        return cls(measure="speedup" if measure == "speedup" else "latency", limit=limit)
+
+    def met(self, programs: PlanPrograms) -> bool:
+        if self.measure == "speedup":
+            return programs.speedup >= self.limit
+        return programs.planned.latency_ms <= self.limit
+
+    def shortfall(self, programs: PlanPrograms) -> str:
+        """How far the plan's program is from the bound, said (``""``: it meets it)."""
+        if self.met(programs):
+            return ""
+        if self.measure == "speedup":
+            return f"its program runs at {programs.speedup:.2f}x the float program's speed, {self} asked"
+        return f"its program runs {programs.planned.latency_ms:.3g} ms a batch, {self} asked"
+
+    def __str__(self) -> str:
+        return f"speedup>={self.limit:g}" if self.measure == "speedup" else f"latency<={self.limit:g}ms"
 
 
 @attrs.frozen(kw_only=True)
@@ -366,6 +460,15 @@ class QuantPlan:
     # where the plugin is not installed); absent before 4.0: the target's, or the one table's for a budget
     higher_is_better: bool = attrs.field(default=attrs.Factory(lambda plan: _direction(plan), takes_self=True))
     cost: PlanCost | None = None  # where its time went; None: a plan saved before 4.3
+    # with lowered=True, its program, the default's and the float model's, timed and sized; None: not
+    # lowered, or a plan saved before 4.4
+    programs: PlanPrograms | None = None
+    speed: SpeedBound | None = None  # the speed its program had to reach beside the target; None: none asked
+
+    @property
+    def aim(self) -> str:
+        """What the plan had to reach, said: its target (or budget), and beside it the speed bound asked."""
+        return f"{self.target}" + (f" and {self.speed}" if self.speed is not None else "")
 
     @property
     def kept_float(self) -> tuple[str, ...]:

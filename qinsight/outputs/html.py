@@ -167,8 +167,10 @@ def _plan(report: Report) -> str:
 
     if report.plan is None:
         return ""
-    summary, *details = summary_lines(report.plan)
-    parts = [f"<h2>Plan: {_e(report.plan.target)} ({_e(report.plan.flow)})</h2>", f"<p>{_e(summary)}</p>"]
+    lines = summary_lines(report.plan)  # the headline (a slower program's line before it), then its details
+    details = [line for line in lines if line.startswith("  ")]
+    parts = [f"<h2>Plan: {_e(report.plan.target)} ({_e(report.plan.flow)})</h2>"]
+    parts += [f"<p>{_e(line)}</p>" for line in lines if not line.startswith("  ")]
     parts.append("<ul>" + "".join(f"<li>{_e(line.strip())}</li>" for line in details) + "</ul>")
     parts.append(_png(plot_plan(report.plan)))
     plan = report.plan

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from qinsight.core.notes import NoteKind
 from qinsight.core.plan import QuantPlan
 from qinsight.outputs.tables import DEFAULT_LIMIT, Table, tables_as_text
 
@@ -17,13 +18,21 @@ def _delta(value: float) -> str:
 
 
 def summary_lines(plan: QuantPlan) -> list[str]:
-    """What the plan reached, against what, and what it keeps in float."""
+    """What the plan reached, against what, what its program costs (a program slower than the float
+    one said first) and what it keeps in float."""
     verdict = "reached" if plan.reached else "NOT reached"
     floats = plan.kept_float
     start = f", on top of your {plan.starts_from}" if plan.starts_from else ""
-    lines = [
+    programs = plan.programs
+    lines = []
+    if programs is not None and programs.slower_than_float:
+        lines.append(
+            f"SLOWER THAN FLOAT: the plan's program runs {programs.planned.latency_ms:.3g} ms a batch, the float "
+            f"program {programs.float_model.latency_ms:.3g} ms ({programs.speedup:.2f}x)"
+        )
+    lines += [
         f"Plan ({plan.flow}, backend {plan.backend}{start}): "
-        f"target {plan.target} {verdict}: {plan.metric} "
+        f"target {plan.aim} {verdict}: {plan.metric} "
         f"{_score(plan.verified_score)} quantized for real"
         + (f" and lowered ({plan.lowered})" if plan.lowered else "")
         + (f", {_score(plan.held_out_score)} on held-out data" if not math.isnan(plan.held_out_score) else "")
@@ -31,13 +40,15 @@ def summary_lines(plan: QuantPlan) -> list[str]:
         f"  {plan.quantized_fraction:.1%} of the layers' parameters quantized; {len(floats)} sites kept in float; "
         f"{plan.evaluations} simulated evaluations of the data",
     ]
-    if plan.cost is not None:
-        lines.append(f"  time: {plan.cost.describe()}")
+    if programs is not None:
+        lines.append(f"  program: {programs.describe()}")
     if floats:
         shown = ", ".join(floats[:DEFAULT_LIMIT]) + (
             f" and {len(floats) - DEFAULT_LIMIT} more" if len(floats) > DEFAULT_LIMIT else ""
         )
         lines.append(f"  kept in float: {shown}")
+    if plan.cost is not None:
+        lines.append(f"  time: {plan.cost.describe()}")
     if plan.smoothing.entries:
         count, alphas = len(plan.smoothing), sorted({entry.alpha for entry in plan.smoothing.entries})
         which = "the input of 1 Linear" if count == 1 else f"the inputs of {count} Linears"
@@ -58,27 +69,38 @@ def summary_lines(plan: QuantPlan) -> list[str]:
     return lines
 
 
+# Checks that change nothing the user decides (the default does it already, the flow cannot express
+# it, the user's quantizer decides it): one row per kind of them, however many sites, not one per site.
+_UNCHANGING = frozenset({NoteKind.ALREADY_DEFAULT, NoteKind.UNEQUALIZED, NoteKind.YOURS_DECIDES})
+
+
+def _sites(fqns: list[str]) -> str:
+    shown = ", ".join(fqns[:3])
+    return shown if len(fqns) <= 3 else f"{len(fqns)} sites: {shown} and {len(fqns) - 3} more"
+
+
 def check_table(plan: QuantPlan, limit: int = DEFAULT_LIMIT) -> Table:
-    """The report's suggestions that changed something, each measured alone; dropped ones first."""
+    """The report's suggestions that changed something, each measured alone, dropped ones first; those
+    that change nothing (:data:`_UNCHANGING`) one row for all the sites alike."""
     checks = sorted(plan.checks, key=lambda c: (c.kept, not c.measured))
-    shown = checks[:limit]
-    rows = tuple(
-        (
-            c.site,
-            c.change,
-            _score(c.before),
-            _score(c.alone),
-            _delta(c.effect) if c.measured else "",
-            "yes" if c.kept else "no",
-            c.reason,
+    alike: dict[tuple[str, str, bool], list[str]] = {}
+    rows: list[tuple[str, ...]] = []
+    for c in checks:
+        if c.why in _UNCHANGING:
+            alike.setdefault((c.change, c.reason, c.kept), []).append(c.site)
+            continue
+        measured = _delta(c.effect) if c.measured else ""
+        rows.append(
+            (c.site, c.change, _score(c.before), _score(c.alone), measured, "yes" if c.kept else "no", c.reason)
         )
-        for c in shown
-    )
-    note = f"{len(checks) - len(shown)} more in the file" if len(checks) > len(shown) else ""
+    for (change, reason, kept), fqns in alike.items():
+        rows.append((_sites(fqns), change, "", "", "", "yes" if kept else "no", reason))
+    shown = rows[:limit]
+    note = f"{len(rows) - len(shown)} more in the file" if len(rows) > len(shown) else ""
     return Table(
         f"Suggestions, measured ({plan.metric}: default config, with it alone, what it adds among the others)",
         ("site", "change", "default", "alone", "among others", "kept", "why"),
-        rows,
+        tuple(shown),
         note,
     )
 

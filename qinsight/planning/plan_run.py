@@ -18,11 +18,13 @@ import attrs
 from torch import nn
 
 from qinsight.apply.trial import Trial, model_outputs, weight_counts
+from qinsight.compare.programs import LoweredModule
+from qinsight.core.comparison import ProgramCost
 from qinsight.core.errors import QinsightError
 from qinsight.core.metrics import MetricSpec
 from qinsight.core.notes import Note, NoteKind
 from qinsight.core.outcomes import FailedConfig, Outcome
-from qinsight.core.plan import PlanCost, StageTime
+from qinsight.core.plan import PlanCost, PlanPrograms, StageTime
 from qinsight.core.progress import Progress
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.planning.checks import RealScore
@@ -49,6 +51,9 @@ class PlanRun:
         self._search: Search | None = None
         self._stages: list[StageTime] = []
         self._real_configs, self._real_seconds = 0, 0.0  # configs quantized for real so far, and their seconds
+        # each distinct config scored for real, and its program where lowered: quantized (and lowered) once
+        self._measured: dict[tuple[Flow, tuple[QuantSuggestion, ...]], tuple[Outcome, ProgramCost | None]] = {}
+        self._float_program: ProgramCost | None = None
 
     def timed(self, stage: str, step: Callable[..., T], *args: Any) -> T:
         """``step(*args)``, its wall time and the configs it quantized for real recorded as ``stage``."""
@@ -77,13 +82,37 @@ class PlanRun:
 
     def real(self, flow: Flow, advice: tuple[QuantSuggestion, ...]) -> Outcome:
         """``advice``'s config quantized for real through ``flow`` (prepare, calibrate, convert, run) and
-        scored; where the flow cannot build or run it, a :class:`FailedConfig`, recorded for the notes (a
-        metric's own error is not caught: it is the user's)."""
-        found = self.trial(flow, advice, self.request.evaluation)
-        if found.failed:
-            self._failures[found.error] = self._failures.get(found.error, 0) + 1
-            return FailedConfig(found.error)
-        return self.scorer(list(found.outputs))
+        scored, once per distinct config (a config asked again is the same measurement, and lowering
+        one costs tens of seconds); where the flow cannot build or run it, a :class:`FailedConfig`,
+        recorded for the notes (a metric's own error is not caught: it is the user's)."""
+        key = (flow, advice)
+        if key not in self._measured:
+            found = self.trial(flow, advice, self.request.evaluation)
+            if found.failed:
+                self._failures[found.error] = self._failures.get(found.error, 0) + 1
+                self._measured[key] = (FailedConfig(found.error), None)
+            else:
+                self._measured[key] = (self.scorer(list(found.outputs)), found.program)
+        return self._measured[key][0]
+
+    def float_program(self) -> None:
+        """The float model lowered as the configs are (``lowered=True``) and run on the evaluation data:
+        the time and size every config's program is judged by."""
+        if self.request.lowering is None:
+            return
+        floated = LoweredModule(self.request.lowering, self.model, "the float model")
+        model_outputs(floated, self.request.evaluation)
+        self._float_program = floated.cost()
+
+    def programs(self, flow: Flow, advice: tuple[QuantSuggestion, ...], default: Flow) -> PlanPrograms | None:
+        """``advice``'s program through ``flow``, the ``default`` flow's config's and the float model's,
+        as timed (``None``: the plan does not lower its configs, or the flow could not run one)."""
+        self.real(flow, advice)
+        self.real(default, ())
+        planned, started = self._measured[flow, advice][1], self._measured[default, ()][1]
+        if planned is None or started is None or self._float_program is None:
+            return None
+        return PlanPrograms(planned=planned, default=started, float_model=self._float_program)
 
     def real_score(self, flow: Flow) -> RealScore:
         """:meth:`real` through ``flow``, as a function of the config."""

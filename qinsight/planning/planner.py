@@ -21,7 +21,7 @@ from qinsight.core.flows import check_flow_backend, flow_spec, reads_as_is, repo
 from qinsight.core.fx_activations import FxActivations
 from qinsight.core.notes import Note, NoteKind
 from qinsight.core.options import Deployment, Goal, options
-from qinsight.core.plan import Budget, QuantPlan, StageTime, Target
+from qinsight.core.plan import Budget, PlanPrograms, QuantPlan, StageTime, Target
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
 from qinsight.core.sites import OpSite
@@ -132,6 +132,8 @@ def plan(
         report = kernels_checked(model, report, request.calibration[0])
     run = PlanRun(request, model, progress)
     base = run.timed("baseline", stages.baseline, run, report)
+    if request.lowering is not None:
+        run.timed("float program", run.float_program)
     chosen = (
         run.timed("smoothing", stages.subject, run, report, base) if smoothing else stages.subject(run, report, base)
     )
@@ -170,6 +172,8 @@ def _assembled(
         goal = request.goal
         reached = held.met(real.score) and (not request.held_out or goal.met(applied.held_out))
         missed = held_out_miss(goal, "evaluation", goal.met(real.score), real.score, applied.held_out)
+    programs = run.programs(flow, real.suggestions, base.flow)
+    reached = reached and (request.speed is None or programs is None or request.speed.met(programs))
     return QuantPlan(
         flow=flow.name,
         backend=request.backend,
@@ -188,7 +192,8 @@ def _assembled(
         suggestions=real.suggestions,
         sites=_named_sites(chosen.report.sites, real.suggestions, flow.activations),
         evaluations=math.ceil(run.search.sim.evaluations),
-        notes=order_notes(search.orders)
+        notes=_speed_notes(request, programs)
+        + order_notes(search.orders)
         + real.notes
         + run.failure_notes(flow.name)
         + applied.notes(flow.name)
@@ -200,7 +205,29 @@ def _assembled(
         starts_from=type(request.quantizer).__name__ if request.quantizer is not None else "",
         confidence=request.confidence,
         higher_is_better=run.spec.higher_is_better,
+        programs=programs,
+        speed=request.speed,
     )
+
+
+def _speed_notes(request: PlanRequest, programs: PlanPrograms | None) -> tuple[Note, ...]:
+    """What the plan's program costs, said first where it disappoints: slower than the float program,
+    or short of the speed bound asked (and how far, against the default int8 program's)."""
+    if programs is None:
+        return ()
+    default = f"the default int8 program runs at {programs.default_speedup:.2f}x"
+    notes = []
+    if programs.slower_than_float:
+        said = (
+            f"the plan's program is slower than the float program: {programs.planned.latency_ms:.3g} against "
+            f"{programs.float_model.latency_ms:.3g} ms a batch ({programs.speedup:.2f}x); {default}: each site "
+            "kept in float splits the program with a dequantize and a quantize"
+        )
+        notes.append(Note(NoteKind.SLOWER_THAN_FLOAT, said))
+    if request.speed is not None and not request.speed.met(programs):
+        said = f"{request.speed} not reached: {request.speed.shortfall(programs)}; {default}"
+        notes.append(Note(NoteKind.SPEED_MISSED, said))
+    return tuple(notes)
 
 
 def _bound_note(request: PlanRequest, held: Target | Budget, rows: int) -> tuple[Note, ...]:

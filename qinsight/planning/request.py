@@ -15,7 +15,7 @@ from qinsight.core.errors import InvalidParameterError
 from qinsight.core.flows import check_flow_backend, flow_spec, flows_serving
 from qinsight.core.metrics import MetricSpec, spec_of
 from qinsight.core.options import Deployment, Goal, byte_count
-from qinsight.core.plan import Budget, Target
+from qinsight.core.plan import Budget, SpeedBound, Target
 from qinsight.core.sites import FlowName, checked_flow
 from qinsight.planning.scores import (
     SCORES,
@@ -49,6 +49,7 @@ class PlanRequest:
     quantizer: Any = None  # the user's quantizer every config starts from (quantizer=): float sites stripped from it
     confidence: float | None = None  # a top1 target held at this one-sided bound over the evaluation rows
     memory_budget: int = MEMORY_BUDGET  # bytes of configs' outputs the simulation's sweeps hold at once
+    speed: SpeedBound | None = None  # what the lowered program must run at beside the goal
 
     def held_goal(self, rows: int) -> Target | Budget:
         """The goal the search and its verification hold on ``rows`` evaluation rows: the target, or with
@@ -123,6 +124,9 @@ def plan_request(
     if lowered and not flow_spec(name).lowers:
         raise InvalidParameterError("plan", "lowered", True, f"flow='pt2e' (the {name} flow's model is not lowered)")
     lowering = backend_lowering("plan", backend) if lowered else None
+    if goal.speed is not None and lowering is None:
+        expected = "None, or Deployment(lowered=True): only a lowered program is timed"
+        raise InvalidParameterError("plan", "speed", str(goal.speed), expected)
     if goal.target is not None and goal.budget is not None:
         both = f"{goal.target} and {goal.budget}"
         raise InvalidParameterError("plan", "goal", both, "a target or a budget, not both (plan_formats takes both)")
@@ -153,6 +157,7 @@ def plan_request(
         quantizer=quantizer,
         confidence=float(confidence) if confidence is not None else None,
         memory_budget=MEMORY_BUDGET if memory_budget is None else byte_count("plan", "memory_budget", memory_budget),
+        speed=goal.speed,
     )
 
 

@@ -230,6 +230,8 @@ def test_plan_reaches_a_target_writes_the_plan_and_exits_one_when_it_cannot(tmp_
         (("--budget", "float<=-3"), "at most N sites kept in float (qinsight.plan), N a whole number"),
         (("--budget", "bits<=6"), "(bits<=N is mean bits per weight"),
         (("--budget", "float<=2", "--target", "sqnr>=30"), "a plan for fx or pt2e takes one"),
+        (("--speed", "speedup>=1.5"), "--speed bounds the program a PT2E plan lowers: add --lowered"),
+        (("--speed", "speedup<=1.5", "--lowered", "--backend", "xnnpack"), "--speed 'speedup<=1.5': expected a"),
     ):
         bad = qinsight("plan", "--example", "cnn", *args)
         assert bad.returncode == 2 and expected in bad.stderr and bad.stdout == "", bad.stderr

@@ -281,6 +281,11 @@ st.register_type_strategy(
     ),
 )
 
+st.register_type_strategy(
+    qinsight.types.SpeedBound,
+    st.builds(qinsight.types.SpeedBound, measure=st.sampled_from(("speedup", "latency")), limit=st.floats(0.01, 1e6)),
+)
+
 SNAPSHOT = Path(__file__).parent.parent / "data" / "report_schema.json"
 
 # attrs compares fields with ==, and NaN != NaN: a NaN in a scalar field never compares equal.
