@@ -27,7 +27,7 @@ from qinsight.core.formats import CurvePoint, FormatCost, FormatPlan, LayerForma
 from qinsight.core.fx_activations import FxActivations, NarrowedInput
 from qinsight.core.metrics import MetricSpec
 from qinsight.core.notes import Note, NoteKind
-from qinsight.core.options import Deployment, Goal
+from qinsight.core.options import Deployment, Goal, Resources
 from qinsight.core.plan import (
     Budget,
     PlanCost,
@@ -116,6 +116,7 @@ __all__ = [
     "QuantSuggestion",
     "Report",
     "ReportMetadata",
+    "Resources",
     "SearchedOrder",
     "StageTime",
     "Shard",

@@ -99,3 +99,31 @@ def _failure(rank: int) -> str:
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return "no error"
+
+
+def planned(shard: Any = None) -> Any:
+    """A plan of the built-in CNN that keeps sites in float, its 5 evaluation and 3 held-out batches
+    shared unequally over 2 ranks."""
+    import qinsight
+    from qinsight.examples.builtin import example
+
+    chosen = example("cnn")
+    batches = chosen.data(12)
+    calibration, evaluation, held_out = batches[:4], batches[4:9], batches[9:]
+    resources = qinsight.types.Resources(shard=shard)
+    return qinsight.plan(
+        chosen.model(), calibration, evaluation, goal="sqnr>=50", held_out_data=held_out, resources=resources
+    )
+
+
+def plan_rank_main(rank: int, world_size: int, folder: str) -> None:
+    """One rank of a distributed plan: the plan pickled to ``folder``."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{folder}/plan", rank=rank, world_size=world_size)
+    try:
+        Path(folder, f"plan{rank}.pkl").write_bytes(pickle.dumps(planned("distributed")))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

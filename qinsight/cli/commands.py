@@ -8,7 +8,7 @@ import json
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qinsight.cli import hf, ranks
 from qinsight.cli.config_args import compared_flow, load_factory, planned_config
@@ -17,7 +17,7 @@ from qinsight.cli.output import Progress, check_targets, note, write, wrote
 from qinsight.core.entry_points import installed
 from qinsight.core.errors import InvalidParameterError, PluginLoadError, UsageError
 from qinsight.core.flows import flow_spec
-from qinsight.core.options import Deployment, Goal, byte_count
+from qinsight.core.options import Deployment, Goal, Resources, byte_count
 from qinsight.core.plan import BUDGET_UNITS, Budget, BudgetUnit, SpeedBound, Target
 from qinsight.core.report import Report
 from qinsight.core.shards import Shard
@@ -231,8 +231,8 @@ def _speed(args: argparse.Namespace, formats: bool) -> SpeedBound | None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from qinsight.outputs.format_plans import verdict
-
+    """A plan (``--flow torchao``: a format plan) of the model; under ``torchrun`` every rank runs it on
+    a share of the evaluation batches and rank 0 speaks (docs/scale.md)."""
     check_targets([args.out, args.html], [])
     # a torchao plan's report says what each format loses on each Linear too (the formats detector)
     requested = requested_ids(None)
@@ -243,53 +243,71 @@ def _plan(args: argparse.Namespace) -> int:
     goal, formats_asked = _plan_goal(args, formats)  # before anything loads or runs
     if args.memory_budget is not None:
         byte_count("plan", "memory_budget", args.memory_budget)
-    from qinsight.pipeline import diagnose  # torch: once the arguments are known to be right
-    from qinsight.planning import plan, plan_formats
-
-    model, data, name = _model_and_data(args, None, whole=True)
-    calibration, evaluation = list(data), _evaluation_data(args)
-    if not calibration:
-        raise UsageError("no batches to calibrate on")
-    progress = None if args.quiet else Progress()
-    try:
-        with warnings.catch_warnings():  # torch's and torchao's deprecation notices: nothing the user can act on
-            warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|torchao)(\.|$)")
-            # a plan in fx or pt2e verifies its own config, against the target
-            mapping, quantizer = planned_config(args)
-            report = diagnose(
-                model,
-                calibration,
-                model_name=name,
-                detectors=detectors,
-                deploy=Deployment.named("diagnose", backend=args.backend, qconfig_mapping=mapping, quantizer=quantizer),
-                verify=None if formats else False,
-            )
-            if formats:
-                planned = plan_formats(model, evaluation, formats=formats_asked, goal=goal, progress=progress)
-                report, reached = report.with_formats(planned), planned.reached
-                missed = f"the plan: {verdict(planned)}"  # the target and the budget, each as it held
-            else:
-                found = plan(
-                    model,
-                    calibration,
-                    evaluation,
-                    goal=goal,
-                    deploy=Deployment.named("plan", flow=args.flow, backend=args.backend, lowered=args.lowered),
-                    report=report,
-                    progress=progress,
-                    smoothing=args.smooth,
-                    memory_budget=args.memory_budget,
-                )
-                report, reached = report.with_plan(found), found.reached
-                missed = f"the plan does not reach {found.aim}"
-    finally:
-        if progress is not None:
-            progress.finish()
-    status = _finish(report, args)
-    if not reached:
+    launch = ranks.launched()
+    if launch is not None and formats:
+        raise UsageError("--flow torchao plans run in one process: run it without torchrun")
+    with ranks.process_group(launch):
+        with ranks.checked_together(launch):
+            model, data, name = _model_and_data(args, launch, whole=True)
+            calibration, evaluation = list(data), _evaluation_data(args)
+            if not calibration:
+                raise UsageError("no batches to calibrate on")
+        progress = None if args.quiet else Progress()
+        try:
+            with warnings.catch_warnings():  # torch's and torchao's deprecation notices: nothing the user can act on
+                warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|torchao)(\.|$)")
+                chosen = (goal, formats_asked, detectors, launch is not None)
+                report, missed = _planned(args, model, name, calibration, evaluation, chosen, progress)
+        finally:
+            if progress is not None:
+                progress.finish()
+        status = _finish(report, args, writes=launch is None or launch.rank == 0)
+    if missed:
         note(missed)
         return 1
     return status
+
+
+def _planned(
+    args: argparse.Namespace,
+    model: Any,
+    name: str,
+    calibration: list[Any],
+    evaluation: list[Any],
+    chosen: tuple[Goal, list[str], list[str] | None, bool],
+    progress: Progress | None,
+) -> tuple[Report, str]:
+    """The model diagnosed and planned as ``chosen`` says (the goal, the formats of a format plan, the
+    detectors, whether over the ranks): the report with its plan, and what the plan missed (``""``: none)."""
+    from qinsight.outputs.format_plans import verdict
+    from qinsight.pipeline import diagnose  # torch: once the arguments are known to be right
+    from qinsight.planning import plan, plan_formats
+
+    goal, formats, detectors, distributed = chosen
+    mapping, quantizer = planned_config(args)
+    report = diagnose(
+        model,
+        calibration,
+        model_name=name,
+        detectors=detectors,
+        deploy=Deployment.named("diagnose", backend=args.backend, qconfig_mapping=mapping, quantizer=quantizer),
+        verify=None if formats else False,  # a plan in fx or pt2e verifies its own config, against the target
+    )
+    if formats:
+        planned = plan_formats(model, evaluation, formats=formats, goal=goal, progress=progress)
+        return report.with_formats(planned), "" if planned.reached else f"the plan: {verdict(planned)}"
+    found = plan(
+        model,
+        calibration,
+        evaluation,
+        goal=goal,
+        deploy=Deployment.named("plan", flow=args.flow, backend=args.backend, lowered=args.lowered),
+        report=report,
+        progress=progress,
+        smoothing=args.smooth,
+        resources=Resources(memory_budget=args.memory_budget, shard="distributed" if distributed else None),
+    )
+    return report.with_plan(found), "" if found.reached else f"the plan does not reach {found.aim}"
 
 
 def _plan_goal(args: argparse.Namespace, formats: bool) -> tuple[Goal, list[str]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import attrs
 
@@ -192,9 +192,44 @@ class Goal:
         raise InvalidParameterError(owner, "goal", type(value).__name__, expected)
 
 
+def _memory(value: object) -> int | None:
+    return None if value is None else byte_count("Resources", "memory_budget", value)
+
+
+def _shard(_instance: object, _attribute: object, value: object) -> None:
+    if value not in (None, "distributed"):
+        expected = '"distributed" (every rank of an initialized process group runs it alike), or None'
+        raise InvalidParameterError("Resources", "shard", value, expected)
+
+
+@attrs.frozen(kw_only=True)
+class Resources:
+    """What a plan may use to run, which never changes the plan: ``memory_budget``, what its simulation
+    may hold in each process beyond one batch's values (bytes, or their text: ``"4GB"``, ``"512MiB"``;
+    ``None``: 2 GiB), and ``shard``: ``"distributed"`` where every rank of an initialized process group
+    (``torchrun``) runs the plan alike, each on a share of the evaluation batches."""
+
+    memory_budget: int | None = attrs.field(default=None, converter=_memory)
+    shard: Literal["distributed"] | None = attrs.field(default=None, validator=_shard)
+
+    @classmethod
+    def of(cls, value: object, owner: str) -> Resources:
+        if value is None:
+            return cls()
+        if isinstance(value, Resources):
+            return value
+        expected = "a qinsight.types.Resources (memory_budget=, shard=) or None"
+        raise InvalidParameterError(owner, "resources", type(value).__name__, expected)
+
+
 GOAL_KEYWORDS: Final = ("target", "budget", "metric", "confidence")
 DEPLOY_KEYWORDS: Final = ("flow", "backend", "quantizer", "qconfig_mapping", "lowered")
-_RECORDS: Final = {"goal": ("Goal", GOAL_KEYWORDS), "deploy": ("Deployment", DEPLOY_KEYWORDS)}
+RESOURCE_KEYWORDS: Final = ("memory_budget",)
+_RECORDS: Final = {
+    "goal": ("Goal", GOAL_KEYWORDS),
+    "deploy": ("Deployment", DEPLOY_KEYWORDS),
+    "resources": ("Resources", RESOURCE_KEYWORDS),
+}
 
 
 def options(
@@ -205,12 +240,13 @@ def options(
     *,
     budget_unit: BudgetUnit = "float",
     takes: tuple[str, ...] = ("goal", "deploy"),
-) -> tuple[Goal, Deployment]:
-    """``owner``'s goal and deployment, from the records (or their shorthands) or from the former
-    keywords in ``former``, each warned of (``takes``: the records ``owner`` has; ``budget_unit``: what
-    its budget spends). Both for one record, or a keyword ``owner`` never took, is one
+    resources: Resources | None = None,
+) -> tuple[Goal, Deployment, Resources]:
+    """``owner``'s goal, deployment and resources, from the records (or their shorthands) or from the
+    former keywords in ``former``, each warned of (``takes``: the records ``owner`` has; ``budget_unit``:
+    what its budget spends). Both for one record, or a keyword ``owner`` never took, is one
     :class:`InvalidParameterError` (Python's ``TypeError`` would name no replacement)."""
-    given: dict[str, dict[str, Any]] = {"goal": {}, "deploy": {}}
+    given: dict[str, dict[str, Any]] = {"goal": {}, "deploy": {}, "resources": {}}
     for keyword, value in former.items():
         record = next((r for r, (_, keywords) in _RECORDS.items() if keyword in keywords), None)
         if record is None or record not in takes:
@@ -222,7 +258,7 @@ def options(
             stacklevel=3,
         )
         given[record][keyword] = value
-    for name, value in (("goal", goal), ("deploy", deploy)):
+    for name, value in (("goal", goal), ("deploy", deploy), ("resources", resources)):
         if given[name] and value is not None:
             keywords = ", ".join(f"{k}=" for k in given[name])
             expected = f"None beside {keywords} (one or the other)"
@@ -231,7 +267,10 @@ def options(
     if chosen.budget is not None and chosen.budget.unit != budget_unit:
         Budget.parse(chosen.budget, budget_unit, owner)  # one error naming the unit this planner spends
     deployment = Deployment.named(owner, **given["deploy"]) if given["deploy"] else Deployment.of(deploy, owner)
-    return chosen, deployment
+    if given["resources"]:
+        memory = given["resources"]["memory_budget"]  # the keyword's own error, named as the user wrote it
+        resources = Resources(memory_budget=byte_count(owner, "memory_budget", memory))
+    return chosen, deployment, Resources.of(resources, owner)
 
 
 def _former_goal(owner: str, given: Mapping[str, Any], unit: BudgetUnit) -> Goal:
@@ -264,4 +303,14 @@ def byte_count(owner: str, argument: str, value: object) -> int:
     return count
 
 
-__all__ = ["DEPLOY_KEYWORDS", "GOAL_KEYWORDS", "Deployment", "Goal", "MetricFunction", "byte_count", "options"]
+__all__ = [
+    "DEPLOY_KEYWORDS",
+    "GOAL_KEYWORDS",
+    "RESOURCE_KEYWORDS",
+    "Deployment",
+    "Goal",
+    "MetricFunction",
+    "Resources",
+    "byte_count",
+    "options",
+]

@@ -448,7 +448,7 @@ def diagnose(
         expected = "an iterable of batches (a list of tensors, a DataLoader...)"
         raise InvalidParameterError("diagnose", "calibration_data", type(calibration_data).__name__, expected)
     asked = _former_shard("diagnose", shard, former)
-    _goal, deployment = chosen_options("diagnose", None, deploy, former, takes=("deploy",))
+    _goal, deployment, _resources = chosen_options("diagnose", None, deploy, former, takes=("deploy",))
     quantizer, qconfig_mapping, lowered = deployment.quantizer, deployment.qconfig_mapping, deployment.lowered
     if verify is None and deployment.flow is not None:
         verify = deployment.flow

@@ -44,7 +44,12 @@ class PlanRun:
 
     def __init__(self, asked: PlanRequest, model: nn.Module, progress: Progress) -> None:
         self.asked, self.model, self.progress = asked, model, progress
-        self.scorer = Scorer(model_outputs(model, asked.evaluation), asked.metric, asked.metric_name, asked.evaluation)
+        self.ranks = ranks = asked.ranks
+        # what this process runs of the evaluation and held-out data: all of it, or its rank's share
+        self.evaluation = ranks.share(asked.evaluation, "evaluation_data")
+        self.held_out = ranks.share(asked.held_out, "held_out_data") if asked.held_out else ()
+        reference = ranks.gathered(model_outputs(model, self.evaluation))
+        self.scorer = Scorer(reference, asked.metric, asked.metric_name, asked.evaluation, ranks.gathered)
         self.request = attrs.evolve(asked, goal=asked.held_goal(len(self.scorer.rows)))
         self.spec: MetricSpec = asked.spec  # the direction every comparison of scores takes
         self._failures: dict[str, int] = {}  # each distinct error of the flow, and how many configs it ended
@@ -87,12 +92,13 @@ class PlanRun:
         recorded for the notes (a metric's own error is not caught: it is the user's)."""
         key = (flow, advice)
         if key not in self._measured:
-            found = self.trial(flow, advice, self.request.evaluation)
-            if found.failed:
-                self._failures[found.error] = self._failures.get(found.error, 0) + 1
-                self._measured[key] = (FailedConfig(found.error), None)
+            found = self.trial(flow, advice, self.evaluation)
+            error = next((error for error in self.ranks.each(found.error) if error), "")  # one rank's: every rank's
+            if error:
+                self._failures[error] = self._failures.get(error, 0) + 1
+                self._measured[key] = (FailedConfig(error), None)
             else:
-                self._measured[key] = (self.scorer(list(found.outputs)), found.program)
+                self._measured[key] = (self.scorer(list(found.outputs)), self.ranks.first(found.program))
         return self._measured[key][0]
 
     def float_program(self) -> None:
@@ -101,8 +107,8 @@ class PlanRun:
         if self.request.lowering is None:
             return
         floated = LoweredModule(self.request.lowering, self.model, "the float model")
-        model_outputs(floated, self.request.evaluation)
-        self._float_program = floated.cost()
+        model_outputs(floated, self.evaluation)
+        self._float_program = self.ranks.first(floated.cost())
 
     def programs(self, flow: Flow, advice: tuple[QuantSuggestion, ...], default: Flow) -> PlanPrograms | None:
         """``advice``'s program through ``flow``, the ``default`` flow's config's and the float model's,
@@ -139,7 +145,8 @@ class PlanRun:
         fixed = {site: Mode.FLOAT for site in floats if site in sim.sites}
         candidates = [site for site in sim.sites if site in kinds and site not in fixed]
         parameters = weight_counts(model, candidates)
-        evaluation = list(self.request.evaluation)
+        sim.agree = self.ranks.all_agree
+        evaluation = list(self.evaluation)
         self._search = Search(
             sim, self.scorer, evaluation, candidates, parameters, dict(kinds), self.progress, fixed, self.spec
         )

@@ -20,7 +20,7 @@ from torch import nn
 from qinsight.core.flows import check_flow_backend, flow_spec, reads_as_is, report_flow
 from qinsight.core.fx_activations import FxActivations
 from qinsight.core.notes import Note, NoteKind
-from qinsight.core.options import Deployment, Goal, options
+from qinsight.core.options import Deployment, Goal, Resources, options
 from qinsight.core.plan import Budget, PlanPrograms, QuantPlan, StageTime, Target
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
@@ -51,7 +51,7 @@ def plan(
     smoothing: bool = False,
     held_out_data: Iterable[Any] | None = None,
     progress: Progress | None = None,
-    memory_budget: int | str | None = None,
+    resources: Resources | None = None,
     **former: Any,
 ) -> QuantPlan:
     """The sites to keep in float so that ``model``, quantized with ``flow``, reaches ``target`` on
@@ -86,15 +86,21 @@ def plan(
         held_out_data: batches the search never chose on: the config as converted is scored again on
             them (``held_out_score``), and ``reached`` holds only where they meet the target too.
         progress: called at each stage (the command line's progress line).
-        memory_budget: what the simulation may hold beyond one batch's values (default 2 GiB; a number
-            of bytes, or ``"2GB"``, ``"512MiB"``): configurations run batch by batch, so the values it
-            holds are one batch's whatever the evaluation data; the outputs of the configurations scored
-            together wait within the budget (else in turns, each one more forward), and the refinement
-            holds its config's values for every batch where they fit (else it runs it again per window
-            of steps). A larger budget buys speed, never another plan.
-        former: ``target=``, ``budget=``, ``metric=``, ``confidence=`` (now ``goal``'s) and ``flow=``,
-            ``backend=``, ``lowered=``, ``quantizer=`` (now ``deploy``'s), for one release, with a
-            ``DeprecationWarning``.
+        resources: a :class:`~qinsight.core.options.Resources`: what the plan may use, which never changes
+            the plan. ``memory_budget``: what the simulation may hold beyond one batch's values (default
+            2 GiB; a number of bytes, or ``"2GB"``, ``"512MiB"``): configurations run batch by batch, so
+            the values it holds are one batch's whatever the evaluation data; the outputs of the
+            configurations scored together wait within the budget (else in turns, each one more
+            forward), and the refinement holds its config's values for every batch where they fit (else
+            it runs it again per window of steps). A larger budget buys speed. ``shard="distributed"``:
+            called alike on every rank of an initialized process group (``torchrun``; gloo on CPUs,
+            nccl on GPUs) with the same data, each rank runs its share of the evaluation and held-out
+            batches (batch ``i`` is rank ``i % world_size``'s) and every score is of all of them
+            (:mod:`.plan_ranks`): every rank returns the plan one process would, holding a share of the
+            evaluation data's values; each rank calibrates on all the calibration batches.
+        former: ``target=``, ``budget=``, ``metric=``, ``confidence=`` (now ``goal``'s), ``flow=``,
+            ``backend=``, ``lowered=``, ``quantizer=`` (now ``deploy``'s) and ``memory_budget=`` (now
+            ``resources``'), for one release, with a ``DeprecationWarning``.
 
     Returns:
         The :class:`QuantPlan`: the sites kept in float, its verified score and whether it reached the
@@ -104,7 +110,9 @@ def plan(
         InvalidParameterError: an argument outside what it takes (among them too few rows for
             ``confidence``, naming how many), checked before the model runs.
     """
-    chosen_goal, deployment = options("plan", goal, deploy, former, budget_unit="float")
+    chosen_goal, deployment, resources = options(
+        "plan", goal, deploy, former, budget_unit="float", takes=("goal", "deploy", "resources"), resources=resources
+    )
     request = plan_request(
         goal=chosen_goal,
         deploy=deployment,
@@ -112,7 +120,7 @@ def plan(
         evaluation_data=evaluation_data,
         smoothing=smoothing,
         held_out_data=held_out_data,
-        memory_budget=memory_budget,
+        resources=resources,
     )
     progress = progress or _quiet
     from qinsight.pipeline import diagnose

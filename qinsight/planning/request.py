@@ -14,9 +14,10 @@ from qinsight.core.backend import Lowering, backend_lowering, is_quantizer, plan
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.flows import check_flow_backend, flow_spec, flows_serving
 from qinsight.core.metrics import MetricSpec, spec_of
-from qinsight.core.options import Deployment, Goal, byte_count
+from qinsight.core.options import Deployment, Goal, Resources
 from qinsight.core.plan import Budget, SpeedBound, Target
 from qinsight.core.sites import FlowName, checked_flow
+from qinsight.planning.plan_ranks import Ranks
 from qinsight.planning.scores import (
     SCORES,
     MetricFunction,
@@ -50,6 +51,7 @@ class PlanRequest:
     confidence: float | None = None  # a top1 target held at this one-sided bound over the evaluation rows
     memory_budget: int = MEMORY_BUDGET  # bytes of configs' outputs the simulation's sweeps hold at once
     speed: SpeedBound | None = None  # what the lowered program must run at beside the goal
+    ranks: Ranks = attrs.field(factory=Ranks)  # the ranks the evaluation batches are shared over (one process: none)
 
     def held_goal(self, rows: int) -> Target | Budget:
         """The goal the search and its verification hold on ``rows`` evaluation rows: the target, or with
@@ -96,7 +98,7 @@ def plan_request(
     evaluation_data: Iterable[Any],
     smoothing: bool = False,
     held_out_data: Iterable[Any] | None = None,
-    memory_budget: int | str | None = None,
+    resources: Resources = Resources(),
 ) -> PlanRequest:
     """The arguments of :func:`qinsight.plan`, checked; the batches read once into tuples. No flow: the
     first serving the backend (FX for x86, PT2E for XNNPACK), one that lowers where ``lowered``. No
@@ -135,6 +137,33 @@ def plan_request(
     if confidence is not None and not (metric_name == "top1" and isinstance(aim, Target)):
         expected = "a one-sided confidence in [0.5, 1) (0.95) for a top1 target, or None"
         raise InvalidParameterError("plan", "confidence", confidence, expected)
+    calibration, evaluation, held_out, ranks = _data(calibration_data, evaluation_data, held_out_data, resources)
+    return PlanRequest(
+        goal=aim,
+        flow=name,
+        backend=backend,
+        metric=chosen,
+        metric_name=metric_name,
+        calibration=calibration,
+        evaluation=evaluation,
+        smoothing=smoothing,
+        held_out=held_out,
+        lowering=lowering,
+        quantizer=quantizer,
+        confidence=float(confidence) if confidence is not None else None,
+        memory_budget=MEMORY_BUDGET if resources.memory_budget is None else resources.memory_budget,
+        speed=goal.speed,
+        ranks=ranks,
+    )
+
+
+def _data(
+    calibration_data: Iterable[Any],
+    evaluation_data: Iterable[Any],
+    held_out_data: Iterable[Any] | None,
+    resources: Resources,
+) -> tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...], Ranks]:
+    """The batches, read once into tuples and checked, and the ranks the evaluation batches are shared over."""
     batches = {}
     for argument, data in (("calibration_data", calibration_data), ("evaluation_data", evaluation_data)):
         batches[argument] = tuple(data)
@@ -143,22 +172,11 @@ def plan_request(
     held_out = tuple(held_out_data) if held_out_data is not None else ()
     if held_out_data is not None and not held_out:
         raise InvalidParameterError("plan", "held_out_data", "no batches", "at least one batch, or None")
-    return PlanRequest(
-        goal=aim,
-        flow=name,
-        backend=backend,
-        metric=chosen,
-        metric_name=metric_name,
-        calibration=batches["calibration_data"],
-        evaluation=batches["evaluation_data"],
-        smoothing=smoothing,
-        held_out=held_out,
-        lowering=lowering,
-        quantizer=quantizer,
-        confidence=float(confidence) if confidence is not None else None,
-        memory_budget=MEMORY_BUDGET if memory_budget is None else byte_count("plan", "memory_budget", memory_budget),
-        speed=goal.speed,
-    )
+    ranks = Ranks.of(resources.shard == "distributed")
+    ranks.share(batches["evaluation_data"], "evaluation_data")  # a rank without a batch: said before any forward
+    if held_out:
+        ranks.share(held_out, "held_out_data")
+    return batches["calibration_data"], batches["evaluation_data"], held_out, ranks
 
 
 def _serving(backend: str, lowered: bool) -> str:

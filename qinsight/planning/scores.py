@@ -107,13 +107,29 @@ def _token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits[kept].double(), labels[kept], reduction="none")
 
 
+Gather = Callable[[list[Any]], list[Any]]  # one process's outputs per batch -> every batch's, in order
+
+
+def _as_given(outputs: list[Any]) -> list[Any]:
+    return outputs
+
+
 class Scorer:
     """Scores outputs against the float model's ``reference`` outputs (one entry per batch);
-    ``perplexity`` also reads the evaluation ``inputs`` (token ids: its labels are the next tokens)."""
+    ``perplexity`` also reads the evaluation ``inputs`` (token ids: its labels are the next tokens).
+    ``gather``: where a plan runs over ranks, each scores a share of the batches, and the outputs
+    scored are every rank's, in the batches' order (:class:`~qinsight.planning.plan_ranks.Ranks`): each
+    rank computes the score one process would; ``reference`` and ``inputs`` are every batch's."""
 
     def __init__(
-        self, reference: Sequence[Any], metric: str | MetricFunction, name: str, inputs: Sequence[Any] = ()
+        self,
+        reference: Sequence[Any],
+        metric: str | MetricFunction,
+        name: str,
+        inputs: Sequence[Any] = (),
+        gather: Gather = _as_given,
     ) -> None:
+        self._all = gather
         spec = spec_of(metric) if isinstance(metric, str) else None
         self.reads = spec.reads if spec is not None else "rows"
         # a metric computed on the output rows: a built-in's or a plugin's (a labelled one reads its labels)
@@ -143,15 +159,16 @@ class Scorer:
         """What a quantization does to ``outputs``, in a unit that adds up over layers whose errors are
         independent: a language model's mean KL of the next-token distributions (nats), else the output
         error's power over the output's."""
+        outputs = self._all(list(outputs))
         if self.reads != "rows":
             if self._reference_log is None:  # the float distributions, once: a plan takes hundreds of damages
                 self._reference_log = torch.log_softmax(self.rows, dim=1)
             per_position = kl_per_position(self._reference_log, torch.log_softmax(self._matrix(outputs), dim=1))
             return max(0.0, float(per_position.double().mean()))
-        return self.noise(outputs)[OUTPUT_NOISE]
+        return self._noise(outputs)[OUTPUT_NOISE]
 
     def __call__(self, outputs: Sequence[Any]) -> float:
-        return self._score(outputs, None)
+        return self._score(self._all(list(outputs)), None)
 
     def _score(self, outputs: Sequence[Any], rows: torch.Tensor | None) -> float:
         """The score of ``outputs``; ``rows``: their :meth:`_matrix`, where made already."""
@@ -169,7 +186,7 @@ class Scorer:
         (:func:`pessimistic_bound`) over the positions the metric averages (its
         :attr:`~qinsight.plugin.Metric.per_position`, perplexity's token losses); NaN where the metric is
         not such a mean, or ``confidence`` is ``None``."""
-        computed, labels = self._computed, self._labels
+        computed, labels, outputs = self._computed, self._labels, self._all(list(outputs))
         if confidence is not None and computed is not None and computed.per_position is not None:
             rows = self._matrix(outputs)
             values = computed.per_position(self.rows, rows)
@@ -181,7 +198,7 @@ class Scorer:
                 self._reference_losses = _token_losses(self.rows, labels)
             values = _token_losses(rows, labels) - self._reference_losses
             return self._score(outputs, rows), math.exp(pessimistic_bound(values, confidence, higher_is_better=False))
-        return self(outputs), math.nan
+        return self._score(outputs, None), math.nan
 
     @property
     def orders(self) -> tuple[str, ...]:
@@ -190,11 +207,15 @@ class Scorer:
 
     def with_noise(self, outputs: Sequence[Any]) -> tuple[float, dict[str, float]]:
         """The score of ``outputs`` and their :meth:`noise`."""
-        return self(outputs), self.noise(outputs)
+        outputs = self._all(list(outputs))
+        return self._score(outputs, None), self._noise(outputs)
 
     def noise(self, outputs: Sequence[Any]) -> dict[str, float]:
         """Each of :attr:`orders`' noise in ``outputs``: the output error's power over the output's,
         ``10 ** (-SQNR / 10)``, and for ``top1`` :func:`margin_noise`."""
+        return self._noise(self._all(list(outputs)))
+
+    def _noise(self, outputs: Sequence[Any]) -> dict[str, float]:
         rows = self._matrix(outputs)
         found = {OUTPUT_NOISE: math.pow(10.0, -sqnr(self.rows, rows) / 10.0)}
         if self._margins is not None:

@@ -58,6 +58,10 @@ class Owners:
 WeightSwap = tuple[nn.Module, torch.Tensor, torch.Tensor]  # (holder, float weight, fake-quantized weight)
 
 
+def _alone(holds: bool) -> bool:
+    return holds
+
+
 class Simulation:
     """A calibrated prepared graph with a switch per observer and a weight swap per FX layer.
 
@@ -116,6 +120,8 @@ class Simulation:
         self._recompute: dict[frozenset[fx.Node], set[fx.Node]] = {}
         self.evaluations = 0.0  # in whole forwards over the data: a partial run counts its share of nodes
         self.memory_budget = MEMORY_BUDGET  # bytes of configs' outputs a sweep holds at once (plan's memory_budget)
+        # whether a choice made from this process's batches holds on every rank (a plan over ranks: Ranks)
+        self.agree: Callable[[bool], bool] = _alone
 
     def _states(self, modes: Mapping[str, Mode]) -> dict[fx.Node, tuple[Mode, QParams | None]]:
         """Each switch's mode when the sites run in ``modes``, as the flow says it (``edge_rule``: PT2E's

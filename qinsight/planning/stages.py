@@ -265,14 +265,15 @@ def converted(run: PlanRun, flow: Flow, advice: tuple[QuantSuggestion, ...], rep
     """What ``flow`` really quantizes of ``advice``'s config, over every layer of ``report`` (prepare,
     calibrate, convert, then the converted model's layers read: quantized modules in FX, weights
     dequantized in the PT2E graph), and that converted model's score on the held-out data."""
-    request = run.request
-    found = run.trial(flow, advice, request.held_out)
+    request, ranks = run.request, run.ranks
+    found = run.trial(flow, advice, run.held_out)
     if found.failed:
         raise FrontendError(f"the {flow.name} flow cannot quantize the plan's config again: {found.error}")
     held = math.nan
     if request.held_out:  # the float model's held-out outputs only now: the search never holds them
-        reference = model_outputs(run.model, request.held_out)
-        held = Scorer(reference, request.metric, request.metric_name, request.held_out)(list(found.outputs))
+        reference = ranks.gathered(model_outputs(run.model, run.held_out))
+        scorer = Scorer(reference, request.metric, request.metric_name, request.held_out, ranks.gathered)
+        held = scorer(list(found.outputs))
     weighted = weighted_layers(flow.model, report.sites)
     total = sum(weighted.values())
     fraction = sum(n for fqn, n in weighted.items() if fqn in found.quantized) / total if total else 1.0
@@ -282,7 +283,7 @@ def converted(run: PlanRun, flow: Flow, advice: tuple[QuantSuggestion, ...], rep
 
 def _score(flow: Flow, run: PlanRun) -> float:
     """The flow's config without suggestions, quantized for real: what every plan starts from."""
-    found = run.trial(flow, (), run.request.evaluation)
+    found = run.trial(flow, (), run.evaluation)
     if isinstance(found.failure, (FrontendError, MissingExtraError)):
         raise found.failure
     if found.failure is not None:

@@ -168,7 +168,7 @@ def _held(sim: Simulation, modes: Modes, batches: Sequence[object]) -> list[Batc
     """``modes`` run on every batch, its values held, where twice their bytes fit ``sim``'s budget."""
     share = 1.0 / max(len(batches), 1)
     first = sim.values(modes, batches[0], share)
-    if 2 * _nbytes(first.values) * len(batches) > sim.memory_budget:
+    if not sim.agree(2 * _nbytes(first.values) * len(batches) <= sim.memory_budget):  # every rank holds, or none
         return None
     return [first, *(sim.values(modes, batch, share) for batch in batches[1:])]
 

@@ -3,10 +3,13 @@
 Each plan runs in its own process (peak RSS is per process), on 4 calibration crops and N evaluation
 crops, to ``top1>=0.9``; printed per N: the peak RSS over what the process held before planning, the
 seconds, the evaluations (whole forwards of the simulation), and the ratio of memory and time to the
-smallest N. A plan whose memory grows with N shows it here.
+smallest N. A plan whose memory grows with N shows it here. ``--ranks 2`` plans each N under
+``torchrun`` too (2 gloo ranks, one thread each, ``Resources(shard="distributed")``): each rank's peak and
+whether every rank's plan is the one process's.
 
     python tests/benchmarks/bench_plan_memory.py
     python tests/benchmarks/bench_plan_memory.py --deploy xnnpack --crops 8,24,48
+    python tests/benchmarks/bench_plan_memory.py --crops 16 --ranks 2
     PYTHONPATH=/path/to/another/checkout python tests/benchmarks/bench_plan_memory.py   # the same, there
 
 Run it on an idle machine: each plan takes minutes.
@@ -15,18 +18,21 @@ Run it on an idle machine: each plan takes minutes.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
 import sys
 
 
-def measure(crops: int, deploy: str) -> dict[str, object]:
-    """In the child process: one plan on ``crops`` evaluation crops, its peak RSS growth in MB."""
+def measure(crops: int, deploy: str, distributed: bool) -> dict[str, object]:
+    """In the child process (a rank, ``distributed``): one plan on ``crops`` evaluation crops, its peak
+    RSS growth in MB."""
     import resource
     import time
     import warnings
 
+    import attrs
     import torch
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -35,7 +41,9 @@ def measure(crops: int, deploy: str) -> dict[str, object]:
 
     import qinsight
 
-    torch.set_num_threads(2)
+    if distributed:
+        torch.distributed.init_process_group("gloo")
+    torch.set_num_threads(1 if distributed else 2)  # the machine's 2 cores, either way
     warnings.simplefilter("ignore")
     model = mobilenet_v2_or_skip().eval()
     calibration = photo_crops(4, seed=1, photos=("grace_hopper",))
@@ -43,31 +51,48 @@ def measure(crops: int, deploy: str) -> dict[str, object]:
     report = qinsight.diagnose(model, calibration, deploy=deploy, verify=False)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     began = time.perf_counter()
-    plan = qinsight.plan(model, calibration, evaluation, goal="top1>=0.9", deploy=deploy, report=report)
+    resources = qinsight.types.Resources(shard="distributed" if distributed else None)
+    plan = qinsight.plan(
+        model, calibration, evaluation, goal="top1>=0.9", deploy=deploy, report=report, resources=resources
+    )
     seconds = time.perf_counter() - began
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if distributed:
+        torch.distributed.destroy_process_group()
+    decided = repr(attrs.evolve(plan, cost=None, evaluations=0))  # what it cost to make is not the plan
     return {
+        "rank": int(os.environ.get("RANK", 0)),
         "peak_mb": peak - before,
         "seconds": seconds,
         "evaluations": plan.evaluations,
         "floats": len(plan.kept_float),
+        "cost": plan.cost.describe() if plan.cost is not None else "",
+        "plan": hashlib.sha256(decided.encode()).hexdigest()[:12],
     }
+
+
+def _child(crops: int, deploy: str, ranks: int) -> list[dict[str, object]]:
+    """One plan in a process of its own, or under torchrun over ``ranks`` ranks: each rank's row."""
+    command = [__file__, "--deploy", deploy, "--child", str(crops)]
+    if ranks > 1:
+        command = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *command, "--rank"]
+    done = subprocess.run([sys.executable, *command], capture_output=True, text=True, check=True)
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return sorted(rows, key=lambda row: row["rank"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deploy", default="fx", help="a backend's or a flow's name, as plan(deploy=) takes it")
     parser.add_argument("--crops", default="8,32", help="the evaluation crops of each plan, comma separated")
+    parser.add_argument("--ranks", type=int, default=1, help="each plan under torchrun over this many ranks too")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(measure(args.child, args.deploy)))
+        print(json.dumps(measure(args.child, args.deploy, args.rank)))
         return
-    found = {}
-    for crops in (int(n) for n in args.crops.split(",")):
-        command = [sys.executable, __file__, "--deploy", args.deploy, "--child", str(crops)]
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-        found[crops] = json.loads(done.stdout.strip().splitlines()[-1])
+    found = {crops: _child(crops, args.deploy, 1)[0] for crops in (int(n) for n in args.crops.split(","))}
     first = found[min(found)]
     for crops, row in found.items():
         memory = row["peak_mb"] / first["peak_mb"]
@@ -76,8 +101,14 @@ def main() -> None:
             f"{row['seconds']:6.1f} s ({row['seconds'] / first['seconds']:.2f}x), {row['evaluations']} evaluations, "
             f"{row['floats']} sites in float"
         )
-        if row["cost"]:
-            print(f"  time: {row['cost']}")
+        print(f"  time: {row['cost']}")
+        if args.ranks > 1:
+            for rank in _child(crops, args.deploy, args.ranks):
+                same = "the one process's plan" if rank["plan"] == row["plan"] else "ANOTHER PLAN"
+                print(
+                    f"  rank {rank['rank']} of {args.ranks}: peak +{rank['peak_mb']:7.0f} MB "
+                    f"({rank['peak_mb'] / row['peak_mb']:.2f}x one process's), {rank['seconds']:6.1f} s, {same}"
+                )
 
 
 if __name__ == "__main__":

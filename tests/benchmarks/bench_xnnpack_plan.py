@@ -13,6 +13,7 @@ scikit-image`` first (``--plan-photos grace_hopper --held-out-photos grace_hoppe
     python tests/benchmarks/bench_xnnpack_plan.py
     python tests/benchmarks/bench_xnnpack_plan.py --target "top1>=0.9" --held-out 64
     python tests/benchmarks/bench_xnnpack_plan.py --evaluation 48 --confidence 0.95
+    python tests/benchmarks/bench_xnnpack_plan.py --speed "speedup>=1.5"
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="top1>=0.93")
+    parser.add_argument("--speed", help="the program's speed bound beside the target, e.g. speedup>=1.5")
     parser.add_argument("--confidence", type=float, help="hold the top1 target at Wilson's bound (plan(confidence=))")
     parser.add_argument("--calibration", type=int, default=16, help="crops to calibrate on")
     parser.add_argument("--evaluation", type=int, default=32, help="crops the plan scores on")
@@ -63,7 +65,7 @@ def main() -> None:
         model,
         calibration,
         evaluation,
-        goal=qinsight.types.Goal(target=args.target, confidence=args.confidence),
+        goal=qinsight.types.Goal(target=args.target, confidence=args.confidence, speed=args.speed),
         deploy=qinsight.types.Deployment(backend="xnnpack", lowered=True),
         report=report,
         held_out_data=held_out,
@@ -72,6 +74,10 @@ def main() -> None:
     print(f"planned in {planned:.0f} s ({plan.evaluations} evaluations), scored on {plan.lowered or 'the reference'}")
     if plan.cost is not None:
         print(f"  time: {plan.cost.describe()}")
+    if plan.programs is not None:
+        print(f"  program: {plan.programs.describe()}")
+    for note in plan.notes:
+        print(f"  note: {note}")
     print(
         f"  reached {plan.reached}: default {plan.default_score:.4f}, verified {plan.verified_score:.4f}, "
         f"held out {plan.held_out_score:.4f}"

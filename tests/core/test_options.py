@@ -3,9 +3,11 @@ checked once when it is built, and the former keywords still working, warned of,
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
+import torch
 
 import qinsight
 from qinsight.core.options import options
@@ -49,11 +51,11 @@ def test_a_record_is_checked_once_when_it_is_built(build: object, message: str) 
 
 def test_the_former_keywords_are_sorted_into_their_records_and_warned_of() -> None:
     with pytest.warns(DeprecationWarning, match=r"plan\(backend=\.\.\.\) is now plan\(deploy=\.\.\.\)"):
-        goal, deploy = options("plan", None, None, {"backend": "xnnpack", "lowered": True, "target": "sqnr>=25"})
+        goal, deploy, _ = options("plan", None, None, {"backend": "xnnpack", "lowered": True, "target": "sqnr>=25"})
     assert deploy == Deployment(backend="xnnpack", lowered=True) and goal.target == Target.parse("sqnr>=25")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert options("plan", "float<=2", "x86", {}) == (Goal.of("float<=2", "plan"), Deployment(backend="x86"))
+        assert options("plan", "float<=2", "x86", {})[:2] == (Goal.of("float<=2", "plan"), Deployment(backend="x86"))
     with pytest.raises(Invalid, match="^plan: deploy='str' is invalid; expected None beside backend="):
         options("plan", None, "x86", {"backend": "x86"})
     with pytest.raises(Invalid, match=r"^plan_formats: backend='x86' is invalid; expected no such argument"):
@@ -70,3 +72,21 @@ def test_diagnose_plan_and_plan_formats_take_at_most_ten_arguments() -> None:
     for function in (qinsight.diagnose, qinsight.plan, qinsight.plan_formats):
         named = [p for p in inspect.signature(function).parameters.values() if p.kind is not p.VAR_KEYWORD]
         assert len(named) <= 10, (function.__name__, [p.name for p in named])
+
+
+def test_speed_and_resources_are_records_of_their_own() -> None:
+    from qinsight.types import Resources, SpeedBound
+
+    assert Goal(target="top1>=0.9", speed="speedup>=1.5").speed == SpeedBound(measure="speedup", limit=1.5)
+    assert str(Goal(speed="latency <= 12.5ms").speed) == "latency<=12.5ms"
+    for wrong in ("speedup<=1.5", "latency>=3", "speedup>=0", "fast>=2"):
+        with pytest.raises(Invalid, match=rf"Goal: speed='{re.escape(wrong)}' is invalid; expected a speed bound"):
+            Goal(speed=wrong)
+    assert Resources(memory_budget="4GB").memory_budget == 4 * 10**9 and Resources().shard is None
+    with pytest.raises(Invalid, match="Resources: memory_budget=4096 is invalid; expected a number of bytes"):
+        Resources(memory_budget=4096)
+    with pytest.raises(Invalid, match="plan: resources='str' is invalid; expected a qinsight.types.Resources"):
+        qinsight.plan(torch.nn.Linear(2, 2), [torch.ones(1, 2)], [torch.ones(1, 2)], resources="4GB")  # type: ignore[arg-type]
+    with pytest.warns(DeprecationWarning, match=r"plan\(memory_budget=...\) is now plan\(resources=...\)"):
+        with pytest.raises(Invalid, match="plan: memory_budget='2 XB' is invalid"):
+            qinsight.plan(torch.nn.Linear(2, 2), [torch.ones(1, 2)], [torch.ones(1, 2)], memory_budget="2 XB")

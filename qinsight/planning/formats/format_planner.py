@@ -71,7 +71,7 @@ def _goal(goal: Goal | str | Target | Budget | None, former: dict[str, Any]) -> 
     if not former:
         return DEFAULT_GOAL if goal is None else Goal.of(goal, "plan_formats")
     given = {"target": "perplexity<=1.05", **former}
-    aim, _deploy = options("plan_formats", goal, None, given, budget_unit="bits", takes=("goal",))
+    aim, _deploy, _resources = options("plan_formats", goal, None, given, budget_unit="bits", takes=("goal",))
     metric = aim.metric if isinstance(aim.metric, str) else aim.target.metric if aim.target is not None else ""
     if "confidence" not in former and aim.target is not None and metric in PER_POSITION:
         aim = attrs.evolve(aim, confidence=0.95)
