@@ -37,6 +37,23 @@ from qinsight.planning.switches import Mode
 T = TypeVar("T")
 
 
+@attrs.frozen(eq=False)
+class Measured:
+    """A config quantized for real: its ``outcome`` on the evaluation data, its ``program``'s time and
+    size where lowered, the layers the converted model ``quantized``, and its outputs on this process's
+    held-out batches where run (``None``: not run on them)."""
+
+    outcome: Outcome
+    program: ProgramCost | None = None
+    quantized: frozenset[str] = frozenset()
+    held_out: tuple[Any, ...] | None = None
+    failure: Exception | None = None  # the flow's own error, where it failed in this process
+
+    @property
+    def failed(self) -> bool:
+        return isinstance(self.outcome, FailedConfig)
+
+
 class PlanRun:
     """A plan's shared state: the request as ``asked`` and as the search holds it (:attr:`request`: with
     a confidence, the agreement whose bound meets the target over these evaluation rows), the float
@@ -56,8 +73,8 @@ class PlanRun:
         self._search: Search | None = None
         self._stages: list[StageTime] = []
         self._real_configs, self._real_seconds = 0, 0.0  # configs quantized for real so far, and their seconds
-        # each distinct config scored for real, and its program where lowered: quantized (and lowered) once
-        self._measured: dict[tuple[Flow, tuple[QuantSuggestion, ...]], tuple[Outcome, ProgramCost | None]] = {}
+        # each distinct config measured for real: quantized (and lowered) once
+        self._measured: dict[tuple[Flow, tuple[QuantSuggestion, ...]], Measured] = {}
         self._float_program: ProgramCost | None = None
 
     def timed(self, stage: str, step: Callable[..., T], *args: Any) -> T:
@@ -85,21 +102,33 @@ class PlanRun:
         self._real_seconds += time.perf_counter() - began
         return found
 
-    def real(self, flow: Flow, advice: tuple[QuantSuggestion, ...]) -> Outcome:
+    def real(self, flow: Flow, advice: tuple[QuantSuggestion, ...], held_out: bool = False) -> Outcome:
         """``advice``'s config quantized for real through ``flow`` (prepare, calibrate, convert, run) and
         scored, once per distinct config (a config asked again is the same measurement, and lowering
         one costs tens of seconds); where the flow cannot build or run it, a :class:`FailedConfig`,
-        recorded for the notes (a metric's own error is not caught: it is the user's)."""
+        recorded for the notes (a metric's own error is not caught: it is the user's). ``held_out``: run
+        on the held-out batches too, kept for :meth:`measured` (the verification's configs: the one it
+        ends with is then not quantized again)."""
+        return self.measured(flow, advice, held_out).outcome
+
+    def measured(self, flow: Flow, advice: tuple[QuantSuggestion, ...], held_out: bool = False) -> Measured:
+        """:meth:`real`'s whole measurement of ``advice``'s config (``held_out``: its held-out outputs too)."""
         key = (flow, advice)
-        if key not in self._measured:
-            found = self.trial(flow, advice, self.evaluation)
-            error = next((error for error in self.ranks.each(found.error) if error), "")  # one rank's: every rank's
-            if error:
-                self._failures[error] = self._failures.get(error, 0) + 1
-                self._measured[key] = (FailedConfig(error), None)
-            else:
-                self._measured[key] = (self.scorer(list(found.outputs)), self.ranks.first(found.program))
-        return self._measured[key][0]
+        found = self._measured.get(key)
+        if found is not None and (found.held_out is not None or not held_out or found.failed):
+            return found
+        held = self.held_out if held_out else ()
+        trial = self.trial(flow, advice, [*self.evaluation, *held])
+        error = next((error for error in self.ranks.each(trial.error) if error), "")  # one rank's: every rank's
+        if error:
+            self._failures[error] = self._failures.get(error, 0) + 1
+            self._measured[key] = Measured(FailedConfig(error), failure=trial.failure)
+        else:
+            outputs, count = list(trial.outputs), len(self.evaluation)
+            score, program = self.scorer(outputs[:count]), self.ranks.first(trial.program)
+            kept = tuple(outputs[count:]) if held_out else None
+            self._measured[key] = Measured(score, program, trial.quantized, kept)
+        return self._measured[key]
 
     def float_program(self) -> None:
         """The float model lowered as the configs are (``lowered=True``) and run on the evaluation data:
@@ -113,16 +142,14 @@ class PlanRun:
     def programs(self, flow: Flow, advice: tuple[QuantSuggestion, ...], default: Flow) -> PlanPrograms | None:
         """``advice``'s program through ``flow``, the ``default`` flow's config's and the float model's,
         as timed (``None``: the plan does not lower its configs, or the flow could not run one)."""
-        self.real(flow, advice)
-        self.real(default, ())
-        planned, started = self._measured[flow, advice][1], self._measured[default, ()][1]
+        planned, started = self.measured(flow, advice).program, self.measured(default, ()).program
         if planned is None or started is None or self._float_program is None:
             return None
         return PlanPrograms(planned=planned, default=started, float_model=self._float_program)
 
-    def real_score(self, flow: Flow) -> RealScore:
+    def real_score(self, flow: Flow, held_out: bool = False) -> RealScore:
         """:meth:`real` through ``flow``, as a function of the config."""
-        return functools.partial(self.real, flow)
+        return functools.partial(self.real, flow, held_out=held_out)
 
     def failure_notes(self, flow: str) -> tuple[Note, ...]:
         """Each distinct error of the flow once, with how many candidate configs it left out."""

@@ -148,7 +148,8 @@ def plan(
     found = run.timed("checks", stages.checked, run, chosen, base)
     measured = run.timed("sensitivity", stages.sensitivity, run, found)
     search = run.timed("search", stages.searched, run, found, measured)
-    verifying = (run.real_score(chosen.flow), run.request.goal, run.spec, found, search, base.score)
+    # each config verified runs the held-out batches too: the one it ends with is not quantized again
+    verifying = (run.real_score(chosen.flow, held_out=True), run.request.goal, run.spec, found, search, base.score)
     real = run.timed("verification", verify.verified, *verifying)
     final = base.flow if real.default else chosen.flow
     applied = run.timed("converted", stages.converted, run, final, real.suggestions, chosen.report)

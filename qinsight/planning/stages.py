@@ -262,36 +262,39 @@ class Converted:
 
 
 def converted(run: PlanRun, flow: Flow, advice: tuple[QuantSuggestion, ...], report: Report) -> Converted:
-    """What ``flow`` really quantizes of ``advice``'s config, over every layer of ``report`` (prepare,
-    calibrate, convert, then the converted model's layers read: quantized modules in FX, weights
-    dequantized in the PT2E graph), and that converted model's score on the held-out data."""
+    """What ``flow`` really quantizes of ``advice``'s config, over every layer of ``report`` (read from
+    the converted model: quantized modules in FX, weights dequantized in the PT2E graph), and that
+    converted model's score on the held-out data: the verification's measurement of the config, which
+    ran the held-out batches too (quantized again only where it did not: the default returned)."""
     request, ranks = run.request, run.ranks
-    found = run.trial(flow, advice, run.held_out)
-    if found.failed:
-        raise FrontendError(f"the {flow.name} flow cannot quantize the plan's config again: {found.error}")
+    found = run.measured(flow, advice, held_out=True)
+    if isinstance(found.outcome, FailedConfig):
+        raise FrontendError(f"the {flow.name} flow cannot quantize the plan's config again: {found.outcome.error}")
     held = math.nan
-    if request.held_out:  # the float model's held-out outputs only now: the search never holds them
+    if request.held_out and found.held_out is not None:  # the float model's held-out outputs only now
         reference = ranks.gathered(model_outputs(run.model, run.held_out))
         scorer = Scorer(reference, request.metric, request.metric_name, request.held_out, ranks.gathered)
-        held = scorer(list(found.outputs))
+        held = scorer(list(found.held_out))
     weighted = weighted_layers(flow.model, report.sites)
     total = sum(weighted.values())
     fraction = sum(n for fqn, n in weighted.items() if fqn in found.quantized) / total if total else 1.0
     kept = {s.fqn for s in advice if s.keep_float}
-    return Converted(fraction, found.left_float(fqn for fqn in weighted if fqn not in kept), held)
+    left = tuple(fqn for fqn in weighted if fqn not in kept and fqn not in found.quantized)
+    return Converted(fraction, left, held)
 
 
 def _score(flow: Flow, run: PlanRun) -> float:
     """The flow's config without suggestions, quantized for real: what every plan starts from."""
-    found = run.trial(flow, (), run.evaluation)
+    found = run.measured(flow, ())
     if isinstance(found.failure, (FrontendError, MissingExtraError)):
         raise found.failure
-    if found.failure is not None:
+    if isinstance(found.outcome, FailedConfig):
+        said = describe(found.failure) if found.failure is not None else found.outcome.error  # another rank's
         raise FrontendError(
             f"the {flow.name} flow's default config cannot quantize and run {type(flow.model).__name__} on these "
-            f"calibration and evaluation batches, and every plan starts from it: {describe(found.failure)}"
+            f"calibration and evaluation batches, and every plan starts from it: {said}"
         ) from found.failure
-    return run.scorer(list(found.outputs))
+    return found.outcome
 
 
 __all__ = [

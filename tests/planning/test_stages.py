@@ -145,7 +145,8 @@ def test_a_plan_says_where_its_time_went_stage_by_stage_and_its_file_keeps_it(tm
     names = [stage.stage for stage in cost.stages]
     assert names == ["diagnosis", "baseline", "checks", "sensitivity", "search", "verification", "converted"]
     assert {s.stage: s.real_configs for s in cost.stages}["baseline"] >= 1  # the default config, for real
-    assert {s.stage: s.real_configs for s in cost.stages}["converted"] == 1  # the plan's config, read back
+    # the plan's config read back from its verification's measurement, which ran the held-out data too
+    assert {s.stage: s.real_configs for s in cost.stages}["converted"] == 0
     assert cost.real_configs >= 3 and 0.0 < cost.real_seconds <= cost.seconds
     assert math.ceil(cost.simulated_forwards) == plan.evaluations > 0
     report = qinsight.diagnose(model, data[:4], deploy="fx", verify=False).with_plan(plan)
