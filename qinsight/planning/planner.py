@@ -148,9 +148,11 @@ def plan(
     found = run.timed("checks", stages.checked, run, chosen, base)
     measured = run.timed("sensitivity", stages.sensitivity, run, found)
     search = run.timed("search", stages.searched, run, found, measured)
-    # each config verified runs the held-out batches too: the one it ends with is not quantized again
+    # each config verified runs the held-out batches too: the one it ends with is not quantized again;
+    # a bisection over lowered programs searches on the reference models first (no lowering)
+    probe = run.real_score(chosen.flow.unlowered()) if request.lowering is not None else None
     verifying = (run.real_score(chosen.flow, held_out=True), run.request.goal, run.spec, found, search, base.score)
-    real = run.timed("verification", verify.verified, *verifying)
+    real = run.timed("verification", verify.verified, *verifying, probe)
     final = base.flow if real.default else chosen.flow
     applied = run.timed("converted", stages.converted, run, final, real.suggestions, chosen.report)
     return attrs.evolve(_assembled(run, base, chosen, measured, search, real, applied), cost=run.cost(diagnosis))

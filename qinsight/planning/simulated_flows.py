@@ -153,6 +153,12 @@ class Flow:
             shaped_for=self.batches,
         )
 
+    def unlowered(self) -> Flow:
+        """This flow scoring the reference model its configs convert to, not the program lowered from it."""
+        reference = copy.copy(self)
+        reference.lowering = None
+        return reference
+
     def _prepared(self, suggestions: tuple[QuantSuggestion, ...], example: tuple[Any, ...]) -> fx.GraphModule:
         """:meth:`prepare`, its failures (tracing, export, a quantizer that refuses a pattern) said as one."""
         try:

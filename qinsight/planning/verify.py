@@ -41,13 +41,21 @@ class Verified:
 
 
 def verified(
-    real: RealScore, goal: Target | Budget, spec: MetricSpec, found: Checked, search: Searched, default_score: float
+    real: RealScore,
+    goal: Target | Budget,
+    spec: MetricSpec,
+    found: Checked,
+    search: Searched,
+    default_score: float,
+    probe: RealScore | None = None,
 ) -> Verified:
     """The searched config (``found``'s kept suggestions, ``search``'s modes) quantized for real (``real``:
     :meth:`PlanRun.real_score`), the unseen parts checked, bisected where it misses ``goal``; the default
-    config where that scored better (in ``spec``'s direction) or the flow could not build or run it."""
+    config where that scored better (in ``spec``'s direction) or the flow could not build or run it.
+    ``probe``: a cheaper real score the bisection searches with first (the reference model, where ``real``
+    scores the lowered program), ``real`` confirming where it ends."""
     kept, checks, score, notes = _unseen_parts_checked(real, goal, found.kept, found.checks, search, spec)
-    modes, score, more = _bisected(real, goal, kept, found.start, search, score)
+    modes, score, more = _bisected(real, goal, kept, found.start, search, score, probe)
     notes += more
     if isinstance(score, FailedConfig) or spec.worse(score, default_score):
         said = (
@@ -67,14 +75,13 @@ def _bisected(
     start: dict[str, Mode],
     search: Searched,
     as_searched: Outcome,
+    probe_score: RealScore | None = None,
 ) -> tuple[dict[str, Mode], Outcome, list[Note]]:
     """The plan's config as quantized for real scored ``as_searched``. Where it misses a target the
     simulation reached, the longest prefix of the quantized sites (in the order they were taken)
-    that reaches it for real is found by bisection: each probe is one real quantization."""
-
-    def real(prefix_modes: Mapping[str, Mode]) -> Outcome:
-        return real_score(advice(kept, prefix_modes))
-
+    that reaches it for real is found by bisection: each probe is one real quantization. With a
+    ``probe_score`` (the reference, where ``real_score`` lowers), the bisection runs on it and the real
+    score takes over at its end: from there, up while the real score still meets the target, else down."""
     modes, steps = search.modes, search.steps
     if isinstance(goal, Budget) or _met(goal, as_searched) or not goal.met(final_score(steps)):
         return modes, as_searched, []
@@ -84,17 +91,31 @@ def _bisected(
     def prefix(n: int) -> dict[str, Mode]:
         return taken({**modes, **floats}, path[:n])
 
-    low, high = 0, len(path)  # prefix(low) is assumed to reach the target, prefix(high) does not
-    best: Outcome | None = None
-    while high - low > 1:
-        middle = (low + high) // 2
-        score = real(prefix(middle))
-        if _met(goal, score):
-            low, best = middle, score
-        else:
-            high = middle
+    def bisect(score: RealScore, low: int, high: int) -> tuple[int, Outcome | None]:
+        """prefix(low) is assumed to reach the target, prefix(high) does not: the last that does."""
+        best: Outcome | None = None
+        while high - low > 1:
+            middle = (low + high) // 2
+            found = score(advice(kept, prefix(middle)))
+            low, high, best = (middle, high, found) if _met(goal, found) else (low, middle, best)
+        return low, best
+
+    if probe_score is None:
+        low, best = bisect(real_score, 0, len(path))
+    else:
+        low, _ = bisect(probe_score, 0, len(path))
+        at = real_score(advice(kept, prefix(low)))
+        if not _met(goal, at):
+            low, best = bisect(real_score, 0, low)
+        else:  # the next step usually misses for real too: one probe, a bisection above it only where not
+            after = real_score(advice(kept, prefix(low + 1))) if low + 1 < len(path) else None
+            if after is not None and _met(goal, after):
+                low, best = bisect(real_score, low + 1, len(path))
+                best = best if best is not None else after
+            else:
+                best = at
     if best is None:
-        best = real(prefix(low))
+        best = real_score(advice(kept, prefix(low)))
     said = f"{as_searched:.6g}" if not isinstance(as_searched, FailedConfig) else "a config it cannot build or run"
     note = Note(
         NoteKind.BISECTED,

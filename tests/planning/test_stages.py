@@ -7,8 +7,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import qinsight
 from qinsight.apply.trial import Trial
@@ -155,3 +158,40 @@ def test_a_plan_says_where_its_time_went_stage_by_stage_and_its_file_keeps_it(tm
     qinsight.save_report(report, path)
     loaded = qinsight.load_report(path).plan
     assert loaded is not None and loaded.cost == cost
+
+
+@given(
+    sites=st.integers(2, 24),
+    data=st.data(),
+)
+def test_a_bisection_searching_on_a_probe_ends_where_the_real_one_does(sites: int, data: st.DataObject) -> None:
+    """A lowered plan bisects on the reference models (the probe) and confirms on the program: wherever the
+    probe's boundary lies, the plan keeps the longest prefix the real score meets, as a bisection on
+    the real score alone does, with fewer real quantizations where the two boundaries agree."""
+    from qinsight.planning.verify import _bisected
+
+    real_boundary = data.draw(st.integers(0, sites - 1), label="the last prefix the program meets")
+    probe_boundary = data.draw(st.integers(0, sites - 1), label="the last prefix the reference meets")
+    names = [f"s{i}" for i in range(sites)]
+    steps = tuple(PlanStep(fqn=n, score=1.0, kept=True, quantized_fraction=0.5, mode="static") for n in names)
+    searched = Searched(steps, {n: Mode.STATIC for n in names}, ())
+    goal = Target.parse("sqnr>=0.5")
+
+    def scorer(boundary: int, calls: list[int]) -> Any:
+        def score(advice: tuple[Any, ...]) -> float:
+            floated = sum(1 for s in advice if s.keep_float)  # the prefix quantizes the others
+            calls.append(1)
+            return 1.0 if sites - floated <= boundary else 0.0
+
+        return score
+
+    start = {n: Mode.STATIC for n in names}
+    alone: list[int] = []
+    plain = _bisected(scorer(real_boundary, alone), goal, (), start, searched, 0.0)
+    probed: list[int] = []
+    probes: list[int] = []
+    found = _bisected(scorer(real_boundary, probed), goal, (), start, searched, 0.0, scorer(probe_boundary, probes))
+    quantized = sum(1 for mode in found[0].values() if mode is not Mode.FLOAT)
+    assert found[0] == plain[0] and quantized == real_boundary and found[1] == 1.0
+    if probe_boundary == real_boundary:  # the real score confirms where the probe ended, and one step past it
+        assert len(probed) <= 2 and len(alone) >= min(2, math.ceil(math.log2(sites)))
