@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Collection, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -399,6 +400,12 @@ class PlanCost:
         )
 
 
+def float_islands(order: Sequence[str], floats: Collection[str]) -> int:
+    """The runs of consecutive sites of ``order`` (the graph's) that are in ``floats``."""
+    kept = [site in floats for site in order]
+    return sum(1 for index, floated in enumerate(kept) if floated and (index == 0 or not kept[index - 1]))
+
+
 def _direction(plan: QuantPlan) -> bool:
     return plan.target.higher_is_better if isinstance(plan.target, Target) else higher_is_better(plan.metric)
 
@@ -464,6 +471,9 @@ class QuantPlan:
     # lowered, or a plan saved before 4.4
     programs: PlanPrograms | None = None
     speed: SpeedBound | None = None  # the speed its program had to reach beside the target; None: none asked
+    # the runs of consecutive sites kept in float, in the graph's order (each one splits the program
+    # with a dequantize before it and a quantize after it); 0: none, or a plan saved before 4.4
+    float_islands: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
     @property
     def aim(self) -> str:

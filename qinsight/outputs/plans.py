@@ -37,7 +37,9 @@ def summary_lines(plan: QuantPlan) -> list[str]:
         + (f" and lowered ({plan.lowered})" if plan.lowered else "")
         + (f", {_score(plan.held_out_score)} on held-out data" if not math.isnan(plan.held_out_score) else "")
         + f", the flow's default config {_score(plan.default_score)}",
-        f"  {plan.quantized_fraction:.1%} of the layers' parameters quantized; {len(floats)} sites kept in float; "
+        f"  {plan.quantized_fraction:.1%} of the layers' parameters quantized; {len(floats)} sites kept in float"
+        + (f" in {plan.float_islands} island{'s' if plan.float_islands > 1 else ''}" if plan.float_islands else "")
+        + "; "
         f"{plan.evaluations} simulated evaluations of the data",
     ]
     if programs is not None:

@@ -21,7 +21,7 @@ from qinsight.core.flows import check_flow_backend, flow_spec, reads_as_is, repo
 from qinsight.core.fx_activations import FxActivations
 from qinsight.core.notes import Note, NoteKind
 from qinsight.core.options import Deployment, Goal, Resources, options
-from qinsight.core.plan import Budget, PlanPrograms, QuantPlan, StageTime, Target
+from qinsight.core.plan import Budget, PlanPrograms, QuantPlan, StageTime, Target, float_islands
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
 from qinsight.core.sites import OpSite
@@ -184,6 +184,7 @@ def _assembled(
         reached = held.met(real.score) and (not request.held_out or goal.met(applied.held_out))
         missed = held_out_miss(goal, "evaluation", goal.met(real.score), real.score, applied.held_out)
     programs = run.programs(flow, real.suggestions, base.flow)
+    candidates, floats = set(run.search.candidates), {s.fqn for s in real.suggestions if s.keep_float}
     reached = reached and (request.speed is None or programs is None or request.speed.met(programs))
     return QuantPlan(
         flow=flow.name,
@@ -218,6 +219,7 @@ def _assembled(
         higher_is_better=run.spec.higher_is_better,
         programs=programs,
         speed=request.speed,
+        float_islands=float_islands([s.fqn for s in chosen.report.sites if s.fqn in candidates], floats),
     )
 
 

@@ -55,7 +55,7 @@ def verified(
     ``probe``: a cheaper real score the bisection searches with first (the reference model, where ``real``
     scores the lowered program), ``real`` confirming where it ends."""
     kept, checks, score, notes = _unseen_parts_checked(real, goal, found.kept, found.checks, search, spec)
-    modes, score, more = _bisected(real, goal, kept, found.start, search, score, probe)
+    modes, score, more = bisected(real, goal, kept, found.start, search, score, probe)
     notes += more
     if isinstance(score, FailedConfig) or spec.worse(score, default_score):
         said = (
@@ -68,7 +68,7 @@ def verified(
     return Verified(advice(kept, modes), modes, checks, score, tuple(notes))
 
 
-def _bisected(
+def bisected(
     real_score: RealScore,
     goal: Target | Budget,
     kept: tuple[QuantSuggestion, ...],
@@ -180,4 +180,4 @@ def advice(kept: tuple[QuantSuggestion, ...], modes: Mapping[str, Mode]) -> tupl
     return tuple(s for s in kept if s.fqn not in moved) + mode_suggestions(moved)
 
 
-__all__ = ["Verified", "advice", "verified"]
+__all__ = ["Verified", "advice", "bisected", "verified"]

@@ -9,6 +9,7 @@ import qinsight
 from qinsight.core.comparison import ProgramCost
 from qinsight.core.notes import NoteKind
 from qinsight.core.plan import SuggestionCheck, Target
+from qinsight.core.suggestions import QuantSuggestion
 from qinsight.core.verification import SuggestionKind
 from qinsight.outputs.plans import check_table, summary_lines
 
@@ -63,3 +64,15 @@ def test_checks_that_change_nothing_are_one_row_for_all_their_sites() -> None:
     ]
     assert rows[0][2:] == ("0.9", "0.88", "-0.02", "no", "not applied: -0.02 on the output")
     assert rows[1][5:] == ("no", unequalized) and rows[2][5:] == ("yes", default)
+
+
+def test_float_islands_are_the_runs_of_consecutive_float_sites_in_the_graphs_order() -> None:
+    from qinsight.core.plan import float_islands
+
+    order = ["stem", "a", "b", "c", "d", "head"]
+    assert float_islands(order, set()) == 0
+    assert float_islands(order, {"stem", "a", "head"}) == 2 and float_islands(order, {"a", "c"}) == 2
+    assert float_islands(order, set(order)) == 1 and float_islands(order, {"b", "elsewhere"}) == 1
+    floats = tuple(QuantSuggestion(fqn=fqn, keep_float=True) for fqn in ("stem", "a", "head"))
+    said = summary_lines(_plan(float_islands=2, suggestions=floats, quantized_fraction=0.9))[1]
+    assert said.startswith("  90.0% of the layers' parameters quantized; 3 sites kept in float in 2 islands; ")

@@ -27,7 +27,7 @@ from qinsight.planning.request import plan_request
 from qinsight.planning.simulated_flows import FxFlow
 from qinsight.planning.stages import Checked, Searched
 from qinsight.planning.switches import Mode
-from qinsight.planning.verify import verified
+from qinsight.planning.verify import bisected, verified
 from qinsight.types import Deployment, Goal, NoteKind, SuggestionCheck, SuggestionKind, Target
 
 TOP1 = spec_of("top1")
@@ -168,8 +168,6 @@ def test_a_bisection_searching_on_a_probe_ends_where_the_real_one_does(sites: in
     """A lowered plan bisects on the reference models (the probe) and confirms on the program: wherever the
     probe's boundary lies, the plan keeps the longest prefix the real score meets, as a bisection on
     the real score alone does, with fewer real quantizations where the two boundaries agree."""
-    from qinsight.planning.verify import _bisected
-
     real_boundary = data.draw(st.integers(0, sites - 1), label="the last prefix the program meets")
     probe_boundary = data.draw(st.integers(0, sites - 1), label="the last prefix the reference meets")
     names = [f"s{i}" for i in range(sites)]
@@ -187,10 +185,10 @@ def test_a_bisection_searching_on_a_probe_ends_where_the_real_one_does(sites: in
 
     start = {n: Mode.STATIC for n in names}
     alone: list[int] = []
-    plain = _bisected(scorer(real_boundary, alone), goal, (), start, searched, 0.0)
+    plain = bisected(scorer(real_boundary, alone), goal, (), start, searched, 0.0)
     probed: list[int] = []
     probes: list[int] = []
-    found = _bisected(scorer(real_boundary, probed), goal, (), start, searched, 0.0, scorer(probe_boundary, probes))
+    found = bisected(scorer(real_boundary, probed), goal, (), start, searched, 0.0, scorer(probe_boundary, probes))
     quantized = sum(1 for mode in found[0].values() if mode is not Mode.FLOAT)
     assert found[0] == plain[0] and quantized == real_boundary and found[1] == 1.0
     if probe_boundary == real_boundary:  # the real score confirms where the probe ended, and one step past it
