@@ -1,7 +1,7 @@
 """A plan over the ranks of a process group: each rank runs a share of the evaluation batches, and
 every score is of all of them.
 
-``plan(..., shard="distributed")`` is called on every rank with the same data. Each rank calibrates
+``plan(..., resources=Resources(shard="distributed"))`` is called on every rank with the same data. Each rank calibrates
 on all the calibration batches (every config is calibrated alike, so every rank quantizes it alike)
 and runs the evaluation and held-out batches of its :class:`~qinsight.core.shards.Shard` (batch ``i``
 is rank ``i % world_size``'s). Where a score is taken, the ranks gather their outputs per batch, put
@@ -20,7 +20,6 @@ import torch.distributed as dist
 
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.shards import Shard
-from qinsight.distributed import current_shard
 
 T = TypeVar("T")
 
@@ -35,7 +34,12 @@ class Ranks:
     @classmethod
     def of(cls, distributed: bool) -> Ranks:
         """The process group's ranks for a distributed plan (one error where none is initialized), else one process."""
-        return cls(current_shard("plan")) if distributed else cls()
+        if not distributed:
+            return cls()
+        if not (dist.is_available() and dist.is_initialized()):
+            expected = "an initialized process group (torchrun, or torch.distributed.init_process_group), or shard=None"
+            raise InvalidParameterError("plan", "resources", 'Resources(shard="distributed")', expected)
+        return cls(Shard(rank=dist.get_rank(), world_size=dist.get_world_size()))
 
     def share(self, batches: Sequence[T], argument: str) -> tuple[T, ...]:
         """This rank's batches of ``batches`` (``argument``'s): at least one each, else one error."""

@@ -59,7 +59,8 @@ def measure(crops: int, deploy: str, distributed: bool) -> dict[str, object]:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if distributed:
         torch.distributed.destroy_process_group()
-    decided = repr(attrs.evolve(plan, cost=None, evaluations=0))  # what it cost to make is not the plan
+    decided = attrs.evolve(plan, cost=None, evaluations=0)  # what it cost to make is not the plan
+    fields = {field.name: repr(getattr(decided, field.name)) for field in attrs.fields(type(decided))}
     return {
         "rank": int(os.environ.get("RANK", 0)),
         "peak_mb": peak - before,
@@ -67,7 +68,7 @@ def measure(crops: int, deploy: str, distributed: bool) -> dict[str, object]:
         "evaluations": plan.evaluations,
         "floats": len(plan.kept_float),
         "cost": plan.cost.describe() if plan.cost is not None else "",
-        "plan": hashlib.sha256(decided.encode()).hexdigest()[:12],
+        "plan": {name: hashlib.sha256(text.encode()).hexdigest()[:12] for name, text in fields.items()},
     }
 
 
@@ -104,7 +105,8 @@ def main() -> None:
         print(f"  time: {row['cost']}")
         if args.ranks > 1:
             for rank in _child(crops, args.deploy, args.ranks):
-                same = "the one process's plan" if rank["plan"] == row["plan"] else "ANOTHER PLAN"
+                differ = [name for name, digest in rank["plan"].items() if row["plan"].get(name) != digest]
+                same = "the one process's plan" if not differ else f"ANOTHER PLAN: {', '.join(differ)} differ"
                 print(
                     f"  rank {rank['rank']} of {args.ranks}: peak +{rank['peak_mb']:7.0f} MB "
                     f"({rank['peak_mb'] / row['peak_mb']:.2f}x one process's), {rank['seconds']:6.1f} s, {same}"
