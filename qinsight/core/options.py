@@ -214,6 +214,7 @@ class Resources:
 
     @classmethod
     def of(cls, value: object, owner: str) -> Resources:
+        """``value`` as Resources (``None``: the defaults); anything else is ``owner``'s one error."""
         if value is None:
             return cls()
         if isinstance(value, Resources):

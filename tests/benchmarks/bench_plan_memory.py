@@ -5,7 +5,8 @@ crops, to ``top1>=0.9``; printed per N: the peak RSS over what the process held 
 seconds, the evaluations (whole forwards of the simulation), and the ratio of memory and time to the
 smallest N. A plan whose memory grows with N shows it here. ``--ranks 2`` plans each N under
 ``torchrun`` too (2 gloo ranks, one thread each, ``Resources(shard="distributed")``): each rank's peak and
-whether every rank's plan is the one process's.
+whether every rank's plan is the one process's (on one thread then: torch's kernels round otherwise on
+two, and a crop's top-1 can flip).
 
     python tests/benchmarks/bench_plan_memory.py
     python tests/benchmarks/bench_plan_memory.py --deploy xnnpack --crops 8,24,48
@@ -25,9 +26,9 @@ import subprocess
 import sys
 
 
-def measure(crops: int, deploy: str, distributed: bool) -> dict[str, object]:
-    """In the child process (a rank, ``distributed``): one plan on ``crops`` evaluation crops, its peak
-    RSS growth in MB."""
+def measure(crops: int, deploy: str, distributed: bool, threads: int) -> dict[str, object]:
+    """In the child process (a rank, ``distributed``): one plan on ``crops`` evaluation crops with
+    ``threads`` torch threads, its peak RSS growth in MB."""
     import resource
     import time
     import warnings
@@ -43,7 +44,7 @@ def measure(crops: int, deploy: str, distributed: bool) -> dict[str, object]:
 
     if distributed:
         torch.distributed.init_process_group("gloo")
-    torch.set_num_threads(1 if distributed else 2)  # the machine's 2 cores, either way
+    torch.set_num_threads(threads)
     warnings.simplefilter("ignore")
     model = mobilenet_v2_or_skip().eval()
     calibration = photo_crops(4, seed=1, photos=("grace_hopper",))
@@ -72,9 +73,9 @@ def measure(crops: int, deploy: str, distributed: bool) -> dict[str, object]:
     }
 
 
-def _child(crops: int, deploy: str, ranks: int) -> list[dict[str, object]]:
+def _child(crops: int, deploy: str, ranks: int, threads: int) -> list[dict[str, object]]:
     """One plan in a process of its own, or under torchrun over ``ranks`` ranks: each rank's row."""
-    command = [__file__, "--deploy", deploy, "--child", str(crops)]
+    command = [__file__, "--deploy", deploy, "--child", str(crops), "--threads", str(threads)]
     if ranks > 1:
         command = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *command, "--rank"]
     done = subprocess.run([sys.executable, *command], capture_output=True, text=True, check=True)
@@ -89,22 +90,27 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=1, help="each plan under torchrun over this many ranks too")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(measure(args.child, args.deploy, args.rank)))
+        print(json.dumps(measure(args.child, args.deploy, args.rank, args.threads)))
         return
-    found = {crops: _child(crops, args.deploy, 1)[0] for crops in (int(n) for n in args.crops.split(","))}
+    # torch's kernels round otherwise at another thread count (a crop's top-1 can flip), so the plan the
+    # ranks (one thread each, the machine's 2 cores) must equal is one process's on one thread
+    threads = 1 if args.ranks > 1 else 2
+    found = {crops: _child(crops, args.deploy, 1, threads)[0] for crops in (int(n) for n in args.crops.split(","))}
     first = found[min(found)]
     for crops, row in found.items():
         memory = row["peak_mb"] / first["peak_mb"]
         print(
-            f"{args.deploy}, {crops:3d} crops: peak +{row['peak_mb']:7.0f} MB ({memory:.2f}x), "
+            f"{args.deploy}, {crops:3d} crops, one process, {threads} thread(s): "
+            f"peak +{row['peak_mb']:7.0f} MB ({memory:.2f}x), "
             f"{row['seconds']:6.1f} s ({row['seconds'] / first['seconds']:.2f}x), {row['evaluations']} evaluations, "
             f"{row['floats']} sites in float"
         )
         print(f"  time: {row['cost']}")
         if args.ranks > 1:
-            for rank in _child(crops, args.deploy, args.ranks):
+            for rank in _child(crops, args.deploy, args.ranks, 1):
                 differ = [name for name, digest in rank["plan"].items() if row["plan"].get(name) != digest]
                 same = "the one process's plan" if not differ else f"ANOTHER PLAN: {', '.join(differ)} differ"
                 print(

@@ -74,6 +74,8 @@ def main() -> None:
     print(f"planned in {planned:.0f} s ({plan.evaluations} evaluations), scored on {plan.lowered or 'the reference'}")
     if plan.cost is not None:
         print(f"  time: {plan.cost.describe()}")
+        once = next(stage.seconds for stage in plan.cost.stages if stage.stage == "baseline")
+        print(f"  the plan took {planned / once:.1f}x quantizing, lowering and scoring the default config once")
     if plan.programs is not None:
         print(f"  program: {plan.programs.describe()}")
     for note in plan.notes:
