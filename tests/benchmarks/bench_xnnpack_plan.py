@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import time
 import warnings
@@ -71,6 +72,8 @@ def main() -> None:
         held_out_data=held_out,
     )
     planned = time.perf_counter() - began
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KB on Linux: GB
+    print(f"peak RSS of the process so far (model, data, diagnosis and plan): {peak:.2f} GB")
     print(f"planned in {planned:.0f} s ({plan.evaluations} evaluations), scored on {plan.lowered or 'the reference'}")
     if plan.cost is not None:
         print(f"  time: {plan.cost.describe()}")
