@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.shards import Shard
+from qinsight.distributed import current_shard
 
 T = TypeVar("T")
 
@@ -36,10 +37,11 @@ class Ranks:
         """The process group's ranks for a distributed plan (one error where none is initialized), else one process."""
         if not distributed:
             return cls()
-        if not (dist.is_available() and dist.is_initialized()):
-            expected = "an initialized process group (torchrun, or torch.distributed.init_process_group), or shard=None"
-            raise InvalidParameterError("plan", "resources", 'Resources(shard="distributed")', expected)
-        return cls(Shard(rank=dist.get_rank(), world_size=dist.get_world_size()))
+        try:
+            return cls(current_shard("plan"))
+        except InvalidParameterError as exc:  # said of the resource the user set
+            given = 'Resources(shard="distributed")'
+            raise InvalidParameterError("plan", "resources", given, f"{exc.expected}, or shard=None") from None
 
     def share(self, batches: Sequence[T], argument: str) -> tuple[T, ...]:
         """This rank's batches of ``batches`` (``argument``'s): at least one each, else one error."""
