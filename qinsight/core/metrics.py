@@ -31,7 +31,10 @@ class MetricSpec:
     outputs are read as to compute it (``reads``): ``"rows"`` one row per sample, ``"positions"`` a
     language model's logits one row per token position, ``"labels"`` those positions and the inputs'
     next tokens as labels. ``margins``: it counts agreeing argmaxes, so a plan may order its sites by the
-    noise in the top-1 margins too."""
+    noise in the top-1 margins too. ``settles``: a row's error can only make the score worse, so the score
+    with the rows not yet run taken as the float model's own is the best the rest can reach: a config
+    already short of a target on the rows run so far misses it, and a plan stops running it (cosine
+    and perplexity ratios can recover, a function of one's own is unknown: they run every row)."""
 
     name: str
     higher_is_better: bool
@@ -40,6 +43,7 @@ class MetricSpec:
     meaning: str = ""
     reads: Literal["rows", "positions", "labels"] = "rows"
     margins: bool = False
+    settles: bool = False
 
     def worse(self, score: Outcome, than: Outcome) -> bool:
         """Whether ``score`` is worse than ``than`` in this metric's direction: a config the flow could
@@ -67,13 +71,13 @@ class MetricSpec:
 METRICS: dict[str, MetricSpec] = {
     spec.name: spec
     for spec in (
-        MetricSpec(name="sqnr", higher_is_better=True, meaning="signal-to-quantization-noise ratio, dB"),
-        MetricSpec(name="relative_l2", higher_is_better=False, lower=0.0, meaning="||x - y|| / ||x||"),
+        MetricSpec(name="sqnr", higher_is_better=True, meaning="signal-to-quantization-noise ratio, dB", settles=True),
+        MetricSpec(name="relative_l2", higher_is_better=False, lower=0.0, meaning="||x - y|| / ||x||", settles=True),
         MetricSpec(
             name="cosine", higher_is_better=True, lower=-1.0, upper=1.0, meaning="cosine of the flattened tensors"
         ),
-        MetricSpec(name="max_abs_error", higher_is_better=False, lower=0.0, meaning="max |x - y|"),
-        MetricSpec(name="mse", higher_is_better=False, lower=0.0, meaning="mean (x - y)^2"),
+        MetricSpec(name="max_abs_error", higher_is_better=False, lower=0.0, meaning="max |x - y|", settles=True),
+        MetricSpec(name="mse", higher_is_better=False, lower=0.0, meaning="mean (x - y)^2", settles=True),
         MetricSpec(
             name="top1",
             higher_is_better=True,
@@ -81,6 +85,7 @@ METRICS: dict[str, MetricSpec] = {
             upper=1.0,
             meaning="share of rows whose argmax agrees",
             margins=True,
+            settles=True,
         ),
         # A language model's logits: the last dimension is the vocabulary, every other one a token position.
         MetricSpec(
@@ -90,6 +95,7 @@ METRICS: dict[str, MetricSpec] = {
             meaning="mean KL divergence of the quantized from the float next-token distribution "
             "(softmax of the last dim), nats",
             reads="positions",
+            settles=True,
         ),
         MetricSpec(
             name="token_agreement",
@@ -98,6 +104,7 @@ METRICS: dict[str, MetricSpec] = {
             upper=1.0,
             meaning="share of positions whose most likely next token (argmax of the last dim) agrees",
             reads="positions",
+            settles=True,
         ),
     )
 }

@@ -12,13 +12,10 @@ only its immutable results, saved in report files like everything else:
   :class:`PlanPrograms`: the programs a lowered plan timed and sized;
 - :class:`SuggestionCheck`: a report suggestion applied alone, its measured
   effect, and whether the plan kept it (and why not);
-- :class:`SiteSensitivity`: the output metric with only this site in float,
-  and with only this site quantized;
-- :class:`PlanStep`: one site more quantized, the score measured with it, and
-  whether it stayed (the quality-vs-fraction-quantized curve);
-- :class:`QuantPlan`: all of it, the final config as suggestions, and the
-  score of that config re-measured through the real flow next to the flow's
-  default config.
+- :class:`SiteSensitivity`: the output metric with only this site in float, and only it quantized;
+- :class:`PlanStep`: one site more quantized, its score, whether it stayed (the quality-vs-fraction curve);
+- :class:`QuantPlan`: all of it, the final config as suggestions, and its score re-measured through the
+  real flow next to the flow's default config.
 """
 
 from __future__ import annotations
@@ -350,6 +347,9 @@ class PlanStep:
     step made of the site: ``"dynamic"`` (a Linear's weights int8, its input
     quantized per batch) or ``"static"``; a Linear can take both steps, dynamic
     first. ``""``: the mode its suggestions give (files before 1.8).
+    ``settled_after``: N, a refinement step certain to miss after its first N
+    evaluation batches, run no further: its ``score`` is at most that (the rest
+    taken as the float model's own outputs); 0: it ran every batch.
     """
 
     fqn: str
@@ -358,6 +358,7 @@ class PlanStep:
     quantized_fraction: float = attrs.field(validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)])
     stage: str = attrs.field(default="curve", validator=attrs.validators.in_(STAGES))
     mode: str = attrs.field(default="", validator=attrs.validators.in_(STEP_MODES))
+    settled_after: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
 
 @attrs.frozen(kw_only=True)

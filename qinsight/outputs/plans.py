@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from qinsight.core.notes import NoteKind
-from qinsight.core.plan import QuantPlan
+from qinsight.core.plan import PlanStep, QuantPlan
 from qinsight.outputs.tables import DEFAULT_LIMIT, Table, tables_as_text
 
 
@@ -130,14 +130,22 @@ def curve_table(plan: QuantPlan, limit: int = DEFAULT_LIMIT) -> Table:
     rows = tuple(
         (
             s.fqn or "(all candidates in float)",
-            _score(s.score),
-            f"quantized {s.mode}".strip() if s.kept else "kept in float",
+            f"<= {_score(s.score)}" if s.settled_after else _score(s.score),
+            f"quantized {s.mode}".strip() if s.kept else _floated(s),
             f"{s.quantized_fraction:.1%}",
         )
         for s in steps
     )
     note = f"the first {len(plan.steps) - len(steps)} steps are in the file" if len(plan.steps) > len(steps) else ""
     return Table(f"Search, last steps ({plan.metric} simulated)", ("site", "score", "then", "quantized"), rows, note)
+
+
+def _floated(step: PlanStep) -> str:
+    """A step the search left in float, and where it missed for certain before its last batch, when."""
+    if not step.settled_after:
+        return "kept in float"
+    batches = f"{step.settled_after} batch{'es' if step.settled_after > 1 else ''}"
+    return f"kept in float (missed for certain after {batches})"
 
 
 def plan_tables(plan: QuantPlan, limit: int = DEFAULT_LIMIT) -> list[Table]:

@@ -156,15 +156,20 @@ def plot_plan(plan: QuantPlan) -> Figure:
     before = 0.0
     kept: list[tuple[float, float]] = []
     missed: list[tuple[float, float]] = []
+    settled: list[tuple[float, float]] = []  # stopped once the miss was certain: the score at most that
     for step in plan.steps:
         if step.stage == "refine":
-            (kept if step.kept else missed).append((step.quantized_fraction if step.kept else before, step.score))
+            into = kept if step.kept else settled if step.settled_after else missed
+            into.append((step.quantized_fraction if step.kept else before, step.score))
         if step.kept:
             before = step.quantized_fraction
     if kept:
         axes.plot(*zip(*kept), "o", color="tab:green", markersize=4, label="tried after the prefix: kept")
     if missed:
         axes.plot(*zip(*missed), "x", color="tab:red", label="tried after the prefix: missed, kept in float")
+    if settled:
+        said = "missed on its first batches (at most), kept in float"
+        axes.plot(*zip(*settled), "v", color="tab:red", markersize=4, label=f"tried after the prefix: {said}")
     threshold = [plan.target.threshold] if isinstance(plan.target, Target) else []  # a budget has none
     for line in threshold:
         axes.axhline(line, color="gray", linestyle="--", label=f"target {plan.target}")

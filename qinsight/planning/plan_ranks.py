@@ -13,7 +13,7 @@ every rank takes them in the same order because every decision between them foll
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch.distributed as dist
@@ -51,6 +51,11 @@ class Ranks:
             expected = f"at least one batch per rank ({self.shard.world_size})"
             raise InvalidParameterError("plan", argument, f"{len(batches)} batches", expected)
         return tuple(self.shard.of(batches))
+
+    @property
+    def gather(self) -> Callable[[list[Any]], list[Any]] | None:
+        """:meth:`gathered`, where there are ranks to gather from (``None``: one process)."""
+        return self.gathered if self.shard is not None else None
 
     def gathered(self, local: list[Any]) -> list[Any]:
         """Every rank's ``local`` values (one per batch of its share), in the batches' global order."""

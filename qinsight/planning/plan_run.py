@@ -66,7 +66,7 @@ class PlanRun:
         self.evaluation = ranks.share(asked.evaluation, "evaluation_data")
         self.held_out = ranks.share(asked.held_out, "held_out_data") if asked.held_out else ()
         reference = ranks.gathered(model_outputs(model, self.evaluation))
-        self.scorer = Scorer(reference, asked.metric, asked.metric_name, asked.evaluation, ranks.gathered)
+        self.scorer = Scorer(reference, asked.metric, asked.metric_name, asked.evaluation, ranks.gather)
         self.request = attrs.evolve(asked, goal=asked.held_goal(len(self.scorer.rows)))
         self.spec: MetricSpec = asked.spec  # the direction every comparison of scores takes
         self._failures: dict[str, int] = {}  # each distinct error of the flow, and how many configs it ended

@@ -117,8 +117,8 @@ def _as_given(outputs: list[Any]) -> list[Any]:
 class Scorer:
     """Scores outputs against the float model's ``reference`` outputs (one entry per batch);
     ``perplexity`` also reads the evaluation ``inputs`` (token ids: its labels are the next tokens).
-    ``gather``: where a plan runs over ranks, each scores a share of the batches, and the outputs
-    scored are every rank's, in the batches' order (:class:`~qinsight.planning.plan_ranks.Ranks`): each
+    ``gather`` (``None``: one process scores every batch): where a plan runs over ranks, each scores a
+    share of the batches, and the outputs scored are every rank's, in the batches' order (:class:`~qinsight.planning.plan_ranks.Ranks`): each
     rank computes the score one process would; ``reference`` and ``inputs`` are every batch's."""
 
     def __init__(
@@ -127,9 +127,9 @@ class Scorer:
         metric: str | MetricFunction,
         name: str,
         inputs: Sequence[Any] = (),
-        gather: Gather = _as_given,
+        gather: Gather | None = None,
     ) -> None:
-        self._all = gather
+        self._all = gather or _as_given
         spec = spec_of(metric) if isinstance(metric, str) else None
         self.reads = spec.reads if spec is not None else "rows"
         # a metric computed on the output rows: a built-in's or a plugin's (a labelled one reads its labels)
@@ -142,6 +142,8 @@ class Scorer:
         self._reference_losses: torch.Tensor | None = None  # perplexity's float token losses, once
         self._labels = next_tokens(self.rows, inputs) if self.reads == "labels" else None
         self._loss = _loss(self.rows, self._labels) if self._labels is not None else 0.0
+        # a score of the first batches bounds the whole one (MetricSpec.settles), where one process scores
+        self._settles = spec is not None and spec.settles and gather is None
 
     def _matrix(self, outputs: Sequence[Any]) -> torch.Tensor:
         """``outputs`` as one matrix: a language model's logits one row per position (batches of any
@@ -180,6 +182,15 @@ class Scorer:
         if self._computed is None:
             raise InvalidParameterError("plan", "metric", self.name, "a metric the plan can compute")
         return self._computed.on_tensors(self.rows, rows)
+
+    def best_case(self, outputs: Sequence[Any]) -> float | None:
+        """The best score ``outputs`` (of the first batches, in order) can reach once every batch has run:
+        their score with the batches still to run as the float model's own outputs (a metric that
+        :attr:`~qinsight.core.metrics.MetricSpec.settles`). ``None`` where that bounds nothing: a metric
+        that does not settle, a function of one's own, a share of the batches (ranks), every batch run."""
+        if not self._settles or not 0 < len(outputs) < len(self.reference):
+            return None
+        return self._score([*outputs, *self.reference[len(outputs) :]], None)
 
     def bounded(self, outputs: Sequence[Any], confidence: float | None) -> tuple[float, float]:
         """The score of ``outputs`` and the pessimistic end of its one-sided ``confidence`` interval

@@ -202,14 +202,16 @@ def _refined(
         search.progress("refining", done, total)
 
     sim, batches, scorer = search.sim, search.batches, search.scorer
-    final, tried = greedy(sim, modes, pending, batches, scorer, goal.met, applies, refining)
+    final, tried = greedy(sim, modes, pending, batches, scorer, goal.met, applies, refining, scorer.best_case)
     steps = []
-    for (site, mode), score, kept in tried:  # replayed: each step's fraction is of the modes it left
-        if score is None:
+    for step in tried:  # replayed: each step's fraction is of the modes it left
+        if step.score is None:
             continue
+        (site, mode), kept = step.move, step.kept
         modes = {**modes, site: mode} if kept else modes
-        steps.append(attrs.evolve(_step(search, site, mode, score, modes, "refine"), kept=kept))
-    return final, [move for move, _score, kept in tried if not kept], steps
+        found = _step(search, site, mode, step.score, modes, "refine")
+        steps.append(attrs.evolve(found, kept=kept, settled_after=step.settled_after))
+    return final, [step.move for step in tried if not step.kept], steps
 
 
 def _start(search: Search, modes: Mapping[str, Mode], score: float) -> PlanStep:

@@ -273,7 +273,7 @@ def converted(run: PlanRun, flow: Flow, advice: tuple[QuantSuggestion, ...], rep
     held = math.nan
     if request.held_out and found.held_out is not None:  # the float model's held-out outputs only now
         reference = ranks.gathered(model_outputs(run.model, run.held_out))
-        scorer = Scorer(reference, request.metric, request.metric_name, request.held_out, ranks.gathered)
+        scorer = Scorer(reference, request.metric, request.metric_name, request.held_out, ranks.gather)
         held = scorer(list(found.held_out))
     weighted = weighted_layers(flow.model, report.sites)
     total = sum(weighted.values())

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
+import attrs
 import torch
 from torch.utils import _pytree
 
@@ -27,6 +28,7 @@ from qinsight.planning.switches import Mode
 T = TypeVar("T")
 Modes = Mapping[str, Mode]
 Progress = Callable[[int, int], None]  # batches done, batches in all
+Settle = Callable[[list[Any]], T | None]  # a config's outputs on the batches so far -> its score, if decided
 
 
 def sweep(
@@ -39,23 +41,28 @@ def sweep(
     chained: bool = False,
     budget: int | None = None,
     progress: Progress | None = None,
+    settle: Settle[T] | None = None,
 ) -> tuple[T, list[T]]:
     """``score`` of ``base``'s outputs on ``batches`` (one entry per batch) and of each config's, the
     configs run from ``base`` (``chained``: each from the config before it, the first from ``base``),
     batch by batch (the module docstring). The scores are those of running each config on every batch
     alone: a run from another recomputes what the change reaches, exactly. ``budget``: bytes of outputs
-    held at once, default the simulation's (:attr:`Simulation.memory_budget`, the plan's ``memory_budget``)."""
+    held at once, default the simulation's (:attr:`Simulation.memory_budget`, the plan's ``memory_budget``).
+    ``settle`` (configs not ``chained``): asked of a config's outputs on the batches run so far, a score
+    where they decide it already (:func:`greedy`'s miss that the rest cannot mend): the config's score,
+    and it runs no further batch."""
     budget = sim.memory_budget if budget is None else budget
     share = 1.0 / max(len(batches), 1)
     start, done = base, 0
     base_score: list[T] = []
     scores: list[T] = []
     tick = _ticks((len(configs) + 1) * len(batches), progress)  # runs of one config on one batch
+    settle = None if chained else settle  # a chained config is the next one's start: it runs every batch
     while done < len(configs) or not base_score:
-        turn, outputs = _turn(sim, start, configs[done:], batches, share, chained, budget, tick)
+        turn, outputs, settled = _turn(sim, start, configs[done:], batches, share, chained, budget, tick, settle)
         if not base_score:
             base_score.append(score(outputs[0]))
-        scores += [score(found) for found in outputs[1:]]
+        scores += [settled[slot] if slot in settled else score(found) for slot, found in enumerate(outputs[1:], 1)]
         done += len(outputs) - 1
         if chained and turn:
             start = turn[-1]
@@ -71,11 +78,14 @@ def _turn(
     chained: bool,
     budget: int,
     tick: Callable[[], None],
-) -> tuple[Sequence[Modes], list[list[Any]]]:
+    settle: Settle[T] | None,
+) -> tuple[Sequence[Modes], list[list[Any]], dict[int, T]]:
     """As many of ``configs`` as ``budget`` holds the outputs of, run on every batch from ``start``: the
-    configs run and the outputs per batch of ``start`` first, then of each config."""
+    configs run, the outputs per batch of ``start`` first, then of each config, and the scores of the
+    configs ``settle`` decided before their last batch (by slot: 1 the first config)."""
     turn: Sequence[Modes] = configs
     outputs: list[list[Any]] = []
+    settled: dict[int, T] = {}
     for index, batch in enumerate(batches):
         before = sim.values(start, batch, share)
         if index == 0:  # the outputs' size is known from the first batch: the turn takes what fits
@@ -84,12 +94,17 @@ def _turn(
         outputs[0].append(before.output)
         tick()
         for slot, modes in enumerate(turn, start=1):
+            if slot in settled:
+                tick()  # counted as run: the progress line's total stays the runs asked
+                continue
             after: BatchValues = sim.changed(modes, before, share)
             outputs[slot].append(after.output)
             tick()
             if chained:
                 before = after
-    return turn, outputs
+            elif settle is not None and index + 1 < len(batches) and (found := settle(outputs[slot])) is not None:
+                settled[slot] = found
+    return turn, outputs, settled
 
 
 def _ticks(runs: int, progress: Progress | None) -> Callable[[], None]:
@@ -110,6 +125,18 @@ def _ticks(runs: int, progress: Progress | None) -> Callable[[], None]:
 Move = tuple[str, Mode]  # a site, and the mode a step gives it
 
 
+@attrs.frozen
+class Tried(Generic[T]):
+    """A move as :func:`greedy` tried it: its ``score`` (``None``: it did not apply), whether it was
+    ``kept``, and ``settled_after``: the batches it ran before its miss was certain (its score then the
+    best the rest could give), 0 where it ran every batch."""
+
+    move: Move
+    score: T | None
+    kept: bool
+    settled_after: int = 0
+
+
 def greedy(
     sim: Simulation,
     modes: Modes,
@@ -119,7 +146,8 @@ def greedy(
     accept: Callable[[T], bool],
     applies: Callable[[Modes, Move], bool],
     progress: Progress | None = None,
-) -> tuple[dict[str, Mode], list[tuple[Move, T | None, bool]]]:
+    best_case: Callable[[list[Any]], T | None] | None = None,
+) -> tuple[dict[str, Mode], list[Tried[T]]]:
     """Each move tried in order alone on top of ``modes`` (where it ``applies`` to them), scored on every
     batch and kept where ``accept`` says, a kept move changing the config the later ones are tried on
     (a search's refinement). Returns the final modes and each move as tried.
@@ -128,16 +156,25 @@ def greedy(
     batch at once. Where twice its values on every batch fit the simulation's budget, they are held, and
     each move recomputes only what it reaches (the cheapest way). Else moves are scored a window at a time
     from the config, batch by batch, its values computed again for each window: a kept move ends its
-    window (the window's later moves run again), so the window follows the share of moves kept."""
+    window (the window's later moves run again), so the window follows the share of moves kept.
+
+    ``best_case``: of a move's outputs on the first batches, the best score the rest can give it
+    (:meth:`~qinsight.planning.scores.Scorer.best_case`); a move that ``accept`` refuses even so is
+    refused there, its later batches not run (the same decision: most moves a refinement tries miss)."""
     if progress is not None:
         progress(0, len(moves))
+
+    def settle(outputs: list[Any]) -> T | None:
+        best = best_case(outputs) if best_case is not None else None
+        return best if best is not None and not accept(best) else None
+
     held = _held(sim, modes, batches)
     # how moves are scored on top of the current config: each class gives width, scores and keep
     trier: _HeldTrier[T] | _WindowTrier[T] = (
-        _HeldTrier(sim, held, score) if held is not None else _WindowTrier(sim, batches, score)
+        _HeldTrier(sim, held, score, settle) if held is not None else _WindowTrier(sim, batches, score, settle)
     )
     current, queue = dict(modes), list(moves)
-    tried: list[tuple[Move, T | None, bool]] = []
+    tried: list[Tried[T]] = []
     decided = kept_count = 0
     while queue:
         window = queue[: trier.width(decided, kept_count)]
@@ -148,12 +185,12 @@ def greedy(
         for move, applied in zip(window, apply):
             used += 1
             if not applied:
-                tried.append((move, None, False))
+                tried.append(Tried(move, None, False))
                 continue
-            value = next(scores)
-            kept = accept(value)
+            value, ran = next(scores)
+            kept = ran == 0 and accept(value)
             decided, kept_count = decided + 1, kept_count + kept
-            tried.append((move, value, kept))
+            tried.append(Tried(move, value, kept, ran))
             if kept:
                 current = {**current, move[0]: move[1]}
                 trier.keep()
@@ -162,6 +199,9 @@ def greedy(
         if progress is not None:
             progress(len(moves) - len(queue), len(moves))
     return current, tried
+
+
+Scored = tuple[T, int]  # a trial's score, and the batches it ran where it settled early (0: all)
 
 
 def _held(sim: Simulation, modes: Modes, batches: Sequence[object]) -> list[BatchValues] | None:
@@ -176,17 +216,24 @@ def _held(sim: Simulation, modes: Modes, batches: Sequence[object]) -> list[Batc
 class _HeldTrier(Generic[T]):
     """The config's values held for every batch: one move at a time, each recomputing what it reaches."""
 
-    def __init__(self, sim: Simulation, held: list[BatchValues], score: Callable[[list[Any]], T]) -> None:
-        self.sim, self.held, self.score = sim, held, score
+    def __init__(
+        self, sim: Simulation, held: list[BatchValues], score: Callable[[list[Any]], T], settle: Settle[T]
+    ) -> None:
+        self.sim, self.held, self.score, self.settle = sim, held, score, settle
         self.last: list[BatchValues] = held
 
     def width(self, decided: int, kept: int) -> int:
         return 1
 
-    def scores(self, modes: dict[str, Mode], trials: list[dict[str, Mode]]) -> list[T]:
+    def scores(self, modes: dict[str, Mode], trials: list[dict[str, Mode]]) -> list[Scored[T]]:
         share = 1.0 / len(self.held)
-        self.last = [self.sim.changed(trials[0], before, share) for before in self.held]
-        return [self.score([values.output for values in self.last])]
+        self.last = []
+        for before in self.held:
+            self.last.append(self.sim.changed(trials[0], before, share))
+            outputs = [values.output for values in self.last]
+            if len(outputs) < len(self.held) and (found := self.settle(outputs)) is not None:
+                return [(found, len(outputs))]
+        return [(self.score([values.output for values in self.last]), 0)]
 
     def keep(self) -> None:  # the move just scored is kept: its values are the config's now
         self.held = self.last
@@ -198,15 +245,24 @@ WINDOW_MOST = 16  # the most moves a window scores from one config
 class _WindowTrier(Generic[T]):
     """The config run again for each window of moves, batch by batch (:func:`sweep`)."""
 
-    def __init__(self, sim: Simulation, batches: Sequence[object], score: Callable[[list[Any]], T]) -> None:
-        self.sim, self.batches, self.score = sim, batches, score
+    def __init__(
+        self, sim: Simulation, batches: Sequence[object], score: Callable[[list[Any]], T], settle: Settle[T]
+    ) -> None:
+        self.sim, self.batches, self.score, self.settle = sim, batches, score, settle
 
     def width(self, decided: int, kept: int) -> int:
         # about as many moves as are decided between two kept ones (a window costs one forward more)
         return max(1, min(WINDOW_MOST, round((decided + 8) / (kept + 1))))
 
-    def scores(self, modes: dict[str, Mode], trials: list[dict[str, Mode]]) -> list[T]:
-        return sweep(self.sim, modes, trials, self.batches, self.score)[1]
+    def scores(self, modes: dict[str, Mode], trials: list[dict[str, Mode]]) -> list[Scored[T]]:
+        def scored(outputs: list[Any]) -> Scored[T]:
+            return self.score(outputs), 0
+
+        def settle(outputs: list[Any]) -> Scored[T] | None:
+            found = self.settle(outputs)
+            return None if found is None else (found, len(outputs))
+
+        return sweep(self.sim, modes, trials, self.batches, scored, settle=settle)[1]
 
     def keep(self) -> None:  # the next window runs the new config again: nothing held
         return None
@@ -225,4 +281,4 @@ def _fitting(output: Any, batches: int, budget: int) -> int:
     return max(1, budget // max(_nbytes(output) * batches, 1))
 
 
-__all__ = ["MEMORY_BUDGET", "Move", "greedy", "sweep"]
+__all__ = ["MEMORY_BUDGET", "Move", "Tried", "greedy", "sweep"]

@@ -8,10 +8,10 @@ import attrs
 import qinsight
 from qinsight.core.comparison import ProgramCost
 from qinsight.core.notes import NoteKind
-from qinsight.core.plan import SuggestionCheck, Target
+from qinsight.core.plan import PlanStep, SuggestionCheck, Target
 from qinsight.core.suggestions import QuantSuggestion
 from qinsight.core.verification import SuggestionKind
-from qinsight.outputs.plans import check_table, summary_lines
+from qinsight.outputs.plans import check_table, curve_table, summary_lines
 
 
 def _plan(**fields: object) -> qinsight.QuantPlan:
@@ -76,3 +76,15 @@ def test_float_islands_are_the_runs_of_consecutive_float_sites_in_the_graphs_ord
     floats = tuple(QuantSuggestion(fqn=fqn, keep_float=True) for fqn in ("stem", "a", "head"))
     said = summary_lines(_plan(float_islands=2, suggestions=floats, quantized_fraction=0.9))[1]
     assert said.startswith("  90.0% of the layers' parameters quantized; 3 sites kept in float in 2 islands; ")
+
+
+def test_a_step_stopped_once_its_miss_was_certain_reads_as_at_most_its_score() -> None:
+    steps = (
+        PlanStep(fqn="", score=0.5, kept=True, quantized_fraction=0.0, stage="start"),
+        PlanStep(fqn="features.3", score=0.95, kept=True, quantized_fraction=0.4, stage="curve", mode="static"),
+        PlanStep(fqn="features.4", score=0.9167, kept=False, quantized_fraction=0.4, stage="refine", settled_after=2),
+        PlanStep(fqn="features.5", score=0.92, kept=False, quantized_fraction=0.4, stage="refine"),
+    )
+    rows = curve_table(_plan(steps=steps)).rows
+    assert rows[2] == ("features.4", "<= 0.9167", "kept in float (missed for certain after 2 batches)", "40.0%")
+    assert rows[3] == ("features.5", "0.92", "kept in float", "40.0%")

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 import qinsight
 from qinsight.examples import example
 from qinsight.planning import simulate
+from qinsight.planning.scores import Scorer
 from qinsight.planning.simulated_flows import flow_for
-from qinsight.planning.sweep import greedy, sweep
+from qinsight.planning.sweep import Tried, greedy, sweep
 from qinsight.planning.switches import Mode
 
 
@@ -107,9 +108,11 @@ def test_greedy_moves_decide_alike_held_or_windowed_and_as_one_run_each(
     found = {}
     for budget in (1 << 40, 1):  # held, then windowed
         sim.memory_budget = budget
-        found[budget] = greedy(sim, start, moves, data, score, accept, applies)
+        modes, tried = greedy(sim, start, moves, data, score, accept, applies)
+        found[budget] = modes, [(t.move, t.score, t.kept) for t in tried]
     sim.memory_budget = simulate.MEMORY_BUDGET
-    modes, one_by_one = dict(start), []
+    modes = dict(start)
+    one_by_one: list[tuple[Any, float | None, bool]] = []
     for move in moves:  # as a plan decided before sweeps: one whole run per move
         if not applies(modes, move):
             one_by_one.append((move, None, False))
@@ -118,3 +121,66 @@ def test_greedy_moves_decide_alike_held_or_windowed_and_as_one_run_each(
         one_by_one.append((move, value, accept(value)))
         modes = {**modes, move[0]: move[1]} if accept(value) else modes
     assert found[1 << 40] == found[1] == (modes, one_by_one)
+
+
+def _refinement(
+    sim: simulate.Simulation, data: list[Any], metric: str, bar: float, seed: int, settles: bool
+) -> tuple[dict[str, Mode], list[Tried[float]], float]:
+    """Every site taken to static in a random order on top of all in float, kept where ``metric`` stays at
+    ``bar`` or better (``settles``: a move stopped once its miss is certain); and its forwards."""
+    moves = [(site, Mode.STATIC) for site in sim.sites]
+    moves = [moves[i] for i in torch.randperm(len(moves), generator=torch.Generator().manual_seed(seed))]
+    start = {site: Mode.FLOAT for site in sim.sites}
+    scorer = Scorer(sweep(sim, start, [], data, list)[0], metric, metric)
+    before = sim.evaluations
+    modes, tried = greedy(
+        sim,
+        start,
+        moves,
+        data,
+        scorer,
+        lambda value: value >= bar,
+        lambda modes, move: bool(modes[move[0]] is not move[1]),
+        best_case=scorer.best_case if settles else None,
+    )
+    return modes, tried, sim.evaluations - before
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    bar=st.floats(min_value=0.0, max_value=1.0),
+    seed=st.integers(0, 2**16),
+    metric=st.sampled_from(("sqnr", "top1")),
+    held=st.booleans(),
+)
+@hypothesis_example(bar=0.5, seed=0, metric="sqnr", held=True)
+def test_a_move_refused_on_its_first_batches_is_the_decision_all_of_them_make(
+    cnn_simulation: tuple[simulate.Simulation, list[Any]], bar: float, seed: int, metric: str, held: bool
+) -> None:
+    """A refinement that stops running a move once its miss is certain (its score with the batches not
+    run as the float model's own misses already) keeps and refuses every move alike, held or windowed,
+    and a move it stopped early scores at most what it said."""
+    sim, data = cnn_simulation
+    sim.memory_budget = 1 << 40 if held else 1
+    threshold = 37.0 + 15.0 * bar if metric == "sqnr" else 0.95 + 0.05 * bar  # the CNN's all-int8: 37.2 dB, 0.953
+    modes, whole, _ = _refinement(sim, data, metric, threshold, seed, settles=False)
+    settled_modes, settling, _ = _refinement(sim, data, metric, threshold, seed, settles=True)
+    sim.memory_budget = simulate.MEMORY_BUDGET
+    assert settled_modes == modes
+    assert [(t.move, t.kept) for t in settling] == [(t.move, t.kept) for t in whole]
+    for early, full in zip(settling, whole):
+        assert early.score is not None and full.score is not None
+        assert early.score == full.score if not early.settled_after else early.score >= full.score
+        assert 0 <= early.settled_after < len(data) and full.settled_after == 0
+
+
+@pytest.mark.parametrize(("metric", "bar"), [("sqnr", 50.0), ("top1", 0.99)])
+def test_moves_that_miss_stop_early_and_save_forwards(
+    cnn_simulation: tuple[simulate.Simulation, list[Any]], metric: str, bar: float
+) -> None:
+    sim, data = cnn_simulation
+    *_, whole = _refinement(sim, data, metric, bar, 0, settles=False)
+    _, settling, cheaper = _refinement(sim, data, metric, bar, 0, settles=True)
+    stopped = [t.settled_after for t in settling if t.settled_after]
+    assert stopped and max(stopped) < len(data) and not any(t.kept for t in settling if t.settled_after)
+    assert cheaper < whole
