@@ -118,8 +118,9 @@ class Scorer:
     """Scores outputs against the float model's ``reference`` outputs (one entry per batch);
     ``perplexity`` also reads the evaluation ``inputs`` (token ids: its labels are the next tokens).
     ``gather`` (``None``: one process scores every batch): where a plan runs over ranks, each scores a
-    share of the batches, and the outputs scored are every rank's, in the batches' order (:class:`~qinsight.planning.plan_ranks.Ranks`): each
-    rank computes the score one process would; ``reference`` and ``inputs`` are every batch's."""
+    share of the batches, and the outputs scored are every rank's, in the batches' order
+    (:class:`~qinsight.planning.plan_ranks.Ranks`): each rank computes the score one process would;
+    ``reference`` and ``inputs`` are every batch's."""
 
     def __init__(
         self,

@@ -250,7 +250,7 @@ class Simulation:
         self, batch: object, recompute: set[fx.Node] | None, cached: dict[Any, Any] | None
     ) -> dict[Any, Any]:
         values: dict[Any, Any] = {}
-        inputs = iter(_flat_inputs(self.model, batch)) if batch is not None else iter(())
+        inputs = iter(flat_inputs(self.model, batch)) if batch is not None else iter(())
         for node in self.nodes:
             if cached is not None and recompute is not None and node not in recompute:
                 if node.op == "output":
@@ -413,7 +413,7 @@ def _weight(model: fx.GraphModule, node: object) -> torch.Tensor:
     return value
 
 
-def _flat_inputs(model: fx.GraphModule, batch: object) -> list[Any]:
+def flat_inputs(model: fx.GraphModule, batch: object) -> list[Any]:
     """The placeholders' values for ``batch``: keyword batches bound by name, pytree inputs flattened."""
     import inspect
 

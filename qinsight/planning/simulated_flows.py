@@ -47,9 +47,12 @@ from qinsight.frontends.edges import site_nodes
 from qinsight.planning.annotation import ExportedPatterns
 from qinsight.planning.kernels import QuantizedOps
 from qinsight.planning.observed import FxObserved, no_stack_traces
+from qinsight.planning.pt2e_groups import GroupQParams, Signature, groups
 from qinsight.planning.simulate import (
+    Edge,
     EdgeRule,
     Owners,
+    QParams,
     RealOps,
     Regroup,
     Simulation,
@@ -311,34 +314,59 @@ class Pt2eFlow(Flow):
         """Export with every input dimension that differs between ``batches`` dynamic (token counts)."""
         return varying_shapes(batches)
 
-    def observed(self, prepared: fx.GraphModule, calibration: Sequence[object]) -> tuple[EdgeRule, None]:
+    def observed(self, prepared: fx.GraphModule, calibration: Sequence[object]) -> tuple[EdgeRule, Regroup]:
         """The quantizer itself, asked again for each config: whether an edge is quantized depends on
         the neighbours (X86InductorQuantizer quantizes an add only fused with a quantized conv, a pool
-        only after a quantized op), which no per-edge ownership captures. Annotating the prepared
-        graph without its observers takes milliseconds. PT2E shares no observers: qparams never
-        change with the config."""
+        only after a quantized op), which no per-edge ownership captures, and which edges share an
+        observer too (:mod:`.pt2e_groups`: a float conv's hardtanh observed alone). Annotating the
+        prepared graph without its observers takes milliseconds; a group the default lacks is
+        calibrated once."""
         bare = _without_observers(prepared)
         patterns = ExportedPatterns()  # this simulation's: hundreds of configs, each pattern exported once
+        last: dict[frozenset[tuple[str, Mode]], tuple[dict[Edge, Mode], dict[Edge, tuple[Signature, Any]]]] = {}
 
-        def quantized_edges(modes: Mapping[str, Mode]) -> dict[tuple[str, str], Mode]:
-            for node in bare.graph.nodes:
-                node.meta.pop(_ANNOTATION, None)
-            with warnings.catch_warnings(), patterns.installed():
-                warnings.simplefilter("ignore")  # sites the quantizer cannot honour were said with the report
-                self.config(mode_suggestions(modes)).annotate(bare)  # type: ignore[attr-defined]
-            edges: dict[tuple[str, str], Mode] = {}
-            for node in bare.graph.nodes:
-                annotation = node.meta.get(_ANNOTATION)
-                for source, spec in getattr(annotation, "input_qspec_map", {}).items():
-                    if spec is not None:  # a bias the quantizer leaves in float
-                        edges[source.name, node.name] = _spec_mode(spec)
-                output = getattr(annotation, "output_qspec", None)
-                if output is not None:
-                    for user in node.users:
-                        edges.setdefault((node.name, user.name), _spec_mode(output))
-            return edges
+        def annotated(modes: Mapping[str, Mode]) -> tuple[dict[Edge, Mode], dict[Edge, tuple[Signature, Any]]]:
+            key = frozenset(modes.items())
+            if key not in last:  # the rule and the regroup ask of one config in turn: annotated once
+                last.clear()
+                last[key] = self._annotated(bare, modes, patterns)
+            return last[key]
 
-        return quantized_edges, None
+        default = annotated({})[1]
+        qparams = GroupQParams(bare, calibration)
+
+        def regrouped(modes: Mapping[str, Mode]) -> dict[Edge, QParams]:
+            edges, now = annotated(modes)
+            moved = {
+                edge: found
+                for edge, found in now.items()
+                if edges.get(edge) is Mode.STATIC and default.get(edge, (None,))[0] != found[0]
+            }
+            known = qparams(dict(moved.values()))
+            return {edge: found for edge, (signature, _) in moved.items() if (found := known[signature]) is not None}
+
+        return (lambda modes: annotated(modes)[0]), regrouped
+
+    def _annotated(
+        self, bare: fx.GraphModule, modes: Mapping[str, Mode], patterns: ExportedPatterns
+    ) -> tuple[dict[Edge, Mode], dict[Edge, tuple[Signature, Any]]]:
+        """The edges the config of ``modes`` quantizes, as its quantizer annotates ``bare``, and their groups."""
+        for node in bare.graph.nodes:
+            node.meta.pop(_ANNOTATION, None)
+        with warnings.catch_warnings(), patterns.installed():
+            warnings.simplefilter("ignore")  # sites the quantizer cannot honour were said with the report
+            self.config(mode_suggestions(modes)).annotate(bare)  # type: ignore[attr-defined]
+        edges: dict[Edge, Mode] = {}
+        for node in bare.graph.nodes:
+            annotation = node.meta.get(_ANNOTATION)
+            for source, spec in getattr(annotation, "input_qspec_map", {}).items():
+                if spec is not None:  # a bias the quantizer leaves in float
+                    edges[source.name, node.name] = _spec_mode(spec)
+            output = getattr(annotation, "output_qspec", None)
+            if output is not None:
+                for user in node.users:
+                    edges.setdefault((node.name, user.name), _spec_mode(output))
+        return edges, groups(bare) or {}
 
     def owners(self, model: fx.GraphModule) -> Callable[[fx.Node], Owners]:
         layers = layer_names(model)
