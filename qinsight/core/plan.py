@@ -347,9 +347,9 @@ class PlanStep:
     step made of the site: ``"dynamic"`` (a Linear's weights int8, its input
     quantized per batch) or ``"static"``; a Linear can take both steps, dynamic
     first. ``""``: the mode its suggestions give (files before 1.8).
-    ``settled_after``: N, a refinement step certain to miss after its first N
-    evaluation batches, run no further: its ``score`` is at most that (the rest
-    taken as the float model's own outputs); 0: it ran every batch.
+    ``settled_after``: N, a refinement step certain to miss on its first N
+    evaluation batches (stopped there): ``score`` is the best the rest could
+    give (them as the float model's own outputs); 0: scored on every batch.
     """
 
     fqn: str

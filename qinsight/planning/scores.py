@@ -108,6 +108,7 @@ def _token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 Gather = Callable[[list[Any]], list[Any]]  # one process's outputs per batch -> every batch's, in order
+Verdict = tuple[float, int]  # a score, and the first batches it was certain on (0: every batch scored)
 
 
 def _as_given(outputs: list[Any]) -> list[Any]:
@@ -143,8 +144,9 @@ class Scorer:
         self._reference_losses: torch.Tensor | None = None  # perplexity's float token losses, once
         self._labels = next_tokens(self.rows, inputs) if self.reads == "labels" else None
         self._loss = _loss(self.rows, self._labels) if self._labels is not None else 0.0
-        # a score of the first batches bounds the whole one (MetricSpec.settles), where one process scores
-        self._settles = spec is not None and spec.settles and gather is None
+        # a score of the first batches bounds the whole one (MetricSpec.settles)
+        self._settles = spec is not None and spec.settles
+        self._whole = gather is None  # this process scores every batch: it can stop a config early
 
     def _matrix(self, outputs: Sequence[Any]) -> torch.Tensor:
         """``outputs`` as one matrix: a language model's logits one row per position (batches of any
@@ -187,11 +189,35 @@ class Scorer:
     def best_case(self, outputs: Sequence[Any]) -> float | None:
         """The best score ``outputs`` (of the first batches, in order) can reach once every batch has run:
         their score with the batches still to run as the float model's own outputs (a metric that
-        :attr:`~qinsight.core.metrics.MetricSpec.settles`). ``None`` where that bounds nothing: a metric
-        that does not settle, a function of one's own, a share of the batches (ranks), every batch run."""
-        if not self._settles or not 0 < len(outputs) < len(self.reference):
+        :attr:`~qinsight.core.metrics.MetricSpec.settles`: the more batches run, the lower it is).
+        ``None`` where that bounds nothing: a metric that does not settle, a function of one's own, a
+        share of the batches (ranks), every batch run."""
+        if not (self._settles and self._whole) or not 0 < len(outputs) < len(self.reference):
             return None
-        return self._score([*outputs, *self.reference[len(outputs) :]], None)
+        return self._with_reference(list(outputs))
+
+    def _with_reference(self, gathered: list[Any]) -> float:
+        return self._score([*gathered, *self.reference[len(gathered) :]], None)
+
+    def settled(self, outputs: Sequence[Any], met: Callable[[float], bool]) -> Verdict | None:
+        """Where ``outputs`` of the first batches (fewer than all) miss already for certain (their
+        :meth:`best_case` does not ``met``): that best case and how many batches; else ``None``. What a
+        process stops a config at: :meth:`verdict` gives the same record where it did not stop."""
+        best = self.best_case(outputs)
+        return (best, len(outputs)) if best is not None and not met(best) else None
+
+    def verdict(self, outputs: Sequence[Any], met: Callable[[float], bool]) -> Verdict:
+        """``outputs`` on every batch scored, with ``0``; or, for a metric that settles and a miss, where
+        the miss was certain first: the best case on those first batches and how many (:meth:`settled`'s
+        record, whether this process stopped there or, holding a share of the batches, ran on)."""
+        gathered = self._all(list(outputs))
+        score = self._score(gathered, None)
+        if self._settles and not met(score):
+            for count in range(1, len(gathered)):  # the best case only falls as batches are added
+                best = self._with_reference(gathered[:count])
+                if not met(best):
+                    return best, count
+        return score, 0
 
     def bounded(self, outputs: Sequence[Any], confidence: float | None) -> tuple[float, float]:
         """The score of ``outputs`` and the pessimistic end of its one-sided ``confidence`` interval
@@ -360,5 +386,6 @@ __all__ = [
     "MetricFunction",
     "Scorer",
     "TopMargins",
+    "Verdict",
     "margin_noise",
 ]

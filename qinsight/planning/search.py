@@ -21,7 +21,7 @@ from qinsight.core.metrics import MetricSpec
 from qinsight.core.notes import Note, NoteKind
 from qinsight.core.plan import Budget, PlanStep, SearchedOrder, Target
 from qinsight.core.progress import Progress
-from qinsight.planning.scores import Scorer
+from qinsight.planning.scores import Scorer, Verdict
 from qinsight.planning.simulate import Simulation
 from qinsight.planning.sweep import Move, greedy, sweep
 from qinsight.planning.switches import Mode
@@ -202,15 +202,25 @@ def _refined(
         search.progress("refining", done, total)
 
     sim, batches, scorer = search.sim, search.batches, search.scorer
-    final, tried = greedy(sim, modes, pending, batches, scorer, goal.met, applies, refining, scorer.best_case)
+
+    def verdict(outputs: list[Any]) -> Verdict:  # a miss certain on the first batches says so
+        return scorer.verdict(outputs, goal.met)
+
+    def settled(outputs: list[Any]) -> Verdict | None:  # ... and stops running there
+        return scorer.settled(outputs, goal.met)
+
+    def accept(found: Verdict) -> bool:
+        return goal.met(found[0])
+
+    final, tried = greedy(sim, modes, pending, batches, verdict, accept, applies, refining, settled)
     steps = []
     for step in tried:  # replayed: each step's fraction is of the modes it left
         if step.score is None:
             continue
-        (site, mode), kept = step.move, step.kept
+        (site, mode), kept, (score, settled_after) = step.move, step.kept, step.score
         modes = {**modes, site: mode} if kept else modes
-        found = _step(search, site, mode, step.score, modes, "refine")
-        steps.append(attrs.evolve(found, kept=kept, settled_after=step.settled_after))
+        found = _step(search, site, mode, score, modes, "refine")
+        steps.append(attrs.evolve(found, kept=kept, settled_after=settled_after))
     return final, [step.move for step in tried if not step.kept], steps
 
 

@@ -127,14 +127,11 @@ Move = tuple[str, Mode]  # a site, and the mode a step gives it
 
 @attrs.frozen
 class Tried(Generic[T]):
-    """A move as :func:`greedy` tried it: its ``score`` (``None``: it did not apply), whether it was
-    ``kept``, and ``settled_after``: the batches it ran before its miss was certain (its score then the
-    best the rest could give), 0 where it ran every batch."""
+    """A move as :func:`greedy` tried it: its ``score`` (``None``: it did not apply) and whether it was ``kept``."""
 
     move: Move
     score: T | None
     kept: bool
-    settled_after: int = 0
 
 
 def greedy(
@@ -146,7 +143,7 @@ def greedy(
     accept: Callable[[T], bool],
     applies: Callable[[Modes, Move], bool],
     progress: Progress | None = None,
-    best_case: Callable[[list[Any]], T | None] | None = None,
+    settle: Settle[T] | None = None,
 ) -> tuple[dict[str, Mode], list[Tried[T]]]:
     """Each move tried in order alone on top of ``modes`` (where it ``applies`` to them), scored on every
     batch and kept where ``accept`` says, a kept move changing the config the later ones are tried on
@@ -158,16 +155,11 @@ def greedy(
     from the config, batch by batch, its values computed again for each window: a kept move ends its
     window (the window's later moves run again), so the window follows the share of moves kept.
 
-    ``best_case``: of a move's outputs on the first batches, the best score the rest can give it
-    (:meth:`~qinsight.planning.scores.Scorer.best_case`); a move that ``accept`` refuses even so is
-    refused there, its later batches not run (the same decision: most moves a refinement tries miss)."""
+    ``settle``: asked of a move's outputs on its first batches (fewer than all), its score where they
+    decide it already (:meth:`~qinsight.planning.scores.Scorer.settled`: a miss the other batches cannot
+    mend); the move runs no further batch (most moves a refinement tries miss)."""
     if progress is not None:
         progress(0, len(moves))
-
-    def settle(outputs: list[Any]) -> T | None:
-        best = best_case(outputs) if best_case is not None else None
-        return best if best is not None and not accept(best) else None
-
     held = _held(sim, modes, batches)
     # how moves are scored on top of the current config: each class gives width, scores and keep
     trier: _HeldTrier[T] | _WindowTrier[T] = (
@@ -187,10 +179,10 @@ def greedy(
             if not applied:
                 tried.append(Tried(move, None, False))
                 continue
-            value, ran = next(scores)
-            kept = ran == 0 and accept(value)
+            value = next(scores)
+            kept = accept(value)
             decided, kept_count = decided + 1, kept_count + kept
-            tried.append(Tried(move, value, kept, ran))
+            tried.append(Tried(move, value, kept))
             if kept:
                 current = {**current, move[0]: move[1]}
                 trier.keep()
@@ -199,9 +191,6 @@ def greedy(
         if progress is not None:
             progress(len(moves) - len(queue), len(moves))
     return current, tried
-
-
-Scored = tuple[T, int]  # a trial's score, and the batches it ran where it settled early (0: all)
 
 
 def _held(sim: Simulation, modes: Modes, batches: Sequence[object]) -> list[BatchValues] | None:
@@ -217,7 +206,7 @@ class _HeldTrier(Generic[T]):
     """The config's values held for every batch: one move at a time, each recomputing what it reaches."""
 
     def __init__(
-        self, sim: Simulation, held: list[BatchValues], score: Callable[[list[Any]], T], settle: Settle[T]
+        self, sim: Simulation, held: list[BatchValues], score: Callable[[list[Any]], T], settle: Settle[T] | None
     ) -> None:
         self.sim, self.held, self.score, self.settle = sim, held, score, settle
         self.last: list[BatchValues] = held
@@ -225,15 +214,17 @@ class _HeldTrier(Generic[T]):
     def width(self, decided: int, kept: int) -> int:
         return 1
 
-    def scores(self, modes: dict[str, Mode], trials: list[dict[str, Mode]]) -> list[Scored[T]]:
+    def scores(self, modes: dict[str, Mode], trials: list[dict[str, Mode]]) -> list[T]:
         share = 1.0 / len(self.held)
         self.last = []
         for before in self.held:
             self.last.append(self.sim.changed(trials[0], before, share))
-            outputs = [values.output for values in self.last]
-            if len(outputs) < len(self.held) and (found := self.settle(outputs)) is not None:
-                return [(found, len(outputs))]
-        return [(self.score([values.output for values in self.last]), 0)]
+            done = len(self.last) == len(self.held)
+            if not done and self.settle is not None:
+                found = self.settle([values.output for values in self.last])
+                if found is not None:  # decided: the move is not kept, so its values are not
+                    return [found]
+        return [self.score([values.output for values in self.last])]
 
     def keep(self) -> None:  # the move just scored is kept: its values are the config's now
         self.held = self.last
@@ -246,7 +237,7 @@ class _WindowTrier(Generic[T]):
     """The config run again for each window of moves, batch by batch (:func:`sweep`)."""
 
     def __init__(
-        self, sim: Simulation, batches: Sequence[object], score: Callable[[list[Any]], T], settle: Settle[T]
+        self, sim: Simulation, batches: Sequence[object], score: Callable[[list[Any]], T], settle: Settle[T] | None
     ) -> None:
         self.sim, self.batches, self.score, self.settle = sim, batches, score, settle
 
@@ -254,15 +245,8 @@ class _WindowTrier(Generic[T]):
         # about as many moves as are decided between two kept ones (a window costs one forward more)
         return max(1, min(WINDOW_MOST, round((decided + 8) / (kept + 1))))
 
-    def scores(self, modes: dict[str, Mode], trials: list[dict[str, Mode]]) -> list[Scored[T]]:
-        def scored(outputs: list[Any]) -> Scored[T]:
-            return self.score(outputs), 0
-
-        def settle(outputs: list[Any]) -> Scored[T] | None:
-            found = self.settle(outputs)
-            return None if found is None else (found, len(outputs))
-
-        return sweep(self.sim, modes, trials, self.batches, scored, settle=settle)[1]
+    def scores(self, modes: dict[str, Mode], trials: list[dict[str, Mode]]) -> list[T]:
+        return sweep(self.sim, modes, trials, self.batches, self.score, settle=self.settle)[1]
 
     def keep(self) -> None:  # the next window runs the new config again: nothing held
         return None

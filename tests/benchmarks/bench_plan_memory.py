@@ -11,6 +11,7 @@ two, and a crop's top-1 can flip).
     python tests/benchmarks/bench_plan_memory.py
     python tests/benchmarks/bench_plan_memory.py --deploy xnnpack --crops 8,24,48
     python tests/benchmarks/bench_plan_memory.py --crops 16 --ranks 2
+    python tests/benchmarks/bench_plan_memory.py --model resnet50 --crops 64   # torchvision's, in .zoo
     PYTHONPATH=/path/to/another/checkout python tests/benchmarks/bench_plan_memory.py   # the same, there
 
 Run it on an idle machine: each plan takes minutes.
@@ -26,7 +27,25 @@ import subprocess
 import sys
 
 
-def measure(crops: int, deploy: str, distributed: bool, threads: int) -> dict[str, object]:
+def _model(name: str) -> object:
+    """ImageNet MobileNetV2 (real weights), or torchvision's ResNet-50 with random weights (seeded: what a
+    plan costs depends on the architecture and the data, not on the weights; torchvision from ``.zoo``)."""
+    import torch
+
+    if name == "mobilenet_v2":
+        from _real import mobilenet_v2_or_skip
+
+        return mobilenet_v2_or_skip().eval()
+    from _zoo import INSTALL, torchvision_models
+
+    models = torchvision_models()
+    if models is None:
+        raise SystemExit(f"torchvision's ResNet-50 needs it in .zoo: {INSTALL}")
+    torch.manual_seed(0)
+    return models.resnet50().eval()
+
+
+def measure(crops: int, deploy: str, distributed: bool, threads: int, model_name: str) -> dict[str, object]:
     """In the child process (a rank, ``distributed``): one plan on ``crops`` evaluation crops with
     ``threads`` torch threads, its peak RSS growth in MB."""
     import resource
@@ -38,7 +57,6 @@ def measure(crops: int, deploy: str, distributed: bool, threads: int) -> dict[st
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
     from _data import photo_crops
-    from _real import mobilenet_v2_or_skip
 
     import qinsight
 
@@ -46,7 +64,7 @@ def measure(crops: int, deploy: str, distributed: bool, threads: int) -> dict[st
         torch.distributed.init_process_group("gloo")
     torch.set_num_threads(threads)
     warnings.simplefilter("ignore")
-    model = mobilenet_v2_or_skip().eval()
+    model = _model(model_name)
     calibration = photo_crops(4, seed=1, photos=("grace_hopper",))
     evaluation = photo_crops(crops, seed=2, photos=("grace_hopper",))
     report = qinsight.diagnose(model, calibration, deploy=deploy, verify=False)
@@ -73,9 +91,9 @@ def measure(crops: int, deploy: str, distributed: bool, threads: int) -> dict[st
     }
 
 
-def _child(crops: int, deploy: str, ranks: int, threads: int) -> list[dict[str, object]]:
+def _child(crops: int, deploy: str, ranks: int, threads: int, model: str) -> list[dict[str, object]]:
     """One plan in a process of its own, or under torchrun over ``ranks`` ranks: each rank's row."""
-    command = [__file__, "--deploy", deploy, "--child", str(crops), "--threads", str(threads)]
+    command = [__file__, "--deploy", deploy, "--child", str(crops), "--threads", str(threads), "--model", model]
     if ranks > 1:
         command = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *command, "--rank"]
     done = subprocess.run([sys.executable, *command], capture_output=True, text=True, check=True)
@@ -88,29 +106,31 @@ def main() -> None:
     parser.add_argument("--deploy", default="fx", help="a backend's or a flow's name, as plan(deploy=) takes it")
     parser.add_argument("--crops", default="8,32", help="the evaluation crops of each plan, comma separated")
     parser.add_argument("--ranks", type=int, default=1, help="each plan under torchrun over this many ranks too")
+    parser.add_argument("--model", default="mobilenet_v2", choices=("mobilenet_v2", "resnet50"))
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(measure(args.child, args.deploy, args.rank, args.threads)))
+        print(json.dumps(measure(args.child, args.deploy, args.rank, args.threads, args.model)))
         return
     # torch's kernels round otherwise at another thread count (a crop's top-1 can flip), so the plan the
     # ranks (one thread each, the machine's 2 cores) must equal is one process's on one thread
     threads = 1 if args.ranks > 1 else 2
-    found = {crops: _child(crops, args.deploy, 1, threads)[0] for crops in (int(n) for n in args.crops.split(","))}
+    crops_asked = (int(n) for n in args.crops.split(","))
+    found = {crops: _child(crops, args.deploy, 1, threads, args.model)[0] for crops in crops_asked}
     first = found[min(found)]
     for crops, row in found.items():
         memory = row["peak_mb"] / first["peak_mb"]
         print(
-            f"{args.deploy}, {crops:3d} crops, one process, {threads} thread(s): "
+            f"{args.model}, {args.deploy}, {crops:3d} crops, one process, {threads} thread(s): "
             f"peak +{row['peak_mb']:7.0f} MB ({memory:.2f}x), "
             f"{row['seconds']:6.1f} s ({row['seconds'] / first['seconds']:.2f}x), {row['evaluations']} evaluations, "
             f"{row['floats']} sites in float"
         )
         print(f"  time: {row['cost']}")
         if args.ranks > 1:
-            for rank in _child(crops, args.deploy, args.ranks, 1):
+            for rank in _child(crops, args.deploy, args.ranks, 1, args.model):
                 differ = [name for name, digest in rank["plan"].items() if row["plan"].get(name) != digest]
                 same = "the one process's plan" if not differ else f"ANOTHER PLAN: {', '.join(differ)} differ"
                 print(

@@ -446,28 +446,15 @@ def test_a_top1_plan_searches_in_both_orders_and_keeps_the_one_that_quantizes_mo
 
 def test_a_refinement_stops_a_step_once_its_miss_is_certain_and_plans_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     """top1>=0.99 on 64 rows lets no row disagree: a step tried in the refinement that flips one is refused
-    after that batch. The plan is the one that ran every batch, on fewer forwards."""
+    after that batch. The plan is the one that ran every batch, field for field, on fewer forwards."""
     chosen = example("cnn")
     model, data = chosen.model(), chosen.data(11)
     plan = qinsight.plan(model, data[:3], data[3:], goal="top1>=0.99")
     monkeypatch.setattr(Scorer, "best_case", lambda self, outputs: None)  # every step runs every batch
     whole = qinsight.plan(model, data[:3], data[3:], goal="top1>=0.99")
-    stopped = [(step, full) for step, full in zip(plan.steps, whole.steps) if step.settled_after]
-    assert stopped and all(0 < step.settled_after < len(data[3:]) for step, _ in stopped)
-    for step, full in stopped:  # the same step, refused alike; its score at most what it says
-        assert (step.fqn, step.kept, step.stage) == (full.fqn, False, "refine")
-        assert full.score <= step.score < 0.99
-    assert [attrs.evolve(s, score=0.0, settled_after=0) for s in plan.steps] == [
-        attrs.evolve(s, score=0.0) for s in whole.steps
-    ]
-    assert [s.score for s in plan.steps if not s.settled_after] == [
-        s.score for s, t in zip(whole.steps, plan.steps) if not t.settled_after
-    ]
-    assert (plan.kept_float, plan.suggestions, plan.verified_score) == (
-        whole.kept_float,
-        whole.suggestions,
-        whole.verified_score,
-    )
+    stopped = [step for step in plan.steps if step.settled_after]
+    assert stopped and all(0 < s.settled_after < len(data[3:]) and not s.kept and s.score < 0.99 for s in stopped)
+    assert repr(attrs.evolve(plan, cost=None, evaluations=0)) == repr(attrs.evolve(whole, cost=None, evaluations=0))
     assert plan.evaluations < whole.evaluations
 
 

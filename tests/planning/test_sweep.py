@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import qinsight
 from qinsight.examples import example
 from qinsight.planning import simulate
-from qinsight.planning.scores import Scorer
+from qinsight.planning.scores import Scorer, Verdict
 from qinsight.planning.simulated_flows import flow_for
 from qinsight.planning.sweep import Tried, greedy, sweep
 from qinsight.planning.switches import Mode
@@ -125,25 +125,36 @@ def test_greedy_moves_decide_alike_held_or_windowed_and_as_one_run_each(
 
 def _refinement(
     sim: simulate.Simulation, data: list[Any], metric: str, bar: float, seed: int, settles: bool
-) -> tuple[dict[str, Mode], list[Tried[float]], float]:
+) -> tuple[dict[str, Mode], list[Tried[Verdict]], float, list[tuple[Verdict, float]]]:
     """Every site taken to static in a random order on top of all in float, kept where ``metric`` stays at
-    ``bar`` or better (``settles``: a move stopped once its miss is certain); and its forwards."""
+    ``bar`` or better (``settles``: a move stopped once its miss is certain); its forwards, and each move
+    run on every batch: its verdict and its score."""
     moves = [(site, Mode.STATIC) for site in sim.sites]
     moves = [moves[i] for i in torch.randperm(len(moves), generator=torch.Generator().manual_seed(seed))]
     start = {site: Mode.FLOAT for site in sim.sites}
     scorer = Scorer(sweep(sim, start, [], data, list)[0], metric, metric)
+    whole: list[tuple[Verdict, float]] = []
+
+    def met(value: float) -> bool:
+        return value >= bar
+
+    def verdict(outputs: list[Any]) -> Verdict:
+        found = scorer.verdict(outputs, met)
+        whole.append((found, scorer(outputs)))
+        return found
+
     before = sim.evaluations
     modes, tried = greedy(
         sim,
         start,
         moves,
         data,
-        scorer,
-        lambda value: value >= bar,
+        verdict,
+        lambda found: met(found[0]),
         lambda modes, move: bool(modes[move[0]] is not move[1]),
-        best_case=scorer.best_case if settles else None,
+        settle=(lambda outputs: scorer.settled(outputs, met)) if settles else None,
     )
-    return modes, tried, sim.evaluations - before
+    return modes, tried, sim.evaluations - before, whole
 
 
 @settings(max_examples=6, deadline=None)
@@ -154,24 +165,23 @@ def _refinement(
     held=st.booleans(),
 )
 @hypothesis_example(bar=0.5, seed=0, metric="sqnr", held=True)
-def test_a_move_refused_on_its_first_batches_is_the_decision_all_of_them_make(
+def test_a_move_refused_on_its_first_batches_is_the_record_all_of_them_give(
     cnn_simulation: tuple[simulate.Simulation, list[Any]], bar: float, seed: int, metric: str, held: bool
 ) -> None:
     """A refinement that stops running a move once its miss is certain (its score with the batches not
     run as the float model's own misses already) keeps and refuses every move alike, held or windowed,
-    and a move it stopped early scores at most what it said."""
+    and records each as the one that ran every batch does: a miss by where it was certain first, its
+    best case there at least its score on every batch."""
     sim, data = cnn_simulation
     sim.memory_budget = 1 << 40 if held else 1
     threshold = 37.0 + 15.0 * bar if metric == "sqnr" else 0.95 + 0.05 * bar  # the CNN's all-int8: 37.2 dB, 0.953
-    modes, whole, _ = _refinement(sim, data, metric, threshold, seed, settles=False)
-    settled_modes, settling, _ = _refinement(sim, data, metric, threshold, seed, settles=True)
+    modes, tried, _, whole = _refinement(sim, data, metric, threshold, seed, settles=False)
+    settled_modes, settling, _, _ = _refinement(sim, data, metric, threshold, seed, settles=True)
     sim.memory_budget = simulate.MEMORY_BUDGET
-    assert settled_modes == modes
-    assert [(t.move, t.kept) for t in settling] == [(t.move, t.kept) for t in whole]
-    for early, full in zip(settling, whole):
-        assert early.score is not None and full.score is not None
-        assert early.score == full.score if not early.settled_after else early.score >= full.score
-        assert 0 <= early.settled_after < len(data) and full.settled_after == 0
+    assert settled_modes == modes and settling == tried
+    for (best, batches), score in whole:
+        assert (best, batches) == (score, 0) if batches == 0 else best >= score and best < threshold
+        assert 0 <= batches < len(data)
 
 
 @pytest.mark.parametrize(("metric", "bar"), [("sqnr", 50.0), ("top1", 0.99)])
@@ -179,8 +189,8 @@ def test_moves_that_miss_stop_early_and_save_forwards(
     cnn_simulation: tuple[simulate.Simulation, list[Any]], metric: str, bar: float
 ) -> None:
     sim, data = cnn_simulation
-    *_, whole = _refinement(sim, data, metric, bar, 0, settles=False)
-    _, settling, cheaper = _refinement(sim, data, metric, bar, 0, settles=True)
-    stopped = [t.settled_after for t in settling if t.settled_after]
-    assert stopped and max(stopped) < len(data) and not any(t.kept for t in settling if t.settled_after)
+    *_, whole, _ = _refinement(sim, data, metric, bar, 0, settles=False)
+    _, settling, cheaper, _ = _refinement(sim, data, metric, bar, 0, settles=True)
+    stopped = [t.score[1] for t in settling if t.score is not None and t.score[1]]
+    assert stopped and max(stopped) < len(data) and not any(t.kept for t in settling if t.score and t.score[1])
     assert cheaper < whole
