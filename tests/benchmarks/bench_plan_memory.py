@@ -1,17 +1,18 @@
-"""A plan's peak memory and time against the evaluation data it scores on: MobileNetV2, real weights.
+"""A plan's peak memory and time against the evaluation data it scores on: MobileNetV2, real weights
+(or torchvision's ResNet-50 with random weights, ``--model resnet50``: the cost is the architecture's).
 
 Each plan runs in its own process (peak RSS is per process), on 4 calibration crops and N evaluation
-crops, to ``top1>=0.9``; printed per N: the peak RSS over what the process held before planning, the
-seconds, the evaluations (whole forwards of the simulation), and the ratio of memory and time to the
-smallest N. A plan whose memory grows with N shows it here. ``--ranks 2`` plans each N under
-``torchrun`` too (2 gloo ranks, one thread each, ``Resources(shard="distributed")``): each rank's peak and
-whether every rank's plan is the one process's (on one thread then: torch's kernels round otherwise on
-two, and a crop's top-1 can flip).
+crops, to ``top1>=0.9`` (``--target``); printed per N: the peak RSS over what the process held before
+planning and the process's own, the seconds, the evaluations (whole forwards of the simulation), and
+the ratio of memory and time to the smallest N. A plan whose memory grows with N shows it here.
+``--ranks 2`` plans each N under ``torchrun`` too (2 gloo ranks, one thread each,
+``Resources(shard="distributed")``): each rank's peak and whether every rank's plan is the one
+process's (on one thread then: torch's kernels round otherwise on two, and a crop's top-1 can flip).
 
     python tests/benchmarks/bench_plan_memory.py
     python tests/benchmarks/bench_plan_memory.py --deploy xnnpack --crops 8,24,48
     python tests/benchmarks/bench_plan_memory.py --crops 16 --ranks 2
-    python tests/benchmarks/bench_plan_memory.py --model resnet50 --crops 64   # torchvision's, in .zoo
+    python tests/benchmarks/bench_plan_memory.py --model resnet50 --crops 64 --target "sqnr>=30"   # .zoo
     PYTHONPATH=/path/to/another/checkout python tests/benchmarks/bench_plan_memory.py   # the same, there
 
 Run it on an idle machine: each plan takes minutes.
@@ -45,7 +46,9 @@ def _model(name: str) -> object:
     return models.resnet50().eval()
 
 
-def measure(crops: int, deploy: str, distributed: bool, threads: int, model_name: str) -> dict[str, object]:
+def measure(
+    crops: int, deploy: str, distributed: bool, threads: int, model_name: str, target: str
+) -> dict[str, object]:
     """In the child process (a rank, ``distributed``): one plan on ``crops`` evaluation crops with
     ``threads`` torch threads, its peak RSS growth in MB."""
     import resource
@@ -71,9 +74,7 @@ def measure(crops: int, deploy: str, distributed: bool, threads: int, model_name
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     began = time.perf_counter()
     resources = qinsight.types.Resources(shard="distributed" if distributed else None)
-    plan = qinsight.plan(
-        model, calibration, evaluation, goal="top1>=0.9", deploy=deploy, report=report, resources=resources
-    )
+    plan = qinsight.plan(model, calibration, evaluation, goal=target, deploy=deploy, report=report, resources=resources)
     seconds = time.perf_counter() - began
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if distributed:
@@ -83,6 +84,7 @@ def measure(crops: int, deploy: str, distributed: bool, threads: int, model_name
     return {
         "rank": int(os.environ.get("RANK", 0)),
         "peak_mb": peak - before,
+        "process_peak_mb": peak,
         "seconds": seconds,
         "evaluations": plan.evaluations,
         "floats": len(plan.kept_float),
@@ -91,9 +93,10 @@ def measure(crops: int, deploy: str, distributed: bool, threads: int, model_name
     }
 
 
-def _child(crops: int, deploy: str, ranks: int, threads: int, model: str) -> list[dict[str, object]]:
+def _child(crops: int, deploy: str, ranks: int, threads: int, model: str, target: str) -> list[dict[str, object]]:
     """One plan in a process of its own, or under torchrun over ``ranks`` ranks: each rank's row."""
     command = [__file__, "--deploy", deploy, "--child", str(crops), "--threads", str(threads), "--model", model]
+    command += ["--target", target]
     if ranks > 1:
         command = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *command, "--rank"]
     done = subprocess.run([sys.executable, *command], capture_output=True, text=True, check=True)
@@ -107,30 +110,31 @@ def main() -> None:
     parser.add_argument("--crops", default="8,32", help="the evaluation crops of each plan, comma separated")
     parser.add_argument("--ranks", type=int, default=1, help="each plan under torchrun over this many ranks too")
     parser.add_argument("--model", default="mobilenet_v2", choices=("mobilenet_v2", "resnet50"))
+    parser.add_argument("--target", default="top1>=0.9", help="the plan's target, as plan(goal=) takes it")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(measure(args.child, args.deploy, args.rank, args.threads, args.model)))
+        print(json.dumps(measure(args.child, args.deploy, args.rank, args.threads, args.model, args.target)))
         return
     # torch's kernels round otherwise at another thread count (a crop's top-1 can flip), so the plan the
     # ranks (one thread each, the machine's 2 cores) must equal is one process's on one thread
     threads = 1 if args.ranks > 1 else 2
     crops_asked = (int(n) for n in args.crops.split(","))
-    found = {crops: _child(crops, args.deploy, 1, threads, args.model)[0] for crops in crops_asked}
+    found = {crops: _child(crops, args.deploy, 1, threads, args.model, args.target)[0] for crops in crops_asked}
     first = found[min(found)]
     for crops, row in found.items():
         memory = row["peak_mb"] / first["peak_mb"]
         print(
             f"{args.model}, {args.deploy}, {crops:3d} crops, one process, {threads} thread(s): "
-            f"peak +{row['peak_mb']:7.0f} MB ({memory:.2f}x), "
+            f"peak +{row['peak_mb']:7.0f} MB ({memory:.2f}x; the process {row['process_peak_mb'] / 1024:.2f} GB), "
             f"{row['seconds']:6.1f} s ({row['seconds'] / first['seconds']:.2f}x), {row['evaluations']} evaluations, "
             f"{row['floats']} sites in float"
         )
         print(f"  time: {row['cost']}")
         if args.ranks > 1:
-            for rank in _child(crops, args.deploy, args.ranks, 1, args.model):
+            for rank in _child(crops, args.deploy, args.ranks, 1, args.model, args.target):
                 differ = [name for name, digest in rank["plan"].items() if row["plan"].get(name) != digest]
                 same = "the one process's plan" if not differ else f"ANOTHER PLAN: {', '.join(differ)} differ"
                 print(
