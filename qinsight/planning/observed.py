@@ -23,7 +23,7 @@ import torch
 from torch import fx, nn
 
 from qinsight.apply.torch_flows import release_fx_graphs
-from qinsight.planning.simulate import Edge, QParams, observed_node, observer_nodes
+from qinsight.planning.simulate import Edge, QParams, observed_node, observer_mode, observer_nodes, per_tensor_qparams
 from qinsight.planning.switches import Mode
 
 Signature = tuple[object, ...]  # an observer group: its kind, and the nodes it observes in graph order
@@ -88,7 +88,7 @@ class FxObserved:
         chains = set(members)
         unknown: dict[Signature, str] = {}
         for signature, nodes in _groups(prepared, members):
-            mode = _mode_of(prepared.get_submodule(str(nodes[0].target)))
+            mode = observer_mode(prepared.get_submodule(str(nodes[0].target)))
             if mode is None:
                 continue
             moved = False
@@ -99,7 +99,7 @@ class FxObserved:
                         regrouped[edge], moved = signature, True
             if moved and signature not in self._known:
                 if signature in self._calibrated_groups:
-                    self._known[signature] = _per_tensor(self._calibrated_groups[signature])
+                    self._known[signature] = per_tensor_qparams(self._calibrated_groups[signature])
                 else:
                     unknown[signature] = str(nodes[0].target)
         if unknown:  # a group's values do not depend on the config: calibrated once, kept for every config
@@ -115,7 +115,7 @@ class FxObserved:
             if id(prepared.get_submodule(str(node.target))) not in kept:
                 setattr(prepared, str(node.target), nn.Identity())
         self._calibrate(prepared)
-        return {signature: _per_tensor(prepared.get_submodule(target)) for signature, target in groups.items()}
+        return {signature: per_tensor_qparams(prepared.get_submodule(target)) for signature, target in groups.items()}
 
 
 @contextlib.contextmanager
@@ -148,21 +148,6 @@ def _groups(prepared: fx.GraphModule, members: list[fx.Node]) -> Iterator[tuple[
             getattr(observer, "is_dynamic", False),
         )
         yield kind + tuple(observed_node(node, chains).name for node in nodes), nodes
-
-
-def _per_tensor(observer: nn.Module) -> QParams | None:
-    """A calibrated static observer's per-tensor qparams; ``None`` for any other."""
-    if _mode_of(observer) is not Mode.STATIC or not hasattr(observer, "calculate_qparams"):
-        return None
-    scale, zero_point = observer.calculate_qparams()  # type: ignore[operator]
-    return (float(scale), int(zero_point)) if scale.numel() == 1 else None
-
-
-def _mode_of(observer: nn.Module) -> Mode | None:
-    """How an observer quantizes what it observes; ``None``: not to an integer type (float16, say)."""
-    if getattr(observer, "dtype", None) not in (torch.quint8, torch.qint8, torch.uint8, torch.int8):
-        return None
-    return Mode.DYNAMIC if getattr(observer, "is_dynamic", False) else Mode.STATIC
 
 
 def _edges_of(observer: fx.Node, members: Collection[fx.Node]) -> Iterator[tuple[Edge, bool]]:

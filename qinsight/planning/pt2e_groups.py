@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import fx
 
-from qinsight.planning.simulate import Edge, QParams, flat_inputs
+from qinsight.planning.simulate import Edge, QParams, flat_inputs, per_tensor_qparams
 
-Signature = tuple[object, ...]  # a group: its observer's kind, and the nodes it observes in graph order
+Signature = tuple[tuple[object, ...], tuple[str, ...]]  # a group: its observer's kind, the nodes it observes in order
 
 
 def groups(annotated: fx.GraphModule) -> dict[Edge, tuple[Signature, Any]] | None:
@@ -47,7 +47,7 @@ def groups(annotated: fx.GraphModule) -> dict[Edge, tuple[Signature, Any]] | Non
         if isinstance(spec, QuantizationSpec):
             own[group] = spec
     signatures = {
-        group: (*_kind(own[group]), *(node.name for node in sorted(nodes, key=order.__getitem__)))
+        group: (_kind(own[group]), tuple(node.name for node in sorted(nodes, key=order.__getitem__)))
         for group, nodes in observed.items()
         if group in own
     }
@@ -65,9 +65,6 @@ def groups(annotated: fx.GraphModule) -> dict[Edge, tuple[Signature, Any]] | Non
 def _kind(spec: Any) -> tuple[object, ...]:
     """What an observer made from ``spec`` computes qparams with, beside the values it sees."""
     return (repr(spec.observer_or_fake_quant_ctr), spec.dtype, spec.quant_min, spec.quant_max, spec.qscheme)
-
-
-KIND_FIELDS = 5  # the fields of a signature's kind (:func:`_kind`); the observed nodes follow
 
 
 class GroupQParams:
@@ -91,35 +88,34 @@ class GroupQParams:
         from torchao.quantization.pt2e.prepare import _create_obs_or_fq_from_qspec
 
         observers = {signature: _create_obs_or_fq_from_qspec(spec, {}, False) for signature, spec in new.items()}
-        names = {str(name) for signature in new for name in signature[KIND_FIELDS:]}
+        names = {name for _, observed in new for name in observed}
         for batch in self._calibration:
-            values = _values(self._graph, batch, names)
-            for signature, observer in observers.items():
-                for name in signature[KIND_FIELDS:]:
-                    observer(values[str(name)])
-        return {signature: _per_tensor(observer) for signature, observer in observers.items()}
+            values = _Capture(self._graph, names).values(batch)
+            for (_, observed), observer in observers.items():
+                for name in observed:
+                    observer(values[name])
+        return {signature: per_tensor_qparams(observer) for signature, observer in observers.items()}
 
 
-def _values(graph: fx.GraphModule, batch: object, names: set[str]) -> dict[str, torch.Tensor]:
-    """The values of the nodes ``names`` when ``graph`` runs on ``batch`` (in float, no gradients)."""
-    found: dict[str, torch.Tensor] = {}
+class _Capture(fx.Interpreter):
+    """``graph`` run in float, the values of the nodes ``names`` kept."""
 
-    class Capture(fx.Interpreter):
-        def run_node(self, node: fx.Node) -> Any:
-            value = super().run_node(node)
-            if node.name in names:
-                found[node.name] = value
-            return value
+    def __init__(self, graph: fx.GraphModule, names: set[str]) -> None:
+        super().__init__(graph)
+        self.names = names
+        self.found: dict[str, torch.Tensor] = {}
 
-    with torch.no_grad():
-        Capture(graph).run(*flat_inputs(graph, batch))
-    return found
+    def run_node(self, node: fx.Node) -> Any:
+        value = super().run_node(node)
+        if node.name in self.names:
+            self.found[node.name] = value
+        return value
+
+    def values(self, batch: object) -> dict[str, torch.Tensor]:
+        """The kept values when the graph runs on ``batch``, without gradients."""
+        with torch.no_grad():
+            self.run(*flat_inputs(self.module, batch))  # type: ignore[arg-type]
+        return self.found
 
 
-def _per_tensor(observer: Any) -> QParams | None:
-    """A calibrated observer's per-tensor qparams; ``None`` for a per-channel one."""
-    scale, zero_point = observer.calculate_qparams()
-    return (float(scale), int(zero_point)) if scale.numel() == 1 else None
-
-
-__all__ = ["KIND_FIELDS", "GroupQParams", "Signature", "groups"]
+__all__ = ["GroupQParams", "Signature", "groups"]

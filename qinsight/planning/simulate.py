@@ -340,6 +340,21 @@ Regroup = Callable[[Mapping[str, Mode]], Mapping[Edge, QParams]]
 calibrated graph (FX's shared observers follow the config): the others keep their switch's own."""
 
 
+def per_tensor_qparams(observer: nn.Module) -> QParams | None:
+    """A calibrated static observer's per-tensor qparams; ``None`` for any other."""
+    if observer_mode(observer) is not Mode.STATIC or not hasattr(observer, "calculate_qparams"):
+        return None
+    scale, zero_point = observer.calculate_qparams()  # type: ignore[operator]
+    return (float(scale), int(zero_point)) if scale.numel() == 1 else None
+
+
+def observer_mode(observer: nn.Module) -> Mode | None:
+    """How an observer quantizes what it observes; ``None``: not to an integer type (float16, say)."""
+    if getattr(observer, "dtype", None) not in (torch.quint8, torch.qint8, torch.uint8, torch.int8):
+        return None
+    return Mode.DYNAMIC if getattr(observer, "is_dynamic", False) else Mode.STATIC
+
+
 def observer_nodes(model: fx.GraphModule) -> list[fx.Node]:
     """The nodes of a prepared graph that call an observer, in graph order."""
     observers = observer_types()
