@@ -4,6 +4,9 @@
 
 from qinsight._version import __version__ as __version__
 from qinsight.apply import (
+    bias_corrected as bias_corrected,
+)
+from qinsight.apply import (
     config_code as config_code,
 )
 from qinsight.apply import (
@@ -35,6 +38,7 @@ from qinsight.compare import (
 )
 from qinsight.core.advice import Advice as Advice
 from qinsight.core.advice import advice_of as advice_of
+from qinsight.core.bias import BiasCorrection as BiasCorrection
 from qinsight.core.comparison import (
     ActivationComparison as ActivationComparison,
 )

@@ -8,6 +8,7 @@ user names most (``Report``, ``QuantPlan``, ``FormatPlan``, the comparisons).
 from __future__ import annotations
 
 from qinsight.core.advice import Advice
+from qinsight.core.bias import BiasCorrection, BiasShift
 from qinsight.core.comparison import (
     ActivationComparison,
     Comparison,
@@ -63,6 +64,8 @@ from qinsight.core.verification import ConfigVerification, KindCheck, Suggestion
 
 __all__ = [
     "ActivationComparison",
+    "BiasCorrection",
+    "BiasShift",
     "ActivationMode",
     "ActivationStats",
     "Advice",

@@ -260,9 +260,10 @@ def _calls(name: str) -> set[str]:
 
 def test_one_trial_quantizes_a_config_for_real() -> None:
     """torch's convert is called by the flow registry alone; the recipe ``qinsight.quantize`` follows is
-    called by it and by the one trial, which verification and plans score every config through."""
+    called by it, by the one trial, which verification and plans score every config through, and by the
+    bias correction, which reads the weights and outputs of the config it corrects from its converted model."""
     assert _calls("convert_fx") | _calls("convert_pt2e") == {"qinsight.apply.torch_flows"}
-    assert _calls("quantize_with") == {"qinsight.apply", "qinsight.apply.trial"}
+    assert _calls("quantize_with") == {"qinsight.apply", "qinsight.apply.trial", "qinsight.apply.bias_correction"}
     assert _calls("run_trial") == {"qinsight.pipeline.verifier", "qinsight.planning.simulated_flows"}
 
 

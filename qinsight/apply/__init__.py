@@ -8,6 +8,7 @@ and picks the advice for its flow with :func:`~qinsight.core.advice.advice_of`
 - :func:`qconfig_mapping` (FX), :func:`pt2e_quantizer` (PT2E, torchao);
 - :func:`equalization_config`: prepare_fx's ``_equalization_config``;
 - :func:`smoothed`: the model a smoothed plan's config is for;
+- :func:`bias_corrected`: the model a bias-corrected config is for (:mod:`.bias_correction` measures it);
 - :func:`config_code`: the Python that builds the FX config, as the page shows it;
 - :func:`quantize`: all of it applied, the model prepared, calibrated and converted;
 - :func:`fqn_to_config`: torchao's ``FqnToConfig`` of a mixed-format plan (:mod:`.torchao`), or of the
@@ -24,7 +25,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from qinsight.apply import code, equalization_qconfig, pt2e, qconfigs, smoothed_model, torchao
+from qinsight.apply import code, corrected_model, equalization_qconfig, pt2e, qconfigs, smoothed_model, torchao
 from qinsight.core.advice import Advice, advice_of
 from qinsight.core.errors import InvalidParameterError
 from qinsight.core.flows import check_flow_backend, flow_spec
@@ -115,6 +116,23 @@ def smoothed(model: nn.Module, source: Report | QuantPlan | Advice) -> nn.Module
         A copy of ``model`` with the Linears ``source`` smooths smoothed (``model`` itself when none).
     """
     return smoothed_model.apply_smoothing(model, advice_of(source).smoothing)
+
+
+def bias_corrected(model: nn.Module, source: Report | QuantPlan | Advice, flow: FlowName | None = None) -> nn.Module:
+    """The model a bias-corrected config is for: the biases its verification found worth shifting, shifted.
+
+    ``qinsight.quantize`` corrects them itself; call this before your own ``prepare_fx`` /
+    ``prepare_pt2e`` with the config of :func:`qconfig_mapping` or :func:`pt2e_quantizer`.
+
+    Args:
+        model: the float model the report was made of; it is not changed.
+        source: a report, a plan or an advice.
+        flow: the flow whose verified correction to apply (default: the report's, as :func:`quantize`).
+
+    Returns:
+        A copy of ``model`` with each corrected bias shifted (``model`` itself when there is none).
+    """
+    return corrected_model.apply_bias_correction(model, advice_of(source, flow, owner="bias_corrected").bias_correction)
 
 
 def config_code(source: Report | QuantPlan | Advice) -> list[str]:
@@ -218,4 +236,5 @@ __all__ = [
     "qconfig_mapping",
     "quantize",
     "smoothed",
+    "bias_corrected",
 ]

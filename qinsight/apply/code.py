@@ -16,9 +16,12 @@ from qinsight.core.fx_activations import FxActivations
 
 def config_code(advice: Advice) -> list[str]:
     """Python lines that build ``mapping`` (FX) as :func:`~qinsight.apply.qconfigs.qconfig_mapping` does, and
-    ``equalization`` where the advice equalizes; a smoothed plan's lines say the model must be smoothed first."""
+    ``equalization`` where the advice equalizes; a smoothed plan's lines say the model must be smoothed first,
+    a bias-corrected config's that its biases must be corrected."""
     entries = advice_entries(advice.sites, advice.suggestions, advice.backend, advice.fx_activations)
     smoothing = ["# for the smoothed model: model = qinsight.smoothed(model, plan)"] if advice.smoothing.entries else []
+    if advice.bias_correction.entries:
+        smoothing.insert(0, "# for the model with its biases corrected: model = qinsight.bias_corrected(model, report)")
     return smoothing + _code(entries, advice.backend, advice.fx_activations) + equalization_code(advice.equalization)
 
 

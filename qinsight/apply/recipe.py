@@ -1,4 +1,5 @@
-"""The recipe behind ``qinsight.quantize``: what a user does with advice: smooth, prepare, calibrate, convert.
+"""The recipe behind ``qinsight.quantize``: what a user does with advice: correct the biases and smooth
+where it says so, prepare, calibrate, convert.
 
 FX: ``prepare_fx(model, mapping, example_inputs, _equalization_config=...)``;
 PT2E: ``torch.export`` (the batch dimension and every input dimension that
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from qinsight.apply.corrected_model import apply_bias_correction
 from qinsight.apply.equalization_qconfig import equalization_qconfig_mapping
 from qinsight.apply.pt2e import on_top_of
 from qinsight.apply.smoothed_model import apply_smoothing
@@ -26,6 +28,9 @@ from qinsight.core.flows import check_flow_backend, flow_spec
 from qinsight.core.notes import NoteKind, NoteWarning
 from qinsight.core.sites import FlowName
 from qinsight.frontends import eval_mode, example_inputs, run_batch
+
+# what the notes ask of the user's model, which quantize_with does itself
+_DONE_HERE = frozenset({NoteKind.SMOOTHED_MODEL, NoteKind.BIAS_CORRECTED})
 
 
 def default_config(flow: FlowName, backend: str, owner: str = "compare") -> tuple[object, str]:
@@ -104,15 +109,16 @@ def quantize_with(
     runs_on: Sequence[object] = (),
 ) -> nn.Module:
     """``model`` quantized with ``advice`` through its flow (on top of the user's ``quantizer``, where
-    given): smoothed first where the advice smooths, prepared, calibrated on ``calibration`` and converted.
+    given): its biases corrected and smoothed first where the advice says so, prepared, calibrated on
+    ``calibration`` and converted.
     An exported model takes every input shape among ``calibration`` and ``runs_on`` (the batches it is
     run on after)."""
     if not calibration:
         raise InvalidParameterError("quantize", "calibration_data", "no batches", "at least one batch")
     for note in advice.notes:
-        if note.kind is not NoteKind.SMOOTHED_MODEL:  # quantize smooths the model itself
+        if note.kind not in _DONE_HERE:
             warnings.warn(NoteWarning(note), stacklevel=3)
-    smoothed = apply_smoothing(model, advice.smoothing)
+    smoothed = apply_smoothing(apply_bias_correction(model, advice.bias_correction), advice.smoothing)
     spec = flow_spec(advice.flow)
     equalization = equalization_qconfig_mapping(advice.equalization) if spec.equalizes else None
     shapes = varying_shapes([*calibration, *runs_on]) if spec.exports else None

@@ -59,7 +59,7 @@ class Trial:
 
 
 @contextlib.contextmanager
-def _measuring() -> Iterator[None]:
+def measuring() -> Iterator[None]:
     """A config quantized and run as a measurement: its warnings (the advice's own, said with the report)
     ignored, and the traceback an FX graph prints to stderr before it raises kept off the terminal: a
     failure there is a result (the config cannot run), which the caller says."""
@@ -83,7 +83,7 @@ def run_trial(
     ``scored``; an exported model takes the input shapes of ``shaped_for`` too. Any error of the flow,
     at prepare, convert or the run, ends in a failed :class:`Trial`."""
     try:
-        with _measuring():
+        with measuring():
             converted = quantize_with(model, advice, calibration, quantizer, runs_on=[*scored, *shaped_for])
             ships = shipped(converted, lowering)
             outputs = tuple(model_outputs(ships, scored))
@@ -120,4 +120,4 @@ def weighted_layers(model: nn.Module, sites: Iterable[OpSite]) -> dict[str, int]
     return {fqn: count for fqn, count in counts.items() if count > 0}
 
 
-__all__ = ["Trial", "model_outputs", "run_trial", "weight_counts", "weighted_layers"]
+__all__ = ["Trial", "measuring", "model_outputs", "run_trial", "weight_counts", "weighted_layers"]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from qinsight.compare.layers import quantized_layers
+from qinsight.compare.layers import QuantizedLayer, quantized_layers
 from qinsight.compare.metric_functions import load_metrics
 from qinsight.core.comparison import (
     ChannelMetric,
@@ -38,6 +38,24 @@ def fold_batchnorm(weight: torch.Tensor, bn: nn.modules.batchnorm._BatchNorm) ->
     if bn.weight is not None:
         scale = scale * bn.weight
     return weight * scale.reshape(-1, *([1] * (weight.ndim - 1)))
+
+
+def reference_weight(
+    float_model: nn.Module, structure: ModelStructure, folds: dict[str, str], layer: QuantizedLayer
+) -> tuple[torch.Tensor, str | None] | None:
+    """The float weight ``layer`` quantized, as float32: its float layer's, with the BatchNorm after it
+    folded in where ``layer`` absorbed it (``folds``: :meth:`ModelStructure.batchnorm_after_conv`), and
+    that BatchNorm's name; ``None`` where the float layer holds no weight tensor."""
+    float_weight = structure.modules[layer.fqn].holder.weight
+    if not isinstance(float_weight, torch.Tensor):
+        return None
+    reference = float_weight.detach()
+    bn_name = folds.get(layer.fqn)
+    if bn_name is not None and not layer.absorbs(float_model.get_submodule(bn_name)):
+        bn_name = None  # kept apart (FX after a functional conv): the weight is the conv's own
+    if bn_name is not None:
+        reference = fold_batchnorm(reference, float_model.get_submodule(bn_name))  # type: ignore[arg-type]
+    return reference.float(), bn_name
 
 
 def _per_channel(metrics: dict[str, Metric], ref: torch.Tensor, actual: torch.Tensor) -> tuple[ChannelMetric, ...]:
@@ -73,19 +91,13 @@ def compare_weights(
     chosen = load_metrics(metrics)
     structure = structure if structure is not None else model_structure(float_model)
     folds = structure.batchnorm_after_conv()
-    holders = {fqn: module.holder for fqn, module in structure.modules.items()}
     layers = []
     for fqn, layer in quantized_layers(float_model, quantized_model, structure).items():
-        float_weight = holders[fqn].weight
-        if not isinstance(float_weight, torch.Tensor):
+        found = reference_weight(float_model, structure, folds, layer)
+        if found is None:
             continue
-        reference = float_weight.detach()
-        bn_name = folds.get(fqn)
-        if bn_name is not None and not layer.absorbs(float_model.get_submodule(bn_name)):
-            bn_name = None  # kept apart (FX after a functional conv): the weight is the conv's own
-        if bn_name is not None:
-            reference = fold_batchnorm(reference, float_model.get_submodule(bn_name))  # type: ignore[arg-type]
-        reference, actual = reference.detach().float(), layer.weight().detach().float()
+        reference, bn_name = found
+        actual = layer.weight().detach().float()
         layers.append(
             LayerWeightComparison(
                 fqn=fqn,
@@ -111,4 +123,4 @@ def compare_weights(
     return WeightComparison(layers=tuple(layers))
 
 
-__all__ = ["compare_weights", "fold_batchnorm"]
+__all__ = ["compare_weights", "fold_batchnorm", "reference_weight"]

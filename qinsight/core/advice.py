@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Literal
 
 import attrs
 
+from qinsight.core.bias import BiasCorrection
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.flows import flow_spec, report_flow
 from qinsight.core.fx_activations import FxActivations
@@ -42,7 +43,8 @@ class Advice:
     ``verified`` whether it was quantized for real and scored (a plan's
     config, or a report's verified in this flow). ``fx_activations`` applies to FX only; ``equalization`` is what
     ``prepare_fx`` equalizes (PT2E has none: a note says so); ``smoothing``
-    is what the model must go through first (:func:`qinsight.apply.smoothed`).
+    is what the model must go through first (:func:`qinsight.apply.smoothed`), ``bias_correction`` the
+    biases to shift before (:func:`qinsight.apply.bias_corrected`), a verified config's.
     """
 
     flow: FlowName
@@ -52,6 +54,7 @@ class Advice:
     fx_activations: FxActivations | None = None
     equalization: EqualizationMapping = EqualizationMapping()
     smoothing: SmoothingMapping = SmoothingMapping()
+    bias_correction: BiasCorrection = BiasCorrection()
     source: Literal["report", "plan"] = "report"
     verified: bool = False
     notes: tuple[Note, ...] = ()
@@ -134,12 +137,22 @@ def _verified(advice: Advice, verdict: ConfigVerification | None) -> Advice:
     if verdict is None or not verdict.verified:
         return advice
     parts = without_kinds(ConfigParts(advice.suggestions, advice.fx_activations, advice.equalization), verdict.dropped)
+    correction = verdict.applied_bias_correction
+    notes = advice.notes
+    if correction.entries:
+        said = (
+            f"the verified config corrects the biases of {len(correction)} layers: it is for "
+            "model = qinsight.bias_corrected(model, report)"
+        )
+        notes += (Note(NoteKind.BIAS_CORRECTED, said),)
     return attrs.evolve(
         advice,
         suggestions=parts.suggestions,
         fx_activations=parts.fx_activations,
         equalization=parts.equalization,
+        bias_correction=correction,
         verified=True,
+        notes=notes,
     )
 
 

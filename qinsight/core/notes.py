@@ -20,6 +20,7 @@ class NoteKind(enum.Enum):
     # advice: what a builder of the config must know besides
     OTHER_FLOW = "other_flow"  # a plan made for another flow: its config is not verified in this one
     SMOOTHED_MODEL = "smoothed_model"  # the config is for the smoothed model (qinsight.smoothed)
+    BIAS_CORRECTED = "bias_corrected"  # the config is for the model with its biases corrected (qinsight.bias_corrected)
     UNEQUALIZED = "unequalized"  # the flow has no input-weight equalization: those modules stay unequalized
     CALLS_MERGED = "calls_merged"  # a module's calls were advised apart; the flow configures the module once
     # a config quantized for real (verification and plans)

@@ -24,6 +24,7 @@ from collections.abc import Collection
 
 import attrs
 
+from qinsight.core.bias import BiasCorrection
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.fx_activations import FxActivations
 from qinsight.core.notes import Note, NoteKind
@@ -39,6 +40,7 @@ class SuggestionKind(enum.Enum):
     PER_TENSOR = "per-tensor weights"
     EQUALIZE = "input-weight equalization"
     ACTIVATIONS = "activation observing"  # FX: 8 bits, clip-aware (FxActivations)
+    BIAS_CORRECTION = "bias correction"  # the offered config's biases corrected (core.bias): checked last
 
 
 def _strip(suggestion: QuantSuggestion, kinds: Collection[SuggestionKind]) -> QuantSuggestion:
@@ -131,7 +133,10 @@ class ConfigVerification:
     quantize the model with its default config, and nothing was verified. ``lowered``: the runtime
     that ran every score, where each config was scored as the program lowered from it. ``yours``: the
     user's own quantizer (``verify_report(quantizer=q)``, ``diagnose(deploy=q)``), scored the same
-    way; ``yours_from`` names its class (``None`` and empty: none given).
+    way; ``yours_from`` names its class (``None`` and empty: none given). ``bias_correction``: the
+    biases the offered config's quantized weights shift, measured on the calibrating batches from its
+    converted model; the ``BIAS_CORRECTION`` check says whether the config with them scored better and
+    is offered (:attr:`applied_bias_correction`).
     """
 
     flow: FlowName
@@ -150,11 +155,19 @@ class ConfigVerification:
     lowered: str = ""  # the runtime of the programs scored (verify_report(lowered=True)); empty: the reference
     yours: float | None = None
     yours_from: str = ""
+    # measured from the offered config's converted model; applied where its check was kept
+    bias_correction: BiasCorrection = BiasCorrection()
 
     @property
     def verified(self) -> bool:
         """Whether the config was quantized for real and scored (the flow could quantize the model)."""
         return not self.error
+
+    @property
+    def applied_bias_correction(self) -> BiasCorrection:
+        """The bias correction the offered config applies: the measured one where it scored better."""
+        kept = any(check.kind is SuggestionKind.BIAS_CORRECTION and check.kept for check in self.checks)
+        return self.bias_correction if kept else BiasCorrection()
 
     @property
     def dropped(self) -> tuple[SuggestionKind, ...]:

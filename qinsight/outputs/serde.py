@@ -54,7 +54,7 @@ from qinsight.outputs.upgrades import register_changed_records
 from qinsight.plugin.discovery import finding_type
 
 FORMAT: Final = "qinsight.report"
-SCHEMA_VERSION: Final = (4, 5)
+SCHEMA_VERSION: Final = (4, 6)
 # 2.0 writes long arrays as typed binary (a list-or-object field is a retyping: a 1.x reader refuses
 # 2.0 files with one clear error); every 1.x file is a valid 2.0 file and reads unchanged.
 # 4.0 writes a budget as its own type (a plan's target is a Target or a Budget) and notes as their kind and

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from qinsight.core.flows import flow_spec, reads_as_is, verifying_flows
 from qinsight.core.report import Report
+from qinsight.core.verification import ConfigVerification, SuggestionKind
 
 UNVERIFIED = (
     "Not verified: this config was not quantized and scored for real (diagnose(verify=False) or QINSIGHT_VERIFY=0, "
@@ -40,7 +41,18 @@ def verification_lines(report: Report) -> list[str]:
             if not check.kept
         )
         lines.extend(f"    {note}" for note in verdict.notes)
+        lines.extend(_corrected_biases(verdict))
     return lines
+
+
+def _corrected_biases(verdict: ConfigVerification, shown: int = 3) -> list[str]:
+    """The biases the offered config corrects: how many, the largest by size."""
+    applied = verdict.applied_bias_correction
+    if not applied.entries:
+        return []
+    largest = "; ".join(entry.describe() for entry in applied.largest(shown))
+    without = next(c.without for c in verdict.checks if c.kind is SuggestionKind.BIAS_CORRECTION)
+    return [f"    biases corrected in {len(applied)} layers ({without:.1f} dB without); largest: {largest}"]
 
 
 __all__ = ["UNVERIFIED", "verification_lines"]

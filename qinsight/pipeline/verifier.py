@@ -10,9 +10,13 @@ own recipe (prepare, calibrate, convert) and scored by the SQNR of the model's o
 3. where two or more kinds' absence scores better, the config without all of them too;
 4. the best of these configs is offered (of equals, the one keeping most): a kind that lowers the
    score among the others may still help once another is gone, and a config below the flow's
-   default gives way to it, every kind dropped.
+   default gives way to it, every kind dropped;
+5. the offered config's bias correction (:mod:`qinsight.apply.bias_correction`) measured on the
+   calibrating batches and the corrected config scored, applied where it scores above the config
+   without (a ``bias correction`` check).
 
-So at most ``2 + kinds + 1`` real quantizations per flow (a report holds at most five kinds). A
+So at most ``2 + kinds + 1`` real quantizations per flow (a report holds at most five kinds), and
+two for the bias correction (one to measure it, one to score it). A
 config the flow cannot build or run scores ``-inf``: the kind that breaks it is dropped with the
 flow's error as its reason; only the default config failing leaves the flow unverified.
 """
@@ -28,8 +32,9 @@ import attrs
 import torch
 from torch import nn
 
+from qinsight.apply.bias_correction import measure_bias_correction
 from qinsight.apply.torch_flows import TORCH_FLOWS, flow_of
-from qinsight.apply.trial import Trial, model_outputs, run_trial, weighted_layers
+from qinsight.apply.trial import Trial, measuring, model_outputs, run_trial, weighted_layers
 from qinsight.compare.metric_functions import sqnr
 from qinsight.compare.outputs import output_rows
 from qinsight.core.advice import Advice, advice_of
@@ -266,7 +271,8 @@ def verify_flow(
     if not kinds:
         nothing = Note(NoteKind.NOTHING_SUGGESTED, "the report suggests nothing the flow's default does not do")
         verdict = attrs.evolve(blank, default=default, suggested=default, score=default, notes=(*blank.notes, nothing))
-        return _left_float(noting_yours(verdict), model, report, base, score.trials[base])
+        verdict, offered = _bias_corrected(verdict, base, score)
+        return _left_float(noting_yours(verdict), model, report, offered, score.trials[offered])
     outcome = score(config(()))
     suggested = recorded(outcome)
     without, measured = _left_out_each(kinds, lambda left_out: recorded(score(config(left_out))), suggested, default)
@@ -289,7 +295,40 @@ def verify_flow(
         blank, default=default, suggested=suggested, score=measured[dropped], checks=checks, notes=blank.notes + notes
     )
     offered = base if dropped == frozenset(kinds) else config(dropped)
+    verdict, offered = _bias_corrected(verdict, offered, score)
     return _left_float(noting_yours(verdict), model, report, offered, score.trials[offered])
+
+
+def _bias_corrected(verdict: ConfigVerification, offered: Advice, score: _Scorer) -> tuple[ConfigVerification, Advice]:
+    """``verdict`` and the ``offered`` config with its bias correction (:mod:`qinsight.apply.bias_correction`)
+    measured on the calibrating batches and the corrected config quantized for real and scored: applied
+    where it scores above the config without, a :attr:`SuggestionKind.BIAS_CORRECTION` check either way."""
+    with measuring():
+        try:
+            correction = measure_bias_correction(score.model, offered, score.calibrating)
+        except Exception:  # the config quantized a moment ago: a flow failing now has nothing to correct
+            return verdict, offered
+    if not correction.entries:
+        return verdict, offered
+    corrected = attrs.evolve(offered, bias_correction=correction)
+    with_it = recorded(score(corrected))
+    kept = with_it > verdict.score
+    said = (
+        f"not applied: the offered config scored {_said(with_it)} with its biases corrected, "
+        f"{_said(verdict.score)} without"
+    )
+    check = KindCheck(
+        kind=SuggestionKind.BIAS_CORRECTION,
+        modules=len(correction),
+        without=verdict.score,
+        kept=kept,
+        reason="" if kept else said,
+        why=None if kept else NoteKind.HURTS,
+    )
+    verdict = attrs.evolve(
+        verdict, checks=(*verdict.checks, check), bias_correction=correction, score=max(with_it, verdict.score)
+    )
+    return verdict, corrected if kept else offered
 
 
 def _left_out_each(

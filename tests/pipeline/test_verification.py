@@ -58,7 +58,11 @@ def test_torchs_equalization_that_hurts_a_conv_bn_net_is_dropped_with_its_number
     check = next(c for c in verdict.checks if c.kind is SuggestionKind.EQUALIZE)
     assert check.without > verdict.suggested + 10  # measured: 43.7 dB without it, 25.9 dB with it
     assert check.why is NoteKind.HURTS
-    assert verdict.score == check.without >= verdict.default
+    bias = next(c for c in verdict.checks if c.kind is SuggestionKind.BIAS_CORRECTION)
+    assert bias.without == check.without >= verdict.default  # the config without equalization, then its biases
+    assert verdict.score > check.without if bias.kept else verdict.score == check.without
+    code = "\n".join(qinsight.config_code(report))
+    assert ("model = qinsight.bias_corrected(model, report)" in code) == bias.kept
     # the one-step outputs follow: no equalization left to apply, the reason kept
     assert report.equalization_mapping.fqns == () and report.equalization_mapping.refused[0].reason == check.reason
     assert not qinsight.advice_of(report, "fx").equalization.entries and qinsight.advice_of(report, "fx").verified
@@ -299,6 +303,7 @@ def test_the_torchao_verdict_is_the_score_of_the_config_its_user_applies() -> No
     static = [fqn for fqn in linears if fqn not in dynamic]
     assert static and dynamic  # both kinds of Linear in this config
     largest = {fqn: torch.tensor(0.0) for fqn in static}
+    model = qinsight.bias_corrected(model, report, "torchao")  # what quantize calibrated: the verified config's
     hooks = [
         model.get_submodule(fqn).register_forward_pre_hook(
             lambda _m, args, fqn=fqn: largest.__setitem__(fqn, torch.maximum(largest[fqn], args[0].abs().amax()))
