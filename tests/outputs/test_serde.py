@@ -157,6 +157,8 @@ for _cls in (
     qinsight.QuantPlan,
     qinsight.types.SmoothingEntry,
     qinsight.SmoothingMapping,
+    qinsight.types.BiasShift,
+    qinsight.BiasCorrection,
 ):
     attrs.resolve_types(_cls)
 st.register_type_strategy(
@@ -194,6 +196,20 @@ st.register_type_strategy(
     qinsight.SmoothingMapping,
     st.lists(st.from_type(qinsight.types.SmoothingEntry), max_size=2, unique_by=lambda e: e.fqn).map(
         lambda entries: qinsight.SmoothingMapping(entries=tuple(entries))
+    ),
+)
+st.register_type_strategy(
+    qinsight.types.BiasShift,
+    st.builds(
+        qinsight.types.BiasShift,
+        shift=st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=40).map(tuple),  # long ones as typed arrays
+        size=st.floats(0, 1e6),
+    ),
+)
+st.register_type_strategy(
+    qinsight.BiasCorrection,
+    st.lists(st.from_type(qinsight.types.BiasShift), max_size=2, unique_by=lambda e: e.into).map(
+        lambda entries: qinsight.BiasCorrection(entries=tuple(entries))
     ),
 )
 st.register_type_strategy(
