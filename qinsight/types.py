@@ -28,7 +28,7 @@ from qinsight.core.formats import CurvePoint, FormatCost, FormatPlan, LayerForma
 from qinsight.core.fx_activations import FxActivations, NarrowedInput
 from qinsight.core.metrics import MetricSpec
 from qinsight.core.notes import Note, NoteKind
-from qinsight.core.options import Deployment, Goal, Resources
+from qinsight.core.options import Deployment, Goal, Repairs, Resources
 from qinsight.core.plan import (
     Budget,
     PlanCost,
@@ -119,6 +119,7 @@ __all__ = [
     "QuantSuggestion",
     "Report",
     "ReportMetadata",
+    "Repairs",
     "Resources",
     "SearchedOrder",
     "StageTime",

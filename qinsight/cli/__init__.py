@@ -136,6 +136,11 @@ def _plan_command(commands: typing.Any) -> None:
         action="store_true",
         help="smooth the Linears' inputs first (SmoothQuant factors, chosen by measured error)",
     )
+    planned.add_argument(
+        "--correct-biases",
+        action="store_true",
+        help="correct the default config's biases first where that scores better (every layer stays int8)",
+    )
     _judged_against(planned)
     planned.add_argument("--quiet", action="store_true", help="no progress lines")
     _outputs(planned)

@@ -17,7 +17,7 @@ from qinsight.cli.output import Progress, check_targets, note, write, wrote
 from qinsight.core.entry_points import installed
 from qinsight.core.errors import InvalidParameterError, PluginLoadError, UsageError
 from qinsight.core.flows import flow_spec
-from qinsight.core.options import Deployment, Goal, Resources, byte_count
+from qinsight.core.options import Deployment, Goal, Repairs, Resources, byte_count
 from qinsight.core.plan import BUDGET_UNITS, Budget, BudgetUnit, SpeedBound, Target
 from qinsight.core.report import Report
 from qinsight.core.shards import Shard
@@ -304,7 +304,7 @@ def _planned(
         deploy=Deployment.named("plan", flow=args.flow, backend=args.backend, lowered=args.lowered),
         report=report,
         progress=progress,
-        smoothing=args.smooth,
+        repairs=Repairs(smoothing=args.smooth, bias_correction=args.correct_biases),
         resources=Resources(memory_budget=args.memory_budget, shard="distributed" if distributed else None),
     )
     return report.with_plan(found), "" if found.reached else f"the plan does not reach {found.aim}"

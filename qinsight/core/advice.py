@@ -165,6 +165,7 @@ def _of_plan(plan: QuantPlan, flow: FlowName, owner: str) -> Advice:
         fx_activations=plan.fx_activations,
         equalization=EqualizationMapping.of(plan.suggestions),
         smoothing=plan.smoothing,
+        bias_correction=plan.bias_correction,
         source="plan",
         verified=True,
         starts_from=plan.starts_from,
@@ -180,6 +181,12 @@ def _of_plan(plan: QuantPlan, flow: FlowName, owner: str) -> Advice:
                 ),
             ),
         )
+    if plan.bias_correction.entries:
+        said = (
+            f"the plan corrects the biases of {len(plan.bias_correction)} layers: its config is for "
+            "model = qinsight.bias_corrected(model, plan)"
+        )
+        advice = attrs.evolve(advice, notes=(*advice.notes, Note(NoteKind.BIAS_CORRECTED, said)))
     if advice.flow != flow:
         said = f"the plan was made for {advice.flow}, not {flow}: its config is not verified in {flow}"
         return _for_flow(advice, flow, Note(NoteKind.OTHER_FLOW, said), owner)

@@ -223,6 +223,28 @@ class Resources:
         raise InvalidParameterError(owner, "resources", type(value).__name__, expected)
 
 
+@attrs.frozen(kw_only=True)
+class Repairs:
+    """What a plan may change in the model before it keeps anything in float, each measured for real and
+    kept where it scores better: ``smoothing``, the Linears' inputs smoothed (SmoothQuant factors chosen
+    by measured error; the config is then for ``qinsight.smoothed(model, plan)``), and
+    ``bias_correction``, the default config's biases corrected (every layer stays int8; the config is
+    then for ``qinsight.bias_corrected(model, plan)``). Neither by default."""
+
+    smoothing: bool = attrs.field(default=False, validator=_flag)
+    bias_correction: bool = attrs.field(default=False, validator=_flag)
+
+    @classmethod
+    def of(cls, value: object, owner: str) -> Repairs:
+        """``value`` as Repairs (``None``: none); anything else is ``owner``'s one error."""
+        if value is None:
+            return cls()
+        if isinstance(value, Repairs):
+            return value
+        expected = "a qinsight.types.Repairs (smoothing=, bias_correction=) or None"
+        raise InvalidParameterError(owner, "repairs", type(value).__name__, expected)
+
+
 GOAL_KEYWORDS: Final = ("target", "budget", "metric", "confidence")
 DEPLOY_KEYWORDS: Final = ("flow", "backend", "quantizer", "qconfig_mapping", "lowered")
 RESOURCE_KEYWORDS: Final = ("memory_budget",)
@@ -311,6 +333,7 @@ __all__ = [
     "Deployment",
     "Goal",
     "MetricFunction",
+    "Repairs",
     "Resources",
     "byte_count",
     "options",

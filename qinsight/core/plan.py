@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import attrs
 
+from qinsight.core.bias import BiasCorrection
 from qinsight.core.comparison import ProgramCost
 from qinsight.core.equalization import EqualizationMapping
 from qinsight.core.errors import InvalidParameterError, InvalidValueError, NotFoundError
@@ -428,7 +429,8 @@ class QuantPlan:
     measured gains (NaN where not computed). ``fx_activations`` is how an FX plan's config
     observes activations (measured against torch's way; ``None`` where torch's scored better, or
     in PT2E). ``smoothing`` is what the plan did to the model before quantizing it (none
-    unless asked): its config is for ``qinsight.smoothed(model, plan)``, and its
+    unless asked): its config is for ``qinsight.smoothed(model, plan)`` (``bias_correction``: for
+    ``qinsight.bias_corrected(model, plan)``), and its
     sites are named as in that model; ``default_score`` is the model as given. ``lowered`` names
     the runtime that ran every real score where the plan scored the program lowered from each config
     (``plan(..., deploy=Deployment(lowered=True))``: ``"ExecuTorch 1.5.1 runtime, XNNPACK delegate"``); empty: the
@@ -457,20 +459,17 @@ class QuantPlan:
     evaluations: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     notes: tuple[Note, ...] = ()
     smoothing: SmoothingMapping = SmoothingMapping()
+    bias_correction: BiasCorrection = BiasCorrection()  # applied before (plan(bias_correction=True))
     fx_activations: FxActivations | None = None
     lowered: str = ""  # what ran the real scores: the lowered program's runtime; empty: the reference model
     starts_from: str = ""  # the user's quantizer the plan keeps sites float on top of (its class); empty: qinsight's
-    confidence: float | None = (
-        None  # the top1 target held at this one-sided bound over the evaluation rows; None: the score
-    )
+    confidence: float | None = None  # the top1 target held at this one-sided bound over the rows; None: the score
     orders: tuple[SearchedOrder, ...] = ()  # the orders the search compared (top-1: two); empty: it had one
     # the direction of the plan's scores, as it compared them (a plugin metric's own, which a file keeps
     # where the plugin is not installed); absent before 4.0: the target's, or the one table's for a budget
     higher_is_better: bool = attrs.field(default=attrs.Factory(lambda plan: _direction(plan), takes_self=True))
     cost: PlanCost | None = None  # where its time went; None: a plan saved before 4.3
-    # with lowered=True, its program, the default's and the float model's, timed and sized; None: not
-    # lowered, or a plan saved before 4.4
-    programs: PlanPrograms | None = None
+    programs: PlanPrograms | None = None  # lowered=True: its program, the default's, the float one's; None: not
     speed: SpeedBound | None = None  # the speed its program had to reach beside the target; None: none asked
     # the runs of consecutive sites kept in float, in the graph's order (each one splits the program
     # with a dequantize before it and a quantize after it); 0: none, or a plan saved before 4.4

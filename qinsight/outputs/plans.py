@@ -59,6 +59,11 @@ def summary_lines(plan: QuantPlan) -> list[str]:
             f"  smoothed {which} (alpha {strength}): the config is for qinsight.smoothed(model, plan), "
             "where a smoothed Linear is named <name>.linear"
         )
+    if plan.bias_correction.entries:
+        lines.append(
+            f"  biases corrected in {len(plan.bias_correction)} layers first, every layer int8: the config is for "
+            "qinsight.bias_corrected(model, plan)"
+        )
     equalized = plan.equalization_mapping().fqns
     if equalized:
         lines.append(f"  equalized: {', '.join(equalized)} (qinsight.equalization_config(plan) for prepare_fx)")

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import attrs
 from torch import nn
 
+from qinsight.core.bias import BiasCorrection
+from qinsight.core.errors import InvalidParameterError
 from qinsight.core.flows import check_flow_backend, flow_spec, reads_as_is, report_flow
 from qinsight.core.fx_activations import FxActivations
 from qinsight.core.notes import Note, NoteKind
-from qinsight.core.options import Deployment, Goal, Resources, options
+from qinsight.core.options import Deployment, Goal, Repairs, Resources, options
 from qinsight.core.plan import Budget, PlanPrograms, QuantPlan, StageTime, Target, float_islands
 from qinsight.core.progress import Progress
 from qinsight.core.report import Report
@@ -48,7 +51,7 @@ def plan(
     goal: Goal | str | Target | Budget | None = None,
     deploy: Deployment | str | object | None = None,
     report: Report | None = None,
-    smoothing: bool = False,
+    repairs: Repairs | None = None,
     held_out_data: Iterable[Any] | None = None,
     progress: Progress | None = None,
     resources: Resources | None = None,
@@ -80,9 +83,14 @@ def plan(
             to keep in float (``plan.starts_from`` names it; apply with ``qinsight.pt2e_quantizer(plan,
             quantizer=q)`` or ``qinsight.quantize(model, plan, data, quantizer=q)``).
         report: the diagnosis to start from; default: :func:`qinsight.diagnose` on the calibration data.
-        smoothing: the inputs of the Linears whose measured error it lowers are smoothed first
-            (:mod:`.smoothing_search`) and the plan is made for ``qinsight.smoothed(model, plan)``; its
-            ``default_score`` stays that of the model as given.
+        repairs: a :class:`~qinsight.core.options.Repairs`, what the plan changes in the model before it
+            keeps anything in float. ``smoothing``: the inputs of the Linears whose measured error it lowers
+            are smoothed first (:mod:`.smoothing_search`) and the plan is made for
+            ``qinsight.smoothed(model, plan)``; its ``default_score`` stays that of the model as given.
+            ``bias_correction``: the default config's biases corrected (:mod:`qinsight.apply.bias_correction`),
+            kept where the corrected default scores better for real (a check says so either way): every
+            layer stays int8, and the plan is made for ``qinsight.bias_corrected(model, plan)``, which
+            ``qinsight.quantize`` applies itself. (``smoothing=True``: the former keyword, for one release.)
         held_out_data: batches the search never chose on: the config as converted is scored again on
             them (``held_out_score``), and ``reached`` holds only where they meet the target too.
         progress: called at each stage (the command line's progress line).
@@ -110,6 +118,7 @@ def plan(
         InvalidParameterError: an argument outside what it takes (among them too few rows for
             ``confidence``, naming how many), checked before the model runs.
     """
+    chosen_repairs, former = _repairs(repairs, former)
     chosen_goal, deployment, resources = options(
         "plan", goal, deploy, former, budget_unit="float", takes=("goal", "deploy", "resources"), resources=resources
     )
@@ -118,7 +127,8 @@ def plan(
         deploy=deployment,
         calibration_data=calibration_data,
         evaluation_data=evaluation_data,
-        smoothing=smoothing,
+        smoothing=chosen_repairs.smoothing,
+        bias_correction=chosen_repairs.bias_correction,
         held_out_data=held_out_data,
         resources=resources,
     )
@@ -143,8 +153,12 @@ def plan(
     if request.lowering is not None:
         run.timed("float program", run.float_program)
     chosen = (
-        run.timed("smoothing", stages.subject, run, report, base) if smoothing else stages.subject(run, report, base)
+        run.timed("smoothing", stages.subject, run, report, base)
+        if request.smoothing
+        else stages.subject(run, report, base)
     )
+    if request.bias_correction:
+        chosen = run.timed("bias correction", stages.corrected, run, chosen)
     found = run.timed("checks", stages.checked, run, chosen, base)
     measured = run.timed("sensitivity", stages.sensitivity, run, found)
     search = run.timed("search", stages.searched, run, found, measured)
@@ -156,6 +170,24 @@ def plan(
     final = base.flow if real.default else chosen.flow
     applied = run.timed("converted", stages.converted, run, final, real.suggestions, chosen.report)
     return attrs.evolve(_assembled(run, base, chosen, measured, search, real, applied), cost=run.cost(diagnosis))
+
+
+def _repairs(repairs: Repairs | None, former: dict[str, Any]) -> tuple[Repairs, dict[str, Any]]:
+    """``repairs`` as a record, and the former keywords left for the other records: ``smoothing=`` is
+    the repairs', warned of."""
+    if "smoothing" not in former:
+        return Repairs.of(repairs, "plan"), former
+    if repairs is not None:
+        expected = "None beside smoothing= (one or the other)"
+        raise InvalidParameterError("plan", "repairs", type(repairs).__name__, expected)
+    warnings.warn(
+        "plan(smoothing=...) is now plan(repairs=...): qinsight.types.Repairs(smoothing=...); the keyword goes "
+        "in the next release",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    rest = {keyword: value for keyword, value in former.items() if keyword != "smoothing"}
+    return Repairs(smoothing=former["smoothing"]), rest
 
 
 def _untimed(_stage: str, step: Callable[..., T], *args: Any) -> T:
@@ -212,6 +244,7 @@ def _assembled(
         + (missed if request.held_out else ())
         + _bound_note(request, held, rows),
         smoothing=SmoothingMapping() if real.default else chosen.smoothing,
+        bias_correction=BiasCorrection() if real.default else chosen.bias_correction,
         fx_activations=flow.activations,
         lowered=request.lowering.runtime() if request.lowering is not None else "",
         starts_from=type(request.quantizer).__name__ if request.quantizer is not None else "",

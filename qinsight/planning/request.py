@@ -45,6 +45,7 @@ class PlanRequest:
     calibration: tuple[Any, ...]
     evaluation: tuple[Any, ...]
     smoothing: bool
+    bias_correction: bool = False  # the biases corrected first where that scores better (plan(bias_correction=))
     held_out: tuple[Any, ...] = ()  # scored once, the plan's config converted: data the search never chose on
     lowering: Lowering | None = None  # configs scored as the program it lowers them to (lowered=True)
     quantizer: Any = None  # the user's quantizer every config starts from (quantizer=): float sites stripped from it
@@ -97,6 +98,7 @@ def plan_request(
     calibration_data: Iterable[Any],
     evaluation_data: Iterable[Any],
     smoothing: bool = False,
+    bias_correction: bool = False,
     held_out_data: Iterable[Any] | None = None,
     resources: Resources = Resources(),
 ) -> PlanRequest:
@@ -147,6 +149,7 @@ def plan_request(
         calibration=calibration,
         evaluation=evaluation,
         smoothing=smoothing,
+        bias_correction=bias_correction,
         held_out=held_out,
         lowering=lowering,
         quantizer=quantizer,

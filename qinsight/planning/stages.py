@@ -6,7 +6,8 @@ the scorer, the failures, the search) and returns plain values.
 1. :func:`baseline`: the flow's default config quantized for real and scored; in FX, the report's
    activation observing measured against torch's (kept where it scores no worse).
 2. :func:`subject`: what the plan quantizes: the model as given, or smoothed first
-   (``smoothing=True``, :mod:`.smoothing_search`) and diagnosed again.
+   (``smoothing=True``, :mod:`.smoothing_search`) and diagnosed again; :func:`corrected`: its biases
+   corrected where the corrected default scores better (``bias_correction=True``).
 3. :func:`checked`: the simulation calibrated, and each report suggestion measured alone and among
    the others (:mod:`.checks`).
 4. :func:`sensitivity`: per candidate site, the score with only it in float and with only it
@@ -22,12 +23,15 @@ import math
 import attrs
 from torch import nn
 
+from qinsight.apply.bias_correction import measure_bias_correction
+from qinsight.apply.corrected_model import apply_bias_correction
 from qinsight.apply.smoothed_model import apply_smoothing
-from qinsight.apply.trial import model_outputs, weighted_layers
+from qinsight.apply.trial import measuring, model_outputs, weighted_layers
+from qinsight.core.bias import BiasCorrection
 from qinsight.core.errors import FrontendError, MissingExtraError, describe
 from qinsight.core.fx_activations import FxActivations
 from qinsight.core.notes import Note, NoteKind
-from qinsight.core.outcomes import FailedConfig, measured
+from qinsight.core.outcomes import FailedConfig, Outcome, measured
 from qinsight.core.plan import PlanStep, SearchedOrder, SiteSensitivity, SuggestionCheck
 from qinsight.core.report import Report
 from qinsight.core.sites import OpKind, OpSite
@@ -59,13 +63,16 @@ class Baseline:
 
 @attrs.frozen
 class Subject:
-    """What the plan quantizes: ``model`` (smoothed by ``smoothing``, if it smooths), its ``report``,
-    and the ``flow`` that quantizes it."""
+    """What the plan quantizes: ``model`` (smoothed by ``smoothing``, if it smooths; its biases
+    corrected by ``bias_correction``, if that scored better: ``checks`` say so), its ``report``, and the
+    ``flow`` that quantizes it."""
 
     model: nn.Module
     report: Report
     smoothing: SmoothingMapping
     flow: Flow
+    bias_correction: BiasCorrection = BiasCorrection()
+    checks: tuple[SuggestionCheck, ...] = ()
 
 
 @attrs.frozen
@@ -160,6 +167,48 @@ def subject(run: PlanRun, report: Report, base: Baseline) -> Subject:
     return Subject(smoothed, again, mapping, flow)
 
 
+def corrected(run: PlanRun, chosen: Subject) -> Subject:
+    """``chosen`` with the default config's biases corrected (:mod:`qinsight.apply.bias_correction`, measured
+    on the calibration batches from its converted model) where the corrected default scores better for
+    real; a check saying so either way. Every layer stays int8: a better start keeps fewer sites float."""
+    request = run.request
+    run.progress("correcting the biases", 0, 1)
+    with measuring():
+        try:
+            correction = measure_bias_correction(
+                chosen.model, chosen.flow.advice(()), list(request.calibration), chosen.flow.quantizer
+            )
+        except Exception:  # the default converted a moment ago: a flow failing now leaves nothing to correct
+            return chosen
+    run.progress("correcting the biases", 1, 1)
+    if not correction.entries:
+        return chosen
+    model = apply_bias_correction(chosen.model, correction)
+    flow = _flow(request, model, chosen.report.sites, chosen.flow.activations)
+    before, after = run.real(chosen.flow, ()), run.real(flow, ())
+    kept = run.spec.worse(before, after)  # a config the flow cannot run is worse than any score
+    why, reason = (NoteKind.MEASURED_REAL, "measured for real (prepare, calibrate, convert)")
+    if not kept:
+        why, reason = NoteKind.HURTS, f"not applied: {_said(after)} with the biases corrected, {_said(before)} without"
+    check = SuggestionCheck(
+        fqn="",
+        change=f"biases corrected in {len(correction)} layers",
+        kinds=(SuggestionKind.BIAS_CORRECTION,),
+        before=measured(before),
+        alone=measured(after),
+        kept=kept,
+        reason=reason,
+        why=why,
+    )
+    if not kept:
+        return attrs.evolve(chosen, checks=(*chosen.checks, check))
+    return attrs.evolve(chosen, model=model, flow=flow, bias_correction=correction, checks=(*chosen.checks, check))
+
+
+def _said(outcome: Outcome) -> str:
+    return f"cannot run ({outcome.error})" if isinstance(outcome, FailedConfig) else f"{outcome:.4g}"
+
+
 def checked(run: PlanRun, chosen: Subject, base: Baseline) -> Checked:
     """The simulation calibrated and the run's search set up; each report suggestion measured (:mod:`.checks`)."""
     kinds = {site.fqn: site.kind.value for site in chosen.report.sites}
@@ -167,11 +216,11 @@ def checked(run: PlanRun, chosen: Subject, base: Baseline) -> Checked:
     search = run.calibrated(chosen.flow, chosen.model, kinds, chosen.smoothing.divisions)
     default = {**{site: Mode.STATIC for site in search.candidates}, **search.fixed}
     real = run.real_score(chosen.flow)
-    start_score = base.start_score if not chosen.smoothing.entries else measured(real(()))
+    start_score = base.start_score if chosen.flow is base.chosen else measured(real(()))
     applicable, decided = _applicable(run.request, chosen.report.suggestions, start_score)
     measuring = Measuring(search, real)
     checks, start, kept = check_all(measuring, applicable, default, chosen.flow.spec, start_score)
-    return Checked(base.checks + checks + decided, start, kept)
+    return Checked(base.checks + chosen.checks + checks + decided, start, kept)
 
 
 def _applicable(

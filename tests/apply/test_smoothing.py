@@ -18,7 +18,7 @@ from qinsight.apply.smoothed_model import SmoothedLinear, apply_smoothing
 from qinsight.core.sites import OpKind
 from qinsight.errors import InvalidParameterError
 from qinsight.planning.smoothing_search import ALPHAS, choose_smoothing
-from qinsight.types import NoteKind, SmoothingEntry
+from qinsight.types import NoteKind, Repairs, SmoothingEntry
 
 
 class WideChannels(nn.Module):
@@ -132,7 +132,7 @@ def test_a_smoothed_plan_applied_as_a_user_would_scores_what_it_says(
         pytest.importorskip("torchao")
     model, calibration, held_out = wide
     plain = qinsight.plan(model, calibration, held_out, goal="sqnr>=33", deploy=flow)
-    plan = qinsight.plan(model, calibration, held_out, goal="sqnr>=33", deploy=flow, smoothing=True)
+    plan = qinsight.plan(model, calibration, held_out, goal="sqnr>=33", deploy=flow, repairs=Repairs(smoothing=True))
     assert plain.reached and plain.kept_float == ("up",) and plain.quantized_fraction == pytest.approx(0.2)
     # measured: FX 34.6 dB, PT2E 33.7 dB, every weight int8; the smoothing multiplications stay float
     assert plan.reached and plan.quantized_fraction == 1.0 and "up" in plan.smoothing.fqns

@@ -14,6 +14,7 @@ scikit-image`` first (``--plan-photos grace_hopper --held-out-photos grace_hoppe
     python tests/benchmarks/bench_xnnpack_plan.py --target "top1>=0.9" --held-out 64
     python tests/benchmarks/bench_xnnpack_plan.py --evaluation 48 --confidence 0.95
     python tests/benchmarks/bench_xnnpack_plan.py --speed "speedup>=1.5"
+    python tests/benchmarks/bench_xnnpack_plan.py --correct-biases   # the default's biases corrected first
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def main() -> None:
     parser.add_argument("--held-out", type=int, default=64, help="crops of photos the plan never saw")
     parser.add_argument("--plan-photos", default="astronaut,chelsea,coffee,rocket,motorcycle,retina,hubble")
     parser.add_argument("--held-out-photos", default="grace_hopper,china,flower")
+    parser.add_argument("--correct-biases", action="store_true", help="plan(repairs=Repairs(bias_correction=True))")
     args = parser.parse_args()
     torch.set_num_threads(2)
     warnings.simplefilter("ignore")
@@ -70,6 +72,7 @@ def main() -> None:
         deploy=qinsight.types.Deployment(backend="xnnpack", lowered=True),
         report=report,
         held_out_data=held_out,
+        repairs=qinsight.types.Repairs(bias_correction=args.correct_biases),
     )
     planned = time.perf_counter() - began
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KB on Linux: GB

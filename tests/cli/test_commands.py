@@ -222,6 +222,16 @@ def test_plan_reaches_a_target_writes_the_plan_and_exits_one_when_it_cannot(tmp_
     assert "smoothed the input of 1 Linear (alpha " in smoothed.stdout  # measured: alpha 0.5, 37.7 dB (37.3 without)
     plan = api.load_report(out).plan
     assert plan is not None and plan.smoothing.fqns == ("fc",) and "fc.linear" in {s.fqn for s in plan.sensitivities}
+    # --correct-biases: the default's biases corrected first where that scores better, measured either way
+    out = tmp_path / "corrected.json"
+    corrected = qinsight(
+        "plan", "--example", "cnn", "--backend", "xnnpack", "--batches", "3", "--eval-batches", "2",
+        "--correct-biases", "--quiet", "--out", str(out),
+    )  # fmt: skip
+    assert corrected.returncode == 0, corrected.stderr
+    plan = api.load_report(out).plan
+    assert plan is not None and any(c.kinds == (api.types.SuggestionKind.BIAS_CORRECTION,) for c in plan.checks)
+    assert ("the config is for qinsight.bias_corrected(model, plan)" in corrected.stdout) == bool(plan.bias_correction)
     bad = qinsight("plan", "--example", "cnn", "--target", "sqnr>30")
     assert bad.returncode == 2 and bad.stderr.startswith("qinsight: error: --target 'sqnr>30': expected a target like")
     for args, expected in (

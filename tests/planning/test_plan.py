@@ -31,7 +31,7 @@ from qinsight.planning.scores import Scorer, margin_noise
 from qinsight.planning.simulated_flows import flow_for
 from qinsight.planning.sweep import sweep
 from qinsight.planning.switches import Mode
-from qinsight.types import Budget, NoteKind, SuggestionCheck, SuggestionKind, Target
+from qinsight.types import Budget, NoteKind, Repairs, SuggestionCheck, SuggestionKind, Target
 
 # Why a check may drop a suggestion: each says it (a kept one may have nothing to add)
 DROPPED_BECAUSE = {
@@ -662,7 +662,7 @@ def test_minilm_fx_plan_with_smoothing_keeps_nine_tenths_of_the_linear_weights_i
     model = minilm_or_skip()
     batches = sentence_batches()
     calibration, held_out = batches[:4], batches[4:]
-    plan = qinsight.plan(model, calibration, held_out, goal="cosine>=0.995", smoothing=True)
+    plan = qinsight.plan(model, calibration, held_out, goal="cosine>=0.995", repairs=Repairs(smoothing=True))
     assert plan.reached and plan.verified_score >= 0.995 and plan.default_score < 0.4  # measured 0.9953; default 0.21
     assert _quantized_share(plan, "linear") >= 0.9  # measured 1.0, most Linears dynamic
     assert len(plan.smoothing) >= 30 and all(e.sqnr_after > e.sqnr_before for e in plan.smoothing.entries)
@@ -833,7 +833,7 @@ def test_plan_leaves_the_models_state_bit_identical() -> None:
     model = seeded(MLP())
     before = {key: value.clone() for key, value in model.state_dict().items()}
     data = gaussian_batches((8, 16), 4)
-    qinsight.plan(model, data[:2], data[2:], goal="sqnr>=40", smoothing=True)
+    qinsight.plan(model, data[:2], data[2:], goal="sqnr>=40", repairs=Repairs(smoothing=True, bias_correction=True))
     after = model.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     assert not model.training
