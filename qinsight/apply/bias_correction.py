@@ -22,7 +22,7 @@ The sums stay on the device; each layer's shift is read once, at the end.
 Measured and left out: correcting the converted graph's whole drift (what
 reaches a layer through the activations before it too), each layer in flight
 after the ones before it. On MobileNetV2 it scored below this estimator on
-unseen crops for XNNPACK and x86 alike (docs/performance.md).
+unseen crops for XNNPACK and x86 alike (docs/verification.md).
 """
 
 from __future__ import annotations

@@ -19,10 +19,14 @@ def config_code(advice: Advice) -> list[str]:
     ``equalization`` where the advice equalizes; a smoothed plan's lines say the model must be smoothed first,
     a bias-corrected config's that its biases must be corrected."""
     entries = advice_entries(advice.sites, advice.suggestions, advice.backend, advice.fx_activations)
-    smoothing = ["# for the smoothed model: model = qinsight.smoothed(model, plan)"] if advice.smoothing.entries else []
+    preamble = []  # what the model goes through first, in the order qinsight.quantize applies it
     if advice.bias_correction.entries:
-        smoothing.insert(0, "# for the model with its biases corrected: model = qinsight.bias_corrected(model, report)")
-    return smoothing + _code(entries, advice.backend, advice.fx_activations) + equalization_code(advice.equalization)
+        preamble.append(
+            f"# for the model with its biases corrected: model = qinsight.bias_corrected(model, {advice.source})"
+        )
+    if advice.smoothing.entries:
+        preamble.append("# for the smoothed model: model = qinsight.smoothed(model, plan)")
+    return preamble + _code(entries, advice.backend, advice.fx_activations) + equalization_code(advice.equalization)
 
 
 def equalization_code(mapping: EqualizationMapping) -> list[str]:
