@@ -47,7 +47,7 @@ from qinsight.frontends import ModelStructure, eval_mode, model_structure, run_b
 _MEASURED = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
-def per_sample(output: torch.Tensor, linear: bool) -> torch.Tensor:
+def _per_sample(output: torch.Tensor, linear: bool) -> torch.Tensor:
     """``output``'s channel means per sample, float64: (samples, channels); a Linear's every row a
     sample, a conv's positions averaged within each of its batch's samples."""
     if linear:
@@ -95,7 +95,7 @@ class _Layer:
         self.float_sum = _added(self.float_sum, values.sum(0))
         self.float_squares = _added(self.float_squares, values.square().sum(0))
         self.float_count += values.shape[0]
-        samples = per_sample(_through_error(module, args[0], self.error), self.linear)
+        samples = _per_sample(_through_error(module, args[0], self.error), self.linear)
         self.shifts.append(shrunk_mean(samples) if self.shrink else samples.mean(0))
 
     def shift(self, batches: int) -> BiasShift | None:
@@ -203,4 +203,4 @@ def _layers(
     return found
 
 
-__all__ = ["measure_bias_correction", "per_sample", "shrunk_mean"]
+__all__ = ["measure_bias_correction", "shrunk_mean"]

@@ -138,13 +138,6 @@ def _verified(advice: Advice, verdict: ConfigVerification | None) -> Advice:
         return advice
     parts = without_kinds(ConfigParts(advice.suggestions, advice.fx_activations, advice.equalization), verdict.dropped)
     correction = verdict.applied_bias_correction
-    notes = advice.notes
-    if correction.entries:
-        said = (
-            f"the verified config corrects the biases of {len(correction)} layers: it is for "
-            "model = qinsight.bias_corrected(model, report)"
-        )
-        notes += (Note(NoteKind.BIAS_CORRECTED, said),)
     return attrs.evolve(
         advice,
         suggestions=parts.suggestions,
@@ -152,7 +145,7 @@ def _verified(advice: Advice, verdict: ConfigVerification | None) -> Advice:
         equalization=parts.equalization,
         bias_correction=correction,
         verified=True,
-        notes=notes,
+        notes=advice.notes + _corrected(correction, "the verified config", "report"),
     )
 
 
@@ -181,16 +174,19 @@ def _of_plan(plan: QuantPlan, flow: FlowName, owner: str) -> Advice:
                 ),
             ),
         )
-    if plan.bias_correction.entries:
-        said = (
-            f"the plan corrects the biases of {len(plan.bias_correction)} layers: its config is for "
-            "model = qinsight.bias_corrected(model, plan)"
-        )
-        advice = attrs.evolve(advice, notes=(*advice.notes, Note(NoteKind.BIAS_CORRECTED, said)))
+    advice = attrs.evolve(advice, notes=advice.notes + _corrected(plan.bias_correction, "the plan", "plan"))
     if advice.flow != flow:
         said = f"the plan was made for {advice.flow}, not {flow}: its config is not verified in {flow}"
         return _for_flow(advice, flow, Note(NoteKind.OTHER_FLOW, said), owner)
     return _per_module(advice)
+
+
+def _corrected(correction: BiasCorrection, who: str, source: str) -> tuple[Note, ...]:
+    """The note of a config made for the model with its biases corrected; none where it corrects none."""
+    if not correction.entries:
+        return ()
+    said = f"{who} corrects the biases of {len(correction)} layers: its config is for "
+    return (Note(NoteKind.BIAS_CORRECTED, said + f"model = qinsight.bias_corrected(model, {source})"),)
 
 
 def _for_flow(advice: Advice, flow: FlowName, note: Note, owner: str) -> Advice:

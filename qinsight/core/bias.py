@@ -21,7 +21,6 @@ its structure and the flow folds the corrected bias as it folded the old one.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
 
 import attrs
 
@@ -71,12 +70,6 @@ class BiasCorrection:
     @property
     def fqns(self) -> tuple[str, ...]:
         return tuple(entry.fqn for entry in self.entries)
-
-    def without(self, fqns: Collection[str]) -> BiasCorrection:
-        """The correction without the layers ``fqns`` (those a config keeps in float: their weight is
-        not rounded, so there is nothing to undo)."""
-        kept = tuple(entry for entry in self.entries if entry.fqn not in fqns)
-        return BiasCorrection(entries=kept)
 
     def largest(self, count: int) -> tuple[BiasShift, ...]:
         """The ``count`` entries of largest size, largest first."""
